@@ -1,0 +1,45 @@
+"""The exception hierarchy: every error pagedkv raises is a `PagedKVError`.
+
+Each also subclasses the builtin that Python users reach for (`KeyError` for an unknown
+sequence, `ValueError` for bad arguments), so existing `except` clauses keep working.
+"""
+
+from __future__ import annotations
+
+
+class PagedKVError(Exception):
+    """Root of every pagedkv error."""
+
+
+class UnknownSequenceError(PagedKVError, KeyError):
+    """A sequence id that the manager does not hold."""
+
+    def __str__(self) -> str:
+        # KeyError quotes its argument; a sentence reads better.
+        return str(self.args[0]) if self.args else ""
+
+
+class DuplicateSequenceError(PagedKVError, ValueError):
+    """A sequence id that the manager already holds."""
+
+
+class SequenceSwappedError(PagedKVError, ValueError):
+    """An operation that needs a resident sequence got a swapped-out one, or the reverse."""
+
+
+class InvalidArgumentError(PagedKVError, ValueError):
+    """Bad input: wrong dtype or shape, empty, negative, out of range, mismatched lengths."""
+
+
+class InvariantError(PagedKVError, AssertionError):
+    """`check_invariants` found the lifecycle contract broken."""
+
+
+__all__ = [
+    "DuplicateSequenceError",
+    "InvalidArgumentError",
+    "InvariantError",
+    "PagedKVError",
+    "SequenceSwappedError",
+    "UnknownSequenceError",
+]

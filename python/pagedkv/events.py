@@ -1,0 +1,38 @@
+"""KV-cache events for external indexers, with vLLM's field names.
+
+A router or an external prefix index replays these to mirror what the manager caches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    """Blocks became findable by prefix lookups (registered under their digests)."""
+
+    block_hashes: list[bytes]
+    parent_block_hash: bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None = "GPU"
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    """Cached blocks were evicted: their digests no longer hit."""
+
+    block_hashes: list[bytes]
+    medium: str | None = "GPU"
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    """`reset_prefix_cache` dropped every cached block."""
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+__all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEvent"]

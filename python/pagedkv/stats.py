@@ -1,0 +1,72 @@
+"""A snapshot of the manager's counters, and its printout."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Block counts, prefix-cache hits (in tokens), evictions, copies, swaps, fragmentation."""
+
+    num_blocks: int
+    block_size: int
+    free_blocks: int
+    used_blocks: int
+    cached_blocks: int
+    num_cpu_blocks: int
+    free_cpu_blocks: int
+    num_sequences: int
+    prefix_queries: int
+    prefix_hits: int
+    evictions: int
+    cow_copies: int
+    swapped_out_blocks: int
+    swapped_in_blocks: int
+    reserved_slots: int
+    used_slots: int
+
+    @property
+    def usage(self) -> float:
+        """Fraction of GPU blocks held by sequences (cached blocks are not in use)."""
+        return self.used_blocks / self.num_blocks if self.num_blocks else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens served from the prefix cache over prompt tokens looked up."""
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+    @property
+    def fragmentation(self) -> float:
+        """Unused slots in the blocks that sequences hold, over all those slots."""
+        if not self.reserved_slots:
+            return 0.0
+        return 1.0 - self.used_slots / self.reserved_slots
+
+    def as_dict(self) -> dict[str, int | float]:
+        """Every counter and derived ratio, by name."""
+        out: dict[str, int | float] = asdict(self)
+        out.update(usage=self.usage, hit_rate=self.hit_rate, fragmentation=self.fragmentation)
+        return out
+
+    def __str__(self) -> str:
+        b = self.block_size
+        return "\n".join(
+            [
+                f"GPU blocks  {self.num_blocks} x {b} tokens: {self.used_blocks} used, "
+                f"{self.cached_blocks} cached, {self.free_blocks} free "
+                f"(usage {self.usage:.1%})",
+                f"CPU blocks  {self.num_cpu_blocks}: {self.free_cpu_blocks} free",
+                f"sequences   {self.num_sequences}",
+                f"prefix hits {self.prefix_hits} of {self.prefix_queries} tokens "
+                f"(hit rate {self.hit_rate:.1%})",
+                f"evictions   {self.evictions}; copy-on-write copies {self.cow_copies}",
+                f"swapped     {self.swapped_out_blocks} blocks out, "
+                f"{self.swapped_in_blocks} in",
+                f"slots       {self.used_slots} of {self.reserved_slots} used "
+                f"(fragmentation {self.fragmentation:.1%})",
+            ]
+        )
+
+
+__all__ = ["Stats"]
