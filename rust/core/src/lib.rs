@@ -1,1 +1,39 @@
-pub fn _x() {}
+//! pagedkv-core: a paged KV-cache block manager with no Python dependency.
+//!
+//! The parts, one file each: `block_state` (one atomic word per block: refcount, hashed,
+//! epoch), `free_stack` (lock-free LIFO of free ids), `lru_queue` (eviction order of cached
+//! blocks), `prefix_index` (digest -> block, lock-free reads), `block_pool` (the lifecycle
+//! transitions and admission), `cpu_pool` (swap space), `hashing` (chained digests),
+//! `sequence` (a block table), `manager` (the operations), `batch`, `swap`, `audit`,
+//! `events`, `stats`, `config`, `error`.
+//!
+//! Lifecycle of a GPU block (docs/semantics.md): FREE -> OWNED(rc >= 1) -> FREE (unhashed) or
+//! CACHED (hashed, rc 0) -> OWNED (prefix hit) or evicted -> OWNED by a new holder.
+//! FREE + OWNED + CACHED = num_blocks at every quiescent moment (`check_invariants`).
+
+mod audit;
+mod batch;
+mod block_pool;
+mod block_state;
+mod config;
+mod counters;
+mod cpu_pool;
+mod error;
+mod events;
+mod free_stack;
+mod hashing;
+mod id_hasher;
+mod lru_queue;
+mod manager;
+mod prefix_index;
+mod sequence;
+mod stats;
+mod swap;
+mod sync;
+
+pub use config::{Config, MAX_BLOCKS};
+pub use error::{Error, Result};
+pub use events::KvEvent;
+pub use hashing::{encode_extras, BlockHasher, Digest, HashAlgo};
+pub use manager::BlockManager;
+pub use stats::{AllocStatus, Stats};

@@ -1,0 +1,267 @@
+//! The GPU block pool: block states, the free stack, the LRU queue of cached blocks, the
+//! prefix index and the admission counter, with the transitions of the lifecycle contract.
+//!
+//! Admission: `available` counts FREE + CACHED blocks that no caller has been promised.
+//! A caller reserves units first (one CAS loop, all or nothing) and only then takes blocks,
+//! so a batch never gets half its blocks and rolls back. A block is counted in `available`
+//! only after it is findable (pushed on the free stack or queued in the LRU), so a caller
+//! holding a unit always finds a block, possibly after a racing taker moved on.
+
+use crate::block_state::{BlockState, Pin, Released};
+use crate::events::{EventLog, KvEvent};
+use crate::free_stack::FreeStack;
+use crate::hashing::Digest;
+use crate::lru_queue::{Entry, LruQueue};
+use crate::prefix_index::PrefixIndex;
+use crate::sync::{backoff, AtomicU64, AtomicUsize, Ordering};
+
+/// What a prefix hit got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hit {
+    Pinned(u32),
+    /// The digest is not cached (any more).
+    Miss,
+    /// It is cached but no unit of `available` was left to revive it.
+    NoRoom,
+}
+
+pub struct BlockPool {
+    /// One word per block; see `block_state` for the states.
+    states: Box<[BlockState]>,
+    /// Exactly the FREE blocks (at quiescence).
+    free: FreeStack,
+    /// One live record per CACHED block, oldest release first.
+    lru: LruQueue,
+    /// FREE + CACHED blocks not promised to any caller; see the module docs.
+    available: AtomicUsize,
+    /// Number of CACHED blocks; raised before the LRU record is queued and lowered after a
+    /// claim, so it never underflows; exact at quiescence.
+    cached: AtomicUsize,
+    index: PrefixIndex,
+    events: Option<EventLog>,
+    /// Cached blocks evicted so far (a tally: Relaxed).
+    evictions: AtomicU64,
+}
+
+impl BlockPool {
+    pub fn new(num_blocks: u32, events: bool) -> Self {
+        Self {
+            states: (0..num_blocks).map(|_| BlockState::new_free()).collect(),
+            free: FreeStack::full(num_blocks),
+            lru: LruQueue::new(),
+            available: AtomicUsize::new(num_blocks as usize),
+            cached: AtomicUsize::new(0),
+            index: PrefixIndex::new(num_blocks as usize),
+            events: events.then(EventLog::new),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.states.len()
+    }
+
+    pub fn state(&self, block: u32) -> &BlockState {
+        &self.states[block as usize]
+    }
+
+    pub fn num_free(&self) -> usize {
+        self.free.len()
+    }
+
+    pub fn num_cached(&self) -> usize {
+        self.cached.load(Ordering::Relaxed)
+    }
+
+    /// Blocks an allocation could take now (FREE + CACHED, minus promises in flight).
+    pub fn num_available(&self) -> usize {
+        self.available.load(Ordering::Relaxed)
+    }
+
+    /// Promise `k` blocks to the caller, all or none.
+    pub fn reserve(&self, k: usize) -> bool {
+        if k == 0 {
+            return true;
+        }
+        // Relaxed: the counter orders nothing; the free-stack pop and the LRU claim give the
+        // acquire edges on the blocks themselves.
+        self.available
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |a| a.checked_sub(k))
+            .is_ok()
+    }
+
+    /// Return unused promises.
+    pub fn unreserve(&self, k: usize) {
+        if k > 0 {
+            self.available.fetch_add(k, Ordering::Relaxed);
+        }
+    }
+
+    /// Take one block for a caller that holds a unit: the free stack first, else evict the
+    /// least recently released cached block. The block comes back OWNED(1) and unhashed.
+    pub fn take(&self) -> u32 {
+        let mut spins = 0;
+        loop {
+            if let Some(b) = self.free.pop() {
+                self.state(b).take();
+                return b;
+            }
+            if let Some(b) = self.evict_one() {
+                return b;
+            }
+            // A unit is held, so a block is on its way: a releaser has counted it but a
+            // racing taker got the one we saw, or a reset is moving it to the free stack.
+            backoff(&mut spins);
+        }
+    }
+
+    fn evict_one(&self) -> Option<u32> {
+        while let Some(e) = self.lru.pop_oldest() {
+            if self.state(e.block).claim_cached(e.epoch, e.stamp, 1) {
+                self.cached.fetch_sub(1, Ordering::Relaxed);
+                self.evictions.fetch_add(1, Ordering::Relaxed);
+                self.index.remove_exact(&e.digest, e.block, e.epoch);
+                if let Some(log) = &self.events {
+                    log.push(KvEvent::BlockRemoved {
+                        block_hash: e.digest,
+                    });
+                }
+                return Some(e.block);
+            }
+            // Stale record: the block was revived (and maybe released again) since.
+        }
+        None
+    }
+
+    /// Drop one reference; `digest` is the block's chain digest if the holder has one (it
+    /// must when the block is hashed).
+    pub fn release(&self, block: u32, digest: Option<&Digest>) {
+        match self.state(block).release() {
+            Released::StillOwned => {}
+            Released::ToFree => {
+                self.free.push(block);
+                self.available.fetch_add(1, Ordering::Relaxed);
+            }
+            Released::ToCached { epoch, stamp } => {
+                let digest = *digest.expect("a hashed block is always a full block of its holder");
+                self.cached.fetch_add(1, Ordering::Relaxed);
+                let entry = Entry {
+                    block,
+                    epoch,
+                    stamp,
+                    digest,
+                };
+                let bound = 2 * self.states.len() + 64;
+                self.lru.push(entry, bound, |e| self.is_live(e));
+                self.available.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn is_live(&self, e: &Entry) -> bool {
+        let w = self.state(e.block).load();
+        w.is_cached() && w.epoch() == e.epoch && w.stamp() == e.stamp
+    }
+
+    /// Without changing anything: is `digest` cached, and is its block CACHED (rc 0)?
+    pub fn peek(&self, digest: &Digest) -> Option<bool> {
+        let (b, epoch) = self.index.get(digest)?;
+        let w = self.state(b).load();
+        (w.hashed() && w.epoch() == epoch).then_some(w.rc() == 0)
+    }
+
+    /// Take a reference to the block cached under `digest`. Reviving a CACHED block costs one
+    /// unit: from `spare` if the caller reserved some, else reserved here.
+    pub fn pin(&self, digest: &Digest, spare: &mut usize) -> Hit {
+        let Some((b, epoch)) = self.index.get(digest) else {
+            return Hit::Miss;
+        };
+        let state = self.state(b);
+        let mut have_unit = false;
+        loop {
+            match state.pin(epoch, have_unit) {
+                Pin::Pinned { revived } => {
+                    if revived {
+                        self.cached.fetch_sub(1, Ordering::Relaxed);
+                    } else if have_unit {
+                        *spare += 1;
+                    }
+                    return Hit::Pinned(b);
+                }
+                Pin::Stale => {
+                    if have_unit {
+                        *spare += 1;
+                    }
+                    return Hit::Miss;
+                }
+                Pin::NeedsUnit if *spare > 0 => {
+                    *spare -= 1;
+                    have_unit = true;
+                }
+                Pin::NeedsUnit if self.reserve(1) => have_unit = true,
+                Pin::NeedsUnit => return Hit::NoRoom,
+            }
+        }
+    }
+
+    /// Make an OWNED, full block findable under `digest`, unless another block already holds
+    /// that content (then it stays unhashed and is freed, not cached, when released).
+    pub fn register(&self, block: u32, digest: Digest, event: impl FnOnce() -> KvEvent) -> bool {
+        let state = self.state(block);
+        let epoch = state.set_hashed();
+        if self.index.insert_new(digest, block, epoch) {
+            if let Some(log) = &self.events {
+                log.push(event());
+            }
+            true
+        } else {
+            state.clear_hashed();
+            false
+        }
+    }
+
+    pub fn drain_events(&self) -> Vec<KvEvent> {
+        self.events
+            .as_ref()
+            .map(EventLog::drain)
+            .unwrap_or_default()
+    }
+
+    /// Move every CACHED block to the free stack (oldest first) and forget its digest.
+    /// Refuses (false) while any block is OWNED.
+    pub fn reset(&self) -> bool {
+        if self.num_free() + self.num_cached() != self.num_blocks() {
+            return false;
+        }
+        for e in self.lru.drain() {
+            // rc stays 0: CACHED -> FREE. Units stay counted in `available`.
+            if self.state(e.block).claim_cached(e.epoch, e.stamp, 0) {
+                self.index.remove_exact(&e.digest, e.block, e.epoch);
+                self.cached.fetch_sub(1, Ordering::Relaxed);
+                self.free.push(e.block);
+            }
+        }
+        if let Some(log) = &self.events {
+            log.push(KvEvent::AllBlocksCleared);
+        }
+        true
+    }
+
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    // Read-only views for the audit.
+    pub fn free_snapshot(&self) -> Vec<u32> {
+        self.free.snapshot(self.states.len() + 1)
+    }
+    pub fn lru_snapshot(&self) -> Vec<Entry> {
+        self.lru.snapshot()
+    }
+    pub fn index_snapshot(&self) -> Vec<(Digest, u32, u32)> {
+        self.index.snapshot()
+    }
+    pub fn lru_entry_is_live(&self, e: &Entry) -> bool {
+        self.is_live(e)
+    }
+}

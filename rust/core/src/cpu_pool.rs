@@ -1,0 +1,61 @@
+//! The CPU swap space: block ids `0..num_cpu_blocks`, each FREE or held by exactly one
+//! swapped-out sequence. No prefix caching there, so no refcounts: a free stack and a count.
+
+use crate::free_stack::FreeStack;
+use crate::sync::{AtomicUsize, Ordering};
+
+pub struct CpuPool {
+    /// Exactly the FREE CPU blocks (at quiescence).
+    free: FreeStack,
+    /// FREE CPU blocks not promised to a swap-out; raised only after the push.
+    available: AtomicUsize,
+    num_blocks: usize,
+}
+
+impl CpuPool {
+    pub fn new(num_blocks: u32) -> Self {
+        Self {
+            free: FreeStack::full(num_blocks),
+            available: AtomicUsize::new(num_blocks as usize),
+            num_blocks: num_blocks as usize,
+        }
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    pub fn num_free(&self) -> usize {
+        self.free.len()
+    }
+
+    /// `k` blocks, all or none.
+    pub fn take(&self, k: usize) -> Option<Vec<u32>> {
+        // Relaxed: the pops below acquire the blocks themselves.
+        self.available
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |a| a.checked_sub(k))
+            .ok()?;
+        let mut spins = 0;
+        let mut out = Vec::with_capacity(k);
+        while out.len() < k {
+            match self.free.pop() {
+                Some(b) => out.push(b),
+                // Counted but not yet pushed by a racing release: wait for it.
+                None => crate::sync::backoff(&mut spins),
+            }
+        }
+        Some(out)
+    }
+
+    /// Give blocks back, last first (a sequence releases tail first).
+    pub fn give_back(&self, blocks: &[u32]) {
+        for &b in blocks.iter().rev() {
+            self.free.push(b);
+        }
+        self.available.fetch_add(blocks.len(), Ordering::Relaxed);
+    }
+
+    pub fn free_snapshot(&self) -> Vec<u32> {
+        self.free.snapshot(self.num_blocks + 1)
+    }
+}

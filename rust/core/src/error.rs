@@ -1,0 +1,24 @@
+//! Errors for bad input. Running out of blocks is not an error: calls return `None`.
+
+/// Why a call was refused. Every refused call changed nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("unknown sequence id {0}")]
+    UnknownSequence(u64),
+    #[error("sequence id {0} already exists")]
+    DuplicateSequence(u64),
+    #[error("sequence {0} is swapped out")]
+    Swapped(u64),
+    #[error("sequence {0} is not swapped out")]
+    NotSwapped(u64),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("invariant violated: {0}")]
+    Invariant(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+pub(crate) fn invalid(msg: impl Into<String>) -> Error {
+    Error::InvalidArgument(msg.into())
+}

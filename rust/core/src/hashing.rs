@@ -1,0 +1,229 @@
+//! Chained block digests, encoding version 1 (spec and test vectors: `docs/hashing.md`).
+
+use sha2::{Digest as _, Sha256};
+use std::hash::{Hash, Hasher};
+
+/// The hash function behind the digests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HashAlgo {
+    /// SHA-256, 32-byte digests: collision resistant, the default.
+    Sha256,
+    /// XXH3-128 (seed 0), 16-byte canonical digests: fast, for trusted tenants only.
+    Xxh3_128,
+}
+
+impl HashAlgo {
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "sha256" => Some(Self::Sha256),
+            "xxh3_128" => Some(Self::Xxh3_128),
+            _ => None,
+        }
+    }
+
+    pub fn digest_len(self) -> usize {
+        match self {
+            Self::Sha256 => 32,
+            Self::Xxh3_128 => 16,
+        }
+    }
+}
+
+/// A block digest: `len` meaningful bytes, the rest zero.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Digest {
+    bytes: [u8; 32],
+    len: u8,
+}
+
+impl Digest {
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+
+    fn from_slice(s: &[u8]) -> Self {
+        let mut bytes = [0u8; 32];
+        bytes[..s.len()].copy_from_slice(s);
+        Self {
+            bytes,
+            len: s.len() as u8,
+        }
+    }
+}
+
+impl Hash for Digest {
+    // The bytes are already uniformly distributed: eight of them are a good map key.
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&self.bytes[..8]);
+        state.write_u64(u64::from_le_bytes(first));
+    }
+}
+
+impl std::fmt::Debug for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for b in self.as_bytes() {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The extra keys of a sequence, encoded once: flags byte, then salt and LoRA id.
+pub fn encode_extras(salt: Option<&[u8]>, lora_id: Option<u64>) -> Vec<u8> {
+    let flags = u8::from(salt.is_some()) | (u8::from(lora_id.is_some()) << 1);
+    let mut out = vec![flags];
+    if let Some(s) = salt {
+        out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        out.extend_from_slice(s);
+    }
+    if let Some(id) = lora_id {
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+    out
+}
+
+const MAGIC: &[u8; 4] = b"PKV1";
+
+/// Hashes blocks for one manager: algorithm plus root digest.
+#[derive(Debug, Clone)]
+pub struct BlockHasher {
+    algo: HashAlgo,
+    root: Digest,
+}
+
+impl BlockHasher {
+    pub fn new(algo: HashAlgo, seed: u64) -> Self {
+        let mut msg = b"PKV1root".to_vec();
+        msg.extend_from_slice(&seed.to_le_bytes());
+        let root = Self::digest_of(algo, &[&msg]);
+        Self { algo, root }
+    }
+
+    pub fn algo(&self) -> HashAlgo {
+        self.algo
+    }
+
+    /// The parent digest of a sequence's first block.
+    pub fn root(&self) -> Digest {
+        self.root
+    }
+
+    /// The digest of one full block, given its parent's digest and the encoded extras.
+    pub fn hash_block(&self, parent: &Digest, tokens: &[u32], extras: &[u8]) -> Digest {
+        // Tokens go through a stack buffer: no allocation per block.
+        let mut buf = [0u8; 512];
+        let count = (tokens.len() as u32).to_le_bytes();
+        match self.algo {
+            HashAlgo::Sha256 => {
+                let mut h = Sha256::new();
+                h.update(MAGIC);
+                h.update(parent.as_bytes());
+                h.update(count);
+                for chunk in tokens.chunks(buf.len() / 4) {
+                    let n = fill_le(&mut buf, chunk);
+                    h.update(&buf[..n]);
+                }
+                h.update(extras);
+                Digest::from_slice(&h.finalize())
+            }
+            HashAlgo::Xxh3_128 => {
+                let mut h = xxhash_rust::xxh3::Xxh3::new();
+                h.update(MAGIC);
+                h.update(parent.as_bytes());
+                h.update(&count);
+                for chunk in tokens.chunks(buf.len() / 4) {
+                    let n = fill_le(&mut buf, chunk);
+                    h.update(&buf[..n]);
+                }
+                h.update(extras);
+                Digest::from_slice(&h.digest128().to_be_bytes())
+            }
+        }
+    }
+
+    /// Chain digests of every full block of `tokens`.
+    pub fn hash_chain(&self, tokens: &[u32], block_size: usize, extras: &[u8]) -> Vec<Digest> {
+        let mut parent = self.root;
+        tokens
+            .chunks_exact(block_size)
+            .map(|block| {
+                parent = self.hash_block(&parent, block, extras);
+                parent
+            })
+            .collect()
+    }
+
+    fn digest_of(algo: HashAlgo, parts: &[&[u8]]) -> Digest {
+        match algo {
+            HashAlgo::Sha256 => {
+                let mut h = Sha256::new();
+                parts.iter().for_each(|p| h.update(p));
+                Digest::from_slice(&h.finalize())
+            }
+            HashAlgo::Xxh3_128 => {
+                let mut h = xxhash_rust::xxh3::Xxh3::new();
+                parts.iter().for_each(|p| h.update(p));
+                Digest::from_slice(&h.digest128().to_be_bytes())
+            }
+        }
+    }
+}
+
+fn fill_le(buf: &mut [u8], tokens: &[u32]) -> usize {
+    for (dst, t) in buf.chunks_exact_mut(4).zip(tokens) {
+        dst.copy_from_slice(&t.to_le_bytes());
+    }
+    tokens.len() * 4
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sha256_root_matches_a_hand_built_message() {
+        let h = BlockHasher::new(HashAlgo::Sha256, 0);
+        let mut msg = b"PKV1root".to_vec();
+        msg.extend_from_slice(&0u64.to_le_bytes());
+        assert_eq!(h.root().as_bytes(), Sha256::digest(&msg).as_slice());
+    }
+
+    #[test]
+    fn block_digest_matches_the_spec_encoding() {
+        let h = BlockHasher::new(HashAlgo::Sha256, 0);
+        let extras = encode_extras(Some(b"s"), Some(7));
+        let d = h.hash_block(&h.root(), &[1, 2], &extras);
+        let mut msg = b"PKV1".to_vec();
+        msg.extend_from_slice(h.root().as_bytes());
+        msg.extend_from_slice(&2u32.to_le_bytes());
+        msg.extend_from_slice(&1u32.to_le_bytes());
+        msg.extend_from_slice(&2u32.to_le_bytes());
+        msg.push(0b11);
+        msg.extend_from_slice(&1u32.to_le_bytes());
+        msg.push(b's');
+        msg.extend_from_slice(&7u64.to_le_bytes());
+        assert_eq!(d.as_bytes(), Sha256::digest(&msg).as_slice());
+    }
+
+    #[test]
+    fn chain_depends_on_parent_salt_lora_seed_and_algo() {
+        let h = BlockHasher::new(HashAlgo::Sha256, 0);
+        let toks = [5u32, 6, 5, 6];
+        let plain = h.hash_chain(&toks, 2, &encode_extras(None, None));
+        assert_eq!(plain.len(), 2);
+        assert_ne!(plain[0], plain[1], "same tokens, different parents");
+        let salted = h.hash_chain(&toks, 2, &encode_extras(Some(b"a"), None));
+        let lora = h.hash_chain(&toks, 2, &encode_extras(None, Some(1)));
+        let seeded = BlockHasher::new(HashAlgo::Sha256, 1).hash_chain(&toks, 2, &[0]);
+        let xxh = BlockHasher::new(HashAlgo::Xxh3_128, 0).hash_chain(&toks, 2, &[0]);
+        for other in [&salted, &lora, &seeded, &xxh] {
+            assert_ne!(other[0], plain[0]);
+        }
+        assert_eq!(xxh[0].as_bytes().len(), 16);
+        // Partial blocks are not hashed; long blocks cross the stack buffer's chunks.
+        assert_eq!(h.hash_chain(&toks[..3], 2, &[0]).len(), 1);
+        let long: Vec<u32> = (0..1000).collect();
+        assert_eq!(h.hash_chain(&long, 300, &[0]).len(), 3);
+    }
+}

@@ -1,0 +1,64 @@
+//! The eviction order of CACHED blocks: least recently released first.
+//!
+//! A queue of release records under one short lock (push at release, pop at eviction). A prefix
+//! hit does not touch the queue: reviving a block leaves its record behind, and the record is
+//! recognised as stale when popped because the block's `(epoch, stamp)` no longer matches
+//! (see `block_state`). This keeps hits lock-free while the order stays exact.
+
+use crate::hashing::Digest;
+use crate::sync::{lock, Mutex};
+use std::collections::VecDeque;
+
+/// One release of a hashed block to the CACHED state.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry {
+    pub block: u32,
+    pub epoch: u32,
+    pub stamp: u32,
+    /// The index key, so the evictor can remove the entry without a reverse map.
+    pub digest: Digest,
+}
+
+pub struct LruQueue {
+    /// Oldest release at the front. Holds exactly one live record per CACHED block plus any
+    /// number of stale records; `compact` bounds the stale ones.
+    queue: Mutex<VecDeque<Entry>>,
+}
+
+impl LruQueue {
+    pub fn new() -> Self {
+        Self {
+            queue: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// Queue a release; when stale records pile up (hot blocks revived and released over and
+    /// over without eviction), drop those that `is_live` rejects.
+    pub fn push(&self, entry: Entry, bound: usize, is_live: impl Fn(&Entry) -> bool) {
+        let mut q = lock(&self.queue);
+        q.push_back(entry);
+        if q.len() > bound {
+            q.retain(is_live);
+        }
+    }
+
+    pub fn pop_oldest(&self) -> Option<Entry> {
+        lock(&self.queue).pop_front()
+    }
+
+    /// Take every record, oldest first (reset).
+    pub fn drain(&self) -> Vec<Entry> {
+        lock(&self.queue).drain(..).collect()
+    }
+
+    /// The records, oldest first (audits).
+    pub fn snapshot(&self) -> Vec<Entry> {
+        lock(&self.queue).iter().copied().collect()
+    }
+}
+
+impl Default for LruQueue {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,102 @@
+//! One sequence's state: its block table, tokens and chain digests.
+
+use crate::hashing::Digest;
+use std::sync::Arc;
+
+/// Held under the sequence's own mutex; every field is consistent whenever the lock is free.
+#[derive(Debug, Clone)]
+pub struct Sequence {
+    /// GPU block ids, logical order. Empty while swapped out. `len * block_size >= tokens.len()`.
+    pub blocks: Vec<u32>,
+    /// Every token of the sequence (prompt and generated).
+    pub tokens: Vec<u32>,
+    /// Chain digests of the full blocks (`tokens.len() / block_size` of them) when prefix
+    /// caching is on; empty otherwise. A hashed block in `blocks[i]` is registered under
+    /// `digests[i]`.
+    pub digests: Vec<Digest>,
+    /// Encoded extra keys (salt, LoRA id), shared by forks.
+    pub extras: Arc<[u8]>,
+    pub lora_id: Option<u64>,
+    /// `Some` while swapped out: the CPU blocks holding its KV, logical order.
+    pub cpu_blocks: Option<Vec<u32>>,
+    /// Sum over `i` of `mix(i, blocks[i])`: equal tables give equal digests, and replacing
+    /// one entry updates it in O(1).
+    pub table_digest: u64,
+    /// False once freed: a caller that fetched the sequence before the free sees it gone.
+    pub alive: bool,
+}
+
+/// A position-aware 64-bit mix of one table entry (splitmix64's finaliser).
+pub fn mix(position: usize, block: u32) -> u64 {
+    let mut z = ((position as u64) << 32 | u64::from(block)).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl Sequence {
+    pub fn new(tokens: Vec<u32>, extras: Arc<[u8]>, lora_id: Option<u64>) -> Self {
+        Self {
+            blocks: Vec::new(),
+            tokens,
+            digests: Vec::new(),
+            extras,
+            lora_id,
+            cpu_blocks: None,
+            table_digest: 0,
+            alive: true,
+        }
+    }
+
+    pub fn is_swapped(&self) -> bool {
+        self.cpu_blocks.is_some()
+    }
+
+    pub fn push_block(&mut self, block: u32) {
+        self.table_digest = self
+            .table_digest
+            .wrapping_add(mix(self.blocks.len(), block));
+        self.blocks.push(block);
+    }
+
+    pub fn replace_block(&mut self, i: usize, block: u32) {
+        self.table_digest = self
+            .table_digest
+            .wrapping_sub(mix(i, self.blocks[i]))
+            .wrapping_add(mix(i, block));
+        self.blocks[i] = block;
+    }
+
+    pub fn clear_blocks(&mut self) -> Vec<u32> {
+        self.table_digest = 0;
+        std::mem::take(&mut self.blocks)
+    }
+
+    /// The slot of token position `p`.
+    pub fn slot(&self, p: usize, block_size: usize) -> i64 {
+        self.blocks[p / block_size] as i64 * block_size as i64 + (p % block_size) as i64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_digest_tracks_pushes_and_replacements() {
+        let mut a = Sequence::new(vec![], Arc::from(vec![0u8]), None);
+        let mut b = a.clone();
+        a.push_block(3);
+        a.push_block(4);
+        b.push_block(3);
+        b.push_block(9);
+        assert_ne!(a.table_digest, b.table_digest);
+        b.replace_block(1, 4);
+        assert_eq!(a.table_digest, b.table_digest);
+        let mut swapped = Sequence::new(vec![], Arc::from(vec![0u8]), None);
+        swapped.push_block(4);
+        swapped.push_block(3);
+        assert_ne!(a.table_digest, swapped.table_digest, "position matters");
+        assert_eq!(a.slot(17, 16), 4 * 16 + 1);
+    }
+}

@@ -1,0 +1,31 @@
+//! A snapshot of the manager's counts, for `stats()`.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub free_blocks: usize,
+    pub used_blocks: usize,
+    pub cached_blocks: usize,
+    pub num_cpu_blocks: usize,
+    pub free_cpu_blocks: usize,
+    pub num_sequences: usize,
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+    pub evictions: u64,
+    pub cow_copies: u64,
+    pub swapped_out_blocks: u64,
+    pub swapped_in_blocks: u64,
+    /// Slots in the blocks that resident sequences hold (`len(blocks) * block_size`, summed).
+    pub reserved_slots: u64,
+    /// Tokens of resident sequences.
+    pub used_slots: u64,
+}
+
+/// OK: fits now above the watermark; LATER: fits once blocks are freed; NEVER: too big.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocStatus {
+    Ok,
+    Later,
+    Never,
+}

@@ -1,0 +1,69 @@
+//! Moving a sequence between the GPU pool and the CPU swap space.
+
+use crate::counters;
+use crate::error::{Error, Result};
+use crate::manager::BlockManager;
+use crate::stats::AllocStatus;
+
+impl BlockManager {
+    /// Move a sequence's KV to CPU blocks. Returns the `(gpu, cpu)` pairs to copy before any
+    /// later device work, or `None` when the CPU space is too small (nothing changed).
+    pub fn swap_out(&self, id: u64) -> Result<Option<Vec<(u32, u32)>>> {
+        self.with_seq(id, |seq| {
+            if seq.is_swapped() {
+                return Err(Error::Swapped(id));
+            }
+            let Some(cpu) = self.cpu.take(seq.blocks.len()) else {
+                return Ok(None);
+            };
+            let pairs: Vec<_> = seq
+                .blocks
+                .iter()
+                .copied()
+                .zip(cpu.iter().copied())
+                .collect();
+            let gpu = seq.clear_blocks();
+            // Hashed blocks stay CACHED on the GPU: a later prompt (or swap-in) may hit them.
+            self.release_blocks(&gpu, &seq.digests);
+            counters::add(&self.counters.swapped_out_blocks, cpu.len());
+            seq.cpu_blocks = Some(cpu);
+            Ok(Some(pairs))
+        })
+    }
+
+    /// Bring a swapped-out sequence back into new GPU blocks. Returns the `(cpu, gpu)` pairs
+    /// to copy, or `None` when the GPU blocks do not fit (nothing changed).
+    pub fn swap_in(&self, id: u64) -> Result<Option<Vec<(u32, u32)>>> {
+        self.with_seq(id, |seq| {
+            let Some(cpu) = seq.cpu_blocks.as_ref() else {
+                return Err(Error::NotSwapped(id));
+            };
+            if !self.gpu.reserve(cpu.len()) {
+                return Ok(None);
+            }
+            let cpu = seq.cpu_blocks.take().unwrap_or_default();
+            let mut pairs = Vec::with_capacity(cpu.len());
+            for &c in &cpu {
+                let g = self.gpu.take();
+                seq.push_block(g);
+                pairs.push((c, g));
+            }
+            self.cpu.give_back(&cpu);
+            for i in 0..seq.digests.len() {
+                self.register(seq, i);
+            }
+            counters::add(&self.counters.swapped_in_blocks, cpu.len());
+            Ok(Some(pairs))
+        })
+    }
+
+    pub fn can_swap_in(&self, id: u64) -> Result<AllocStatus> {
+        let need = self.with_seq(id, |seq| {
+            seq.cpu_blocks
+                .as_ref()
+                .map(Vec::len)
+                .ok_or(Error::NotSwapped(id))
+        })?;
+        Ok(self.admission(need))
+    }
+}

@@ -1,0 +1,380 @@
+//! `pagedkv._core.BlockManager`: a frozen pyclass over the core manager. Argument
+//! conversion and result conversion only; every decision is the core's.
+
+use crate::convert::{count, counts, seq_id, seq_ids, tokens};
+use crate::errors::{invalid, IntoPy};
+use crate::objects;
+use numpy::ndarray::Array2;
+use numpy::{IntoPyArray, PyArray1, PyArray2};
+use pagedkv_core::{BlockManager, Config, HashAlgo};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+
+/// Batches at least this long release the GIL while the core works: below it, detaching
+/// costs more than the work.
+const DETACH_MIN_BATCH: usize = 64;
+/// Prompts at least this long release the GIL while they are hashed.
+const DETACH_MIN_TOKENS: usize = 4096;
+
+type Pairs = Vec<(u32, u32)>;
+
+#[pyclass(frozen, subclass, module = "pagedkv._core", name = "BlockManager")]
+pub struct PyBlockManager {
+    inner: BlockManager,
+}
+
+fn salt_bytes(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u8>>> {
+    let Some(obj) = obj else { return Ok(None) };
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(Some(s.to_str()?.as_bytes().to_vec()));
+    }
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(Some(b.as_bytes().to_vec()));
+    }
+    Err(invalid(obj.py(), "cache_salt must be str, bytes or None"))
+}
+
+fn lora(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
+    obj.map(|o| {
+        o.extract::<u64>().map_err(|_| {
+            invalid(
+                o.py(),
+                format!("lora_id must be an int in [0, 2**64), got {o}"),
+            )
+        })
+    })
+    .transpose()
+}
+
+fn pairs_array(py: Python<'_>, pairs: Pairs) -> Bound<'_, PyArray2<i32>> {
+    let flat: Vec<i32> = pairs
+        .iter()
+        .flat_map(|&(a, b)| [a as i32, b as i32])
+        .collect();
+    Array2::from_shape_vec((pairs.len(), 2), flat)
+        .expect("two columns per pair")
+        .into_pyarray(py)
+}
+
+#[pymethods]
+impl PyBlockManager {
+    #[new]
+    #[pyo3(signature = (num_blocks, block_size=16, *, num_cpu_blocks=0, enable_prefix_caching=true,
+        hash_algo="sha256", hash_seed=0, watermark=0.01, enable_kv_events=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        num_blocks: i64,
+        block_size: i64,
+        num_cpu_blocks: i64,
+        enable_prefix_caching: bool,
+        hash_algo: &str,
+        hash_seed: u64,
+        watermark: f64,
+        enable_kv_events: bool,
+    ) -> PyResult<Self> {
+        let algo = HashAlgo::parse(hash_algo).ok_or_else(|| {
+            invalid(
+                py,
+                format!("hash_algo must be 'sha256' or 'xxh3_128', got {hash_algo:?}"),
+            )
+        })?;
+        let as_u32 = |v: i64, what: &str| -> PyResult<u32> {
+            u32::try_from(v)
+                .map_err(|_| invalid(py, format!("{what} must be in [0, 2**31), got {v}")))
+        };
+        let config = Config {
+            num_blocks: as_u32(num_blocks, "num_blocks")?,
+            block_size: as_u32(block_size, "block_size")? as usize,
+            num_cpu_blocks: as_u32(num_cpu_blocks, "num_cpu_blocks")?,
+            enable_prefix_caching,
+            hash_algo: algo,
+            hash_seed,
+            watermark,
+            enable_kv_events,
+        };
+        Ok(Self {
+            inner: BlockManager::new(config).py(py)?,
+        })
+    }
+
+    #[pyo3(signature = (seq_id, token_ids, *, cache_salt=None, lora_id=None, lookahead=0))]
+    fn allocate(
+        &self,
+        py: Python<'_>,
+        seq_id: &Bound<'_, PyAny>,
+        token_ids: &Bound<'_, PyAny>,
+        cache_salt: Option<&Bound<'_, PyAny>>,
+        lora_id: Option<&Bound<'_, PyAny>>,
+        lookahead: i64,
+    ) -> PyResult<Option<usize>> {
+        let id = self::seq_id(seq_id)?;
+        let toks = tokens(token_ids)?;
+        let salt = salt_bytes(cache_salt)?;
+        let lora = lora(lora_id)?;
+        let lookahead = usize::try_from(lookahead).map_err(|_| {
+            invalid(
+                py,
+                format!("lookahead must not be negative, got {lookahead}"),
+            )
+        })?;
+        let run = || {
+            self.inner
+                .allocate(id, &toks, salt.as_deref(), lora, lookahead)
+        };
+        if toks.len() >= DETACH_MIN_TOKENS {
+            py.detach(run).py(py)
+        } else {
+            run().py(py)
+        }
+    }
+
+    fn append(
+        &self,
+        py: Python<'_>,
+        seq_id: &Bound<'_, PyAny>,
+        token_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<Pairs>> {
+        let id = self::seq_id(seq_id)?;
+        let toks = tokens(token_ids)?;
+        self.inner.append(id, &toks).py(py)
+    }
+
+    fn fork(
+        &self,
+        py: Python<'_>,
+        parent_id: &Bound<'_, PyAny>,
+        child_id: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let (p, c) = (seq_id(parent_id)?, seq_id(child_id)?);
+        self.inner.fork(p, c).py(py)
+    }
+
+    fn free(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = self::seq_id(seq_id)?;
+        self.inner.free(id).py(py)
+    }
+
+    fn swap_out(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<Option<Pairs>> {
+        let id = self::seq_id(seq_id)?;
+        self.inner.swap_out(id).py(py)
+    }
+
+    fn swap_in(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<Option<Pairs>> {
+        let id = self::seq_id(seq_id)?;
+        self.inner.swap_in(id).py(py)
+    }
+
+    fn can_allocate<'py>(
+        &self,
+        py: Python<'py>,
+        num_tokens: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let n = count(num_tokens, "num_tokens")?;
+        let status = self.inner.can_allocate(n).py(py)?;
+        objects::alloc_status(py, status)
+    }
+
+    fn can_swap_in<'py>(
+        &self,
+        py: Python<'py>,
+        seq_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let id = self::seq_id(seq_id)?;
+        let status = self.inner.can_swap_in(id).py(py)?;
+        objects::alloc_status(py, status)
+    }
+
+    fn append_batch<'py>(
+        &self,
+        py: Python<'py>,
+        seq_ids: &Bound<'py, PyAny>,
+        token_ids: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyArray2<i32>>>> {
+        let ids = self::seq_ids(seq_ids)?;
+        let toks = tokens_batch(token_ids)?;
+        let run = || self.inner.append_batch(&ids, &toks);
+        let pairs = if ids.len() >= DETACH_MIN_BATCH {
+            py.detach(run)
+        } else {
+            run()
+        }
+        .py(py)?;
+        Ok(pairs.map(|p| pairs_array(py, p)))
+    }
+
+    fn free_batch(&self, py: Python<'_>, seq_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = self::seq_ids(seq_ids)?;
+        let run = || self.inner.free_batch(&ids);
+        if ids.len() >= DETACH_MIN_BATCH {
+            py.detach(run)
+        } else {
+            run()
+        }
+        .py(py)
+    }
+
+    #[pyo3(signature = (seq_ids, pad=-1))]
+    fn block_tables<'py>(
+        &self,
+        py: Python<'py>,
+        seq_ids: &Bound<'py, PyAny>,
+        pad: i32,
+    ) -> PyResult<Bound<'py, PyArray2<i32>>> {
+        let ids = self::seq_ids(seq_ids)?;
+        let (flat, width) = self.inner.block_tables(&ids, pad).py(py)?;
+        Ok(Array2::from_shape_vec((ids.len(), width), flat)
+            .expect("rows of equal width")
+            .into_pyarray(py))
+    }
+
+    fn slot_mapping<'py>(
+        &self,
+        py: Python<'py>,
+        seq_ids: &Bound<'py, PyAny>,
+        num_new_tokens: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let ids = self::seq_ids(seq_ids)?;
+        let n = counts(num_new_tokens, ids.len(), "num_new_tokens")?;
+        Ok(self.inner.slot_mapping(&ids, &n).py(py)?.into_pyarray(py))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn flashinfer_page_table<'py>(
+        &self,
+        py: Python<'py>,
+        seq_ids: &Bound<'py, PyAny>,
+    ) -> PyResult<(
+        Bound<'py, PyArray1<i32>>,
+        Bound<'py, PyArray1<i32>>,
+        Bound<'py, PyArray1<i32>>,
+    )> {
+        let ids = self::seq_ids(seq_ids)?;
+        let (indptr, indices, last) = self.inner.flashinfer_page_table(&ids).py(py)?;
+        Ok((
+            indptr.into_pyarray(py),
+            indices.into_pyarray(py),
+            last.into_pyarray(py),
+        ))
+    }
+
+    fn block_table(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+        let id = self::seq_id(seq_id)?;
+        self.inner.block_table(id).py(py)
+    }
+
+    fn num_tokens(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let id = self::seq_id(seq_id)?;
+        self.inner.num_tokens(id).py(py)
+    }
+
+    fn table_digest(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let id = self::seq_id(seq_id)?;
+        self.inner.table_digest(id).py(py)
+    }
+
+    fn block_hashes<'py>(
+        &self,
+        py: Python<'py>,
+        seq_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let id = self::seq_id(seq_id)?;
+        let digests = self.inner.block_hashes(id).py(py)?;
+        Ok(digests
+            .iter()
+            .map(|d| PyBytes::new(py, d.as_bytes()))
+            .collect())
+    }
+
+    fn is_swapped(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let id = self::seq_id(seq_id)?;
+        self.inner.is_swapped(id).py(py)
+    }
+
+    fn __contains__(&self, seq_id: &Bound<'_, PyAny>) -> bool {
+        seq_id
+            .extract::<u64>()
+            .is_ok_and(|id| self.inner.contains(id))
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.num_sequences()
+    }
+
+    #[getter]
+    fn num_blocks(&self) -> usize {
+        self.inner.config().num_blocks as usize
+    }
+
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+
+    #[getter]
+    fn num_cpu_blocks(&self) -> usize {
+        self.inner.config().num_cpu_blocks as usize
+    }
+
+    #[getter]
+    fn num_free_blocks(&self) -> usize {
+        self.inner.num_free_blocks()
+    }
+
+    #[getter]
+    fn num_cached_blocks(&self) -> usize {
+        self.inner.num_cached_blocks()
+    }
+
+    #[getter]
+    fn num_available_blocks(&self) -> usize {
+        self.inner.num_available_blocks()
+    }
+
+    #[getter]
+    fn num_free_cpu_blocks(&self) -> usize {
+        self.inner.num_free_cpu_blocks()
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let s = self.inner.stats();
+        objects::stats(py, &s)
+    }
+
+    fn reset_prefix_cache(&self) -> bool {
+        self.inner.reset_prefix_cache()
+    }
+
+    fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        self.inner
+            .drain_events()
+            .iter()
+            .map(|e| objects::event(py, e))
+            .collect()
+    }
+
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.check_invariants()).py(py)
+    }
+
+    fn __repr__(&self) -> String {
+        let c = self.inner.config();
+        format!(
+            "BlockManager(num_blocks={}, block_size={}, num_cpu_blocks={}, sequences={}, free={}, cached={})",
+            c.num_blocks,
+            c.block_size,
+            c.num_cpu_blocks,
+            self.inner.num_sequences(),
+            self.inner.num_free_blocks(),
+            self.inner.num_cached_blocks()
+        )
+    }
+}
+
+/// One token per sequence: like `tokens`, but an empty batch is allowed.
+fn tokens_batch(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    if obj.len().is_ok_and(|n| n == 0) {
+        return Ok(Vec::new());
+    }
+    tokens(obj)
+}

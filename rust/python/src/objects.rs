@@ -1,0 +1,87 @@
+//! Core results as the Python objects of `pagedkv.events`, `pagedkv.stats` and
+//! `pagedkv.alloc_status` (plain dataclasses and an enum, shared with the reference model).
+
+use pagedkv_core::{AllocStatus, KvEvent, Stats};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyType};
+
+static STORED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static REMOVED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static CLEARED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static STATS: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static STATUS: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+pub fn event<'py>(py: Python<'py>, e: &KvEvent) -> PyResult<Bound<'py, PyAny>> {
+    match e {
+        KvEvent::BlockStored {
+            block_hash,
+            parent_block_hash,
+            token_ids,
+            lora_id,
+        } => {
+            let kw = PyDict::new(py);
+            kw.set_item(
+                "block_hashes",
+                vec![PyBytes::new(py, block_hash.as_bytes())],
+            )?;
+            kw.set_item(
+                "parent_block_hash",
+                parent_block_hash.map(|p| PyBytes::new(py, p.as_bytes())),
+            )?;
+            kw.set_item("token_ids", token_ids)?;
+            kw.set_item("block_size", token_ids.len())?;
+            kw.set_item("lora_id", *lora_id)?;
+            STORED
+                .import(py, "pagedkv.events", "BlockStored")?
+                .call((), Some(&kw))
+        }
+        KvEvent::BlockRemoved { block_hash } => {
+            let kw = PyDict::new(py);
+            kw.set_item(
+                "block_hashes",
+                vec![PyBytes::new(py, block_hash.as_bytes())],
+            )?;
+            REMOVED
+                .import(py, "pagedkv.events", "BlockRemoved")?
+                .call((), Some(&kw))
+        }
+        KvEvent::AllBlocksCleared => CLEARED
+            .import(py, "pagedkv.events", "AllBlocksCleared")?
+            .call0(),
+    }
+}
+
+pub fn stats<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyAny>> {
+    let kw = PyDict::new(py);
+    kw.set_item("num_blocks", s.num_blocks)?;
+    kw.set_item("block_size", s.block_size)?;
+    kw.set_item("free_blocks", s.free_blocks)?;
+    kw.set_item("used_blocks", s.used_blocks)?;
+    kw.set_item("cached_blocks", s.cached_blocks)?;
+    kw.set_item("num_cpu_blocks", s.num_cpu_blocks)?;
+    kw.set_item("free_cpu_blocks", s.free_cpu_blocks)?;
+    kw.set_item("num_sequences", s.num_sequences)?;
+    kw.set_item("prefix_queries", s.prefix_queries)?;
+    kw.set_item("prefix_hits", s.prefix_hits)?;
+    kw.set_item("evictions", s.evictions)?;
+    kw.set_item("cow_copies", s.cow_copies)?;
+    kw.set_item("swapped_out_blocks", s.swapped_out_blocks)?;
+    kw.set_item("swapped_in_blocks", s.swapped_in_blocks)?;
+    kw.set_item("reserved_slots", s.reserved_slots)?;
+    kw.set_item("used_slots", s.used_slots)?;
+    STATS
+        .import(py, "pagedkv.stats", "Stats")?
+        .call((), Some(&kw))
+}
+
+pub fn alloc_status(py: Python<'_>, s: AllocStatus) -> PyResult<Bound<'_, PyAny>> {
+    let value = match s {
+        AllocStatus::Ok => 0,
+        AllocStatus::Later => 1,
+        AllocStatus::Never => 2,
+    };
+    STATUS
+        .import(py, "pagedkv.alloc_status", "AllocStatus")?
+        .call1((value,))
+}
