@@ -4,7 +4,6 @@
 use crate::error::{Error, Result};
 use crate::manager::{cdiv, BlockManager};
 use crate::sync::lock;
-use std::collections::HashMap;
 
 fn fail(msg: String) -> Result<()> {
     Err(Error::Invariant(msg))
@@ -136,19 +135,23 @@ impl BlockManager {
             "{live_count} live LRU records for {cached} CACHED blocks"
         );
 
-        // The index holds exactly the hashed blocks, under the digests their holders expect.
+        // The index holds exactly the hashed blocks, once each, in the right bucket, under
+        // the digests their holders expect.
         let index = self.gpu.index_snapshot();
-        let mut by_block = HashMap::with_capacity(index.len());
-        for (d, b, epoch) in &index {
-            let w = self.gpu.state(*b).load();
+        let mut indexed = vec![false; n];
+        for &(b, epoch, in_place) in &index {
+            ensure!((b as usize) < n, "index entry names block {b} out of range");
+            let w = self.gpu.state(b).load();
             ensure!(
-                w.hashed() && w.epoch() == *epoch,
-                "index entry {d:?} names block {b} of another epoch or unhashed"
+                w.hashed() && w.epoch() == epoch,
+                "index entry names block {b} of another epoch or unhashed"
             );
             ensure!(
-                by_block.insert(*b, *d).is_none(),
-                "block {b} is in the index twice"
+                in_place,
+                "index entry for block {b} sits outside its digest's buckets"
             );
+            ensure!(!indexed[b as usize], "block {b} is in the index twice");
+            indexed[b as usize] = true;
         }
         let hashed = (0..n as u32)
             .filter(|&b| self.gpu.state(b).load().hashed())
@@ -159,13 +162,24 @@ impl BlockManager {
             index.len()
         );
         for (id, seq) in &guards {
-            for (i, b) in seq.blocks.iter().enumerate() {
-                if let Some(d) = by_block.get(b) {
+            for (i, &b) in seq.blocks.iter().enumerate() {
+                if indexed[b as usize] {
+                    let expected = seq.digests.get(i);
                     ensure!(
-                        seq.digests.get(i) == Some(d),
-                        "block {b} is cached under {d:?} but sequence {id} holds it at {i} with another digest"
+                        expected.is_some_and(|d| self.gpu.index_holds(b, d)),
+                        "block {b} is cached under another digest than sequence {id} expects at {i}"
                     );
                 }
+            }
+        }
+        // Live LRU records carry the digest their block is indexed under.
+        for e in self.gpu.lru_snapshot() {
+            if self.gpu.lru_entry_is_live(&e) {
+                ensure!(
+                    self.gpu.index_holds(e.block, &e.digest),
+                    "LRU record of block {} has a wrong digest",
+                    e.block
+                );
             }
         }
 

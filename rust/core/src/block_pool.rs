@@ -186,6 +186,13 @@ impl BlockPool {
                     } else if have_unit {
                         *spare += 1;
                     }
+                    // The lookup compared the digest racily; pinned with the entry's epoch,
+                    // the block's digest is stable now, so this check is exact.
+                    if !self.index.holds(b, digest) {
+                        let own = self.index.stored(b, digest.as_bytes().len());
+                        self.release(b, Some(&own));
+                        return Hit::Miss;
+                    }
                     return Hit::Pinned(b);
                 }
                 Pin::Stale => {
@@ -258,8 +265,11 @@ impl BlockPool {
     pub fn lru_snapshot(&self) -> Vec<Entry> {
         self.lru.snapshot()
     }
-    pub fn index_snapshot(&self) -> Vec<(Digest, u32, u32)> {
+    pub fn index_snapshot(&self) -> Vec<(u32, u32, bool)> {
         self.index.snapshot()
+    }
+    pub fn index_holds(&self, block: u32, digest: &Digest) -> bool {
+        self.index.holds(block, digest)
     }
     pub fn lru_entry_is_live(&self, e: &Entry) -> bool {
         self.is_live(e)

@@ -41,6 +41,29 @@ impl Digest {
         &self.bytes[..self.len as usize]
     }
 
+    /// The 32 bytes as four little-endian words (zero padded), for atomic storage.
+    pub fn words(&self) -> [u64; 4] {
+        let mut out = [0u64; 4];
+        for (w, chunk) in out.iter_mut().zip(self.bytes.chunks_exact(8)) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(chunk);
+            *w = u64::from_le_bytes(b);
+        }
+        out
+    }
+
+    /// Inverse of `words`, for a digest of `len` bytes.
+    pub fn from_words(words: [u64; 4], len: usize) -> Self {
+        let mut bytes = [0u8; 32];
+        for (chunk, w) in bytes.chunks_exact_mut(8).zip(words) {
+            chunk.copy_from_slice(&w.to_le_bytes());
+        }
+        Self {
+            bytes,
+            len: len as u8,
+        }
+    }
+
     fn from_slice(s: &[u8]) -> Self {
         let mut bytes = [0u8; 32];
         bytes[..s.len()].copy_from_slice(s);
