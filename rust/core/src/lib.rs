@@ -23,6 +23,8 @@ mod events;
 mod free_stack;
 mod hashing;
 mod id_hasher;
+#[cfg(all(test, loom))]
+mod loom_models;
 mod lru_queue;
 mod manager;
 mod prefix_index;

@@ -20,16 +20,20 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Spin briefly, then yield, while waiting for another thread to finish a transition.
+#[cfg(not(loom))]
 pub(crate) fn backoff(spins: &mut u32) {
     *spins += 1;
     if *spins < 64 {
         std::hint::spin_loop();
     } else {
-        #[cfg(loom)]
-        loom::thread::yield_now();
-        #[cfg(not(loom))]
         std::thread::yield_now();
     }
+}
+
+/// Under loom every wait must yield, so the model lets the awaited thread run.
+#[cfg(loom)]
+pub(crate) fn backoff(_spins: &mut u32) {
+    loom::thread::yield_now();
 }
 
 /// Tries to lock without blocking; `None` when another holder has it (or this thread does).

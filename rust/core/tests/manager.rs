@@ -1,4 +1,5 @@
 //! The manager's operations against hand-worked expectations (docs/semantics.md).
+#![cfg(not(loom))]
 
 use pagedkv_core::{AllocStatus, BlockManager, Config, Error, KvEvent};
 

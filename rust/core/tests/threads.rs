@@ -1,6 +1,7 @@
 //! Many threads on one manager: shared prefixes, constant eviction, forks, swaps and batch
 //! steps; afterwards every block is accounted for and every sequence holds what its thread
 //! wrote.
+#![cfg(not(loom))]
 
 use pagedkv_core::{encode_extras, BlockHasher, BlockManager, Config, HashAlgo};
 use std::sync::Arc;
