@@ -32,14 +32,17 @@ pub struct BlockPool {
     free: FreeStack,
     /// One live record per CACHED block, oldest release first.
     lru: LruQueue,
-    /// FREE + CACHED blocks not promised to any caller; see the module docs.
+    /// FREE + CACHED blocks not promised to any caller; see the module docs. Increments are
+    /// Release and successful reservations Acquire (see `reserve`); reads for `can_allocate`
+    /// and statistics are Relaxed snapshots.
     available: AtomicUsize,
     /// Number of CACHED blocks; raised before the LRU record is queued and lowered after a
-    /// claim, so it never underflows; exact at quiescence.
+    /// claim or revival, so it never underflows; exact at quiescence. Relaxed everywhere: a
+    /// tally for statistics and `reset`'s idle check, never used to order memory.
     cached: AtomicUsize,
     index: PrefixIndex,
     events: Option<EventLog>,
-    /// Cached blocks evicted so far (a tally: Relaxed).
+    /// Cached blocks evicted so far (a tally: Relaxed everywhere).
     evictions: AtomicU64,
 }
 
@@ -83,17 +86,19 @@ impl BlockPool {
         if k == 0 {
             return true;
         }
-        // Relaxed: the counter orders nothing; the free-stack pop and the LRU claim give the
-        // acquire edges on the blocks themselves.
+        // Acquire on success: pairs with the Release increment of whoever made the unit
+        // available, so the block it pushed or queued before counting it is visible to our
+        // `take`. (The free-stack pop and the LRU claim give the acquire edges on the blocks.)
         self.available
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |a| a.checked_sub(k))
+            .fetch_update(Ordering::Acquire, Ordering::Relaxed, |a| a.checked_sub(k))
             .is_ok()
     }
 
     /// Return unused promises.
     pub fn unreserve(&self, k: usize) {
         if k > 0 {
-            self.available.fetch_add(k, Ordering::Relaxed);
+            // Release: the units name blocks that were findable when we reserved them.
+            self.available.fetch_add(k, Ordering::Release);
         }
     }
 
@@ -140,10 +145,12 @@ impl BlockPool {
             Released::StillOwned => {}
             Released::ToFree => {
                 self.free.push(block);
-                self.available.fetch_add(1, Ordering::Relaxed);
+                // Release: a reserver that takes this unit sees the push (see `reserve`).
+                self.available.fetch_add(1, Ordering::Release);
             }
             Released::ToCached { epoch, stamp } => {
                 let digest = *digest.expect("a hashed block is always a full block of its holder");
+                // Relaxed: a tally (see the field), raised before the record can be claimed.
                 self.cached.fetch_add(1, Ordering::Relaxed);
                 let entry = Entry {
                     block,
@@ -153,7 +160,8 @@ impl BlockPool {
                 };
                 let bound = 2 * self.states.len() + 64;
                 self.lru.push(entry, bound, |e| self.is_live(e));
-                self.available.fetch_add(1, Ordering::Relaxed);
+                // Release: a reserver that takes this unit sees the queued record.
+                self.available.fetch_add(1, Ordering::Release);
             }
         }
     }

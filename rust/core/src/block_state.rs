@@ -141,6 +141,7 @@ impl BlockState {
     /// before whoever takes it next; the last dropper also acquires (AcqRel) so it sees every
     /// earlier dropper's use before it hands the block on.
     pub fn release(&self) -> Released {
+        // Relaxed: only a guess for the CAS below.
         let mut cur = Word(self.0.load(Ordering::Relaxed));
         loop {
             assert!(cur.rc() >= 1, "release of an unreferenced block: {cur:?}");
@@ -184,6 +185,7 @@ impl BlockState {
     /// 1 when an evictor claims it for an allocation, 0 when reset moves it to the free stack.
     /// Acquire on success: the claimer sees the last owner's use of the block as finished.
     pub fn claim_cached(&self, epoch: u32, stamp: u32, rc: u32) -> bool {
+        // Relaxed: only a guess for the CAS, which re-checks the whole word.
         let cur = Word(self.0.load(Ordering::Relaxed));
         if !cur.is_cached() || cur.epoch() != epoch || cur.stamp() != stamp {
             return false;

@@ -31,9 +31,10 @@ impl CpuPool {
 
     /// `k` blocks, all or none.
     pub fn take(&self, k: usize) -> Option<Vec<u32>> {
-        // Relaxed: the pops below acquire the blocks themselves.
+        // Acquire on success: pairs with `give_back`'s Release increment, so the pushes it
+        // counted are visible to the pops below.
         self.available
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |a| a.checked_sub(k))
+            .fetch_update(Ordering::Acquire, Ordering::Relaxed, |a| a.checked_sub(k))
             .ok()?;
         let mut spins = 0;
         let mut out = Vec::with_capacity(k);
@@ -52,7 +53,8 @@ impl CpuPool {
         for &b in blocks.iter().rev() {
             self.free.push(b);
         }
-        self.available.fetch_add(blocks.len(), Ordering::Relaxed);
+        // Release: see `take`.
+        self.available.fetch_add(blocks.len(), Ordering::Release);
     }
 
     pub fn free_snapshot(&self) -> Vec<u32> {

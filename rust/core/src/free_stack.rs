@@ -25,8 +25,9 @@ pub struct FreeStack {
     /// Atomic because a popper may read `next[b]` while another thread re-pushes `b`
     /// (its CAS then fails, but a plain read would be a data race).
     next: Box<[AtomicU32]>,
-    /// Number of ids on the stack. Updated after each push or pop, so it is exact only
-    /// when no call is in flight; used for statistics and audits, never for admission.
+    /// Number of ids on the stack. Raised before a push and lowered after a pop (so it never
+    /// underflows), exact only when no call is in flight; used for statistics and audits,
+    /// never for admission, hence Relaxed everywhere.
     len: AtomicUsize,
 }
 
@@ -97,6 +98,8 @@ impl FreeStack {
     /// The ids from top to bottom. Exact only when no push or pop is in flight (audits);
     /// stops after `limit` ids so that a racing caller cannot loop forever.
     pub fn snapshot(&self, limit: usize) -> Vec<u32> {
+        // Acquire pairs with the last push's Release; the Relaxed `next` loads are ordered
+        // after it. Racing pushes or pops make the walk inexact, never unsafe.
         let (_, mut top) = unpack(self.head.load(Ordering::Acquire));
         let mut out = Vec::new();
         while top != EMPTY && out.len() < limit {

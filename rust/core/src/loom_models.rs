@@ -6,6 +6,7 @@ use crate::block_pool::{BlockPool, Hit};
 use crate::block_state::{BlockState, Pin, Released};
 use crate::free_stack::FreeStack;
 use crate::hashing::{BlockHasher, HashAlgo};
+use crate::prefix_index::PrefixIndex;
 use loom::sync::Arc;
 use loom::thread;
 
@@ -158,5 +159,32 @@ fn hit_and_eviction_never_share_a_block() {
             other => panic!("block handed out twice or lost: {other:?}"),
         }
         assert_eq!(pool.state(b).load().rc(), 1);
+    });
+}
+
+/// Two inserters racing for slots of one small index while a reader looks one digest up:
+/// the reader finds nothing or the right block, and afterwards both entries are findable
+/// with their own tags (a lost tag would make an entry unfindable).
+#[test]
+fn index_inserts_race_without_losing_entries() {
+    loom::model(|| {
+        let idx = Arc::new(PrefixIndex::new(2));
+        let h = BlockHasher::new(HashAlgo::Xxh3_128, 0);
+        let d0 = h.hash_block(&h.root(), &[1], &[0]);
+        let d1 = h.hash_block(&h.root(), &[2], &[0]);
+        let other = {
+            let idx = idx.clone();
+            thread::spawn(move || assert!(idx.insert_new(d1, 1, 0)))
+        };
+        let reader = {
+            let idx = idx.clone();
+            thread::spawn(move || idx.get(&d0))
+        };
+        assert!(idx.insert_new(d0, 0, 0));
+        other.join().unwrap();
+        let seen = reader.join().unwrap();
+        assert!(seen.is_none() || seen == Some((0, 0)));
+        assert_eq!(idx.get(&d0), Some((0, 0)));
+        assert_eq!(idx.get(&d1), Some((1, 0)));
     });
 }

@@ -25,6 +25,8 @@ fn tag_of(w: &[u64; 4]) -> u64 {
     w[0].rotate_left(32) ^ w[1] ^ w[2] ^ w[3]
 }
 const EMPTY: u64 = 0;
+/// A slot claimed by an inserter that is writing its tag; readers treat it as empty.
+const CLAIMED: u64 = u64::MAX;
 
 fn pack(block: u32, epoch: u32) -> u64 {
     (u64::from(epoch) << 32) | (u64::from(block) + 1)
@@ -97,6 +99,7 @@ impl PrefixIndex {
                 // (or later ones) are seen. A later tag makes a racing lookup miss: harmless.
                 let v = self.slots[i].load(Ordering::Acquire);
                 if v != EMPTY
+                    && v != CLAIMED
                     && self.tags[i].load(Ordering::Relaxed) == tag
                     && self.holds(unpack(v).0, digest)
                 {
@@ -118,7 +121,7 @@ impl PrefixIndex {
         if self.find(&digest).is_some() {
             return false;
         }
-        // Relaxed: published by the Release CAS below.
+        // Relaxed: published by the Release store of the slot below.
         for (s, w) in self.digests[block as usize].iter().zip(digest.words()) {
             s.store(w, Ordering::Relaxed);
         }
@@ -126,6 +129,7 @@ impl PrefixIndex {
         let tag = tag_of(&digest.words());
         // The emptier bucket first (two-choice hashing keeps the fullest bucket small).
         let mut buckets = self.buckets(&digest);
+        // Relaxed: a heuristic count; the CAS below decides.
         let empties = |start: usize| {
             self.slots[start..start + BUCKET]
                 .iter()
@@ -137,16 +141,15 @@ impl PrefixIndex {
         }
         for start in buckets {
             for i in start..start + BUCKET {
-                if self.slots[i].load(Ordering::Relaxed) != EMPTY {
-                    continue;
-                }
-                // Relaxed: published by the Release CAS. If the CAS fails, another inserter
-                // owns the slot and rewrites the tag before its own CAS.
-                self.tags[i].store(tag, Ordering::Relaxed);
+                // Claim the slot first, so no other inserter can overwrite the tag between
+                // our tag store and the publishing store. Relaxed: the claim publishes nothing.
                 if self.slots[i]
-                    .compare_exchange(EMPTY, value, Ordering::Release, Ordering::Relaxed)
+                    .compare_exchange(EMPTY, CLAIMED, Ordering::Relaxed, Ordering::Relaxed)
                     .is_ok()
                 {
+                    // Relaxed: published by the Release store of the value.
+                    self.tags[i].store(tag, Ordering::Relaxed);
+                    self.slots[i].store(value, Ordering::Release);
                     return true;
                 }
             }
@@ -157,10 +160,10 @@ impl PrefixIndex {
     /// Remove the entry only if it still names this block incarnation.
     pub fn remove_exact(&self, digest: &Digest, block: u32, epoch: u32) -> bool {
         let want = pack(block, epoch);
+        // Relaxed CAS: emptying a slot publishes nothing; a reader that still sees the old
+        // value is stopped by the epoch check when it pins.
         for start in self.buckets(digest) {
             for slot in &self.slots[start..start + BUCKET] {
-                // Relaxed: emptying a slot publishes nothing; readers that still see the old
-                // value are stopped by the epoch check.
                 if slot
                     .compare_exchange(want, EMPTY, Ordering::Relaxed, Ordering::Relaxed)
                     .is_ok()
@@ -183,8 +186,9 @@ impl PrefixIndex {
     pub fn snapshot(&self) -> Vec<(u32, u32, bool)> {
         let mut out = Vec::new();
         for (i, slot) in self.slots.iter().enumerate() {
+            // Acquire pairs with the inserting store, as in `find`.
             let v = slot.load(Ordering::Acquire);
-            if v != EMPTY {
+            if v != EMPTY && v != CLAIMED {
                 let (b, e) = unpack(v);
                 let words: [u64; 4] =
                     std::array::from_fn(|w| self.digests[b as usize][w].load(Ordering::Relaxed));
