@@ -1,7 +1,7 @@
 //! `pagedkv._core.BlockManager`: a frozen pyclass over the core manager. Argument
 //! conversion and result conversion only; every decision is the core's.
 
-use crate::convert::{count, counts, seq_id, seq_ids, tokens};
+use crate::convert::{batch_tokens, counts, seq_id, seq_ids, tokens};
 use crate::errors::{invalid, IntoPy};
 use crate::objects;
 use numpy::ndarray::Array2;
@@ -165,12 +165,13 @@ impl PyBlockManager {
         self.inner.swap_in(id).py(py)
     }
 
-    fn can_allocate<'py>(
-        &self,
-        py: Python<'py>,
-        num_tokens: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let n = count(num_tokens, "num_tokens")?;
+    fn can_allocate<'py>(&self, py: Python<'py>, num_tokens: i64) -> PyResult<Bound<'py, PyAny>> {
+        let n = usize::try_from(num_tokens).map_err(|_| {
+            invalid(
+                py,
+                format!("num_tokens must be at least 1, got {num_tokens}"),
+            )
+        })?;
         let status = self.inner.can_allocate(n).py(py)?;
         objects::alloc_status(py, status)
     }
@@ -192,7 +193,7 @@ impl PyBlockManager {
         token_ids: &Bound<'py, PyAny>,
     ) -> PyResult<Option<Bound<'py, PyArray2<i32>>>> {
         let ids = self::seq_ids(seq_ids)?;
-        let toks = tokens_batch(token_ids)?;
+        let toks = batch_tokens(token_ids)?;
         let run = || self.inner.append_batch(&ids, &toks);
         let pairs = if ids.len() >= DETACH_MIN_BATCH {
             py.detach(run)
@@ -369,12 +370,4 @@ impl PyBlockManager {
             self.inner.num_cached_blocks()
         )
     }
-}
-
-/// One token per sequence: like `tokens`, but an empty batch is allowed.
-fn tokens_batch(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
-    if obj.len().is_ok_and(|n| n == 0) {
-        return Ok(Vec::new());
-    }
-    tokens(obj)
 }
