@@ -61,8 +61,7 @@ class Stats:
                 f"prefix hits {self.prefix_hits} of {self.prefix_queries} tokens "
                 f"(hit rate {self.hit_rate:.1%})",
                 f"evictions   {self.evictions}; copy-on-write copies {self.cow_copies}",
-                f"swapped     {self.swapped_out_blocks} blocks out, "
-                f"{self.swapped_in_blocks} in",
+                f"swapped     {self.swapped_out_blocks} blocks out, {self.swapped_in_blocks} in",
                 f"slots       {self.used_slots} of {self.reserved_slots} used "
                 f"(fragmentation {self.fragmentation:.1%})",
             ]

@@ -82,27 +82,57 @@ where
     })?;
     items
         .enumerate()
-        .map(|(i, item)| {
-            let item = item?;
-            if item.is_instance_of::<PyBool>() || !item.is_instance_of::<PyInt>() {
-                let name = item.get_type().name()?;
-                return Err(invalid(
-                    py,
-                    format!("{what}[{i}] must be an int, got {name}"),
-                ));
-            }
-            let out_of_range =
-                || invalid(py, format!("{what}[{i}] = {item} is out of range {range}"));
-            match item.extract::<i64>() {
-                Ok(v) => T::try_from(v).map_err(|_| out_of_range()),
-                Err(_) => item
-                    .extract::<u64>()
-                    .ok()
-                    .and_then(|v| T::try_from(v).ok())
-                    .ok_or_else(out_of_range),
-            }
-        })
+        .map(|(i, item)| int_item(&item?, &format!("{what}[{i}]"), range))
         .collect()
+}
+
+/// One Python int or numpy integer scalar (not a bool) as `T`.
+fn int_item<T>(item: &Bound<'_, PyAny>, what: &str, range: &str) -> PyResult<T>
+where
+    T: TryFrom<i64> + TryFrom<u64>,
+{
+    let py = item.py();
+    let out_of_range =
+        |v: &dyn std::fmt::Display| invalid(py, format!("{what} = {v} is out of range {range}"));
+    if !item.is_instance_of::<PyBool>() {
+        if let Ok(v) = item.extract::<i64>() {
+            return T::try_from(v).map_err(|_| out_of_range(&v));
+        }
+        if let Ok(v) = item.extract::<u64>() {
+            return T::try_from(v).map_err(|_| out_of_range(&v));
+        }
+        if item.is_instance_of::<PyInt>() || item.hasattr("__index__")? {
+            return Err(out_of_range(item));
+        }
+    }
+    let name = item.get_type().name()?;
+    Err(invalid(py, format!("{what} must be an int, got {name}")))
+}
+
+/// An optional int argument in `lo..=hi`; `None` means `default`.
+pub fn int_arg(
+    obj: Option<&Bound<'_, PyAny>>,
+    default: i64,
+    what: &str,
+    lo: i64,
+    hi: i64,
+) -> PyResult<i64> {
+    let Some(obj) = obj else { return Ok(default) };
+    let range = format!("[{lo}, {hi}]");
+    let v: i64 = int_item(obj, what, &range)?;
+    if (lo..=hi).contains(&v) {
+        Ok(v)
+    } else {
+        Err(invalid(
+            obj.py(),
+            format!("{what} = {v} is out of range {range}"),
+        ))
+    }
+}
+
+/// An optional unsigned 64-bit argument (seeds, adapter ids); `None` means `default`.
+pub fn u64_arg(obj: Option<&Bound<'_, PyAny>>, default: u64, what: &str) -> PyResult<u64> {
+    obj.map_or(Ok(default), |o| int_item(o, what, "[0, 2**64)"))
 }
 
 /// Token ids: non-empty, each in `[0, 2**32)`.
@@ -126,25 +156,13 @@ pub fn seq_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
 
 /// One sequence id.
 pub fn seq_id(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
-    let py = obj.py();
-    if obj.is_instance_of::<PyBool>() || !obj.is_instance_of::<PyInt>() {
-        let name = obj.get_type().name()?;
-        return Err(invalid(
-            py,
-            format!("sequence id must be an int, got {name}"),
-        ));
-    }
-    obj.extract::<u64>()
-        .map_err(|_| invalid(py, format!("sequence id {obj} is out of range [0, 2**64)")))
+    int_item(obj, "sequence id", "[0, 2**64)")
 }
 
 /// Per-sequence counts: one int for all, or one per sequence; none negative.
 pub fn counts(obj: &Bound<'_, PyAny>, n: usize, what: &str) -> PyResult<Vec<usize>> {
-    let py = obj.py();
-    if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
-        let v = obj
-            .extract::<usize>()
-            .map_err(|_| invalid(py, format!("{what} must not be negative, got {obj}")))?;
+    if obj.cast::<PyUntypedArray>().is_err() && obj.try_iter().is_err() {
+        let v: usize = int_item(obj, what, "[0, 2**63)")?;
         return Ok(vec![v; n]);
     }
     ints::<usize>(obj, what, "[0, 2**63)")

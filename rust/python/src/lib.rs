@@ -10,10 +10,10 @@ use pyo3::prelude::*;
 #[pymodule]
 mod _core {
     use super::*;
-    use crate::convert::tokens;
-    use crate::errors::{invalid, IntoPy};
-    use pagedkv_core::{encode_extras, BlockHasher, HashAlgo};
-    use pyo3::types::{PyBytes, PyString};
+    use crate::convert::{int_arg, tokens, u64_arg};
+    use crate::manager::{hash_algo_arg, salt_arg};
+    use pagedkv_core::{encode_extras, BlockHasher};
+    use pyo3::types::PyBytes;
 
     #[pymodule_export]
     use crate::manager::PyBlockManager;
@@ -25,42 +25,32 @@ mod _core {
 
     /// Chain digests of the full blocks of `token_ids` (docs/hashing.md).
     #[pyfunction]
-    #[pyo3(signature = (token_ids, block_size, *, cache_salt=None, lora_id=None, hash_algo="sha256", seed=0))]
+    #[pyo3(
+        signature = (token_ids, block_size, *, cache_salt=None, lora_id=None, hash_algo="sha256", seed=None),
+        text_signature = "(token_ids, block_size, *, cache_salt=None, lora_id=None, hash_algo='sha256', seed=0)"
+    )]
     fn hash_blocks<'py>(
         py: Python<'py>,
         token_ids: &Bound<'py, PyAny>,
-        block_size: usize,
+        block_size: &Bound<'py, PyAny>,
         cache_salt: Option<&Bound<'py, PyAny>>,
-        lora_id: Option<u64>,
+        lora_id: Option<&Bound<'py, PyAny>>,
         hash_algo: &str,
-        seed: u64,
+        seed: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
         let toks = tokens(token_ids)?;
-        if block_size == 0 {
-            return Err(invalid(py, "block_size must be at least 1"));
-        }
-        let algo = HashAlgo::parse(hash_algo).ok_or_else(|| {
-            invalid(
-                py,
-                format!("hash_algo must be 'sha256' or 'xxh3_128', got {hash_algo:?}"),
-            )
-        })?;
-        let salt: Option<Vec<u8>> = match cache_salt {
-            None => None,
-            Some(o) => Some(if let Ok(s) = o.cast::<PyString>() {
-                s.to_str()?.as_bytes().to_vec()
-            } else if let Ok(b) = o.cast::<PyBytes>() {
-                b.as_bytes().to_vec()
-            } else {
-                return Err(invalid(py, "cache_salt must be str, bytes or None"));
-            }),
-        };
-        let extras = encode_extras(salt.as_deref(), lora_id);
+        let block_size = int_arg(Some(block_size), 0, "block_size", 1, 1 << 16)? as usize;
+        let algo = hash_algo_arg(py, hash_algo)?;
+        let salt = salt_arg(cache_salt)?;
+        let lora = lora_id
+            .map(|o| u64_arg(Some(o), 0, "lora_id"))
+            .transpose()?;
+        let seed = u64_arg(seed, 0, "seed")?;
+        let extras = encode_extras(salt.as_deref(), lora);
         let digests = BlockHasher::new(algo, seed).hash_chain(&toks, block_size, &extras);
-        let out: Result<_, pagedkv_core::Error> = Ok(digests
+        Ok(digests
             .iter()
             .map(|d| PyBytes::new(py, d.as_bytes()))
-            .collect());
-        out.py(py)
+            .collect())
     }
 }

@@ -1,14 +1,14 @@
 //! `pagedkv._core.BlockManager`: a frozen pyclass over the core manager. Argument
 //! conversion and result conversion only; every decision is the core's.
 
-use crate::convert::{batch_tokens, counts, seq_id, seq_ids, tokens};
+use crate::convert::{batch_tokens, counts, int_arg, seq_id, seq_ids, tokens, u64_arg};
 use crate::errors::{invalid, IntoPy};
 use crate::objects;
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
 use pagedkv_core::{BlockManager, Config, HashAlgo};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBool, PyBytes, PyString};
 
 /// Batches at least this long release the GIL while the core works: below it, detaching
 /// costs more than the work.
@@ -34,16 +34,19 @@ fn salt_bytes(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u8>>> {
     Err(invalid(obj.py(), "cache_salt must be str, bytes or None"))
 }
 
-fn lora(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
-    obj.map(|o| {
-        o.extract::<u64>().map_err(|_| {
-            invalid(
-                o.py(),
-                format!("lora_id must be an int in [0, 2**64), got {o}"),
-            )
-        })
+/// Parse `hash_algo`.
+pub fn hash_algo_arg(py: Python<'_>, name: &str) -> PyResult<HashAlgo> {
+    HashAlgo::parse(name).ok_or_else(|| {
+        invalid(
+            py,
+            format!("hash_algo must be 'sha256' or 'xxh3_128', got {name:?}"),
+        )
     })
-    .transpose()
+}
+
+/// Parse `cache_salt`: str (as UTF-8), bytes, or None.
+pub fn salt_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u8>>> {
+    salt_bytes(obj)
 }
 
 fn pairs_array(py: Python<'_>, pairs: Pairs) -> Bound<'_, PyArray2<i32>> {
@@ -59,37 +62,44 @@ fn pairs_array(py: Python<'_>, pairs: Pairs) -> Bound<'_, PyArray2<i32>> {
 #[pymethods]
 impl PyBlockManager {
     #[new]
-    #[pyo3(signature = (num_blocks, block_size=16, *, num_cpu_blocks=0, enable_prefix_caching=true,
-        hash_algo="sha256", hash_seed=0, watermark=0.01, enable_kv_events=false))]
+    #[pyo3(
+        signature = (num_blocks, block_size=None, *, num_cpu_blocks=None,
+            enable_prefix_caching=true, hash_algo="sha256", hash_seed=None, watermark=None,
+            enable_kv_events=false),
+        text_signature = "(num_blocks, block_size=16, *, num_cpu_blocks=0, \
+            enable_prefix_caching=True, hash_algo='sha256', hash_seed=0, watermark=0.01, \
+            enable_kv_events=False)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        num_blocks: i64,
-        block_size: i64,
-        num_cpu_blocks: i64,
+        num_blocks: &Bound<'_, PyAny>,
+        block_size: Option<&Bound<'_, PyAny>>,
+        num_cpu_blocks: Option<&Bound<'_, PyAny>>,
         enable_prefix_caching: bool,
         hash_algo: &str,
-        hash_seed: u64,
-        watermark: f64,
+        hash_seed: Option<&Bound<'_, PyAny>>,
+        watermark: Option<&Bound<'_, PyAny>>,
         enable_kv_events: bool,
     ) -> PyResult<Self> {
-        let algo = HashAlgo::parse(hash_algo).ok_or_else(|| {
-            invalid(
-                py,
-                format!("hash_algo must be 'sha256' or 'xxh3_128', got {hash_algo:?}"),
-            )
-        })?;
-        let as_u32 = |v: i64, what: &str| -> PyResult<u32> {
-            u32::try_from(v)
-                .map_err(|_| invalid(py, format!("{what} must be in [0, 2**31), got {v}")))
+        let algo = hash_algo_arg(py, hash_algo)?;
+        let max = i64::from(i32::MAX);
+        let watermark = match watermark {
+            None => 0.01,
+            Some(w) if w.is_instance_of::<PyBool>() => {
+                return Err(invalid(py, "watermark must be a float, got bool"))
+            }
+            Some(w) => w
+                .extract::<f64>()
+                .map_err(|_| invalid(py, format!("watermark must be a float, got {w}")))?,
         };
         let config = Config {
-            num_blocks: as_u32(num_blocks, "num_blocks")?,
-            block_size: as_u32(block_size, "block_size")? as usize,
-            num_cpu_blocks: as_u32(num_cpu_blocks, "num_cpu_blocks")?,
+            num_blocks: int_arg(Some(num_blocks), 0, "num_blocks", 1, max)? as u32,
+            block_size: int_arg(block_size, 16, "block_size", 1, 1 << 16)? as usize,
+            num_cpu_blocks: int_arg(num_cpu_blocks, 0, "num_cpu_blocks", 0, max)? as u32,
             enable_prefix_caching,
             hash_algo: algo,
-            hash_seed,
+            hash_seed: u64_arg(hash_seed, 0, "hash_seed")?,
             watermark,
             enable_kv_events,
         };
@@ -98,7 +108,10 @@ impl PyBlockManager {
         })
     }
 
-    #[pyo3(signature = (seq_id, token_ids, *, cache_salt=None, lora_id=None, lookahead=0))]
+    #[pyo3(
+        signature = (seq_id, token_ids, *, cache_salt=None, lora_id=None, lookahead=None),
+        text_signature = "($self, seq_id, token_ids, *, cache_salt=None, lora_id=None, lookahead=0)"
+    )]
     fn allocate(
         &self,
         py: Python<'_>,
@@ -106,18 +119,15 @@ impl PyBlockManager {
         token_ids: &Bound<'_, PyAny>,
         cache_salt: Option<&Bound<'_, PyAny>>,
         lora_id: Option<&Bound<'_, PyAny>>,
-        lookahead: i64,
+        lookahead: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<usize>> {
         let id = self::seq_id(seq_id)?;
         let toks = tokens(token_ids)?;
-        let salt = salt_bytes(cache_salt)?;
-        let lora = lora(lora_id)?;
-        let lookahead = usize::try_from(lookahead).map_err(|_| {
-            invalid(
-                py,
-                format!("lookahead must not be negative, got {lookahead}"),
-            )
-        })?;
+        let salt = salt_arg(cache_salt)?;
+        let lora = lora_id
+            .map(|o| u64_arg(Some(o), 0, "lora_id"))
+            .transpose()?;
+        let lookahead = int_arg(lookahead, 0, "lookahead", 0, i64::MAX)? as usize;
         let run = || {
             self.inner
                 .allocate(id, &toks, salt.as_deref(), lora, lookahead)
@@ -165,13 +175,12 @@ impl PyBlockManager {
         self.inner.swap_in(id).py(py)
     }
 
-    fn can_allocate<'py>(&self, py: Python<'py>, num_tokens: i64) -> PyResult<Bound<'py, PyAny>> {
-        let n = usize::try_from(num_tokens).map_err(|_| {
-            invalid(
-                py,
-                format!("num_tokens must be at least 1, got {num_tokens}"),
-            )
-        })?;
+    fn can_allocate<'py>(
+        &self,
+        py: Python<'py>,
+        num_tokens: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let n = int_arg(Some(num_tokens), 0, "num_tokens", 1, i64::MAX)? as usize;
         let status = self.inner.can_allocate(n).py(py)?;
         objects::alloc_status(py, status)
     }
@@ -215,14 +224,15 @@ impl PyBlockManager {
         .py(py)
     }
 
-    #[pyo3(signature = (seq_ids, pad=-1))]
+    #[pyo3(signature = (seq_ids, pad=None), text_signature = "($self, seq_ids, pad=-1)")]
     fn block_tables<'py>(
         &self,
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
-        pad: i32,
+        pad: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray2<i32>>> {
         let ids = self::seq_ids(seq_ids)?;
+        let pad = int_arg(pad, -1, "pad", i64::from(i32::MIN), i64::from(i32::MAX))? as i32;
         let (flat, width) = self.inner.block_tables(&ids, pad).py(py)?;
         Ok(Array2::from_shape_vec((ids.len(), width), flat)
             .expect("rows of equal width")

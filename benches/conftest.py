@@ -1,0 +1,80 @@
+"""Shared helpers for the benchmarks: manager factory and a Rust-vs-reference ratio summary.
+
+Run: `pytest benches` (timed), or `pytest benches --benchmark-disable` (each once, as tests).
+Every benchmark that has a pure-Python twin runs with `impl` = "rust" and "reference" in the
+same `group`, so pytest-benchmark prints the pair side by side; at the end of the session a
+short table gives, per group, the reference's mean time over the Rust manager's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from pagedkv import BlockManager
+from pagedkv.reference import ReferenceBlockManager
+
+IMPLS = ("rust", "reference")
+
+# group -> impl -> mean seconds per round
+_MEANS: dict[str, dict[str, float]] = {}
+
+
+def make_manager(impl: str, num_blocks: int, block_size: int = 16, **kwargs: Any) -> Any:
+    """A manager of either implementation, with the same arguments."""
+    if impl == "rust":
+        return BlockManager(num_blocks, block_size, **kwargs)
+    if impl == "reference":
+        return ReferenceBlockManager(num_blocks, block_size, **kwargs)
+    raise ValueError(impl)
+
+
+def record_mean(benchmark: Any, group: str, impl: str) -> None:
+    """Remember a finished benchmark's mean (nothing when benchmarks are disabled)."""
+    meta = getattr(benchmark, "stats", None)
+    stats = getattr(meta, "stats", None)
+    mean = getattr(stats, "mean", None)
+    if mean:
+        _MEANS.setdefault(group, {})[impl] = float(mean)
+
+
+@pytest.fixture
+def new_manager() -> Callable[..., Any]:
+    """`new_manager(impl, num_blocks, block_size=16, **kwargs)`: see `make_manager`."""
+    return make_manager
+
+
+@pytest.fixture
+def record() -> Callable[[Any, str, str], None]:
+    """`record(benchmark, group, impl)`: add the benchmark to the speedup summary."""
+    return record_mean
+
+
+@pytest.fixture(params=IMPLS)
+def impl(request: pytest.FixtureRequest) -> str:
+    """Which implementation a benchmark drives: the Rust manager or the reference model."""
+    return str(request.param)
+
+
+def _fmt(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:10.2f} us"
+    if seconds < 1:
+        return f"{seconds * 1e3:10.2f} ms"
+    return f"{seconds:10.3f} s "
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    pairs = {g: m for g, m in _MEANS.items() if "rust" in m and "reference" in m}
+    if not pairs:
+        return
+    tr = terminalreporter
+    tr.section("pagedkv: Rust manager vs pure-Python reference (mean per round)")
+    width = max(len(g) for g in pairs)
+    for group, m in sorted(pairs.items()):
+        tr.write_line(
+            f"{group:<{width}}  rust {_fmt(m['rust'])}  reference {_fmt(m['reference'])}"
+            f"  speedup {m['reference'] / m['rust']:8.1f}x"
+        )

@@ -1,0 +1,121 @@
+"""Typed stubs of the Rust extension module `pagedkv._core` (checked by `mypy.stubtest`)."""
+
+from collections.abc import Sequence
+from typing import Any, Literal, Self, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+from typing_extensions import disjoint_base
+
+from pagedkv.alloc_status import AllocStatus
+from pagedkv.events import KVEvent
+from pagedkv.stats import Stats
+
+_IntArray: TypeAlias = npt.NDArray[np.integer[Any]]
+_TokenIds: TypeAlias = Sequence[int] | _IntArray
+_SeqIds: TypeAlias = Sequence[int] | _IntArray
+_Salt: TypeAlias = str | bytes | None
+_HashAlgo: TypeAlias = Literal["sha256", "xxh3_128"]
+
+__all__ = ["BlockManager", "__version__", "hash_blocks"]
+
+__version__: str
+
+def hash_blocks(
+    token_ids: _TokenIds,
+    block_size: int,
+    *,
+    cache_salt: _Salt = None,
+    lora_id: int | None = None,
+    hash_algo: _HashAlgo = "sha256",
+    seed: int = 0,
+) -> list[bytes]:
+    """Chain digests of the full blocks of `token_ids` (see docs/hashing.md)."""
+
+@disjoint_base
+class BlockManager:
+    """Paged KV-cache block manager (Rust core). Safe to call from many threads."""
+
+    def __new__(
+        cls,
+        num_blocks: int,
+        block_size: int = 16,
+        *,
+        num_cpu_blocks: int = 0,
+        enable_prefix_caching: bool = True,
+        hash_algo: _HashAlgo = "sha256",
+        hash_seed: int = 0,
+        watermark: float = 0.01,
+        enable_kv_events: bool = False,
+    ) -> Self: ...
+
+    # -- per-sequence operations ------------------------------------------------------------
+    def allocate(
+        self,
+        seq_id: int,
+        token_ids: _TokenIds,
+        *,
+        cache_salt: _Salt = None,
+        lora_id: int | None = None,
+        lookahead: int = 0,
+    ) -> int | None:
+        """Give a new sequence its blocks; returns the prefix-hit tokens, or None if full."""
+    def append(self, seq_id: int, token_ids: _TokenIds) -> list[tuple[int, int]] | None:
+        """Append tokens; returns the copy-on-write (src, dst) pairs, or None if full."""
+    def fork(self, parent_id: int, child_id: int) -> None:
+        """Make `child_id` share every block of `parent_id`."""
+    def free(self, seq_id: int) -> None:
+        """Release the sequence's blocks, tail first, and forget it."""
+    def swap_out(self, seq_id: int) -> list[tuple[int, int]] | None:
+        """Move to CPU blocks; returns (gpu, cpu) pairs, or None if swap space is full."""
+    def swap_in(self, seq_id: int) -> list[tuple[int, int]] | None:
+        """Move back to GPU blocks; returns (cpu, gpu) pairs, or None if the GPU is full."""
+    def can_allocate(self, num_tokens: int) -> AllocStatus:
+        """OK / LATER / NEVER for a prompt of `num_tokens`, keeping the watermark."""
+    def can_swap_in(self, seq_id: int) -> AllocStatus:
+        """OK / LATER / NEVER for swapping the sequence back in."""
+
+    # -- batch operations -------------------------------------------------------------------
+    def append_batch(self, seq_ids: _SeqIds, token_ids: _TokenIds) -> npt.NDArray[np.int32] | None:
+        """One token per sequence; returns the (k, 2) int32 copy pairs, or None if full."""
+    def free_batch(self, seq_ids: _SeqIds) -> None:
+        """Free each sequence in the given order."""
+    def block_tables(self, seq_ids: _SeqIds, pad: int = ...) -> npt.NDArray[np.int32]:
+        """(batch, max table length) int32 block tables, padded with `pad` (default -1)."""
+    def slot_mapping(
+        self, seq_ids: _SeqIds, num_new_tokens: int | _TokenIds
+    ) -> npt.NDArray[np.int64]:
+        """int64 slots of each sequence's last `num_new_tokens` tokens, concatenated."""
+    def flashinfer_page_table(
+        self, seq_ids: _SeqIds
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        """(kv_indptr, kv_indices, kv_last_page_len), int32, for FlashInfer's paged wrappers."""
+
+    # -- queries ----------------------------------------------------------------------------
+    def block_table(self, seq_id: int) -> list[int]: ...
+    def num_tokens(self, seq_id: int) -> int: ...
+    def table_digest(self, seq_id: int) -> int: ...
+    def block_hashes(self, seq_id: int) -> list[bytes]: ...
+    def is_swapped(self, seq_id: int) -> bool: ...
+    def __contains__(self, seq_id: object, /) -> bool: ...
+    def __len__(self) -> int: ...
+    @property
+    def num_free_blocks(self) -> int: ...
+    @property
+    def num_cached_blocks(self) -> int: ...
+    @property
+    def num_available_blocks(self) -> int: ...
+    @property
+    def num_free_cpu_blocks(self) -> int: ...
+    @property
+    def num_cpu_blocks(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+
+    # -- cache, statistics, events, audit ---------------------------------------------------
+    def stats(self) -> Stats: ...
+    def reset_prefix_cache(self) -> bool: ...
+    def drain_events(self) -> list[KVEvent]: ...
+    def check_invariants(self) -> None: ...

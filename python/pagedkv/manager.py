@@ -1,0 +1,47 @@
+"""`BlockManager`: the Rust manager plus a few pure-Python conveniences.
+
+All the work happens in `pagedkv._core.BlockManager`; this subclass adds no state
+(`__slots__ = ()`) and no per-call overhead to the inherited methods.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Self, TextIO
+
+from pagedkv import _core
+
+if TYPE_CHECKING:
+    from pagedkv.config import BlockManagerConfig
+
+
+class BlockManager(_core.BlockManager):
+    """Paged KV-cache block manager (see `docs/semantics.md` for the full contract).
+
+    `BlockManager(num_blocks, block_size=16, *, num_cpu_blocks=0, enable_prefix_caching=True,
+    hash_algo="sha256", hash_seed=0, watermark=0.01, enable_kv_events=False)`.
+    Every method is safe to call from many threads at once.
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def from_config(cls, config: BlockManagerConfig) -> Self:
+        """Build a manager from a validated `BlockManagerConfig`."""
+        return cls(
+            config.num_blocks,
+            config.block_size,
+            num_cpu_blocks=config.num_cpu_blocks,
+            enable_prefix_caching=config.enable_prefix_caching,
+            hash_algo=config.hash_algo,
+            hash_seed=config.hash_seed,
+            watermark=config.watermark,
+            enable_kv_events=config.enable_kv_events,
+        )
+
+    def print_memory_stats(self, file: TextIO | None = None) -> None:
+        """Print a human-readable summary of `stats()` (to stdout by default)."""
+        print(self.stats(), file=sys.stdout if file is None else file)
+
+
+__all__ = ["BlockManager"]

@@ -1,0 +1,810 @@
+"""A pure-Python reference model of the block manager.
+
+`ReferenceBlockManager` implements `docs/semantics.md` with plain lists, dicts, a list used as
+the free stack and an `OrderedDict` used as the LRU queue. It is the oracle of the model-based
+test (which drives it and the Rust `pagedkv.BlockManager` side by side) and the pure-Python
+baseline of the benchmarks. It is not thread-safe: clarity comes first, then speed.
+
+Digests follow `docs/hashing.md`; `hash_blocks` computes them without a manager.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import sys
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TextIO
+
+import numpy as np
+import numpy.typing as npt
+
+from pagedkv.alloc_status import AllocStatus
+from pagedkv.errors import (
+    DuplicateSequenceError,
+    InvalidArgumentError,
+    InvariantError,
+    SequenceSwappedError,
+    UnknownSequenceError,
+)
+from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from pagedkv.stats import Stats
+
+__all__ = ["ReferenceBlockManager", "hash_blocks"]
+
+_U32 = 1 << 32
+_U64 = 1 << 64
+_I32_MIN = -(1 << 31)
+_I32_MAX = (1 << 31) - 1
+
+HashFn = Callable[[bytes], bytes]
+
+
+# --------------------------------------------------------------------------------------------
+# Argument validation
+# --------------------------------------------------------------------------------------------
+
+
+def _is_int(x: object) -> bool:
+    """A Python or numpy integer, not a bool."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _check_int(x: object, what: str, lo: int, hi: int) -> int:
+    """An integer in `[lo, hi)`, or InvalidArgumentError."""
+    if not isinstance(x, (int, np.integer)) or isinstance(x, (bool, np.bool_)):
+        raise InvalidArgumentError(f"{what} must be an integer, got {type(x).__name__}")
+    v = int(x)
+    if not lo <= v < hi:
+        raise InvalidArgumentError(f"{what} {v} out of range [{lo}, {hi})")
+    return v
+
+
+def _seq_id(x: object, what: str = "sequence id") -> int:
+    return _check_int(x, what, 0, _U64)
+
+
+def _int_list(values: object, what: str, lo: int, hi: int) -> list[int]:
+    """A list of ints in `[lo, hi)` from a list/tuple of ints or a 1-D numpy integer array."""
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1:
+            raise InvalidArgumentError(f"{what} must be 1-D, got shape {values.shape}")
+        if values.dtype.kind not in "iu":
+            raise InvalidArgumentError(f"{what} must have an integer dtype, got {values.dtype}")
+        out: list[int] = values.tolist()
+        if out and (min(out) < lo or max(out) >= hi):
+            bad = next(v for v in out if not lo <= v < hi)
+            raise InvalidArgumentError(f"{what}: value {bad} out of range [{lo}, {hi})")
+        return out
+    if isinstance(values, (list, tuple)):
+        out = []
+        for v in values:
+            if not _is_int(v):
+                raise InvalidArgumentError(f"{what} must contain integers, got {type(v).__name__}")
+            iv = int(v)
+            if not lo <= iv < hi:
+                raise InvalidArgumentError(f"{what}: value {iv} out of range [{lo}, {hi})")
+            out.append(iv)
+        return out
+    raise InvalidArgumentError(
+        f"{what} must be a list of integers or a 1-D integer numpy array, "
+        f"got {type(values).__name__}"
+    )
+
+
+def _tokens(token_ids: object) -> list[int]:
+    out = _int_list(token_ids, "token_ids", 0, _U32)
+    if not out:
+        raise InvalidArgumentError("token_ids is empty")
+    return out
+
+
+def _seq_ids(seq_ids: object) -> list[int]:
+    return _int_list(seq_ids, "seq_ids", 0, _U64)
+
+
+def _distinct(ids: list[int]) -> None:
+    seen: set[int] = set()
+    for s in ids:
+        if s in seen:
+            raise InvalidArgumentError(f"duplicate sequence id {s} in batch")
+        seen.add(s)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --------------------------------------------------------------------------------------------
+# Hashing (docs/hashing.md, encoding version 1)
+# --------------------------------------------------------------------------------------------
+
+
+def _hash_fn(hash_algo: str) -> HashFn:
+    if hash_algo == "sha256":
+        return lambda m: hashlib.sha256(m).digest()
+    if hash_algo == "xxh3_128":
+        import xxhash  # lazily: only needed for this algorithm
+
+        return lambda m: xxhash.xxh3_128(m).digest()
+    raise InvalidArgumentError(f"unknown hash_algo {hash_algo!r} (use 'sha256' or 'xxh3_128')")
+
+
+def _salt_bytes(cache_salt: object) -> bytes | None:
+    if cache_salt is None:
+        return None
+    if isinstance(cache_salt, str):
+        try:
+            return cache_salt.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidArgumentError(f"cache_salt is not valid UTF-8: {e}") from None
+    if isinstance(cache_salt, bytes):
+        return cache_salt
+    raise InvalidArgumentError(f"cache_salt must be str or bytes, got {type(cache_salt).__name__}")
+
+
+def _lora(lora_id: object) -> int | None:
+    return None if lora_id is None else _check_int(lora_id, "lora_id", 0, _U64)
+
+
+def _extras(salt: bytes | None, lora_id: int | None) -> bytes:
+    """The tail of every block message: flags, then the optional salt and LoRA id."""
+    flags = (1 if salt is not None else 0) | (2 if lora_id is not None else 0)
+    out = bytes([flags])
+    if salt is not None:
+        if len(salt) >= _U32:
+            raise InvalidArgumentError("cache_salt longer than 2**32 - 1 bytes")
+        out += struct.pack("<I", len(salt)) + salt
+    if lora_id is not None:
+        out += struct.pack("<Q", lora_id)
+    return out
+
+
+def _root(h: HashFn, seed: int) -> bytes:
+    return h(b"PKV1root" + struct.pack("<Q", seed))
+
+
+def _block_digest(h: HashFn, parent: bytes, tokens: Sequence[int], extras: bytes) -> bytes:
+    msg = b"PKV1" + parent + struct.pack(f"<I{len(tokens)}I", len(tokens), *tokens) + extras
+    return h(msg)
+
+
+def hash_blocks(
+    token_ids: object,
+    block_size: int,
+    *,
+    cache_salt: str | bytes | None = None,
+    lora_id: int | None = None,
+    hash_algo: str = "sha256",
+    seed: int = 0,
+) -> list[bytes]:
+    """The chained digests of the full blocks of `token_ids` (pure-Python `pagedkv.hash_blocks`)."""
+    toks = _int_list(token_ids, "token_ids", 0, _U32)
+    b = _check_int(block_size, "block_size", 1, _U32)
+    h = _hash_fn(hash_algo)
+    extras = _extras(_salt_bytes(cache_salt), _lora(lora_id))
+    parent = _root(h, _check_int(seed, "seed", 0, _U64))
+    out = []
+    for i in range(len(toks) // b):
+        parent = _block_digest(h, parent, toks[i * b : (i + 1) * b], extras)
+        out.append(parent)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The manager
+# --------------------------------------------------------------------------------------------
+
+
+class _Seq:
+    """Per-sequence state (docs/semantics.md, "Per-sequence state")."""
+
+    __slots__ = (
+        "blocks",
+        "cpu_blocks",
+        "digests",
+        "extras",
+        "lora_id",
+        "salt",
+        "swapped",
+        "tokens",
+    )
+
+    def __init__(self, salt: bytes | None, lora_id: int | None) -> None:
+        self.blocks: list[int] = []  # GPU table
+        self.tokens: list[int] = []  # every token (the events need full blocks' tokens)
+        self.digests: list[bytes] = []  # chain digests of full blocks (prefix caching only)
+        self.salt = salt
+        self.lora_id = lora_id
+        self.extras = _extras(salt, lora_id)
+        self.swapped = False
+        self.cpu_blocks: list[int] = []
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    def copy(self) -> _Seq:
+        c = _Seq(self.salt, self.lora_id)
+        c.blocks = list(self.blocks)
+        c.tokens = list(self.tokens)
+        c.digests = list(self.digests)
+        return c
+
+
+class ReferenceBlockManager:
+    """Paged KV-cache block manager, pure Python; see docs/semantics.md."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        *,
+        num_cpu_blocks: int = 0,
+        enable_prefix_caching: bool = True,
+        hash_algo: str = "sha256",
+        hash_seed: int = 0,
+        watermark: float = 0.01,
+        enable_kv_events: bool = False,
+    ) -> None:
+        self._num_blocks = _check_int(num_blocks, "num_blocks", 1, _I32_MAX + 1)
+        self._block_size = _check_int(block_size, "block_size", 1, _I32_MAX + 1)
+        self._num_cpu_blocks = _check_int(num_cpu_blocks, "num_cpu_blocks", 0, _I32_MAX + 1)
+        if isinstance(watermark, bool) or not isinstance(watermark, (int, float)):
+            raise InvalidArgumentError(f"watermark must be a float, got {type(watermark).__name__}")
+        if not 0.0 <= watermark < 1.0:
+            raise InvalidArgumentError(f"watermark {watermark} out of range [0, 1)")
+        self._watermark_blocks = int(watermark * self._num_blocks)
+        self._caching = bool(enable_prefix_caching)
+        self._events_on = bool(enable_kv_events)
+        self._hash = _hash_fn(hash_algo)
+        self._root = _root(self._hash, _check_int(hash_seed, "hash_seed", 0, _U64))
+
+        n = self._num_blocks
+        self._free: list[int] = list(range(n - 1, -1, -1))  # LIFO: pops 0, 1, 2, ...
+        self._rc: list[int] = [0] * n
+        self._hashed: list[bytes | None] = [None] * n  # digest a block is registered under
+        self._index: dict[bytes, int] = {}  # prefix index: digest -> block
+        self._lru: OrderedDict[int, None] = OrderedDict()  # CACHED blocks, oldest first
+        self._cpu_free: list[int] = list(range(self._num_cpu_blocks - 1, -1, -1))
+        self._seqs: dict[int, _Seq] = {}
+        self._events: list[KVEvent] = []
+
+        self._prefix_queries = 0
+        self._prefix_hits = 0
+        self._evictions = 0
+        self._cow_copies = 0
+        self._swapped_out_blocks = 0
+        self._swapped_in_blocks = 0
+
+    # ---------------------------------------------------------------- block lifecycle helpers
+
+    def _available(self) -> int:
+        return len(self._free) + len(self._lru)
+
+    def _take(self) -> int:
+        """One new block: pop the free stack, else evict the oldest CACHED block."""
+        if self._free:
+            b = self._free.pop()
+        else:
+            b, _ = self._lru.popitem(last=False)
+            d = self._hashed[b]
+            assert d is not None
+            del self._index[d]
+            self._hashed[b] = None
+            self._evictions += 1
+            if self._events_on:
+                self._events.append(BlockRemoved(block_hashes=[d], medium="GPU"))
+        self._rc[b] = 1
+        return b
+
+    def _release(self, b: int) -> None:
+        self._rc[b] -= 1
+        if self._rc[b] == 0:
+            if self._hashed[b] is not None:
+                self._lru[b] = None  # newest end
+            else:
+                self._free.append(b)
+
+    def _release_all(self, blocks: list[int]) -> None:
+        for b in reversed(blocks):  # tail first
+            self._release(b)
+
+    def _register(self, seq: _Seq, i: int) -> None:
+        """Table index `i` of `seq` became full and `seq.digests[i]` is known."""
+        d = seq.digests[i]
+        if d in self._index:
+            return  # another block holds this content: this one stays unhashed
+        b = seq.blocks[i]
+        self._index[d] = b
+        self._hashed[b] = d
+        if self._events_on:
+            bs = self._block_size
+            self._events.append(
+                BlockStored(
+                    block_hashes=[d],
+                    parent_block_hash=seq.digests[i - 1] if i > 0 else None,
+                    token_ids=seq.tokens[i * bs : (i + 1) * bs],
+                    block_size=bs,
+                    lora_id=seq.lora_id,
+                    medium="GPU",
+                )
+            )
+
+    def _extend_digests(self, seq: _Seq) -> None:
+        """Compute the digests of the blocks that are full but not yet digested."""
+        bs = self._block_size
+        parent = seq.digests[-1] if seq.digests else self._root
+        for i in range(len(seq.digests), seq.num_tokens // bs):
+            parent = _block_digest(
+                self._hash, parent, seq.tokens[i * bs : (i + 1) * bs], seq.extras
+            )
+            seq.digests.append(parent)
+
+    def _get(self, seq_id: object) -> tuple[int, _Seq]:
+        sid = _seq_id(seq_id)
+        seq = self._seqs.get(sid)
+        if seq is None:
+            raise UnknownSequenceError(f"unknown sequence id {sid}")
+        return sid, seq
+
+    def _resident(self, seq_id: object) -> tuple[int, _Seq]:
+        sid, seq = self._get(seq_id)
+        if seq.swapped:
+            raise SequenceSwappedError(f"sequence {sid} is swapped out")
+        return sid, seq
+
+    def _append_need(self, seq: _Seq, k: int) -> tuple[list[int], int]:
+        """Table indices needing copy-on-write, and the number of new blocks, for k tokens."""
+        bs = self._block_size
+        n = seq.num_tokens
+        last = _cdiv(n + k, bs)  # one past the last written table index
+        cow = [i for i in range(n // bs, min(last, len(seq.blocks))) if self._rc[seq.blocks[i]] > 1]
+        new = max(0, last - len(seq.blocks))
+        return cow, new
+
+    def _do_append(
+        self, seq: _Seq, toks: list[int], cow: list[int], new: int
+    ) -> list[tuple[int, int]]:
+        pairs = []
+        for i in cow:
+            src = seq.blocks[i]
+            dst = self._take()
+            pairs.append((src, dst))
+            seq.blocks[i] = dst
+            self._rc[src] -= 1  # stays >= 1
+            self._cow_copies += 1
+        for _ in range(new):
+            seq.blocks.append(self._take())
+        seq.tokens.extend(toks)
+        if self._caching:
+            first = len(seq.digests)
+            self._extend_digests(seq)
+            for i in range(first, len(seq.digests)):
+                self._register(seq, i)
+        return pairs
+
+    # ---------------------------------------------------------------- operations
+
+    def allocate(
+        self,
+        seq_id: int,
+        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        *,
+        cache_salt: str | bytes | None = None,
+        lora_id: int | None = None,
+        lookahead: int = 0,
+    ) -> int | None:
+        """Give a new sequence the blocks of its prompt; return the cached prompt tokens."""
+        sid = _seq_id(seq_id)
+        toks = _tokens(token_ids)
+        salt = _salt_bytes(cache_salt)
+        lora = _lora(lora_id)
+        la = _check_int(lookahead, "lookahead", 0, _U64)
+        if sid in self._seqs:
+            raise DuplicateSequenceError(f"sequence id {sid} already exists")
+
+        bs = self._block_size
+        n = len(toks)
+        total = _cdiv(n + la, bs)
+        seq = _Seq(salt, lora)
+        seq.tokens = toks
+        hits: list[int] = []
+        if self._caching:
+            self._extend_digests(seq)
+            cap = (n - 1) // bs
+            for d in seq.digests[:cap]:
+                b = self._index.get(d)
+                if b is None:
+                    break
+                hits.append(b)
+        h = len(hits)
+        need = (total - h) + sum(1 for b in hits if self._rc[b] == 0)
+        if need > self._available():
+            return None
+
+        for b in hits:
+            if self._rc[b] == 0:
+                del self._lru[b]  # CACHED -> OWNED
+            self._rc[b] += 1
+        seq.blocks = hits + [self._take() for _ in range(total - h)]
+        if self._caching:
+            for i in range(h, n // bs):
+                self._register(seq, i)
+            self._prefix_queries += n
+            self._prefix_hits += h * bs
+        self._seqs[sid] = seq
+        return h * bs
+
+    def append(
+        self, seq_id: int, token_ids: Sequence[int] | npt.NDArray[np.integer[Any]]
+    ) -> list[tuple[int, int]] | None:
+        """Add tokens to a resident sequence; return the copy-on-write pairs, or None."""
+        _, seq = self._resident(seq_id)
+        toks = _tokens(token_ids)
+        cow, new = self._append_need(seq, len(toks))
+        if len(cow) + new > self._available():
+            return None
+        return self._do_append(seq, toks, cow, new)
+
+    def fork(self, parent_id: int, child_id: int) -> None:
+        """The child shares every block of the parent."""
+        _, parent = self._resident(parent_id)
+        cid = _seq_id(child_id, "child sequence id")
+        if cid in self._seqs:
+            raise DuplicateSequenceError(f"sequence id {cid} already exists")
+        child = parent.copy()
+        for b in child.blocks:
+            self._rc[b] += 1
+        self._seqs[cid] = child
+
+    def free(self, seq_id: int) -> None:
+        """Release a sequence's blocks, tail first, and forget it."""
+        sid, _ = self._get(seq_id)
+        self._free_one(sid)
+
+    def _free_one(self, sid: int) -> None:
+        seq = self._seqs.pop(sid)
+        if seq.swapped:
+            self._cpu_free.extend(reversed(seq.cpu_blocks))
+        else:
+            self._release_all(seq.blocks)
+
+    def swap_out(self, seq_id: int) -> list[tuple[int, int]] | None:
+        """Move a resident sequence to CPU blocks; return the (gpu, cpu) pairs, or None."""
+        _, seq = self._resident(seq_id)
+        if len(seq.blocks) > len(self._cpu_free):
+            return None
+        pairs = [(g, self._cpu_free.pop()) for g in seq.blocks]
+        self._release_all(seq.blocks)
+        seq.cpu_blocks = [c for _, c in pairs]
+        seq.blocks = []
+        seq.swapped = True
+        self._swapped_out_blocks += len(pairs)
+        return pairs
+
+    def swap_in(self, seq_id: int) -> list[tuple[int, int]] | None:
+        """Move a swapped sequence back to GPU blocks; return the (cpu, gpu) pairs, or None."""
+        sid, seq = self._get(seq_id)
+        if not seq.swapped:
+            raise SequenceSwappedError(f"sequence {sid} is not swapped out")
+        need = len(seq.cpu_blocks)
+        if need > self._available():
+            return None
+        pairs = [(c, self._take()) for c in seq.cpu_blocks]
+        self._cpu_free.extend(reversed(seq.cpu_blocks))
+        seq.blocks = [g for _, g in pairs]
+        seq.cpu_blocks = []
+        seq.swapped = False
+        if self._caching:
+            for i in range(len(seq.digests)):
+                self._register(seq, i)
+        self._swapped_in_blocks += need
+        return pairs
+
+    def _status(self, need: int) -> AllocStatus:
+        wm = self._watermark_blocks
+        if self._num_blocks - need < wm:
+            return AllocStatus.NEVER
+        if self._available() - need >= wm:
+            return AllocStatus.OK
+        return AllocStatus.LATER
+
+    def can_allocate(self, num_tokens: int) -> AllocStatus:
+        """Would a prompt of `num_tokens` fit now (OK), later (LATER) or never (NEVER)?"""
+        n = _check_int(num_tokens, "num_tokens", 1, _U64)
+        return self._status(_cdiv(n, self._block_size))
+
+    def can_swap_in(self, seq_id: int) -> AllocStatus:
+        """Would the swapped sequence fit now, later or never?"""
+        sid, seq = self._get(seq_id)
+        if not seq.swapped:
+            raise SequenceSwappedError(f"sequence {sid} is not swapped out")
+        return self._status(len(seq.cpu_blocks))
+
+    # ---------------------------------------------------------------- batch calls
+
+    def append_batch(
+        self,
+        seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+    ) -> npt.NDArray[np.int32] | None:
+        """One token per sequence; the copy-on-write pairs as an int32 (k, 2) array, or None."""
+        ids = _seq_ids(seq_ids)
+        toks = _int_list(token_ids, "token_ids", 0, _U32)
+        if len(ids) != len(toks):
+            raise InvalidArgumentError(
+                f"seq_ids and token_ids lengths differ ({len(ids)} != {len(toks)})"
+            )
+        _distinct(ids)
+        seqs = [self._resident(s)[1] for s in ids]
+        need = 0
+        for seq in seqs:
+            cow, new = self._append_need(seq, 1)
+            need += len(cow) + new
+        if need > self._available():
+            return None
+        pairs: list[tuple[int, int]] = []
+        for seq, t in zip(seqs, toks, strict=True):
+            cow, new = self._append_need(seq, 1)  # an earlier append may have unshared a block
+            pairs.extend(self._do_append(seq, [t], cow, new))
+        return np.array(pairs, dtype=np.int32).reshape(len(pairs), 2)
+
+    def free_batch(self, seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]]) -> None:
+        """Free each sequence, in the given order."""
+        ids = _seq_ids(seq_ids)
+        _distinct(ids)
+        for s in ids:
+            self._get(s)
+        for s in ids:
+            self._free_one(s)
+
+    def _resident_batch(self, seq_ids: object) -> list[_Seq]:
+        return [self._resident(s)[1] for s in _seq_ids(seq_ids)]
+
+    def block_tables(
+        self, seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]], pad: int = -1
+    ) -> npt.NDArray[np.int32]:
+        """The GPU tables as an int32 (batch, max blocks) array, padded with `pad`."""
+        p = _check_int(pad, "pad", _I32_MIN, _I32_MAX + 1)
+        seqs = self._resident_batch(seq_ids)
+        width = max((len(s.blocks) for s in seqs), default=0)
+        out = np.full((len(seqs), width), p, dtype=np.int32)
+        for r, s in enumerate(seqs):
+            out[r, : len(s.blocks)] = s.blocks
+        return out
+
+    def slot_mapping(
+        self,
+        seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        num_new_tokens: int | Sequence[int] | npt.NDArray[np.integer[Any]],
+    ) -> npt.NDArray[np.int64]:
+        """The int64 slots of each sequence's last `num_new_tokens` tokens, concatenated."""
+        seqs = self._resident_batch(seq_ids)
+        if isinstance(num_new_tokens, (int, np.integer)) and _is_int(num_new_tokens):
+            counts = [int(num_new_tokens)] * len(seqs)
+        else:
+            counts = _int_list(num_new_tokens, "num_new_tokens", -(1 << 63), 1 << 63)
+            if len(counts) != len(seqs):
+                raise InvalidArgumentError(
+                    f"num_new_tokens has {len(counts)} entries for {len(seqs)} sequences"
+                )
+        for s, k in zip(seqs, counts, strict=True):
+            if not 1 <= k <= s.num_tokens:
+                raise InvalidArgumentError(
+                    f"num_new_tokens {k} out of range [1, {s.num_tokens}] for a sequence"
+                )
+        bs = self._block_size
+        slots: list[int] = []
+        for s, k in zip(seqs, counts, strict=True):
+            slots.extend(
+                s.blocks[p // bs] * bs + p % bs for p in range(s.num_tokens - k, s.num_tokens)
+            )
+        return np.array(slots, dtype=np.int64)
+
+    def flashinfer_page_table(
+        self, seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]]
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        """(kv_indptr, kv_indices, kv_last_page_len), int32, in FlashInfer's paged layout."""
+        seqs = self._resident_batch(seq_ids)
+        bs = self._block_size
+        indptr = [0]
+        indices: list[int] = []
+        last: list[int] = []
+        for s in seqs:
+            pages = _cdiv(s.num_tokens, bs)
+            indices.extend(s.blocks[:pages])
+            indptr.append(len(indices))
+            last.append(s.num_tokens - (pages - 1) * bs)
+        return (
+            np.array(indptr, dtype=np.int32),
+            np.array(indices, dtype=np.int32),
+            np.array(last, dtype=np.int32),
+        )
+
+    # ---------------------------------------------------------------- queries
+
+    def block_table(self, seq_id: int) -> list[int]:
+        """The GPU block ids of a resident sequence."""
+        return list(self._resident(seq_id)[1].blocks)
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self._get(seq_id)[1].num_tokens
+
+    def table_digest(self, seq_id: int) -> int:
+        """A 64-bit digest of the GPU table (position-aware): equal tables, equal digests.
+
+        A swapped-out sequence has an empty GPU table."""
+        blocks = self._get(seq_id)[1].blocks
+        raw = np.array(blocks, dtype=np.int64).tobytes()
+        return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
+
+    def block_hashes(self, seq_id: int) -> list[bytes]:
+        """The chain digests of the sequence's full blocks."""
+        return list(self._get(seq_id)[1].digests)
+
+    def is_swapped(self, seq_id: int) -> bool:
+        return self._get(seq_id)[1].swapped
+
+    def __contains__(self, seq_id: object) -> bool:
+        if not isinstance(seq_id, (int, np.integer)) or not _is_int(seq_id):
+            return False
+        return int(seq_id) in self._seqs
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._lru)
+
+    @property
+    def num_available_blocks(self) -> int:
+        return self._available()
+
+    @property
+    def num_free_cpu_blocks(self) -> int:
+        return len(self._cpu_free)
+
+    @property
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    def stats(self) -> Stats:
+        resident = [s for s in self._seqs.values() if not s.swapped]
+        free = len(self._free)
+        cached = len(self._lru)
+        return Stats(
+            num_blocks=self._num_blocks,
+            block_size=self._block_size,
+            free_blocks=free,
+            used_blocks=self._num_blocks - free - cached,
+            cached_blocks=cached,
+            num_cpu_blocks=self._num_cpu_blocks,
+            free_cpu_blocks=len(self._cpu_free),
+            num_sequences=len(self._seqs),
+            prefix_queries=self._prefix_queries,
+            prefix_hits=self._prefix_hits,
+            evictions=self._evictions,
+            cow_copies=self._cow_copies,
+            swapped_out_blocks=self._swapped_out_blocks,
+            swapped_in_blocks=self._swapped_in_blocks,
+            reserved_slots=sum(len(s.blocks) for s in resident) * self._block_size,
+            used_slots=sum(s.num_tokens for s in resident),
+        )
+
+    def print_memory_stats(self, file: TextIO | None = None) -> None:
+        """Print a human-readable summary of `stats()` (to stdout by default)."""
+        print(self.stats(), file=sys.stdout if file is None else file)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every CACHED block, unless some block is OWNED (then return False)."""
+        if any(rc > 0 for rc in self._rc):
+            return False
+        for b in self._lru:  # oldest first: the most recently released ends on top
+            self._hashed[b] = None
+            self._free.append(b)
+        self._lru.clear()
+        self._index.clear()
+        if self._events_on:
+            self._events.append(AllBlocksCleared())
+        return True
+
+    def drain_events(self) -> list[KVEvent]:
+        out, self._events = self._events, []
+        return out
+
+    # ---------------------------------------------------------------- audit
+
+    def check_invariants(self) -> None:
+        """Audit the lifecycle contract; raise InvariantError naming the first violation."""
+
+        def fail(msg: str) -> NoReturn:
+            raise InvariantError(msg)
+
+        n = self._num_blocks
+        bs = self._block_size
+        rc = [0] * n
+        for sid, s in self._seqs.items():
+            if s.swapped:
+                if s.blocks:
+                    fail(f"swapped sequence {sid} holds GPU blocks {s.blocks}")
+                if len(s.cpu_blocks) < _cdiv(s.num_tokens, bs):
+                    fail(f"swapped sequence {sid} has too few CPU blocks")
+            else:
+                if s.cpu_blocks:
+                    fail(f"resident sequence {sid} holds CPU blocks {s.cpu_blocks}")
+                if len(s.blocks) < _cdiv(s.num_tokens, bs):
+                    fail(f"sequence {sid} has {len(s.blocks)} blocks for {s.num_tokens} tokens")
+                for b in s.blocks:
+                    if not 0 <= b < n:
+                        fail(f"sequence {sid} holds block id {b} out of range")
+                    rc[b] += 1
+            if s.num_tokens < 1:
+                fail(f"sequence {sid} has no tokens")
+            want = s.num_tokens // bs if self._caching else 0
+            if len(s.digests) != want:
+                fail(f"sequence {sid} has {len(s.digests)} digests, expected {want}")
+            if self._caching:
+                expect = _Seq(s.salt, s.lora_id)
+                expect.tokens = s.tokens
+                self._extend_digests(expect)
+                if expect.digests != s.digests:
+                    fail(f"sequence {sid} digests do not match its tokens")
+                if not s.swapped:
+                    for i, d in enumerate(s.digests):
+                        h = self._hashed[s.blocks[i]]
+                        if h is not None and h != d:
+                            fail(f"sequence {sid} block {s.blocks[i]} hashed under another digest")
+        for b in range(n):
+            if rc[b] != self._rc[b]:
+                fail(f"block {b}: refcount {self._rc[b]}, tables hold {rc[b]}")
+
+        free_set = set(self._free)
+        if len(free_set) != len(self._free):
+            fail("free stack holds a block twice")
+        for b in self._free:
+            if not 0 <= b < n:
+                fail(f"free stack holds block id {b} out of range")
+            if self._rc[b] != 0:
+                fail(f"free block {b} has refcount {self._rc[b]}")
+            if self._hashed[b] is not None:
+                fail(f"free block {b} is hashed")
+        for b in self._lru:
+            if self._rc[b] != 0:
+                fail(f"cached block {b} has refcount {self._rc[b]}")
+            if b in free_set:
+                fail(f"block {b} is both free and cached")
+            if self._hashed[b] is None:
+                fail(f"cached block {b} is not hashed")
+        for d, b in self._index.items():
+            if self._hashed[b] != d:
+                fail(f"prefix index maps a digest to block {b}, which is not hashed under it")
+        num_hashed = sum(1 for d in self._hashed if d is not None)
+        if num_hashed != len(self._index):
+            fail(f"{num_hashed} blocks are hashed but the index holds {len(self._index)}")
+        if not self._caching and self._index:
+            fail("prefix index not empty with prefix caching disabled")
+        owned = sum(1 for r in self._rc if r > 0)
+        if owned + len(self._free) + len(self._lru) != n:
+            fail(f"owned {owned} + free {len(self._free)} + cached {len(self._lru)} != {n} blocks")
+        for b in range(n):
+            if self._rc[b] == 0 and b not in free_set and b not in self._lru:
+                fail(f"block {b} has refcount 0 but is neither free nor cached")
+
+        cpu = list(self._cpu_free)
+        for s in self._seqs.values():
+            cpu.extend(s.cpu_blocks)
+        if sorted(cpu) != list(range(self._num_cpu_blocks)):
+            fail("CPU blocks: free stack and swapped sequences do not partition the CPU space")
+        if not self._events_on and self._events:
+            fail("events queued with events disabled")

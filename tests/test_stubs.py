@@ -1,0 +1,68 @@
+"""Packaging checks: the typed stubs match the extension, `import pagedkv` stays light, and the
+command-line tool runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pagedkv
+
+ROOT = Path(__file__).resolve().parent.parent
+ALLOWLIST = ROOT / "tests" / "stubtest-allowlist.txt"
+
+
+def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_stubtest_passes() -> None:
+    """`_core.pyi` describes exactly what the compiled `pagedkv._core` exports."""
+    proc = _run("-m", "mypy.stubtest", "pagedkv._core", "--allowlist", str(ALLOWLIST), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_import_needs_numpy_only() -> None:
+    """`import pagedkv` pulls in no GPU framework."""
+    code = (
+        "import sys, pagedkv, pagedkv.simulate\n"
+        "heavy = sorted(m for m in ('torch', 'cupy', 'cuda', 'triton') if m in sys.modules)\n"
+        "print(heavy)\n"
+    )
+    proc = _run("-c", code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_public_names() -> None:
+    for name in pagedkv.__all__:
+        assert hasattr(pagedkv, name), name
+    assert isinstance(pagedkv.__version__, str)
+    assert pagedkv.__version__
+
+
+def test_cli_simulate_runs() -> None:
+    proc = _run("-m", "pagedkv", "simulate", "--requests", "50", "--check")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    for needle in ("GPU blocks", "prefix hits", "evictions", "ns/token", "invariants  OK"):
+        assert needle in out, out
+
+
+def test_cli_rejects_bad_sizes() -> None:
+    proc = _run("-m", "pagedkv", "simulate", "--num-blocks", "0")
+    assert proc.returncode == 2
+    assert "num_blocks" in proc.stderr
+
+
+def test_readme_example_runs() -> None:
+    """The usage example in README.md runs as written."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("```python\n") + len("```python\n")
+    code = text[start : text.index("```", start)]
+    proc = _run("-c", code)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "GPU blocks" in proc.stdout
