@@ -222,3 +222,48 @@ impl BlockManager {
         Ok(())
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use crate::{BlockManager, Config, Error};
+
+    fn manager() -> BlockManager {
+        let m = BlockManager::new(Config::new(8, 2)).unwrap();
+        m.allocate(1, &[1, 2, 3], None, None, 0).unwrap().unwrap();
+        m.check_invariants().unwrap();
+        m
+    }
+
+    fn violation(m: &BlockManager) -> String {
+        match m.check_invariants() {
+            Err(Error::Invariant(msg)) => msg,
+            other => panic!("corruption not detected: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn detects_a_refcount_without_a_table() {
+        let m = manager();
+        m.gpu.state(0).share();
+        assert!(violation(&m).contains("block 0 has rc 2"));
+    }
+
+    #[test]
+    fn detects_a_block_lost_from_the_free_stack() {
+        let m = manager();
+        assert!(m.gpu.reserve(1));
+        let b = m.gpu.take();
+        m.gpu.state(b).release();
+        assert!(violation(&m).contains("FREE"));
+    }
+
+    #[test]
+    fn detects_a_table_entry_changed_behind_the_digest() {
+        let m = manager();
+        let map = m.seqs.pin();
+        crate::sync::lock(map.get(&1).unwrap()).blocks[1] = 5;
+        drop(map);
+        let msg = violation(&m);
+        assert!(msg.contains("rc") || msg.contains("digest"), "{msg}");
+    }
+}

@@ -219,8 +219,8 @@ impl BlockPool {
         }
     }
 
-    /// Make an OWNED, full block findable under `digest`, unless another block already holds
-    /// that content (then it stays unhashed and is freed, not cached, when released).
+    /// Make an OWNED, full, unhashed block findable under `digest`, unless another block
+    /// already holds that content (then it stays unhashed and is freed, not cached, when released).
     pub fn register(&self, block: u32, digest: Digest, event: impl FnOnce() -> KvEvent) -> bool {
         let state = self.state(block);
         let epoch = state.set_hashed();
@@ -281,5 +281,81 @@ impl BlockPool {
     }
     pub fn lru_entry_is_live(&self, e: &Entry) -> bool {
         self.is_live(e)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::hashing::{BlockHasher, HashAlgo};
+
+    fn digests(n: u32) -> Vec<Digest> {
+        let h = BlockHasher::new(HashAlgo::Sha256, 0);
+        (0..n)
+            .map(|i| h.hash_block(&h.root(), &[i], &[0]))
+            .collect()
+    }
+
+    #[test]
+    fn admission_is_all_or_nothing() {
+        let pool = BlockPool::new(3, false);
+        assert!(!pool.reserve(4));
+        assert_eq!(pool.num_available(), 3);
+        assert!(pool.reserve(3));
+        assert!(!pool.reserve(1));
+        pool.unreserve(1);
+        assert!(pool.reserve(1));
+    }
+
+    #[test]
+    fn cached_blocks_are_hit_revived_and_evicted_oldest_first() {
+        let pool = BlockPool::new(3, true);
+        let ds = digests(2);
+        assert!(pool.reserve(3));
+        let (a, b, c) = (pool.take(), pool.take(), pool.take());
+        assert!(pool.register(a, ds[0], || KvEvent::AllBlocksCleared));
+        assert!(pool.register(b, ds[1], || KvEvent::AllBlocksCleared));
+        assert!(
+            !pool.register(c, ds[0], || unreachable!()),
+            "content already cached"
+        );
+        pool.release(c, None);
+        assert_eq!(
+            pool.num_free(),
+            1,
+            "a duplicate stays unhashed and is freed"
+        );
+        assert!(pool.reserve(1));
+        assert_eq!(pool.take(), c);
+        pool.release(a, Some(&ds[0]));
+        pool.release(b, Some(&ds[1]));
+        assert_eq!((pool.num_cached(), pool.num_available()), (2, 2));
+        assert_eq!(pool.peek(&ds[0]), Some(true));
+        // A hit on a cached block needs a unit: none spare and none left means NoRoom.
+        assert!(pool.reserve(2));
+        let mut spare = 0;
+        assert_eq!(pool.pin(&ds[0], &mut spare), Hit::NoRoom);
+        pool.unreserve(2);
+        assert_eq!(pool.pin(&ds[0], &mut spare), Hit::Pinned(a));
+        assert_eq!(pool.num_available(), 1);
+        // Released again, `a` is now newer than `b`: `b` is evicted first.
+        pool.release(a, Some(&ds[0]));
+        assert!(pool.reserve(1));
+        assert_eq!(pool.take(), b);
+        assert_eq!(pool.evictions(), 1);
+        assert_eq!(pool.peek(&ds[1]), None, "evicted digests no longer hit");
+        assert_eq!(pool.pin(&ds[1], &mut spare), Hit::Miss);
+        let events = pool.drain_events();
+        assert_eq!(
+            events.last(),
+            Some(&KvEvent::BlockRemoved { block_hash: ds[1] })
+        );
+        // Reset refuses while `b` and `c` are owned, then clears the rest.
+        assert!(!pool.reset());
+        pool.release(b, None);
+        pool.release(c, None);
+        assert!(pool.reset());
+        assert_eq!((pool.num_free(), pool.num_cached()), (3, 0));
+        assert_eq!(pool.peek(&ds[0]), None);
     }
 }

@@ -61,3 +61,20 @@ impl CpuPool {
         self.free.snapshot(self.num_blocks + 1)
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn takes_all_or_nothing_and_gives_back_tail_first() {
+        let p = CpuPool::new(3);
+        assert_eq!(p.take(2), Some(vec![0, 1]));
+        assert_eq!(p.take(2), None, "only one left");
+        assert_eq!(p.num_free(), 1);
+        p.give_back(&[0, 1]);
+        // Tail first: 1 is pushed before 0, so 0 is on top.
+        assert_eq!(p.take(3), Some(vec![0, 1, 2]));
+        assert_eq!(p.num_free(), 0);
+    }
+}

@@ -62,3 +62,35 @@ impl Default for LruQueue {
         Self::new()
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::hashing::{BlockHasher, HashAlgo};
+
+    fn entry(block: u32, stamp: u32) -> Entry {
+        let h = BlockHasher::new(HashAlgo::Xxh3_128, 0);
+        Entry {
+            block,
+            epoch: 0,
+            stamp,
+            digest: h.root(),
+        }
+    }
+
+    #[test]
+    fn oldest_first_and_compaction_keeps_only_live_records() {
+        let q = LruQueue::new();
+        q.push(entry(1, 0), 100, |_| true);
+        q.push(entry(2, 0), 100, |_| true);
+        assert_eq!(q.pop_oldest().map(|e| e.block), Some(1));
+        // Past the bound, stale records (here: odd stamps) are dropped, order kept.
+        for stamp in 0..6 {
+            q.push(entry(3 + stamp, stamp), 4, |e| e.stamp % 2 == 0);
+        }
+        let left: Vec<u32> = q.snapshot().iter().map(|e| e.block).collect();
+        assert_eq!(left, vec![2, 3, 5, 7]);
+        assert_eq!(q.drain().len(), 4);
+        assert!(q.pop_oldest().is_none());
+    }
+}
