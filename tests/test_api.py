@@ -217,6 +217,20 @@ def test_allocate_accepts_numpy_and_boundary_values(make):
     assert m.allocate(4, [1], lookahead=2**32) is None  # no upper bound but the pool
 
 
+@pytest.mark.parametrize(
+    "dtype",
+    ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", ">i8", "<u4"],
+)
+def test_allocate_accepts_every_integer_dtype(make, dtype):
+    m = make(8)
+    assert m.allocate(0, np.array([1, 2, 3, 4, 5], dtype=dtype)) == 0
+    assert m.block_hashes(0) == ref_hash_blocks([1, 2, 3, 4], 4)
+    strided = np.array([1, 9, 2, 9, 3, 9, 4, 9, 5], dtype=dtype)[::2]
+    assert m.allocate(1, strided) == 4
+    ids = np.array([0, 1], dtype=dtype)
+    assert m.block_tables(ids).tolist() == [[0, 1], [0, 2]]
+
+
 def test_numpy_integer_scalars_are_integers(make):
     m = make(8)
     assert m.allocate(0, [np.int32(7), np.uint64(8), 9]) == 0
@@ -400,6 +414,8 @@ def _one_seq(m: Manager) -> None:
         ("m.allocate(-1, [1])", InvalidArgumentError),
         ("m.allocate(2**64, [1])", InvalidArgumentError),
         ("m.allocate(1, [1], cache_salt=3)", InvalidArgumentError),
+        ("m.allocate(1, [1], cache_salt=bytearray(b'x'))", InvalidArgumentError),
+        ("m.allocate(1, [1], cache_salt='\\udc80')", InvalidArgumentError),
         ("m.allocate(1, [1], lora_id=-1)", InvalidArgumentError),
     ],
 )

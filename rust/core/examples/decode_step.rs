@@ -1,31 +1,54 @@
-//! Times one scheduler decode step (one token to each of 256 sequences) in the core alone.
+//! Times one scheduler decode step (one token to each of 256 sequences) in the core alone,
+//! in the shape of the Python benchmark: prompts of 100..355 tokens, so 16 sequences cross a
+//! block boundary each step; every 64 steps the batch is freed and allocated again. Reports
+//! the best 64-step cycle per step.
 //! `cargo run --release -p pagedkv-core --example decode_step`
 
 use pagedkv_core::{BlockManager, Config};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 fn main() {
     for caching in [true, false] {
-        run(caching);
+        let per = run(caching);
+        println!("append_batch of 256 (prefix caching {caching}): {per:.2} us per step");
     }
 }
 
-fn run(caching: bool) {
-    let mut config = Config::new(100_000, 16);
+fn run(caching: bool) -> f64 {
+    let mut config = Config::new(8192, 16);
     config.enable_prefix_caching = caching;
     let m = BlockManager::new(config).unwrap();
     let ids: Vec<u64> = (0..256).collect();
-    for &id in &ids {
-        let prompt: Vec<u32> = (0..100).map(|t| t + id as u32 * 1000).collect();
-        m.allocate(id, &prompt, None, None, 0).unwrap().unwrap();
+    let mut seed = 3u64;
+    let prompts: Vec<Vec<u32>> = ids
+        .iter()
+        .map(|&i| {
+            (0..100 + i)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed as u32 >> 1
+                })
+                .collect()
+        })
+        .collect();
+    let toks = vec![7u32; 256];
+    // The best cycle of 64 steps: the machine is shared, and noise only ever adds time.
+    let mut best = Duration::MAX;
+    for _ in 0..200 {
+        if m.num_sequences() > 0 {
+            m.free_batch(&ids).unwrap();
+        }
+        for (&id, p) in ids.iter().zip(&prompts) {
+            m.allocate(id, p, None, None, 0).unwrap().unwrap();
+        }
+        let t = Instant::now();
+        for _ in 0..64 {
+            m.append_batch(&ids, &toks).unwrap().unwrap();
+        }
+        best = best.min(t.elapsed());
     }
-    let toks = vec![1u32; 256];
-    let steps = 4000;
-    let t = Instant::now();
-    for _ in 0..steps {
-        m.append_batch(&ids, &toks).unwrap().unwrap();
-    }
-    let per = t.elapsed().as_secs_f64() / f64::from(steps) * 1e6;
-    println!("append_batch of 256 (prefix caching {caching}): {per:.2} us per step");
     m.check_invariants().unwrap();
+    best.as_secs_f64() / 64.0 * 1e6
 }

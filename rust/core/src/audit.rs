@@ -139,16 +139,15 @@ impl BlockManager {
         // the digests their holders expect.
         let index = self.gpu.index_snapshot();
         let mut indexed = vec![false; n];
-        for &(b, epoch, in_place) in &index {
+        for &(b, in_place) in &index {
             ensure!((b as usize) < n, "index entry names block {b} out of range");
-            let w = self.gpu.state(b).load();
             ensure!(
-                w.hashed() && w.epoch() == epoch,
-                "index entry names block {b} of another epoch or unhashed"
+                self.gpu.state(b).load().hashed(),
+                "index entry names unhashed block {b}"
             );
             ensure!(
                 in_place,
-                "index entry for block {b} sits outside its digest's buckets"
+                "index entry for block {b} has the wrong bucket or tag"
             );
             ensure!(!indexed[b as usize], "block {b} is in the index twice");
             indexed[b as usize] = true;

@@ -125,7 +125,7 @@ impl BlockPool {
             if self.state(e.block).claim_cached(e.epoch, e.stamp, 1) {
                 self.cached.fetch_sub(1, Ordering::Relaxed);
                 self.evictions.fetch_add(1, Ordering::Relaxed);
-                self.index.remove_exact(&e.digest, e.block, e.epoch);
+                self.index.remove(&e.digest, e.block);
                 if let Some(log) = &self.events {
                     log.push(KvEvent::BlockRemoved {
                         block_hash: e.digest,
@@ -173,29 +173,30 @@ impl BlockPool {
 
     /// Without changing anything: is `digest` cached, and is its block CACHED (rc 0)?
     pub fn peek(&self, digest: &Digest) -> Option<bool> {
-        let (b, epoch) = self.index.get(digest)?;
+        let b = self.index.get(digest)?;
         let w = self.state(b).load();
-        (w.hashed() && w.epoch() == epoch).then_some(w.rc() == 0)
+        w.hashed().then_some(w.rc() == 0)
     }
 
     /// Take a reference to the block cached under `digest`. Reviving a CACHED block costs one
     /// unit: from `spare` if the caller reserved some, else reserved here.
     pub fn pin(&self, digest: &Digest, spare: &mut usize) -> Hit {
-        let Some((b, epoch)) = self.index.get(digest) else {
+        let Some(b) = self.index.get(digest) else {
             return Hit::Miss;
         };
         let state = self.state(b);
         let mut have_unit = false;
         loop {
-            match state.pin(epoch, have_unit) {
+            match state.pin(have_unit) {
                 Pin::Pinned { revived } => {
                     if revived {
                         self.cached.fetch_sub(1, Ordering::Relaxed);
                     } else if have_unit {
                         *spare += 1;
                     }
-                    // The lookup compared the digest racily; pinned with the entry's epoch,
-                    // the block's digest is stable now, so this check is exact.
+                    // The lookup compared the digest racily; pinned and hashed, the block's
+                    // digest is stable now, so this check is exact. It fails when the block
+                    // was evicted and registered again under other content since the lookup.
                     if !self.index.holds(b, digest) {
                         let own = self.index.stored(b, digest.as_bytes().len());
                         self.release(b, Some(&own));
@@ -223,8 +224,9 @@ impl BlockPool {
     /// already holds that content (then it stays unhashed and is freed, not cached, when released).
     pub fn register(&self, block: u32, digest: Digest, event: impl FnOnce() -> KvEvent) -> bool {
         let state = self.state(block);
-        let epoch = state.set_hashed();
-        if self.index.insert_new(digest, block, epoch) {
+        self.index.write_digest(block, &digest);
+        state.set_hashed();
+        if self.index.insert_new(&digest, block) {
             if let Some(log) = &self.events {
                 log.push(event());
             }
@@ -251,7 +253,7 @@ impl BlockPool {
         for e in self.lru.drain() {
             // rc stays 0: CACHED -> FREE. Units stay counted in `available`.
             if self.state(e.block).claim_cached(e.epoch, e.stamp, 0) {
-                self.index.remove_exact(&e.digest, e.block, e.epoch);
+                self.index.remove(&e.digest, e.block);
                 self.cached.fetch_sub(1, Ordering::Relaxed);
                 self.free.push(e.block);
             }
@@ -273,7 +275,7 @@ impl BlockPool {
     pub fn lru_snapshot(&self) -> Vec<Entry> {
         self.lru.snapshot()
     }
-    pub fn index_snapshot(&self) -> Vec<(u32, u32, bool)> {
+    pub fn index_snapshot(&self) -> Vec<(u32, bool)> {
         self.index.snapshot()
     }
     pub fn index_holds(&self, block: u32, digest: &Digest) -> bool {

@@ -6,8 +6,8 @@
 //! - bits 21..32: `stamp`, bumped each time the block becomes CACHED, so that an LRU entry
 //!   written at an earlier release is recognised as stale (wrapping is harmless: a stale entry
 //!   that matches after a wrap only evicts a block that is CACHED anyway, slightly out of order);
-//! - bits 32..64: `epoch`, bumped each time a hashed block is evicted or unhashed, so that an
-//!   index entry `(block, epoch)` read before the eviction can never pin the reused block.
+//! - bits 32..64: `epoch`, bumped each time a hashed block is evicted (or dropped by reset),
+//!   so that an LRU record written for an earlier incarnation is recognised as stale.
 //!
 //! The states of the contract: FREE = `rc == 0 && !HASHED`, OWNED = `rc >= 1`,
 //! CACHED = `rc == 0 && HASHED`. Every transition is one compare-and-swap or read-modify-write.
@@ -73,7 +73,7 @@ pub enum Released {
 pub enum Pin {
     /// Referenced; `revived` when it was CACHED (one unit of `available` consumed).
     Pinned { revived: bool },
-    /// The block is no longer the one the index entry named.
+    /// The block is not hashed (any more): the index entry was stale.
     Stale,
     /// It is CACHED and the caller holds no unit of `available` for it.
     NeedsUnit,
@@ -111,14 +111,15 @@ impl BlockState {
         );
     }
 
-    /// Take a reference through an index entry `(block, epoch)`.
+    /// Take a reference to a hashed block found through the index (the caller then checks
+    /// the block's digest: see `prefix_index`).
     /// `have_unit`: the caller reserved one unit of `available` in case the block is CACHED.
-    pub fn pin(&self, epoch: u32, have_unit: bool) -> Pin {
+    pub fn pin(&self, have_unit: bool) -> Pin {
         // Acquire on success: the hit reads nothing the previous owner wrote on the host, but
         // the acquire pairs with the releasing decrement so the block is seen fully released.
         let mut cur = Word(self.0.load(Ordering::Acquire));
         loop {
-            if !cur.hashed() || cur.epoch() != epoch {
+            if !cur.hashed() {
                 return Pin::Stale;
             }
             let revived = cur.rc() == 0;
@@ -170,9 +171,9 @@ impl BlockState {
     }
 
     /// Mark an OWNED block hashed before its index entry is published. Release: a thread that
-    /// pins it through the index sees the flag (its Acquire load pairs with this).
-    pub fn set_hashed(&self) -> u32 {
-        Word(self.0.fetch_or(HASHED, Ordering::Release)).epoch()
+    /// pins it (an Acquire CAS) sees the digest stored before this.
+    pub fn set_hashed(&self) {
+        self.0.fetch_or(HASHED, Ordering::Release);
     }
 
     /// Undo `set_hashed` when the index already held the digest (nobody could reach the block
@@ -207,7 +208,8 @@ mod tests {
         assert!(s.load().is_free());
         s.take();
         assert_eq!(s.load().rc(), 1);
-        let epoch = s.set_hashed();
+        let epoch = s.load().epoch();
+        s.set_hashed();
         s.share();
         assert_eq!(s.release(), Released::StillOwned);
         let Released::ToCached { epoch: e, stamp } = s.release() else {
@@ -216,9 +218,9 @@ mod tests {
         assert_eq!(e, epoch);
         assert!(s.load().is_cached());
         // A hit needs a unit of `available` to revive a cached block.
-        assert_eq!(s.pin(epoch, false), Pin::NeedsUnit);
-        assert_eq!(s.pin(epoch, true), Pin::Pinned { revived: true });
-        assert_eq!(s.pin(epoch, false), Pin::Pinned { revived: false });
+        assert_eq!(s.pin(false), Pin::NeedsUnit);
+        assert_eq!(s.pin(true), Pin::Pinned { revived: true });
+        assert_eq!(s.pin(false), Pin::Pinned { revived: false });
         assert!(
             !s.claim_cached(epoch, stamp, 1),
             "owned blocks cannot be claimed"
@@ -235,10 +237,11 @@ mod tests {
         assert_eq!(s.load().rc(), 1);
         assert!(!s.load().hashed());
         assert_eq!(
-            s.pin(epoch, true),
+            s.pin(true),
             Pin::Stale,
-            "the old index entry no longer pins"
+            "an unhashed block cannot be pinned"
         );
+        assert_eq!(s.load().epoch(), epoch.wrapping_add(1));
         assert_eq!(s.release(), Released::ToFree);
     }
 
@@ -255,10 +258,11 @@ mod tests {
     fn stamp_wraps_inside_its_bits() {
         let s = BlockState::new_free();
         s.take();
-        let epoch = s.set_hashed();
+        s.set_hashed();
+        let epoch = s.load().epoch();
         assert!(matches!(s.release(), Released::ToCached { .. }));
         for _ in 0..5000 {
-            assert!(matches!(s.pin(epoch, true), Pin::Pinned { .. }));
+            assert!(matches!(s.pin(true), Pin::Pinned { .. }));
             assert!(matches!(s.release(), Released::ToCached { .. }));
         }
         assert_eq!(s.load().epoch(), epoch);

@@ -6,7 +6,7 @@ use numpy::{
     Element, PyArrayDescrMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyInt, PyString};
+use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString};
 
 /// Convert each element with `T::try_from`, naming the first one out of range.
 fn convert<S, T>(
@@ -41,8 +41,7 @@ where
 /// A 1-D integer numpy array, or a sequence of Python ints, as `T`s.
 fn ints<T>(obj: &Bound<'_, PyAny>, what: &str, range: &str) -> PyResult<Vec<T>>
 where
-    T: TryFrom<i64> + TryFrom<u64> + TryFrom<i32> + TryFrom<u32> + TryFrom<i16> + TryFrom<u16>,
-    T: TryFrom<i8> + TryFrom<u8>,
+    T: TryFrom<i64> + TryFrom<u64> + TryFrom<i32> + TryFrom<u32>,
 {
     let py = obj.py();
     if let Ok(arr) = obj.cast::<PyUntypedArray>() {
@@ -53,15 +52,21 @@ where
             ));
         }
         let dtype = arr.dtype();
+        let native = dtype.is_native_byteorder() != Some(false);
         return match (dtype.kind(), dtype.itemsize()) {
+            _ if !native && matches!(dtype.kind(), b'i' | b'u') => {
+                let wide = obj.call_method1("astype", ("int64",))?;
+                from_array::<i64, T>(&wide, what, range)
+            }
             (b'i', 8) => from_array::<i64, T>(obj, what, range),
             (b'u', 8) => from_array::<u64, T>(obj, what, range),
             (b'i', 4) => from_array::<i32, T>(obj, what, range),
             (b'u', 4) => from_array::<u32, T>(obj, what, range),
-            (b'i', 2) => from_array::<i16, T>(obj, what, range),
-            (b'u', 2) => from_array::<u16, T>(obj, what, range),
-            (b'i', 1) => from_array::<i8, T>(obj, what, range),
-            (b'u', 1) => from_array::<u8, T>(obj, what, range),
+            // Narrow integers widen exactly; one conversion keeps the dispatch short.
+            (b'i' | b'u', _) => {
+                let wide = obj.call_method1("astype", ("int64",))?;
+                from_array::<i64, T>(&wide, what, range)
+            }
             _ => Err(invalid(
                 py,
                 format!("{what} must have an integer dtype, got {dtype}"),
@@ -74,6 +79,13 @@ where
             format!("{what} must be a sequence of ints, got a string"),
         ));
     }
+    if let Ok(list) = obj.cast::<PyList>() {
+        return list
+            .iter()
+            .enumerate()
+            .map(|(i, item)| int_item(&item, Name(what, Some(i)), range))
+            .collect();
+    }
     let items = obj.try_iter().map_err(|_| {
         invalid(
             py,
@@ -82,12 +94,26 @@ where
     })?;
     items
         .enumerate()
-        .map(|(i, item)| int_item(&item?, &format!("{what}[{i}]"), range))
+        .map(|(i, item)| int_item(&item?, Name(what, Some(i)), range))
         .collect()
 }
 
+/// What an argument is called in messages: `what`, or `what[i]` for an element. Formatted
+/// only when a message is written, never on the hot path.
+#[derive(Clone, Copy)]
+struct Name<'a>(&'a str, Option<usize>);
+
+impl std::fmt::Display for Name<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.1 {
+            Some(i) => write!(f, "{}[{i}]", self.0),
+            None => f.write_str(self.0),
+        }
+    }
+}
+
 /// One Python int or numpy integer scalar (not a bool) as `T`.
-fn int_item<T>(item: &Bound<'_, PyAny>, what: &str, range: &str) -> PyResult<T>
+fn int_item<T>(item: &Bound<'_, PyAny>, what: Name<'_>, range: &str) -> PyResult<T>
 where
     T: TryFrom<i64> + TryFrom<u64>,
 {
@@ -119,7 +145,7 @@ pub fn int_arg(
 ) -> PyResult<i64> {
     let Some(obj) = obj else { return Ok(default) };
     let range = format!("[{lo}, {hi}]");
-    let v: i64 = int_item(obj, what, &range)?;
+    let v: i64 = int_item(obj, Name(what, None), &range)?;
     if (lo..=hi).contains(&v) {
         Ok(v)
     } else {
@@ -132,7 +158,7 @@ pub fn int_arg(
 
 /// An optional unsigned 64-bit argument (seeds, adapter ids); `None` means `default`.
 pub fn u64_arg(obj: Option<&Bound<'_, PyAny>>, default: u64, what: &str) -> PyResult<u64> {
-    obj.map_or(Ok(default), |o| int_item(o, what, "[0, 2**64)"))
+    obj.map_or(Ok(default), |o| int_item(o, Name(what, None), "[0, 2**64)"))
 }
 
 /// Token ids: non-empty, each in `[0, 2**32)`.
@@ -156,13 +182,13 @@ pub fn seq_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
 
 /// One sequence id.
 pub fn seq_id(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
-    int_item(obj, "sequence id", "[0, 2**64)")
+    int_item(obj, Name("sequence id", None), "[0, 2**64)")
 }
 
 /// Per-sequence counts: one int for all, or one per sequence; none negative.
 pub fn counts(obj: &Bound<'_, PyAny>, n: usize, what: &str) -> PyResult<Vec<usize>> {
     if obj.cast::<PyUntypedArray>().is_err() && obj.try_iter().is_err() {
-        let v: usize = int_item(obj, what, "[0, 2**63)")?;
+        let v: usize = int_item(obj, Name(what, None), "[0, 2**63)")?;
         return Ok(vec![v; n]);
     }
     ints::<usize>(obj, what, "[0, 2**63)")

@@ -26,7 +26,10 @@ pub struct PyBlockManager {
 fn salt_bytes(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u8>>> {
     let Some(obj) = obj else { return Ok(None) };
     if let Ok(s) = obj.cast::<PyString>() {
-        return Ok(Some(s.to_str()?.as_bytes().to_vec()));
+        let text = s
+            .to_str()
+            .map_err(|_| invalid(obj.py(), "cache_salt is not valid UTF-8 text"))?;
+        return Ok(Some(text.as_bytes().to_vec()));
     }
     if let Ok(b) = obj.cast::<PyBytes>() {
         return Ok(Some(b.as_bytes().to_vec()));
