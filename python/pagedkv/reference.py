@@ -401,7 +401,7 @@ class ReferenceBlockManager:
         toks = _tokens(token_ids)
         salt = _salt_bytes(cache_salt)
         lora = _lora(lora_id)
-        la = _check_int(lookahead, "lookahead", 0, _U64)
+        la = _check_int(lookahead, "lookahead", 0, 1 << 63)
         if sid in self._seqs:
             raise DuplicateSequenceError(f"sequence id {sid} already exists")
 
@@ -441,8 +441,8 @@ class ReferenceBlockManager:
         self, seq_id: int, token_ids: Sequence[int] | npt.NDArray[np.integer[Any]]
     ) -> list[tuple[int, int]] | None:
         """Add tokens to a resident sequence; return the copy-on-write pairs, or None."""
+        toks = _tokens(token_ids)  # argument checks before state checks
         _, seq = self._resident(seq_id)
-        toks = _tokens(token_ids)
         cow, new = self._append_need(seq, len(toks))
         if len(cow) + new > self._available():
             return None

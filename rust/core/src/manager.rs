@@ -254,12 +254,12 @@ impl BlockManager {
 
     /// Share every block of `parent` with a new sequence `child`.
     pub fn fork(&self, parent: u64, child: u64) -> Result<()> {
-        if self.seqs.pin().contains_key(&child) {
-            return Err(Error::DuplicateSequence(child));
-        }
         let copy = self.with_seq(parent, |seq| {
             if seq.is_swapped() {
                 return Err(Error::Swapped(parent));
+            }
+            if self.seqs.pin().contains_key(&child) {
+                return Err(Error::DuplicateSequence(child));
             }
             seq.blocks.iter().for_each(|&b| self.gpu.state(b).share());
             Ok(seq.clone())
