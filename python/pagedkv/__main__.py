@@ -1,14 +1,12 @@
-"""Command-line tool: `python -m pagedkv simulate [options]`."""
+"""Command-line tool: `python -m pagedkv simulate [options]` (see `pagedkv.sim`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import TextIO
 
-from pagedkv.config import HASH_ALGOS, BlockManagerConfig
-from pagedkv.simulate import ManagerLike, generate_workload, run_workload
+from pagedkv.sim.cli import add_arguments, simulate
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -18,69 +16,19 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sim = sub.add_parser(
         "simulate",
-        help="replay a synthetic shared-prefix serving workload and print the manager's stats",
+        help="replay a serving workload (built-in or a real trace) through the block manager",
         description=(
-            "Replay a deterministic synthetic workload (requests sharing a few system prompts, "
-            "continuous batching, preemption, parallel sampling, constant eviction) through a "
-            "block manager; print its stats, the wall time and the time per token."
+            "Replay a workload through the block manager with a small continuous-batching "
+            "scheduler (admission under can_allocate and a token budget, one batched decode "
+            "step at a time, preemption by swap or recompute) and show how the KV cache "
+            "behaves: prefix hit rate, usage, evictions, preemptions, swaps, copy-on-write, "
+            "fragmentation and the time spent inside the manager. Built-in workloads are "
+            "seeded; --trace replays a Mooncake-format trace. Comma lists for --block-size, "
+            "--num-blocks/--cache-tokens and --hash-algo sweep every combination."
         ),
     )
-    sim.add_argument("--num-blocks", type=int, default=1024, help="GPU blocks (default 1024)")
-    sim.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
-    sim.add_argument(
-        "--num-cpu-blocks",
-        type=int,
-        default=256,
-        help="CPU swap blocks; 0 preempts by freeing and recomputing (default 256)",
-    )
-    sim.add_argument("--requests", type=int, default=300, help="requests (default 300)")
-    sim.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    sim.add_argument("--max-batch", type=int, default=256, help="running sequences at most")
-    sim.add_argument("--hash-algo", choices=HASH_ALGOS, default="sha256")
-    sim.add_argument(
-        "--reference",
-        action="store_true",
-        help="run the pure-Python ReferenceBlockManager instead (to compare)",
-    )
-    sim.add_argument("--check", action="store_true", help="call check_invariants() at the end")
+    add_arguments(sim)
     return parser
-
-
-def simulate(args: argparse.Namespace, out: TextIO) -> int:
-    """Run the `simulate` command; returns the exit status."""
-    config = BlockManagerConfig(
-        num_blocks=args.num_blocks,
-        block_size=args.block_size,
-        num_cpu_blocks=args.num_cpu_blocks,
-        hash_algo=args.hash_algo,
-    )
-    from pagedkv.manager import BlockManager
-
-    manager: ManagerLike
-    if args.reference:
-        from pagedkv.reference import ReferenceBlockManager
-
-        manager = ReferenceBlockManager(
-            config.num_blocks, config.block_size, **config.constructor_kwargs()
-        )
-        name = "ReferenceBlockManager (pure Python)"
-    else:
-        manager = BlockManager.from_config(config)
-        name = "BlockManager (Rust core)"
-
-    workload = generate_workload(args.requests, seed=args.seed)
-    print(f"pagedkv simulate: {name}", file=out)
-    print(f"workload    {workload.describe()}", file=out)
-    result = run_workload(manager, workload, max_batch=args.max_batch)
-    if isinstance(manager, BlockManager):
-        manager.print_memory_stats(out)
-    else:
-        print(manager.stats(), file=out)
-    print(result.summary(), file=out)
-    if args.check:
-        manager.check_invariants()
-        print("invariants  OK", file=out)
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -89,7 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "simulate":
         try:
             return simulate(args, sys.stdout)
-        except ValueError as exc:  # bad sizes: InvalidArgumentError is a ValueError
+        except (ValueError, OSError, RuntimeError) as exc:
+            # bad sizes (InvalidArgumentError is a ValueError), a bad or missing trace file,
+            # matplotlib missing for --plot
             print(f"error: {exc}", file=sys.stderr)
             return 2
     raise AssertionError(f"unknown command {args.command!r}")  # argparse prevents this

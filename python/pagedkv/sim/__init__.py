@@ -1,0 +1,50 @@
+"""The serving simulator behind `python -m pagedkv simulate`.
+
+One idea per module:
+
+- `requests`: the `Request` and `Workload` values and the deterministic "sampled" tokens;
+- `workloads`: the built-in seeded workloads (shared system prompts, multi-turn chats,
+  parallel sampling, beam search, long documents, Poisson arrivals);
+- `trace`: the Mooncake trace reader, and the hit count an unlimited cache would reach;
+- `scheduler`: a small continuous-batching scheduler that drives any manager;
+- `calls`: the timed (and optionally recorded) manager calls, and recorded-trace replay;
+- `report`: the figures of a run, the summary and sweep tables, the JSON file;
+- `plot`: the per-step figure (matplotlib, imported only when asked for);
+- `progress`: a tiny progress bar;
+- `cli`: the `simulate` command's options and main loop.
+"""
+
+from __future__ import annotations
+
+from pagedkv.sim.calls import bind_trace, replay_trace, same_result
+from pagedkv.sim.requests import (
+    TRACE_BLOCK_TOKENS,
+    VOCAB_SIZE,
+    Request,
+    Workload,
+    generated_token,
+    generated_tokens,
+)
+from pagedkv.sim.scheduler import ManagerLike, SimResult, run_workload
+from pagedkv.sim.trace import expected_hit_tokens, read_trace
+from pagedkv.sim.workloads import WORKLOADS, build_workload, generate_workload
+
+__all__ = [
+    "TRACE_BLOCK_TOKENS",
+    "VOCAB_SIZE",
+    "WORKLOADS",
+    "ManagerLike",
+    "Request",
+    "SimResult",
+    "Workload",
+    "bind_trace",
+    "build_workload",
+    "expected_hit_tokens",
+    "generate_workload",
+    "generated_token",
+    "generated_tokens",
+    "read_trace",
+    "replay_trace",
+    "run_workload",
+    "same_result",
+]

@@ -1,0 +1,237 @@
+"""The `simulate` command: options, the sweep over manager settings, the output.
+
+`python -m pagedkv simulate` replays a built-in workload (or `--trace FILE`) through the block
+manager for each combination of `--block-size`, `--num-blocks` (or `--cache-tokens`) and
+`--hash-algo` (comma lists), and prints a summary table (one run) or a sweep table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from pagedkv.config import HASH_ALGOS, BlockManagerConfig
+from pagedkv.sim.progress import ProgressBar
+from pagedkv.sim.report import figures, summary_table, sweep_table, write_json
+from pagedkv.sim.requests import Workload
+from pagedkv.sim.scheduler import ManagerLike, run_workload
+from pagedkv.sim.trace import read_trace
+from pagedkv.sim.workloads import WORKLOADS, build_workload
+
+DEFAULT_NUM_BLOCKS = 4096  # built-in workloads: 64 K tokens of 16, constant eviction
+DEFAULT_TRACE_NUM_BLOCKS = 65536  # traces: 1 M tokens of 16 (Mooncake prompts reach 190 K)
+
+
+def _list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    def parse(text: str) -> list[Any]:
+        items = [t.strip() for t in text.split(",")]
+        if not items or any(not t for t in items):
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+        try:
+            return [kind(t) for t in items]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad value in {text!r}") from None
+
+    parse.__name__ = f"{kind.__name__} list"
+    return parse
+
+
+def _hash_algo(text: str) -> str:
+    if text not in HASH_ALGOS:
+        raise ValueError(text)
+    return text
+
+
+def add_arguments(sim: argparse.ArgumentParser) -> None:
+    """The `simulate` subcommand's options."""
+    w = sim.add_argument_group("workload")
+    w.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default=None,
+        help="built-in workload (default mixed: shared system prompts, multi-turn chats, "
+        "parallel sampling, beam search, long documents)",
+    )
+    w.add_argument("--requests", type=int, default=500, help="built-in: requests (default 500)")
+    w.add_argument("--seed", type=int, default=0, help="built-in: workload seed (default 0)")
+    w.add_argument(
+        "--arrival-rate",
+        type=float,
+        default=2.0,
+        help="built-in: mean arrivals per step, Poisson; 0 = all at once (default 2)",
+    )
+    w.add_argument(
+        "--doc-tokens",
+        type=int,
+        default=8192,
+        help="built-in: tokens of the longest document (default 8192)",
+    )
+    w.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="replay a Mooncake-format trace (JSON lines: timestamp, input_length, "
+        "output_length, hash_ids) instead of a built-in workload",
+    )
+    w.add_argument("--limit", type=int, default=None, help="trace: replay the first N requests")
+    w.add_argument(
+        "--ms-per-step",
+        type=float,
+        default=20.0,
+        help="trace: milliseconds of arrival time per scheduler step (default 20)",
+    )
+
+    c = sim.add_argument_group("cache (comma lists sweep every combination)")
+    c.add_argument(
+        "--num-blocks",
+        type=_list(int),
+        default=None,
+        help=f"GPU blocks (default {DEFAULT_NUM_BLOCKS}; {DEFAULT_TRACE_NUM_BLOCKS} for a trace)",
+    )
+    c.add_argument(
+        "--cache-tokens",
+        type=_list(int),
+        default=None,
+        help="GPU cache size in tokens instead of --num-blocks: num_blocks = tokens // block "
+        "size (compares block sizes at equal memory)",
+    )
+    c.add_argument("--block-size", type=_list(int), default=[16], help="tokens per block (16)")
+    c.add_argument(
+        "--hash-algo",
+        type=_list(_hash_algo),
+        default=["sha256"],
+        help=f"block hash: {', '.join(HASH_ALGOS)} (default sha256)",
+    )
+    c.add_argument(
+        "--num-cpu-blocks",
+        type=int,
+        default=512,
+        help="CPU swap blocks; 0 preempts by freeing and recomputing (default 512)",
+    )
+    c.add_argument("--watermark", type=float, default=0.01, help="can_allocate watermark (0.01)")
+
+    s = sim.add_argument_group("scheduler")
+    s.add_argument("--max-batch", type=int, default=256, help="running sequences at most (256)")
+    s.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=8192,
+        help="prompt tokens computed per step (prefix hits are free; default 8192)",
+    )
+
+    o = sim.add_argument_group("output")
+    o.add_argument("--json", metavar="FILE", help="write every figure and the per-step series")
+    o.add_argument("--plot", metavar="FILE.png", help="draw the per-step series (matplotlib)")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    o.add_argument(
+        "--reference",
+        action="store_true",
+        help="run the pure-Python ReferenceBlockManager instead (to compare)",
+    )
+    o.add_argument(
+        "--check",
+        action="store_true",
+        help="check_invariants() after every step (slow; for debugging)",
+    )
+
+
+def _workload(args: argparse.Namespace) -> Workload:
+    if args.trace is not None:
+        if args.workload is not None:
+            raise ValueError("give either --trace or --workload, not both")
+        return read_trace(args.trace, limit=args.limit, ms_per_step=args.ms_per_step)
+    if args.limit is not None:
+        raise ValueError("--limit applies to --trace only (use --requests)")
+    return build_workload(
+        args.workload or "mixed",
+        args.requests,
+        seed=args.seed,
+        arrival_rate=args.arrival_rate,
+        doc_tokens=args.doc_tokens,
+    )
+
+
+def _configs(args: argparse.Namespace) -> list[BlockManagerConfig]:
+    if args.num_blocks is not None and args.cache_tokens is not None:
+        raise ValueError("give either --num-blocks or --cache-tokens, not both")
+    out = []
+    for bs, algo in itertools.product(args.block_size, args.hash_algo):
+        if args.cache_tokens is not None:
+            sizes = [t // bs if bs > 0 else t for t in args.cache_tokens]
+        elif args.num_blocks is not None:
+            sizes = args.num_blocks
+        else:
+            sizes = [DEFAULT_TRACE_NUM_BLOCKS if args.trace else DEFAULT_NUM_BLOCKS]
+        out += [
+            BlockManagerConfig(
+                num_blocks=nb,
+                block_size=bs,
+                num_cpu_blocks=args.num_cpu_blocks,
+                hash_algo=algo,
+                watermark=args.watermark,
+            )
+            for nb in sizes
+        ]
+    return sorted(out, key=lambda c: (c.block_size, c.num_blocks, c.hash_algo))
+
+
+def _manager(config: BlockManagerConfig, reference: bool) -> ManagerLike:
+    if reference:
+        from pagedkv.reference import ReferenceBlockManager
+
+        return ReferenceBlockManager(
+            config.num_blocks,
+            config.block_size,
+            **config.constructor_kwargs(),
+        )
+    from pagedkv.manager import BlockManager
+
+    return BlockManager.from_config(config)
+
+
+def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -> int:
+    """Run the `simulate` command; returns the exit status."""
+    err = sys.stderr if err is None else err
+    configs = _configs(args)
+    workload = _workload(args)
+    name = "reference" if args.reference else "rust"
+    title = "ReferenceBlockManager (pure Python)" if args.reference else "BlockManager (Rust core)"
+    print(f"pagedkv simulate: {title}", file=out)
+    print(f"workload    {workload.describe()}", file=out)
+    show = not args.no_progress and err.isatty()
+    runs: list[dict[str, Any]] = []
+    for config in configs:
+        manager = _manager(config, args.reference)
+        label = f"B={config.block_size} blocks={config.num_blocks} {config.hash_algo}"
+        bar = ProgressBar(label, stream=err) if show else None
+        result = run_workload(
+            manager,
+            workload,
+            max_batch=args.max_batch,
+            max_batch_tokens=args.max_batch_tokens,
+            check=args.check,
+            progress=bar,
+        )
+        if bar is not None:
+            bar.close()
+        runs.append(figures(result, config, manager=name, workload=workload.describe()))
+        if args.check:
+            manager.check_invariants()
+    print(file=out)
+    print(summary_table(runs[0]) if len(runs) == 1 else sweep_table(runs), file=out)
+    if args.check:
+        print("invariants  OK (checked after every step)", file=out)
+    if args.json:
+        write_json(args.json, runs)
+        print(f"json        {args.json}", file=out)
+    if args.plot:
+        from pagedkv.sim.plot import plot_runs
+
+        plot_runs(args.plot, runs)
+        print(f"plot        {args.plot}", file=out)
+    return 0
+
+
+__all__ = ["add_arguments", "simulate"]

@@ -1,0 +1,184 @@
+"""The figures of a run: one dict (the JSON file), a summary table, a sweep table.
+
+Usage, cached blocks, queue lengths and fragmentation are sampled once per executed step after
+the decode (the fullest moment of a step); means are over executed steps. The manager time is
+the time spent inside the scheduler's manager calls (observations for the report excluded).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pagedkv.config import BlockManagerConfig
+from pagedkv.sim.scheduler import SimResult
+
+
+def figures(
+    result: SimResult, config: BlockManagerConfig, *, manager: str, workload: str
+) -> dict[str, Any]:
+    """Every figure of one run, by name, with the per-step series under `steps`."""
+    st = result.final_stats
+    assert st is not None
+    s = result.series
+    step_ns = np.asarray(s.manager_ns, dtype=np.float64)
+    steps = result.steps
+    return {
+        "manager": manager,
+        "workload": workload,
+        "num_blocks": config.num_blocks,
+        "block_size": config.block_size,
+        "cache_tokens": config.num_blocks * config.block_size,
+        "num_cpu_blocks": config.num_cpu_blocks,
+        "hash_algo": config.hash_algo,
+        "requests": result.requests,
+        "finished_requests": result.finished_requests,
+        "rejected_requests": result.rejected_requests,
+        "finished_sequences": result.finished_sequences,
+        "rejected_sequences": result.rejected_sequences,
+        "forks": result.forks,
+        "pruned_beams": result.pruned_sequences,
+        "prompt_tokens": result.prompt_tokens,
+        "prefix_hit_tokens": result.prefix_hit_tokens,
+        "prefix_hit_rate": result.hit_rate,
+        "computed_prompt_tokens": result.prompt_tokens - result.prefix_hit_tokens,
+        "generated_tokens": result.decode_tokens,
+        "num_steps": steps,
+        "clock_steps": result.clock_steps,
+        "peak_usage": max(s.usage, default=0.0),
+        "mean_usage": float(np.mean(s.usage)) if steps else 0.0,
+        "peak_cached_blocks": max(s.cached_blocks, default=0),
+        "mean_cached_blocks": float(np.mean(s.cached_blocks)) if steps else 0.0,
+        "peak_running": max(s.running, default=0),
+        "evictions": st.evictions,
+        "preemptions": result.preemptions,
+        "preempted_swap": result.preempted_swap,
+        "preempted_recompute": result.preempted_recompute,
+        "swap_ins": result.swap_ins,
+        "swapped_out_blocks": st.swapped_out_blocks,
+        "swapped_in_blocks": st.swapped_in_blocks,
+        "cow_copies": st.cow_copies,
+        "fragmentation": float(np.mean(s.fragmentation)) if steps else 0.0,
+        "manager_calls": result.manager_calls,
+        "manager_seconds": result.manager_ns / 1e9,
+        "manager_step_mean_seconds": float(step_ns.mean()) / 1e9 if steps else 0.0,
+        "manager_step_p99_seconds": float(np.percentile(step_ns, 99)) / 1e9 if steps else 0.0,
+        "manager_ns_per_token": result.ns_per_token,
+        "wall_seconds": result.wall_s,
+        "wall_step_mean_seconds": result.wall_s / steps if steps else 0.0,
+        "steps": s.as_dict(),
+    }
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} us"
+
+
+def summary_table(f: dict[str, Any]) -> str:
+    """The human-readable summary of one run."""
+    tokens = f["prompt_tokens"] + f["generated_tokens"]
+    rows = [
+        (
+            "GPU blocks",
+            f"{f['num_blocks']} x {f['block_size']} tokens = {f['cache_tokens']} tokens; "
+            f"CPU blocks {f['num_cpu_blocks']}; hash {f['hash_algo']}",
+        ),
+        (
+            "requests",
+            f"{f['requests']}: {f['finished_requests'] - f['rejected_requests']} finished, "
+            f"{f['rejected_requests']} rejected (never fit); sequences "
+            f"{f['finished_sequences']} finished, {f['forks']} forks, "
+            f"{f['pruned_beams']} beams pruned",
+        ),
+        (
+            "tokens",
+            f"{f['prompt_tokens']} prompt ({f['computed_prompt_tokens']} computed) + "
+            f"{f['generated_tokens']} generated = {tokens}",
+        ),
+        ("steps", f"{f['num_steps']} executed (clock {f['clock_steps']})"),
+        (
+            "prefix hits",
+            f"{f['prefix_hit_tokens']} of {f['prompt_tokens']} prompt tokens = "
+            f"{f['prefix_hit_rate']:.2%}",
+        ),
+        (
+            "usage",
+            f"peak {f['peak_usage']:.1%}, mean {f['mean_usage']:.1%}; cached blocks peak "
+            f"{f['peak_cached_blocks']}, mean {f['mean_cached_blocks']:.0f}; "
+            f"running peak {f['peak_running']}",
+        ),
+        ("evictions", f"{f['evictions']} blocks"),
+        (
+            "preemptions",
+            f"{f['preemptions']}: {f['preempted_swap']} swapped out, "
+            f"{f['preempted_recompute']} recomputed; {f['swap_ins']} swapped in",
+        ),
+        (
+            "swaps",
+            f"{f['swapped_out_blocks']} blocks out, {f['swapped_in_blocks']} blocks in",
+        ),
+        ("copy-on-write", f"{f['cow_copies']} block copies"),
+        ("fragmentation", f"{f['fragmentation']:.2%} of held slots unused (mean over steps)"),
+        (
+            "manager time",
+            f"{f['manager_seconds']:.3f} s in {f['manager_calls']} calls; per step mean "
+            f"{_us(f['manager_step_mean_seconds'])}, p99 {_us(f['manager_step_p99_seconds'])}; "
+            f"{f['manager_ns_per_token']:.1f} ns/token",
+        ),
+        (
+            "wall time",
+            f"{f['wall_seconds']:.3f} s; per step {_us(f['wall_step_mean_seconds'])} "
+            f"(manager {f['manager_seconds'] / max(f['wall_seconds'], 1e-12):.1%})",
+        ),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+_SWEEP_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    # header, key, format
+    ("block", "block_size", "d"),
+    ("blocks", "num_blocks", "d"),
+    ("hash", "hash_algo", "s"),
+    ("hit rate", "prefix_hit_rate", ".2%"),
+    ("peak use", "peak_usage", ".1%"),
+    ("mean use", "mean_usage", ".1%"),
+    ("frag", "fragmentation", ".2%"),
+    ("evictions", "evictions", "d"),
+    ("preempt", "preemptions", "d"),
+    ("cow", "cow_copies", "d"),
+    ("steps", "num_steps", "d"),
+    ("mgr us/step", "manager_step_mean_seconds", "us"),
+    ("p99 us", "manager_step_p99_seconds", "us"),
+    ("ns/token", "manager_ns_per_token", ".1f"),
+    ("wall s", "wall_seconds", ".2f"),
+)
+
+
+def sweep_table(runs: Sequence[dict[str, Any]]) -> str:
+    """One row per run of a sweep, the columns that differ between options side by side."""
+
+    def cell(f: dict[str, Any], key: str, fmt: str) -> str:
+        if fmt == "us":
+            return f"{f[key] * 1e6:.1f}"
+        return format(f[key], fmt)
+
+    table = [[h for h, _, _ in _SWEEP_COLUMNS]]
+    table += [[cell(f, k, fmt) for _, k, fmt in _SWEEP_COLUMNS] for f in runs]
+    widths = [max(len(row[i]) for row in table) for i in range(len(_SWEEP_COLUMNS))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def write_json(path: str | Path, runs: Sequence[dict[str, Any]]) -> None:
+    """One run: its figures at the top level; a sweep: `{"runs": [...]}`."""
+    doc: dict[str, Any] = dict(runs[0]) if len(runs) == 1 else {"runs": list(runs)}
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+
+__all__ = ["figures", "summary_table", "sweep_table", "write_json"]
