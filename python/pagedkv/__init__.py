@@ -12,6 +12,8 @@ Python surface around it. `import pagedkv` needs numpy only.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pagedkv._core import __version__, hash_blocks
 from pagedkv.alloc_status import AllocStatus
 from pagedkv.config import BlockManagerConfig
@@ -27,6 +29,22 @@ from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from pagedkv.manager import BlockManager
 from pagedkv.stats import Stats
 
+# The GPU pool and its kernels need torch (and cupy on "cuda"): imported on first use only,
+# so that `import pagedkv` stays numpy-only.
+if TYPE_CHECKING:
+    from pagedkv.pool import KVCachePool, paged_decode_attention, swap_blocks
+
+_POOL_NAMES = ("KVCachePool", "paged_decode_attention", "swap_blocks")
+
+
+def __getattr__(name: str) -> object:
+    if name in _POOL_NAMES:
+        from pagedkv import pool
+
+        return getattr(pool, name)
+    raise AttributeError(f"module 'pagedkv' has no attribute {name!r}")
+
+
 __all__ = [
     "AllBlocksCleared",
     "AllocStatus",
@@ -37,6 +55,7 @@ __all__ = [
     "DuplicateSequenceError",
     "InvalidArgumentError",
     "InvariantError",
+    "KVCachePool",
     "KVEvent",
     "PagedKVError",
     "SequenceSwappedError",
@@ -44,4 +63,6 @@ __all__ = [
     "UnknownSequenceError",
     "__version__",
     "hash_blocks",
+    "paged_decode_attention",
+    "swap_blocks",
 ]

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# GPU check for the machine with a GPU (one H200): runs every GPU test, then the kernel
+# benchmark, and prints a short table last. Builds nothing: run it in a checkout where
+# pagedkv is already installed (the prebuilt abi3 wheel) with torch and cupy-cuda13x.
+# Budget: about 5 minutes of tests and benchmark on an H200 (each step has a timeout).
+#   bash benches/gpu_check.sh            (from anywhere; writes benches/results/ or $OUT)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+export CUPY_CACHE_DIR="${CUPY_CACHE_DIR:-/tmp/pagedkv-cupy-cache}"
+RESULTS="${OUT:-benches/results}"
+mkdir -p "$RESULTS"
+STAMP="$(date -u +%Y%m%d-%H%M)"
+
+echo "=== device"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
+timeout 60 "$PY" -c "import torch, cupy, pagedkv; print('torch', torch.__version__, 'cupy', cupy.__version__, 'cuda', torch.cuda.is_available(), 'pagedkv', pagedkv.__version__)"
+
+echo "=== GPU tests (pytest -m gpu)"
+timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu -rs \
+    tests/test_kernels.py tests/test_kernels_e2e.py 2>&1 | tee "$RESULTS/gpu-tests-$STAMP.log" | tail -25
+rc_tests=${PIPESTATUS[0]}
+
+echo "=== benchmark"
+timeout 300 "$PY" benches/gpu_bench.py --out "$RESULTS/gpu-bench-$STAMP.md" > "$RESULTS/gpu-bench-$STAMP.log" 2>&1
+rc_bench=$?
+tail -n 30 "$RESULTS/gpu-bench-$STAMP.log"
+
+echo
+echo "=== summary: tests rc=$rc_tests, benchmark rc=$rc_bench"
+[ -f "$RESULTS/gpu-bench-$STAMP.md" ] && cat "$RESULTS/gpu-bench-$STAMP.md"
+[ "$rc_tests" -eq 0 ] && [ "$rc_bench" -eq 0 ]

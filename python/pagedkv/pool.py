@@ -1,0 +1,511 @@
+"""The KV pool: one preallocated buffer for every layer's K and V blocks, and the kernels
+that work on it.
+
+``KVCachePool(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device)``
+allocates one torch tensor ``[num_layers, 2, num_blocks, block_size, num_kv_heads,
+head_dim]``; ``key(layer)``/``value(layer)`` are contiguous views ``[num_blocks,
+block_size, num_kv_heads, head_dim]`` (the "flash" layout of vLLM and FlashInfer). On
+``device="cuda"`` the operations launch the CuPy kernels of ``kernels/*.cu`` on torch's
+current stream; on ``device="cpu"`` they run the torch reference ops of
+:mod:`pagedkv.cpu_ops`. Block ids, slots, tables and pairs come straight from
+:class:`pagedkv.BlockManager` (numpy arrays) or as torch tensors.
+
+Ids given as numpy arrays or CPU tensors are validated on the host (a bad block id or slot
+raises :class:`pagedkv.InvalidArgumentError` and nothing runs) and reach the GPU through
+pinned memory with a non-blocking copy, so no call synchronises with the device. Ids that
+are already CUDA tensors are not validated on the host (that would synchronise); the
+kernels still skip out-of-range ids, so nothing is written outside the pool.
+
+Ordering: every kernel runs on the current torch stream, so work issued before on that
+stream (attention reading a block) completes before a copy that overwrites it, and a block
+freed by the manager can be reused by work issued after.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from pagedkv import cpu_ops, device_ops
+from pagedkv import kernel_loader as K
+from pagedkv.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    import torch
+
+    from pagedkv.kernel_loader import Launcher
+
+__all__ = ["KVCachePool", "paged_decode_attention", "swap_blocks"]
+
+_DTYPE_NAMES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _dtype_name(dtype: Any) -> str:
+    if isinstance(dtype, str):
+        name = _DTYPE_NAMES.get(dtype.lower())
+    else:
+        name = _DTYPE_NAMES.get(str(dtype).removeprefix("torch."))
+    if name is None:
+        raise InvalidArgumentError(f"unsupported dtype {dtype!r}: float16, bfloat16, float32")
+    return name
+
+
+def _positive_int(name: str, v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
+        raise InvalidArgumentError(f"{name} must be a positive integer, got {v!r}")
+    return int(v)
+
+
+def _host_array(x: Any, what: str) -> np.ndarray | None:
+    """The ids as a numpy array when they are on the host (numpy, list, CPU tensor), else
+    None (a device tensor: not validated, to avoid a synchronisation)."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        if x.device.type != "cpu":
+            return None
+        x = x.numpy()
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu" and a.size:
+        raise InvalidArgumentError(f"{what} must hold integers, got dtype {a.dtype}")
+    return a
+
+
+class KVCachePool:
+    """Preallocated paged KV cache for all layers (see the module docstring).
+
+    ``launcher`` (tests only) replaces the device's kernel launcher, e.g. with the C++ host
+    harness that runs the CUDA sources on a CPU pool."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: Any = "bfloat16",
+        device: Any = "cuda",
+        *,
+        pin_memory: bool = False,
+        launcher: Launcher | None = None,
+    ) -> None:
+        import torch
+
+        for name, v in (
+            ("num_layers", num_layers),
+            ("num_blocks", num_blocks),
+            ("block_size", block_size),
+            ("num_kv_heads", num_kv_heads),
+            ("head_dim", head_dim),
+        ):
+            _positive_int(name, v)
+        if num_blocks >= 2**31 or num_blocks * block_size >= 2**62:
+            raise InvalidArgumentError("num_blocks too large")
+        self.num_layers = int(num_layers)
+        self.num_blocks = int(num_blocks)
+        self.block_size = int(block_size)
+        self.num_kv_heads = int(num_kv_heads)
+        self.head_dim = int(head_dim)
+        self.dtype_name = _dtype_name(dtype)
+        self.dtype: torch.dtype = getattr(torch, self.dtype_name)
+        dev = torch.device(device)
+        if dev.type == "cuda" and cast("int | None", dev.index) is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        self.device: torch.device = dev
+        shape = (
+            self.num_layers,
+            2,
+            self.num_blocks,
+            self.block_size,
+            self.num_kv_heads,
+            self.head_dim,
+        )
+        pin = pin_memory and self.device.type == "cpu"
+        #: The one allocation: [num_layers, 2 (K, V), num_blocks, block_size, heads, head_dim].
+        self.buffer: torch.Tensor = torch.zeros(
+            shape, dtype=self.dtype, device=self.device, pin_memory=pin
+        )
+        if launcher is None and self.device.type == "cuda":
+            launcher = K.cupy_launcher(self.device.index or 0)
+        self._launcher = launcher
+
+    # ---- sizing -------------------------------------------------------------------------
+
+    @staticmethod
+    def block_bytes(
+        num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: Any
+    ) -> int:
+        """Bytes one block takes across all layers, K and V."""
+        return (
+            2 * num_layers * block_size * num_kv_heads * head_dim * K.ITEMSIZE[_dtype_name(dtype)]
+        )
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.block_bytes(
+            self.num_layers, self.block_size, self.num_kv_heads, self.head_dim, self.dtype_name
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return self.bytes_per_block * self.num_blocks
+
+    @classmethod
+    def from_memory(
+        cls,
+        num_layers: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: Any = "bfloat16",
+        device: Any = "cuda",
+        *,
+        prealloc_ratio: float = 0.9,
+        max_blocks: int | None = None,
+        pin_memory: bool = False,
+        launcher: Launcher | None = None,
+    ) -> KVCachePool:
+        """A pool that takes ``prealloc_ratio`` of the device's free memory (for "cpu": of
+        the available physical memory). ``pool.num_blocks`` says how many blocks it got."""
+        if not 0.0 < prealloc_ratio <= 1.0:
+            raise InvalidArgumentError("prealloc_ratio must be in (0, 1]")
+        import torch
+
+        dev = torch.device(device)
+        if dev.type == "cuda":
+            free, _total = torch.cuda.mem_get_info(dev)
+        else:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        per = cls.block_bytes(num_layers, block_size, num_kv_heads, head_dim, dtype)
+        n = int(free * prealloc_ratio) // per
+        if max_blocks is not None:
+            n = min(n, max_blocks)
+        if n < 1:
+            raise InvalidArgumentError(
+                f"{free} free bytes x {prealloc_ratio} holds no block of {per} bytes"
+            )
+        return cls(
+            num_layers,
+            n,
+            block_size,
+            num_kv_heads,
+            head_dim,
+            dtype,
+            dev,
+            pin_memory=pin_memory,
+            launcher=launcher,
+        )
+
+    def swap_pool(self, num_cpu_blocks: int) -> KVCachePool:
+        """A CPU pool of the same layout for swap space (pinned when this pool is on a GPU)."""
+        return KVCachePool(
+            self.num_layers,
+            num_cpu_blocks,
+            self.block_size,
+            self.num_kv_heads,
+            self.head_dim,
+            self.dtype_name,
+            "cpu",
+            pin_memory=self.device.type == "cuda",
+        )
+
+    def warmup(self) -> None:
+        """Compile (or load from CuPy's disk cache) every kernel now, not on a request."""
+        launcher = self._launcher
+        warm = getattr(launcher, "warmup", None)
+        if warm is not None:
+            warm()
+
+    def __repr__(self) -> str:
+        return (
+            f"KVCachePool(num_layers={self.num_layers}, num_blocks={self.num_blocks}, "
+            f"block_size={self.block_size}, num_kv_heads={self.num_kv_heads}, "
+            f"head_dim={self.head_dim}, dtype={self.dtype_name}, device={self.device}, "
+            f"{self.nbytes / 2**20:.1f} MiB)"
+        )
+
+    # ---- views --------------------------------------------------------------------------
+
+    def _check_layer(self, layer: int) -> int:
+        if isinstance(layer, bool) or not isinstance(layer, int | np.integer):
+            raise InvalidArgumentError(f"layer must be an integer, got {layer!r}")
+        if not 0 <= layer < self.num_layers:
+            raise InvalidArgumentError(f"layer {layer!r} out of range 0..{self.num_layers - 1}")
+        return int(layer)
+
+    def key(self, layer: int) -> torch.Tensor:
+        """K of one layer: ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
+        return self.buffer[self._check_layer(layer), 0]
+
+    def value(self, layer: int) -> torch.Tensor:
+        """V of one layer: ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
+        return self.buffer[self._check_layer(layer), 1]
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def _ids(self, a: np.ndarray | None, x: Any, dtype: Any) -> torch.Tensor:
+        """Ids as a contiguous tensor of ``dtype`` on the pool's device, without a sync."""
+        import torch
+
+        if a is None:  # already a device tensor
+            t: torch.Tensor = x.to(device=self.device, dtype=dtype).contiguous()
+            return t
+        t = torch.from_numpy(np.ascontiguousarray(a)).to(dtype)
+        if self.device.type == "cuda":
+            t = t.pin_memory().to(self.device, non_blocking=True)
+        return t
+
+    def _check_tensor(self, t: Any, what: str, shape: tuple[int | None, ...]) -> None:
+        import torch
+
+        if not isinstance(t, torch.Tensor):
+            raise InvalidArgumentError(f"{what} must be a torch tensor")
+        if t.dtype != self.dtype:
+            raise InvalidArgumentError(f"{what} has dtype {t.dtype}, the pool {self.dtype}")
+        if t.device != self.device:
+            raise InvalidArgumentError(f"{what} is on {t.device}, the pool on {self.device}")
+        if t.dim() != len(shape) or any(
+            s is not None and d != s for d, s in zip(t.shape, shape, strict=True)
+        ):
+            want = ", ".join("*" if s is None else str(s) for s in shape)
+            raise InvalidArgumentError(f"{what} has shape {tuple(t.shape)}, expected [{want}]")
+
+    def _check_tables(
+        self, bt: np.ndarray | None, lens: np.ndarray | None, batch: int, what: str
+    ) -> None:
+        """Every block a sequence of length lens[i] uses must be a valid id."""
+        if bt is None or lens is None:
+            return
+        if bt.ndim != 2 or bt.shape[0] != batch:
+            raise InvalidArgumentError(f"block_tables must be [{batch}, max_blocks]")
+        if lens.size and (lens.min() < 0 or lens.max() > bt.shape[1] * self.block_size):
+            raise InvalidArgumentError(f"{what} must be in 0..max_blocks * block_size")
+        used = np.arange(bt.shape[1])[None, :] < -(-lens[:, None] // self.block_size)
+        ids = bt[used]
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_blocks):
+            raise InvalidArgumentError(f"block_tables hold ids outside 0..{self.num_blocks - 1}")
+
+    # ---- operations ---------------------------------------------------------------------
+
+    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: Any) -> None:
+        """Store new tokens' K and V (``[tokens, num_kv_heads, head_dim]``, any token/head
+        strides) in their slots (int64 ``slot_mapping``, -1 = skip this token)."""
+        layer = self._check_layer(layer)
+        shape = (None, self.num_kv_heads, self.head_dim)
+        self._check_tensor(key, "key", shape)
+        self._check_tensor(value, "value", (key.shape[0], *shape[1:]))
+        a = _host_array(slot_mapping, "slot_mapping")
+        n = key.shape[0]
+        if a is not None:
+            if a.shape != (n,):
+                raise InvalidArgumentError(f"slot_mapping must have shape ({n},)")
+            num_slots = self.num_blocks * self.block_size
+            if a.size and (a.min() < -1 or a.max() >= num_slots):
+                raise InvalidArgumentError(f"slots must be -1 or in 0..{num_slots - 1}")
+            valid = a[a >= 0]
+            if np.unique(valid).size != valid.size:
+                raise InvalidArgumentError("slot_mapping holds a slot twice")
+        import torch
+
+        slots = self._ids(a, slot_mapping, torch.int64)
+        kc, vc = self.key(layer), self.value(layer)
+        if self._launcher is None:
+            cpu_ops.write(kc, vc, key, value, slots)
+            return
+        if key.stride(-1) != 1:
+            key = key.contiguous()
+        if value.stride(-1) != 1:
+            value = value.contiguous()
+        device_ops.write(self._launcher, self.dtype_name, kc, vc, key, value, slots)
+
+    def gather(
+        self, layer: int, block_tables: Any, cu_seq_lens: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Paged to contiguous: ``(key, value)``, each ``[cu_seq_lens[-1], num_kv_heads,
+        head_dim]``; rows ``cu_seq_lens[i] .. cu_seq_lens[i+1]`` are sequence i's first
+        tokens, read through ``block_tables[i]`` (int32 ``[batch, max_blocks]``, padding
+        beyond a sequence's blocks is never read). A device ``cu_seq_lens`` costs one
+        synchronisation (its last entry sizes the output); pass it on the host to avoid it."""
+        layer = self._check_layer(layer)
+        import torch
+
+        cu = _host_array(cu_seq_lens, "cu_seq_lens")
+        bt = _host_array(block_tables, "block_tables")
+        if cu is not None:
+            if cu.ndim != 1 or cu.size < 1 or cu[0] != 0 or np.any(np.diff(cu) < 0):
+                raise InvalidArgumentError("cu_seq_lens must start at 0 and not decrease")
+            total = int(cu[-1])
+            batch = cu.size - 1
+            self._check_tables(bt, np.diff(cu), batch, "sequence lengths")
+        else:
+            total = int(cu_seq_lens[-1].item())
+            batch = int(cu_seq_lens.shape[0]) - 1
+        if total >= 2**31:
+            raise InvalidArgumentError("too many tokens for one gather")
+        if batch == 0:
+            empty = torch.empty((0, self.num_kv_heads, self.head_dim), dtype=self.dtype)
+            return empty.to(self.device), empty.to(self.device)
+        tables = self._ids(bt, block_tables, torch.int32)
+        cus = self._ids(cu, cu_seq_lens, torch.int32)
+        kc, vc = self.key(layer), self.value(layer)
+        if self._launcher is None:
+            return cpu_ops.gather(kc, vc, tables, cus)
+        return device_ops.gather(self._launcher, self.dtype_name, kc, vc, tables, cus, total)
+
+    def _check_pairs(self, a: np.ndarray | None, src_blocks: int, dst_blocks: int) -> None:
+        if a is None:
+            return
+        if a.ndim != 2 or a.shape[1] != 2:
+            if a.size == 0:
+                return
+            raise InvalidArgumentError("pairs must have shape (k, 2)")
+        if a.size == 0:
+            return
+        src, dst = a[:, 0], a[:, 1]
+        if src.min() < 0 or src.max() >= src_blocks or dst.min() < 0 or dst.max() >= dst_blocks:
+            raise InvalidArgumentError("pairs hold a block id out of range")
+        if np.unique(dst).size != dst.size:
+            raise InvalidArgumentError("pairs copy into the same block twice")
+
+    def copy_blocks(self, pairs: Any) -> None:
+        """Copy-on-write: for each ``(src, dst)`` (the manager's ``append``/``append_batch``
+        pairs, ``(k, 2)``), block dst of every layer, K and V, becomes a copy of block src.
+        One launch; no synchronisation."""
+        a = _host_array(pairs, "pairs")
+        self._check_pairs(a, self.num_blocks, self.num_blocks)
+        if a is not None:
+            if a.size == 0:
+                return
+            a = a.reshape(-1, 2)
+            if np.intersect1d(a[:, 0], a[:, 1]).size:
+                raise InvalidArgumentError("a block is both a source and a destination")
+        import torch
+
+        p = self._ids(a, pairs, torch.int32).reshape(-1, 2)
+        if self._launcher is None:
+            cpu_ops.copy_blocks(self.buffer, p)
+            return
+        device_ops.copy_blocks(self._launcher, self.buffer, self.buffer, p)
+
+
+def _same_layout(a: KVCachePool, b: KVCachePool) -> bool:
+    return (a.num_layers, a.block_size, a.num_kv_heads, a.head_dim, a.dtype) == (
+        b.num_layers,
+        b.block_size,
+        b.num_kv_heads,
+        b.head_dim,
+        b.dtype,
+    )
+
+
+def swap_blocks(src_pool: KVCachePool, dst_pool: KVCachePool, pairs: Any) -> None:
+    """Copy block ``src`` of ``src_pool`` to block ``dst`` of ``dst_pool`` for each pair
+    ``(src, dst)`` (the manager's ``swap_out`` pairs ``(gpu, cpu)`` with (gpu pool, cpu
+    pool), its ``swap_in`` pairs ``(cpu, gpu)`` with (cpu pool, gpu pool)), every layer, K and
+    V. Between a GPU pool and a pinned CPU pool this is one kernel launch on the current
+    stream that reads or writes the pinned memory through the device's mapping of it; the
+    caller must not touch the CPU blocks until the stream has passed it (swap-in) or use
+    the GPU blocks again before the copy has read them (swap-out: stream order does it)."""
+    if not _same_layout(src_pool, dst_pool):
+        raise InvalidArgumentError("swap between pools of different layouts")
+    a = _host_array(pairs, "pairs")
+    src_pool._check_pairs(a, src_pool.num_blocks, dst_pool.num_blocks)
+    if a is not None and a.size == 0:
+        return
+    gpu = next((p for p in (src_pool, dst_pool) if p.device.type == "cuda"), None)
+    home = gpu or src_pool
+    if gpu is not None:
+        for pl in (src_pool, dst_pool):
+            if pl.device.type == "cpu" and not pl.buffer.is_pinned():
+                raise InvalidArgumentError("the CPU pool of a GPU swap must be pinned")
+            if pl.device.type == "cuda" and pl.device != gpu.device:
+                raise InvalidArgumentError("swap between two GPUs is not supported")
+    import torch
+
+    p = home._ids(a.reshape(-1, 2) if a is not None else None, pairs, torch.int32).reshape(-1, 2)
+    launcher = home._launcher
+    if launcher is None:
+        cpu_ops.swap(src_pool.buffer, dst_pool.buffer, p)
+        return
+    device_ops.copy_blocks(launcher, src_pool.buffer, dst_pool.buffer, p)
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    pool: KVCachePool,
+    layer: int,
+    block_tables: Any,
+    seq_lens: Any,
+    scale: float | None = None,
+    *,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Attention of one query token per sequence (``q [batch, num_heads, head_dim]``,
+    num_heads a multiple of the pool's num_kv_heads) over its first ``seq_lens[i]`` tokens
+    in the pool, through ``block_tables[i]``. Softmax in fp32 with ``scale`` (default
+    ``head_dim ** -0.5``); split-KV for long sequences. Returns ``[batch, num_heads,
+    head_dim]`` in q's dtype (0 for a sequence of length 0). On a GPU, head_dim must be 64,
+    128 or 256. ``max_seq_len`` spares a synchronisation when seq_lens is a device tensor;
+    ``num_splits`` forces the split count."""
+    layer = pool._check_layer(layer)
+    pool._check_tensor(q, "q", (None, None, pool.head_dim))
+    batch, num_heads, dim = q.shape
+    if num_heads % pool.num_kv_heads:
+        raise InvalidArgumentError(
+            f"num_heads {num_heads} is not a multiple of num_kv_heads {pool.num_kv_heads}"
+        )
+    if pool._launcher is not None and dim not in K.DECODE_HEAD_DIMS:
+        raise InvalidArgumentError(f"head_dim {dim} not supported (64, 128, 256)")
+    if batch >= 65536:
+        raise InvalidArgumentError("batch must be below 65536")
+    import torch
+
+    lens = _host_array(seq_lens, "seq_lens")
+    bt = _host_array(block_tables, "block_tables")
+    if lens is not None:
+        if lens.shape != (batch,):
+            raise InvalidArgumentError(f"seq_lens must have shape ({batch},)")
+        pool._check_tables(bt, lens, batch, "seq_lens")
+        max_len = int(lens.max()) if lens.size else 0
+    else:
+        max_len = max_seq_len if max_seq_len is not None else int(seq_lens.max().item())
+    if scale is None:
+        scale = cpu_ops.default_scale(dim)
+    if batch == 0:
+        return torch.empty((0, num_heads, dim), dtype=q.dtype, device=q.device)
+    tables = pool._ids(bt, block_tables, torch.int32)
+    sl = pool._ids(lens, seq_lens, torch.int32)
+    kc, vc = pool.key(layer), pool.value(layer)
+    if pool._launcher is None:
+        return cpu_ops.paged_decode_attention(q, kc, vc, tables, sl, scale)
+    return device_ops.paged_decode_attention(
+        pool._launcher,
+        pool.dtype_name,
+        q,
+        kc,
+        vc,
+        tables,
+        sl,
+        max_len,
+        float(scale),
+        num_splits,
+    )
