@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check for the machine with a GPU (one H200): runs every GPU test, then the kernel
-# benchmark, and prints a short table last. Builds nothing: run it in a checkout where
+# benchmark and the manager's thread-scaling benchmark, and prints short tables last. Builds nothing: run it in a checkout where
 # pagedkv is already installed (the prebuilt abi3 wheel) with torch and cupy-cuda13x.
 # Budget: about 5 minutes of tests and benchmark on an H200 (each step has a timeout).
 #   bash benches/gpu_check.sh            (from anywhere; writes benches/results/ or $OUT)
@@ -26,7 +26,13 @@ timeout 300 "$PY" benches/gpu_bench.py --out "$RESULTS/gpu-bench-$STAMP.md" > "$
 rc_bench=$?
 tail -n 30 "$RESULTS/gpu-bench-$STAMP.log"
 
+echo "=== thread scaling of the block manager (16 cores)"
+timeout 120 "$PY" benches/test_bench_threads.py --threads 1 2 4 8 16 \
+    --out "$RESULTS/thread_scaling-$STAMP.md" > "$RESULTS/thread_scaling-$STAMP.log" 2>&1
+rc_threads=$?
+
 echo
-echo "=== summary: tests rc=$rc_tests, benchmark rc=$rc_bench"
+echo "=== summary: tests rc=$rc_tests, benchmark rc=$rc_bench, threads rc=$rc_threads"
+[ -f "$RESULTS/thread_scaling-$STAMP.md" ] && cat "$RESULTS/thread_scaling-$STAMP.md"
 [ -f "$RESULTS/gpu-bench-$STAMP.md" ] && cat "$RESULTS/gpu-bench-$STAMP.md"
-[ "$rc_tests" -eq 0 ] && [ "$rc_bench" -eq 0 ]
+[ "$rc_tests" -eq 0 ] && [ "$rc_bench" -eq 0 ] && [ "$rc_threads" -eq 0 ]

@@ -10,8 +10,6 @@ real batch). Target: under 20 us, and at least 20x faster than the reference.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -294,85 +292,3 @@ def test_simulate_full(benchmark: Any, impl: str, new_manager: Any, record: Any)
 
     benchmark.pedantic(run_workload, setup=setup, rounds=_rounds(impl, 5, 1))
     record(benchmark, group, impl)
-
-
-# --------------------------------------------------------------------------------------------
-# thread scaling (Rust manager only: the reference is not meant for concurrent use)
-
-
-class _Crew:
-    """N persistent threads that each run `work(thread_index)` once per round."""
-
-    def __init__(self, n: int, work: Callable[[int], None]) -> None:
-        self._go = threading.Barrier(n + 1, timeout=120)
-        self._done = threading.Barrier(n + 1, timeout=120)
-        self._stop = False
-        self._errors: list[BaseException] = []
-        self._work = work
-        self._threads = [threading.Thread(target=self._loop, args=(i,)) for i in range(n)]
-        for t in self._threads:
-            t.start()
-
-    def _loop(self, i: int) -> None:
-        while True:
-            self._go.wait()
-            if self._stop:
-                return
-            try:
-                self._work(i)
-            except BaseException as exc:  # reported by round()
-                self._errors.append(exc)
-            self._done.wait()
-
-    def round(self) -> None:
-        self._go.wait()
-        self._done.wait()
-        if self._errors:
-            raise self._errors[0]
-
-    def close(self) -> None:
-        self._stop = True
-        self._go.wait()
-        for t in self._threads:
-            t.join()
-
-
-@pytest.mark.parametrize("threads", [1, 2, 4, 8, 16])
-def test_thread_scaling(benchmark: Any, threads: int) -> None:
-    """N threads on one manager, each: allocate 64 sequences, 32 decode steps, free them.
-
-    Work per thread is fixed, so perfect scaling keeps the time per round flat as N grows (up
-    to the number of cores). Batches of 64 are large enough for append_batch and free_batch to
-    release the GIL, so the Rust core runs on several threads at once.
-    """
-    benchmark.group = "threads: per thread 64 seqs x (allocate + 32 append_batch + free)"
-    per, steps = 64, 32
-    m = BlockManager(16384, B)
-    rng = np.random.default_rng(6)
-    prompts = [
-        [np.asarray(_tokens(rng, 64 + j), dtype=np.uint32) for j in range(per)]
-        for _ in range(threads)
-    ]
-    id_sets = [np.arange(t * 1000, t * 1000 + per, dtype=np.int64) for t in range(threads)]
-    tok = np.ones(per, dtype=np.int64)
-
-    def work(t: int) -> None:
-        ids = id_sets[t]
-        for j, s in enumerate(ids.tolist()):
-            if m.allocate(s, prompts[t][j]) is None:
-                raise RuntimeError("pool too small for the benchmark")
-        for _ in range(steps):
-            if m.append_batch(ids, tok) is None:
-                raise RuntimeError("pool too small for the benchmark")
-        m.free_batch(ids)
-
-    crew = _Crew(threads, work)
-    try:
-        benchmark.pedantic(crew.round, rounds=20, warmup_rounds=1)
-    finally:
-        crew.close()
-    benchmark.extra_info["tokens_per_round"] = sum(len(p) for ps in prompts for p in ps) + (
-        threads * per * steps
-    )
-    m.check_invariants()
-    assert len(m) == 0

@@ -24,6 +24,7 @@ import pytest
 from pagedkv import (
     BlockManager,
     DuplicateSequenceError,
+    SequenceSwappedError,
     UnknownSequenceError,
     hash_blocks,
 )
@@ -488,4 +489,140 @@ def test_two_threads_racing_on_one_id(op: str) -> None:
     if op == "free":
         m.free(rounds + 1)
     assert len(m) == 1
+    m.check_invariants()
+
+
+# ------------------------------------------------------------------ 16 threads, audited rounds
+
+
+def test_sixteen_threads_in_audited_rounds() -> None:
+    """16 threads, 6 rounds of 250 random operations each; between rounds (all threads at a
+    barrier) the manager's own audit and the independent audit from Python both run."""
+    threads, rounds, ops = 16, 6, 250
+    m = BlockManager(480, B, num_cpu_blocks=128)
+    shared = _shared_prompts(11)
+    workers = [_Worker(m, t, 11, shared, max_seqs=10) for t in range(threads)]
+    audits = 0
+    for _ in range(rounds):
+        _run_threads(threads, lambda i: workers[i].run(ops))
+        _check_final_state(m, workers)
+        audits += 1
+    st = m.stats()
+    assert audits == rounds
+    assert sum(w.ooms for w in workers) > 0, "the pool must run out"
+    assert st.prefix_hits > 0 and st.evictions > 0 and st.cow_copies > 0, st
+    assert st.swapped_out_blocks > 0 and st.swapped_in_blocks > 0, st
+
+
+# ------------------------------------------------------------------ many threads, same sequences
+
+
+def test_threads_on_the_same_sequences_get_results_or_clear_errors() -> None:
+    """8 threads hammer the same 6 sequence ids with every operation. Each call returns a
+    correct result or raises a documented error (unknown, duplicate, swapped); afterwards
+    every surviving table is intact: its digests are those of its tokens, which are the
+    prompt followed by appended 7s (every thread appends the same token), so a torn or lost
+    append would show."""
+    m = BlockManager(200, B, num_cpu_blocks=64)
+    prompt = list(range(1000, 1000 + 2 * B + 3))
+    ids = list(range(6))
+    documented = (UnknownSequenceError, DuplicateSequenceError, SequenceSwappedError)
+    counts = [0, 0]  # results, documented errors
+
+    def hammer(t: int) -> None:
+        rng = random.Random(t)
+        ok = errors = 0
+        for _ in range(600):
+            sid = rng.choice(ids)
+            op = rng.randrange(8)
+            try:
+                if op == 0:
+                    m.allocate(sid, prompt)
+                elif op == 1:
+                    m.append(sid, [7] * rng.randint(1, 5))
+                elif op == 2:
+                    m.append_batch([sid, (sid + 1) % 6], [7, 7])
+                elif op == 3:
+                    m.fork(sid, rng.choice(ids))
+                elif op == 4:
+                    m.free(sid)
+                elif op == 5:
+                    m.swap_out(sid)
+                elif op == 6:
+                    m.swap_in(sid)
+                else:
+                    m.block_tables([sid]), m.slot_mapping([sid], 1)
+                ok += 1
+            except documented:
+                errors += 1
+        counts[0] += ok
+        counts[1] += errors
+
+    _run_threads(8, hammer)
+    m.check_invariants()
+    assert counts[0] > 500 and counts[1] > 500, counts
+    for sid in ids:
+        if sid not in m:
+            continue
+        n = m.num_tokens(sid)
+        tokens = prompt + [7] * (n - len(prompt))
+        assert m.block_hashes(sid) == hash_blocks(tokens, B), f"sequence {sid} is torn"
+        if not m.is_swapped(sid):
+            assert len(m.block_table(sid)) >= _cdiv(n, B)
+    m.free_batch([s for s in ids if s in m])
+    m.check_invariants()
+    assert m.stats().used_blocks == 0
+
+
+# ------------------------------------------------------------------ the GIL is released
+
+
+@pytest.mark.parametrize("call", ["append_batch", "free_batch", "allocate_long"])
+def test_a_python_thread_runs_during_a_long_batch_call(call: str) -> None:
+    """While one thread is inside a long batch call, a thread spinning in Python keeps
+    running: the call released the GIL. With the GIL held, the spinner could not take a
+    single step in the middle of the call."""
+    import time
+
+    n = 200_000
+    m = BlockManager(n + 400_000, B, enable_prefix_caching=call == "allocate_long")
+    ids = np.arange(n, dtype=np.int64)
+    if call != "allocate_long":
+        for s in range(n):
+            m.allocate(s, [s & 0xFFFF, 1, 2, 3])  # full blocks: each append needs a new one
+    long_prompt = np.arange(B * 300_000, dtype=np.uint32)
+
+    def work() -> None:
+        if call == "append_batch":
+            assert m.append_batch(ids, np.ones(n, dtype=np.int64)) is not None
+        elif call == "free_batch":
+            m.free_batch(ids)
+        else:
+            assert m.allocate(10**9, long_prompt) == 0
+
+    stamps: list[float] = []
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            stamps.append(time.perf_counter())
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
+    spinner = threading.Thread(target=spin)
+    try:
+        spinner.start()
+        while len(stamps) < 1000:
+            time.sleep(0.001)
+        t0 = time.perf_counter()
+        work()
+        t1 = time.perf_counter()
+    finally:
+        stop.set()
+        spinner.join()
+        sys.setswitchinterval(old)
+    d = t1 - t0
+    middle = [s for s in stamps if t0 + 0.25 * d <= s <= t0 + 0.75 * d]
+    assert d > 0.005, f"the call took only {d * 1e3:.1f} ms: too short to show anything"
+    assert len(middle) > 10, f"the spinner made {len(middle)} steps in a {d * 1e3:.0f} ms call"
     m.check_invariants()

@@ -38,6 +38,12 @@ impl BlockManager {
                     "sequence {id} has {} digests for {ntok} tokens",
                     seq.digests.len()
                 );
+                let tags = if self.tagger.is_some() { ntok / bs } else { 0 };
+                ensure!(
+                    seq.tags.len() == tags,
+                    "sequence {id} has {} tags, expected {tags}",
+                    seq.tags.len()
+                );
             } else {
                 ensure!(
                     seq.digests.is_empty(),
@@ -87,79 +93,7 @@ impl BlockManager {
             }
         }
 
-        // Block states against the references.
-        let (mut free, mut cached) = (0, 0);
-        for (b, &r) in refs.iter().enumerate() {
-            let w = self.gpu.state(b as u32).load();
-            ensure!(
-                w.rc() == r,
-                "block {b} has rc {} but {r} tables hold it",
-                w.rc()
-            );
-            free += usize::from(w.is_free());
-            cached += usize::from(w.is_cached());
-        }
-
-        // The free stack holds exactly the FREE blocks.
-        let stack = self.gpu.free_snapshot();
-        ensure!(
-            stack.len() == free,
-            "free stack has {} ids, {free} blocks are FREE",
-            stack.len()
-        );
-        let mut seen = vec![false; n];
-        for &b in &stack {
-            ensure!(!seen[b as usize], "block {b} is on the free stack twice");
-            seen[b as usize] = true;
-            ensure!(
-                self.gpu.state(b).load().is_free(),
-                "block {b} on the free stack is not FREE"
-            );
-        }
-
-        // The LRU queue has one live record per CACHED block.
-        let mut live = vec![false; n];
-        for e in self.gpu.lru_snapshot() {
-            if self.gpu.lru_entry_is_live(&e) {
-                ensure!(
-                    !live[e.block as usize],
-                    "block {} is queued live twice",
-                    e.block
-                );
-                live[e.block as usize] = true;
-            }
-        }
-        let live_count = live.iter().filter(|&&l| l).count();
-        ensure!(
-            live_count == cached,
-            "{live_count} live LRU records for {cached} CACHED blocks"
-        );
-
-        // The index holds exactly the hashed blocks, once each, in the right bucket, under
-        // the digests their holders expect.
-        let index = self.gpu.index_snapshot();
-        let mut indexed = vec![false; n];
-        for &(b, in_place) in &index {
-            ensure!((b as usize) < n, "index entry names block {b} out of range");
-            ensure!(
-                self.gpu.state(b).load().hashed(),
-                "index entry names unhashed block {b}"
-            );
-            ensure!(
-                in_place,
-                "index entry for block {b} has the wrong bucket or tag"
-            );
-            ensure!(!indexed[b as usize], "block {b} is in the index twice");
-            indexed[b as usize] = true;
-        }
-        let hashed = (0..n as u32)
-            .filter(|&b| self.gpu.state(b).load().hashed())
-            .count();
-        ensure!(
-            hashed == index.len(),
-            "{hashed} hashed blocks but {} index entries",
-            index.len()
-        );
+        let indexed = self.gpu.audit(&refs)?;
         for (id, seq) in &guards {
             for (i, &b) in seq.blocks.iter().enumerate() {
                 if indexed[b as usize] {
@@ -168,38 +102,13 @@ impl BlockManager {
                         expected.is_some_and(|d| self.gpu.index_holds(b, d)),
                         "block {b} is cached under another digest than sequence {id} expects at {i}"
                     );
+                    ensure!(
+                        self.gpu.index_tag_is(b, seq.tag(i)),
+                        "block {b} is cached under another tag than sequence {id} expects at {i}"
+                    );
                 }
             }
         }
-        // Live LRU records carry the digest their block is indexed under.
-        for e in self.gpu.lru_snapshot() {
-            if self.gpu.lru_entry_is_live(&e) {
-                ensure!(
-                    self.gpu.index_holds(e.block, &e.digest),
-                    "LRU record of block {} has a wrong digest",
-                    e.block
-                );
-            }
-        }
-
-        // Counters.
-        ensure!(
-            self.gpu.num_free() == free,
-            "free count {} but {free} FREE blocks",
-            self.gpu.num_free()
-        );
-        ensure!(
-            self.gpu.num_cached() == cached,
-            "cached count {} but {cached} CACHED",
-            self.gpu.num_cached()
-        );
-        ensure!(
-            self.gpu.num_available() == free + cached,
-            "available {} but FREE + CACHED = {}",
-            self.gpu.num_available(),
-            free + cached
-        );
-
         // CPU space: every block free or held by one swapped sequence.
         let cpu_free = self.cpu.free_snapshot();
         ensure!(

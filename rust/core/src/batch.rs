@@ -151,7 +151,10 @@ impl BlockManager {
             )));
         }
         let bs = self.block_size();
-        let mut out = Vec::with_capacity(counts.iter().sum());
+        // Counts are not validated yet: an absurd one must not size the allocation (nor
+        // overflow the sum), so the hint is saturated and capped.
+        let hint = counts.iter().fold(0usize, |a, &c| a.saturating_add(c));
+        let mut out = Vec::with_capacity(hint.min(1 << 16));
         let mut k = 0;
         self.read_each(ids, |id, seq| {
             let n = seq.tokens.len();

@@ -10,7 +10,7 @@
 use crate::block_state::{BlockState, Pin, Released};
 use crate::events::{EventLog, KvEvent};
 use crate::free_stack::FreeStack;
-use crate::hashing::Digest;
+use crate::hashing::{Digest, Tag};
 use crate::lru_queue::{Entry, LruQueue};
 use crate::prefix_index::PrefixIndex;
 use crate::sync::{backoff, AtomicU64, AtomicUsize, Ordering};
@@ -47,14 +47,15 @@ pub struct BlockPool {
 }
 
 impl BlockPool {
-    pub fn new(num_blocks: u32, events: bool) -> Self {
+    /// `tagged`: hits are confirmed with a secret tag (see `hit_tag`).
+    pub fn new(num_blocks: u32, events: bool, tagged: bool) -> Self {
         Self {
             states: (0..num_blocks).map(|_| BlockState::new_free()).collect(),
             free: FreeStack::full(num_blocks),
             lru: LruQueue::new(),
             available: AtomicUsize::new(num_blocks as usize),
             cached: AtomicUsize::new(0),
-            index: PrefixIndex::new(num_blocks as usize),
+            index: PrefixIndex::new(num_blocks as usize, tagged),
             events: events.then(EventLog::new),
             evictions: AtomicU64::new(0),
         }
@@ -178,9 +179,10 @@ impl BlockPool {
         w.hashed().then_some(w.rc() == 0)
     }
 
-    /// Take a reference to the block cached under `digest`. Reviving a CACHED block costs one
-    /// unit: from `spare` if the caller reserved some, else reserved here.
-    pub fn pin(&self, digest: &Digest, spare: &mut usize) -> Hit {
+    /// Take a reference to the block cached under `digest` (and `tag`, for a tagged pool).
+    /// Reviving a CACHED block costs one unit: from `spare` if the caller reserved some, else
+    /// reserved here.
+    pub fn pin(&self, digest: &Digest, tag: Option<Tag>, spare: &mut usize) -> Hit {
         let Some(b) = self.index.get(digest) else {
             return Hit::Miss;
         };
@@ -196,8 +198,9 @@ impl BlockPool {
                     }
                     // The lookup compared the digest racily; pinned and hashed, the block's
                     // digest is stable now, so this check is exact. It fails when the block
-                    // was evicted and registered again under other content since the lookup.
-                    if !self.index.holds(b, digest) {
+                    // was evicted and registered again under other content since the lookup,
+                    // or (tagged pool) when another prefix collided on the public digest.
+                    if !self.index.holds(b, digest) || !self.index.tag_is(b, tag) {
                         let own = self.index.stored(b, digest.as_bytes().len());
                         self.release(b, Some(&own));
                         return Hit::Miss;
@@ -222,9 +225,15 @@ impl BlockPool {
 
     /// Make an OWNED, full, unhashed block findable under `digest`, unless another block
     /// already holds that content (then it stays unhashed and is freed, not cached, when released).
-    pub fn register(&self, block: u32, digest: Digest, event: impl FnOnce() -> KvEvent) -> bool {
+    pub fn register(
+        &self,
+        block: u32,
+        digest: Digest,
+        tag: Option<Tag>,
+        event: impl FnOnce() -> KvEvent,
+    ) -> bool {
         let state = self.state(block);
-        self.index.write_digest(block, &digest);
+        self.index.write_digest(block, &digest, tag);
         state.set_hashed();
         if self.index.insert_new(&digest, block) {
             if let Some(log) = &self.events {
@@ -281,6 +290,9 @@ impl BlockPool {
     pub fn index_holds(&self, block: u32, digest: &Digest) -> bool {
         self.index.holds(block, digest)
     }
+    pub fn index_tag_is(&self, block: u32, tag: Option<Tag>) -> bool {
+        self.index.tag_is(block, tag)
+    }
     pub fn lru_entry_is_live(&self, e: &Entry) -> bool {
         self.is_live(e)
     }
@@ -300,7 +312,7 @@ mod tests {
 
     #[test]
     fn admission_is_all_or_nothing() {
-        let pool = BlockPool::new(3, false);
+        let pool = BlockPool::new(3, false, false);
         assert!(!pool.reserve(4));
         assert_eq!(pool.num_available(), 3);
         assert!(pool.reserve(3));
@@ -311,14 +323,14 @@ mod tests {
 
     #[test]
     fn cached_blocks_are_hit_revived_and_evicted_oldest_first() {
-        let pool = BlockPool::new(3, true);
+        let pool = BlockPool::new(3, true, false);
         let ds = digests(2);
         assert!(pool.reserve(3));
         let (a, b, c) = (pool.take(), pool.take(), pool.take());
-        assert!(pool.register(a, ds[0], || KvEvent::AllBlocksCleared));
-        assert!(pool.register(b, ds[1], || KvEvent::AllBlocksCleared));
+        assert!(pool.register(a, ds[0], None, || KvEvent::AllBlocksCleared));
+        assert!(pool.register(b, ds[1], None, || KvEvent::AllBlocksCleared));
         assert!(
-            !pool.register(c, ds[0], || unreachable!()),
+            !pool.register(c, ds[0], None, || unreachable!()),
             "content already cached"
         );
         pool.release(c, None);
@@ -336,9 +348,9 @@ mod tests {
         // A hit on a cached block needs a unit: none spare and none left means NoRoom.
         assert!(pool.reserve(2));
         let mut spare = 0;
-        assert_eq!(pool.pin(&ds[0], &mut spare), Hit::NoRoom);
+        assert_eq!(pool.pin(&ds[0], None, &mut spare), Hit::NoRoom);
         pool.unreserve(2);
-        assert_eq!(pool.pin(&ds[0], &mut spare), Hit::Pinned(a));
+        assert_eq!(pool.pin(&ds[0], None, &mut spare), Hit::Pinned(a));
         assert_eq!(pool.num_available(), 1);
         // Released again, `a` is now newer than `b`: `b` is evicted first.
         pool.release(a, Some(&ds[0]));
@@ -346,7 +358,7 @@ mod tests {
         assert_eq!(pool.take(), b);
         assert_eq!(pool.evictions(), 1);
         assert_eq!(pool.peek(&ds[1]), None, "evicted digests no longer hit");
-        assert_eq!(pool.pin(&ds[1], &mut spare), Hit::Miss);
+        assert_eq!(pool.pin(&ds[1], None, &mut spare), Hit::Miss);
         let events = pool.drain_events();
         assert_eq!(
             events.last(),

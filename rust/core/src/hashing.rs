@@ -8,8 +8,14 @@ use std::hash::{Hash, Hasher};
 pub enum HashAlgo {
     /// SHA-256, 32-byte digests: collision resistant, the default.
     Sha256,
-    /// XXH3-128 (seed 0), 16-byte canonical digests: fast, for trusted tenants only.
+    /// XXH3-128 (seed 0), 16-byte canonical digests: fast and predictable, so hits are
+    /// verified with a secret tag (`docs/security.md`).
     Xxh3_128,
+    /// TEST ONLY: XXH3-128 with all but its first byte zeroed, so that different blocks share
+    /// digests all the time. Hits are verified as for `Xxh3_128`, so this is safe (only slow
+    /// and hit-poor); it exists to prove that a digest collision never serves another
+    /// prompt's KV (`tests/test_collisions.py`, `rust/core/tests/collisions.rs`).
+    Xxh3Trunc8,
 }
 
 impl HashAlgo {
@@ -17,6 +23,7 @@ impl HashAlgo {
         match name {
             "sha256" => Some(Self::Sha256),
             "xxh3_128" => Some(Self::Xxh3_128),
+            "xxh3_128_trunc8_testing" => Some(Self::Xxh3Trunc8),
             _ => None,
         }
     }
@@ -24,10 +31,20 @@ impl HashAlgo {
     pub fn digest_len(self) -> usize {
         match self {
             Self::Sha256 => 32,
-            Self::Xxh3_128 => 16,
+            Self::Xxh3_128 | Self::Xxh3Trunc8 => 16,
         }
     }
+
+    /// Whether an adversary could make two different blocks share a digest, so that a hit
+    /// must be confirmed with a secret tag before it is served.
+    pub fn needs_verified_hits(self) -> bool {
+        self != Self::Sha256
+    }
 }
+
+/// A secret, per-manager chain digest of a full block (`BlockHasher::tag_chain`): what a prefix
+/// hit compares when the public digest is not collision resistant.
+pub type Tag = u128;
 
 /// A block digest: `len` meaningful bytes, the rest zero.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -150,7 +167,7 @@ impl BlockHasher {
                 h.update(extras);
                 Digest::from_slice(&h.finalize())
             }
-            HashAlgo::Xxh3_128 => {
+            HashAlgo::Xxh3_128 | HashAlgo::Xxh3Trunc8 => {
                 let mut h = xxhash_rust::xxh3::Xxh3::new();
                 h.update(MAGIC);
                 h.update(parent.as_bytes());
@@ -160,9 +177,17 @@ impl BlockHasher {
                     h.update(&buf[..n]);
                 }
                 h.update(extras);
-                Digest::from_slice(&h.digest128().to_be_bytes())
+                self.finish_xxh3(h.digest128())
             }
         }
+    }
+
+    fn finish_xxh3(&self, d: u128) -> Digest {
+        let mut bytes = d.to_be_bytes();
+        if self.algo == HashAlgo::Xxh3Trunc8 {
+            bytes[1..].fill(0);
+        }
+        Digest::from_slice(&bytes)
     }
 
     /// Chain digests of every full block of `tokens`.
@@ -184,10 +209,14 @@ impl BlockHasher {
                 parts.iter().for_each(|p| h.update(p));
                 Digest::from_slice(&h.finalize())
             }
-            HashAlgo::Xxh3_128 => {
+            HashAlgo::Xxh3_128 | HashAlgo::Xxh3Trunc8 => {
                 let mut h = xxhash_rust::xxh3::Xxh3::new();
                 parts.iter().for_each(|p| h.update(p));
-                Digest::from_slice(&h.digest128().to_be_bytes())
+                let mut bytes = h.digest128().to_be_bytes();
+                if algo == HashAlgo::Xxh3Trunc8 {
+                    bytes[1..].fill(0);
+                }
+                Digest::from_slice(&bytes)
             }
         }
     }

@@ -4,7 +4,7 @@
 //! epoch), `free_stack` (lock-free LIFO of free ids), `lru_queue` (eviction order of cached
 //! blocks), `prefix_index` (digest -> block, lock-free reads), `block_pool` (the lifecycle
 //! transitions and admission), `cpu_pool` (swap space), `hashing` (chained digests),
-//! `sequence` (a block table), `manager` (the operations), `batch`, `swap`, `audit`,
+//! `hit_tag` (secret tags that confirm hits under a weak hash), `sequence` (a block table), `manager` (the operations), `batch`, `swap`, `audit`,
 //! `events`, `stats`, `config`, `error`.
 //!
 //! Lifecycle of a GPU block (docs/semantics.md): FREE -> OWNED(rc >= 1) -> FREE (unhashed) or
@@ -22,11 +22,13 @@ mod error;
 mod events;
 mod free_stack;
 mod hashing;
+mod hit_tag;
 mod id_hasher;
 #[cfg(all(test, loom))]
 mod loom_models;
 mod lru_queue;
 mod manager;
+mod pool_audit;
 mod prefix_index;
 mod sequence;
 mod stats;
@@ -36,6 +38,6 @@ mod sync;
 pub use config::{Config, MAX_BLOCKS};
 pub use error::{Error, Result};
 pub use events::KvEvent;
-pub use hashing::{encode_extras, BlockHasher, Digest, HashAlgo};
+pub use hashing::{encode_extras, BlockHasher, Digest, HashAlgo, Tag};
 pub use manager::BlockManager;
 pub use stats::{AllocStatus, Stats};

@@ -12,6 +12,7 @@ use crate::cpu_pool::CpuPool;
 use crate::error::{invalid, Error, Result};
 use crate::events::KvEvent;
 use crate::hashing::{encode_extras, BlockHasher, Digest};
+use crate::hit_tag::HitTagger;
 use crate::id_hasher::BuildIdHasher;
 use crate::sequence::Sequence;
 use crate::stats::{AllocStatus, Stats};
@@ -23,6 +24,9 @@ pub(crate) type SeqMap = papaya::HashMap<u64, Arc<Mutex<Sequence>>, BuildIdHashe
 pub struct BlockManager {
     pub(crate) config: Config,
     pub(crate) hasher: BlockHasher,
+    /// Present when the digest is not collision resistant: every hit is then confirmed by a
+    /// secret tag of the whole prefix (`hit_tag`, docs/security.md).
+    pub(crate) tagger: Option<HitTagger>,
     pub(crate) gpu: BlockPool,
     pub(crate) cpu: CpuPool,
     /// Live sequences. A sequence leaves the map before its blocks are released, and is
@@ -40,7 +44,15 @@ impl BlockManager {
         config.validate()?;
         Ok(Self {
             hasher: BlockHasher::new(config.hash_algo, config.hash_seed),
-            gpu: BlockPool::new(config.num_blocks, config.enable_kv_events),
+            tagger: config
+                .hash_algo
+                .needs_verified_hits()
+                .then(HitTagger::random),
+            gpu: BlockPool::new(
+                config.num_blocks,
+                config.enable_kv_events,
+                config.hash_algo.needs_verified_hits(),
+            ),
             cpu: CpuPool::new(config.num_cpu_blocks),
             seqs: papaya::HashMap::builder().hasher(BuildIdHasher).build(),
             counters: Counters::default(),
@@ -100,6 +112,10 @@ impl BlockManager {
         } else {
             Vec::new()
         };
+        let tags = match &self.tagger {
+            Some(t) if self.caching() => t.tag_chain(tokens, bs, &extras),
+            _ => Vec::new(),
+        };
         let max_hits = if self.caching() { (n - 1) / bs } else { 0 };
 
         // Admission from a read-only look at the index: hits on CACHED blocks cost a unit.
@@ -119,8 +135,8 @@ impl BlockManager {
         }
         let mut spare = need;
         let mut seq = Sequence::new(tokens.to_vec(), extras, lora_id);
-        for d in &digests[..peek_hits] {
-            match self.gpu.pin(d, &mut spare) {
+        for (i, d) in digests[..peek_hits].iter().enumerate() {
+            match self.gpu.pin(d, tags.get(i).copied(), &mut spare) {
                 Hit::Pinned(b) => seq.push_block(b),
                 Hit::Miss | Hit::NoRoom => break,
             }
@@ -138,6 +154,7 @@ impl BlockManager {
             seq.push_block(self.gpu.take());
         }
         seq.digests = digests;
+        seq.tags = tags;
         for i in hits..seq.digests.len() {
             self.register(&seq, i);
         }
@@ -154,7 +171,7 @@ impl BlockManager {
         let digest = seq.digests[i];
         let bs = self.block_size();
         self.gpu
-            .register(seq.blocks[i], digest, || KvEvent::BlockStored {
+            .register(seq.blocks[i], digest, seq.tag(i), || KvEvent::BlockStored {
                 block_hash: digest,
                 parent_block_hash: i.checked_sub(1).map(|p| seq.digests[p]),
                 token_ids: seq.tokens[i * bs..(i + 1) * bs].to_vec(),
@@ -226,6 +243,11 @@ impl BlockManager {
                 .hasher
                 .hash_block(&parent, &seq.tokens[i * bs..(i + 1) * bs], &seq.extras);
             seq.digests.push(d);
+            if let Some(t) = &self.tagger {
+                let parent = i.checked_sub(1).map_or_else(|| t.root(), |p| seq.tags[p]);
+                let tag = t.tag_block(parent, &seq.tokens[i * bs..(i + 1) * bs], &seq.extras);
+                seq.tags.push(tag);
+            }
             self.register(seq, i);
         }
     }

@@ -18,7 +18,7 @@
 //! stable. That check is what makes a reused block safe: a block evicted and registered again
 //! under other content fails it.
 
-use crate::hashing::Digest;
+use crate::hashing::{Digest, Tag};
 use crate::sync::{AtomicU64, Ordering};
 
 const BUCKET: usize = 8;
@@ -47,10 +47,19 @@ pub struct PrefixIndex {
     /// to pinners) and before its slot is published (whose Release store publishes them to
     /// lookups); stable while the block stays hashed.
     digests: Box<[[AtomicU64; 4]]>,
+    /// The secret tag (`hit_tag`) each block was last registered with, as two words; empty
+    /// when hits need no verification (SHA-256). Written, published and stable exactly like
+    /// `digests`.
+    tags: Box<[[AtomicU64; 2]]>,
+}
+
+fn tag_words(tag: Tag) -> [u64; 2] {
+    [tag as u64, (tag >> 64) as u64]
 }
 
 impl PrefixIndex {
-    pub fn new(num_blocks: usize) -> Self {
+    /// An index for `num_blocks` blocks; `tagged`: every entry also keeps a `Tag`.
+    pub fn new(num_blocks: usize, tagged: bool) -> Self {
         let buckets = (4 * num_blocks).div_ceil(BUCKET).next_power_of_two().max(2);
         Self {
             slots: (0..buckets * BUCKET)
@@ -60,6 +69,22 @@ impl PrefixIndex {
             digests: (0..num_blocks)
                 .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
                 .collect(),
+            tags: (0..if tagged { num_blocks } else { 0 })
+                .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
+                .collect(),
+        }
+    }
+
+    /// Whether `block`'s stored tag is `tag` (always true for an untagged index). Relaxed, as
+    /// in `holds_words`: exact while the caller holds the block pinned and hashed.
+    pub fn tag_is(&self, block: u32, tag: Option<Tag>) -> bool {
+        match (tag, self.tags.get(block as usize)) {
+            (Some(t), Some(stored)) => stored
+                .iter()
+                .zip(tag_words(t))
+                .all(|(s, w)| s.load(Ordering::Relaxed) == w),
+            (None, None) => true,
+            _ => false,
         }
     }
 
@@ -109,11 +134,16 @@ impl PrefixIndex {
         self.find(&digest.words()).map(|(_, b)| b)
     }
 
-    /// Store the digest of an OWNED, unhashed block that is about to be registered.
+    /// Store the digest (and tag) of an OWNED, unhashed block about to be registered.
     /// Relaxed: published by the Release that marks the block hashed and by the slot's.
-    pub fn write_digest(&self, block: u32, digest: &Digest) {
+    pub fn write_digest(&self, block: u32, digest: &Digest, tag: Option<Tag>) {
         for (s, w) in self.digests[block as usize].iter().zip(digest.words()) {
             s.store(w, Ordering::Relaxed);
+        }
+        if let (Some(t), Some(stored)) = (tag, self.tags.get(block as usize)) {
+            for (s, w) in stored.iter().zip(tag_words(t)) {
+                s.store(w, Ordering::Relaxed);
+            }
         }
     }
 
@@ -211,14 +241,14 @@ mod tests {
     }
 
     fn insert(idx: &PrefixIndex, d: &Digest, b: u32) -> bool {
-        idx.write_digest(b, d);
+        idx.write_digest(b, d, None);
         idx.insert_new(d, b)
     }
 
     #[test]
     fn holds_one_entry_per_block_at_full_load() {
         let n = 20_000;
-        let idx = PrefixIndex::new(n as usize);
+        let idx = PrefixIndex::new(n as usize, false);
         let ds = digests(n);
         for (b, d) in ds.iter().enumerate() {
             assert!(insert(&idx, d, b as u32), "insert {b} found no slot");
@@ -234,7 +264,7 @@ mod tests {
 
     #[test]
     fn a_reused_block_no_longer_matches_its_old_digest() {
-        let idx = PrefixIndex::new(4);
+        let idx = PrefixIndex::new(4, false);
         let ds = digests(2);
         assert!(insert(&idx, &ds[0], 1));
         assert!(!idx.remove(&ds[0], 2), "another block");
@@ -245,5 +275,17 @@ mod tests {
         assert_eq!(idx.get(&ds[1]), Some(1));
         assert!(idx.holds(1, &ds[1]) && !idx.holds(1, &ds[0]));
         assert_eq!(idx.stored(1, 32), ds[1]);
+    }
+
+    #[test]
+    fn a_tagged_entry_confirms_only_its_own_tag() {
+        let idx = PrefixIndex::new(4, true);
+        let d = digests(1)[0];
+        idx.write_digest(2, &d, Some(7 << 64 | 9));
+        assert!(idx.insert_new(&d, 2));
+        assert!(idx.tag_is(2, Some(7 << 64 | 9)));
+        assert!(!idx.tag_is(2, Some(9)), "same digest, another prefix");
+        assert!(!idx.tag_is(2, None), "a tagged index needs a tag");
+        assert!(PrefixIndex::new(4, false).tag_is(2, None));
     }
 }

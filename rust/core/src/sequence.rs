@@ -1,6 +1,6 @@
 //! One sequence's state: its block table, tokens and chain digests.
 
-use crate::hashing::Digest;
+use crate::hashing::{Digest, Tag};
 use std::sync::Arc;
 
 /// Held under the sequence's own mutex; every field is consistent whenever the lock is free.
@@ -14,6 +14,9 @@ pub struct Sequence {
     /// caching is on; empty otherwise. A hashed block in `blocks[i]` is registered under
     /// `digests[i]`.
     pub digests: Vec<Digest>,
+    /// Secret tags of the same blocks (`hit_tag`), one per digest, when the manager verifies
+    /// hits; empty otherwise. A hashed block in `blocks[i]` is registered with `tags[i]`.
+    pub tags: Vec<Tag>,
     /// Encoded extra keys (salt, LoRA id), shared by forks.
     pub extras: Arc<[u8]>,
     pub lora_id: Option<u64>,
@@ -40,12 +43,18 @@ impl Sequence {
             blocks: Vec::new(),
             tokens,
             digests: Vec::new(),
+            tags: Vec::new(),
             extras,
             lora_id,
             cpu_blocks: None,
             table_digest: 0,
             alive: true,
         }
+    }
+
+    /// The tag of full block `i`, if the manager verifies hits.
+    pub fn tag(&self, i: usize) -> Option<Tag> {
+        self.tags.get(i).copied()
     }
 
     pub fn is_swapped(&self) -> bool {

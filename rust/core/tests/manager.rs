@@ -258,3 +258,18 @@ fn duplicate_content_stays_unhashed_and_is_freed_not_cached() {
     assert_eq!(m.num_cached_blocks(), 0);
     m.check_invariants().unwrap();
 }
+
+#[test]
+fn absurd_slot_counts_are_refused_not_allocated() {
+    let m = manager(8, 4);
+    m.allocate(1, &toks(0..6), None, None, 0).unwrap();
+    m.allocate(2, &toks(0..6), None, None, 0).unwrap();
+    for counts in [vec![usize::MAX / 2], vec![usize::MAX, usize::MAX]] {
+        let ids: Vec<u64> = (1..=counts.len() as u64).collect();
+        assert!(matches!(
+            m.slot_mapping(&ids, &counts),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+    m.check_invariants().unwrap();
+}

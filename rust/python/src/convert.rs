@@ -6,7 +6,7 @@ use numpy::{
     Element, PyArrayDescrMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFrozenSet, PyInt, PyList, PySet, PyString};
 
 /// Convert each element with `T::try_from`, naming the first one out of range.
 fn convert<S, T>(
@@ -77,6 +77,17 @@ where
         return Err(invalid(
             py,
             format!("{what} must be a sequence of ints, got a string"),
+        ));
+    }
+    // Order matters (token positions, batch rows): unordered containers are a bug, not input.
+    if obj.is_instance_of::<PyDict>()
+        || obj.is_instance_of::<PySet>()
+        || obj.is_instance_of::<PyFrozenSet>()
+    {
+        let name = obj.get_type().name()?;
+        return Err(invalid(
+            py,
+            format!("{what} must be an ordered sequence of ints, got {name}"),
         ));
     }
     if let Ok(list) = obj.cast::<PyList>() {

@@ -75,13 +75,23 @@ pub fn stats<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyAny>> {
         .call((), Some(&kw))
 }
 
+/// The `AllocStatus` members, looked up once: building an enum member per call costs
+/// more than the whole admission check.
+static STATUS_MEMBERS: PyOnceLock<[Py<PyAny>; 3]> = PyOnceLock::new();
+
 pub fn alloc_status(py: Python<'_>, s: AllocStatus) -> PyResult<Bound<'_, PyAny>> {
-    let value = match s {
+    let members = STATUS_MEMBERS.get_or_try_init(py, || -> PyResult<[Py<PyAny>; 3]> {
+        let cls = STATUS.import(py, "pagedkv.alloc_status", "AllocStatus")?;
+        Ok([
+            cls.getattr("OK")?.unbind(),
+            cls.getattr("LATER")?.unbind(),
+            cls.getattr("NEVER")?.unbind(),
+        ])
+    })?;
+    let i = match s {
         AllocStatus::Ok => 0,
         AllocStatus::Later => 1,
         AllocStatus::Never => 2,
     };
-    STATUS
-        .import(py, "pagedkv.alloc_status", "AllocStatus")?
-        .call1((value,))
+    Ok(members[i].bind(py).clone())
 }

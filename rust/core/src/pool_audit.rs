@@ -1,0 +1,129 @@
+//! The pool half of `check_invariants`: block states, free stack, LRU queue, prefix index
+//! and counters against the references that the callers' tables hold. Exact only when no
+//! other call is in flight. The loom models call it on their tiny pools too.
+
+use crate::block_pool::BlockPool;
+use crate::error::{Error, Result};
+
+fn fail<T>(msg: String) -> Result<T> {
+    Err(Error::Invariant(msg))
+}
+
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return fail(format!($($msg)+));
+        }
+    };
+}
+
+impl BlockPool {
+    /// Audit the pool given `refs[b]`, the number of tables holding block `b`. Returns which
+    /// blocks the index holds.
+    pub fn audit(&self, refs: &[u32]) -> Result<Vec<bool>> {
+        let n = self.num_blocks();
+        ensure!(refs.len() == n, "{} references for {n} blocks", refs.len());
+        // Block states against the references.
+        let (mut free, mut cached) = (0, 0);
+        for (b, &r) in refs.iter().enumerate() {
+            let w = self.state(b as u32).load();
+            ensure!(
+                w.rc() == r,
+                "block {b} has rc {} but {r} tables hold it",
+                w.rc()
+            );
+            free += usize::from(w.is_free());
+            cached += usize::from(w.is_cached());
+        }
+
+        // The free stack holds exactly the FREE blocks.
+        let stack = self.free_snapshot();
+        ensure!(
+            stack.len() == free,
+            "free stack has {} ids, {free} blocks are FREE",
+            stack.len()
+        );
+        let mut seen = vec![false; n];
+        for &b in &stack {
+            ensure!(!seen[b as usize], "block {b} is on the free stack twice");
+            seen[b as usize] = true;
+            ensure!(
+                self.state(b).load().is_free(),
+                "block {b} on the free stack is not FREE"
+            );
+        }
+
+        // The LRU queue has one live record per CACHED block.
+        let mut live = vec![false; n];
+        for e in self.lru_snapshot() {
+            if self.lru_entry_is_live(&e) {
+                ensure!(
+                    !live[e.block as usize],
+                    "block {} is queued live twice",
+                    e.block
+                );
+                live[e.block as usize] = true;
+            }
+        }
+        let live_count = live.iter().filter(|&&l| l).count();
+        ensure!(
+            live_count == cached,
+            "{live_count} live LRU records for {cached} CACHED blocks"
+        );
+
+        // The index holds exactly the hashed blocks, once each, in the right bucket, under
+        // the digests their holders expect.
+        let index = self.index_snapshot();
+        let mut indexed = vec![false; n];
+        for &(b, in_place) in &index {
+            ensure!((b as usize) < n, "index entry names block {b} out of range");
+            ensure!(
+                self.state(b).load().hashed(),
+                "index entry names unhashed block {b}"
+            );
+            ensure!(
+                in_place,
+                "index entry for block {b} has the wrong bucket or tag"
+            );
+            ensure!(!indexed[b as usize], "block {b} is in the index twice");
+            indexed[b as usize] = true;
+        }
+        let hashed = (0..n as u32)
+            .filter(|&b| self.state(b).load().hashed())
+            .count();
+        ensure!(
+            hashed == index.len(),
+            "{hashed} hashed blocks but {} index entries",
+            index.len()
+        );
+        // Live LRU records carry the digest their block is indexed under.
+        for e in self.lru_snapshot() {
+            if self.lru_entry_is_live(&e) {
+                ensure!(
+                    self.index_holds(e.block, &e.digest),
+                    "LRU record of block {} has a wrong digest",
+                    e.block
+                );
+            }
+        }
+
+        // Counters.
+        ensure!(
+            self.num_free() == free,
+            "free count {} but {free} FREE blocks",
+            self.num_free()
+        );
+        ensure!(
+            self.num_cached() == cached,
+            "cached count {} but {cached} CACHED",
+            self.num_cached()
+        );
+        ensure!(
+            self.num_available() == free + cached,
+            "available {} but FREE + CACHED = {}",
+            self.num_available(),
+            free + cached
+        );
+        Ok(indexed)
+    }
+}
