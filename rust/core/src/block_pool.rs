@@ -106,64 +106,97 @@ impl BlockPool {
     /// Take one block for a caller that holds a unit: the free stack first, else evict the
     /// least recently released cached block. The block comes back OWNED(1) and unhashed.
     pub fn take(&self) -> u32 {
+        if let Some(b) = self.free.pop() {
+            // The common case, without the batch path's vector.
+            self.state(b).take();
+            return b;
+        }
+        let mut one = Vec::with_capacity(1);
+        self.take_into(1, &mut one);
+        one[0]
+    }
+
+    /// Take `k` blocks (the caller holds `k` units) into `out`, in the order `take` would
+    /// give them; evictions for the batch are popped from the LRU under one lock.
+    pub fn take_into(&self, k: usize, out: &mut Vec<u32>) {
+        let goal = out.len() + k;
         let mut spins = 0;
-        loop {
+        while out.len() < goal {
             if let Some(b) = self.free.pop() {
                 self.state(b).take();
-                return b;
+                out.push(b);
+                continue;
             }
-            if let Some(b) = self.evict_one() {
-                return b;
+            if self.evict_into(goal - out.len(), out) == 0 {
+                // Units are held, so blocks are on their way: a releaser has counted one but
+                // a racing taker got the one we saw, or a reset is moving it to the free
+                // stack.
+                backoff(&mut spins);
             }
-            // A unit is held, so a block is on its way: a releaser has counted it but a
-            // racing taker got the one we saw, or a reset is moving it to the free stack.
-            backoff(&mut spins);
         }
     }
 
-    fn evict_one(&self) -> Option<u32> {
-        while let Some(e) = self.lru.pop_oldest() {
-            if self.state(e.block).claim_cached(e.epoch, e.stamp, 1) {
-                self.cached.fetch_sub(1, Ordering::Relaxed);
-                self.evictions.fetch_add(1, Ordering::Relaxed);
-                self.index.remove(&e.digest, e.block);
-                if let Some(log) = &self.events {
-                    log.push(KvEvent::BlockRemoved {
-                        block_hash: e.digest,
-                    });
-                }
-                return Some(e.block);
+    /// Evict up to `n` cached blocks, oldest first, into `out`; returns how many.
+    fn evict_into(&self, n: usize, out: &mut Vec<u32>) -> usize {
+        let claimed = self
+            .lru
+            .pop_claimed(n, |e| self.state(e.block).claim_cached(e.epoch, e.stamp, 1));
+        for e in &claimed {
+            self.cached.fetch_sub(1, Ordering::Relaxed);
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+            self.index.remove(&e.digest, e.block);
+            if let Some(log) = &self.events {
+                log.push(KvEvent::BlockRemoved {
+                    block_hash: e.digest,
+                });
             }
-            // Stale record: the block was revived (and maybe released again) since.
+            out.push(e.block);
         }
-        None
+        claimed.len()
     }
 
     /// Drop one reference; `digest` is the block's chain digest if the holder has one (it
     /// must when the block is hashed).
     pub fn release(&self, block: u32, digest: Option<&Digest>) {
-        match self.state(block).release() {
-            Released::StillOwned => {}
-            Released::ToFree => {
-                self.free.push(block);
-                // Release: a reserver that takes this unit sees the push (see `reserve`).
-                self.available.fetch_add(1, Ordering::Release);
+        match digest {
+            Some(d) => self.release_table(&[block], std::slice::from_ref(d)),
+            None => self.release_table(&[block], &[]),
+        }
+    }
+
+    /// Drop one reference to each of a table's blocks, last entry first (so chain tails are
+    /// queued before their heads); `digests[i]` is entry `i`'s chain digest where it has one.
+    /// The records of blocks that become CACHED are queued under one lock.
+    pub fn release_table(&self, blocks: &[u32], digests: &[Digest]) {
+        let mut cached: Vec<Entry> = Vec::new();
+        for (i, &block) in blocks.iter().enumerate().rev() {
+            match self.state(block).release() {
+                Released::StillOwned => {}
+                Released::ToFree => {
+                    self.free.push(block);
+                    // Release: a reserver that takes this unit sees the push (see `reserve`).
+                    self.available.fetch_add(1, Ordering::Release);
+                }
+                Released::ToCached { epoch, stamp } => {
+                    let digest = *digests
+                        .get(i)
+                        .expect("a hashed block is always a full block of its holder");
+                    // Relaxed: a tally (see the field), raised before the record can be claimed.
+                    self.cached.fetch_add(1, Ordering::Relaxed);
+                    cached.push(Entry {
+                        block,
+                        epoch,
+                        stamp,
+                        digest,
+                    });
+                }
             }
-            Released::ToCached { epoch, stamp } => {
-                let digest = *digest.expect("a hashed block is always a full block of its holder");
-                // Relaxed: a tally (see the field), raised before the record can be claimed.
-                self.cached.fetch_add(1, Ordering::Relaxed);
-                let entry = Entry {
-                    block,
-                    epoch,
-                    stamp,
-                    digest,
-                };
-                let bound = 2 * self.states.len() + 64;
-                self.lru.push(entry, bound, |e| self.is_live(e));
-                // Release: a reserver that takes this unit sees the queued record.
-                self.available.fetch_add(1, Ordering::Release);
-            }
+        }
+        if !cached.is_empty() {
+            let bound = 2 * self.states.len() + 64;
+            self.lru.push_all(&cached, bound, |e| self.is_live(e));
+            // Release: a reserver that takes these units sees the queued records.
+            self.available.fetch_add(cached.len(), Ordering::Release);
         }
     }
 

@@ -34,16 +34,28 @@ impl LruQueue {
 
     /// Queue a release; when stale records pile up (hot blocks revived and released over and
     /// over without eviction), drop those that `is_live` rejects.
-    pub fn push(&self, entry: Entry, bound: usize, is_live: impl Fn(&Entry) -> bool) {
+    /// Several releases are queued in order under one lock (a sequence's table, tail first).
+    pub fn push_all(&self, entries: &[Entry], bound: usize, is_live: impl Fn(&Entry) -> bool) {
         let mut q = lock(&self.queue);
-        q.push_back(entry);
+        q.extend(entries.iter().copied());
         if q.len() > bound {
             q.retain(is_live);
         }
     }
 
-    pub fn pop_oldest(&self) -> Option<Entry> {
-        lock(&self.queue).pop_front()
+    /// Pop records oldest first until `claim` has accepted `n` of them (or none are left);
+    /// returns the accepted ones. Rejected records are stale and dropped.
+    pub fn pop_claimed(&self, n: usize, claim: impl Fn(&Entry) -> bool) -> Vec<Entry> {
+        let mut q = lock(&self.queue);
+        let mut out = Vec::with_capacity(n.min(q.len()));
+        while out.len() < n {
+            match q.pop_front() {
+                Some(e) if claim(&e) => out.push(e),
+                Some(_) => {}
+                None => break,
+            }
+        }
+        out
     }
 
     /// Take every record, oldest first (reset).
@@ -81,16 +93,15 @@ mod tests {
     #[test]
     fn oldest_first_and_compaction_keeps_only_live_records() {
         let q = LruQueue::new();
-        q.push(entry(1, 0), 100, |_| true);
-        q.push(entry(2, 0), 100, |_| true);
-        assert_eq!(q.pop_oldest().map(|e| e.block), Some(1));
+        q.push_all(&[entry(1, 0), entry(2, 0)], 100, |_| true);
+        assert_eq!(q.pop_claimed(1, |_| true)[0].block, 1);
         // Past the bound, stale records (here: odd stamps) are dropped, order kept.
         for stamp in 0..6 {
-            q.push(entry(3 + stamp, stamp), 4, |e| e.stamp % 2 == 0);
+            q.push_all(&[entry(3 + stamp, stamp)], 4, |e| e.stamp % 2 == 0);
         }
         let left: Vec<u32> = q.snapshot().iter().map(|e| e.block).collect();
         assert_eq!(left, vec![2, 3, 5, 7]);
         assert_eq!(q.drain().len(), 4);
-        assert!(q.pop_oldest().is_none());
+        assert!(q.pop_claimed(1, |_| true).is_empty());
     }
 }

@@ -150,9 +150,9 @@ impl BlockManager {
             return Ok(None);
         }
         self.gpu.unreserve(spare.saturating_sub(new));
-        for _ in 0..new {
-            seq.push_block(self.gpu.take());
-        }
+        let mut fresh = Vec::with_capacity(new);
+        self.gpu.take_into(new, &mut fresh);
+        fresh.into_iter().for_each(|b| seq.push_block(b));
         seq.digests = digests;
         seq.tags = tags;
         for i in hits..seq.digests.len() {
@@ -181,9 +181,7 @@ impl BlockManager {
 
     /// Release a table's blocks, tail first.
     pub(crate) fn release_blocks(&self, blocks: &[u32], digests: &[Digest]) {
-        for (i, &b) in blocks.iter().enumerate().rev() {
-            self.gpu.release(b, digests.get(i));
-        }
+        self.gpu.release_table(blocks, digests);
     }
 
     /// Blocks that appending `k` tokens needs: copy-on-write copies plus new blocks.

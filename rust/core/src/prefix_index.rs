@@ -19,7 +19,7 @@
 //! under other content fails it.
 
 use crate::hashing::{Digest, Tag};
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 const BUCKET: usize = 8;
 const EMPTY: u64 = 0;
@@ -51,6 +51,11 @@ pub struct PrefixIndex {
     /// when hits need no verification (SHA-256). Written, published and stable exactly like
     /// `digests`.
     tags: Box<[[AtomicU64; 2]]>,
+    /// `slot_of[block]`: the slot index `insert_new` put the block in, so that `remove` goes
+    /// straight to it. Written by the inserter before the block can be released (Relaxed:
+    /// the release/claim of the block orders it for the evictor); a stale value only sends
+    /// `remove` to its scan.
+    slot_of: Box<[AtomicU32]>,
 }
 
 fn tag_words(tag: Tag) -> [u64; 2] {
@@ -72,6 +77,7 @@ impl PrefixIndex {
             tags: (0..if tagged { num_blocks } else { 0 })
                 .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
                 .collect(),
+            slot_of: (0..num_blocks).map(|_| AtomicU32::new(0)).collect(),
         }
     }
 
@@ -168,12 +174,16 @@ impl PrefixIndex {
             buckets.swap(0, 1);
         }
         for start in buckets {
-            for slot in &self.slots[start..start + BUCKET] {
-                // Release: publishes the digest words stored before (see `find`).
-                if slot
-                    .compare_exchange(EMPTY, value, Ordering::Release, Ordering::Relaxed)
-                    .is_ok()
+            for i in start..start + BUCKET {
+                let slot = &self.slots[i];
+                // Release: publishes the digest words stored before (see `find`). The plain
+                // load first keeps the CAS (which takes the line exclusive) to empty slots.
+                if slot.load(Ordering::Relaxed) == EMPTY
+                    && slot
+                        .compare_exchange(EMPTY, value, Ordering::Release, Ordering::Relaxed)
+                        .is_ok()
                 {
+                    self.slot_of[block as usize].store(i as u32, Ordering::Relaxed);
                     return true;
                 }
             }
@@ -185,19 +195,22 @@ impl PrefixIndex {
     pub fn remove(&self, digest: &Digest, block: u32) -> bool {
         let words = digest.words();
         let want = pack(tag_of(&words), block);
-        for start in self.buckets_of(&words) {
-            for slot in &self.slots[start..start + BUCKET] {
-                // Relaxed: emptying a slot publishes nothing; a reader that still sees the old
-                // value is stopped by `pin` (the block is unhashed, or holds other content).
-                if slot
+        // Relaxed CASes: emptying a slot publishes nothing; a reader that still sees the old
+        // value is stopped by `pin` (the block is unhashed, or holds other content).
+        let take = |i: usize| {
+            let slot = &self.slots[i];
+            slot.load(Ordering::Relaxed) == want
+                && slot
                     .compare_exchange(want, EMPTY, Ordering::Relaxed, Ordering::Relaxed)
                     .is_ok()
-                {
-                    return true;
-                }
-            }
+        };
+        let hint = self.slot_of[block as usize].load(Ordering::Relaxed) as usize;
+        if hint < self.slots.len() && take(hint) {
+            return true;
         }
-        false
+        self.buckets_of(&words)
+            .into_iter()
+            .any(|start| (start..start + BUCKET).any(take))
     }
 
     /// The digest stored for `block` (exact while the caller holds it pinned and hashed).

@@ -42,12 +42,10 @@ impl BlockManager {
                 return Ok(None);
             }
             let cpu = seq.cpu_blocks.take().unwrap_or_default();
-            let mut pairs = Vec::with_capacity(cpu.len());
-            for &c in &cpu {
-                let g = self.gpu.take();
-                seq.push_block(g);
-                pairs.push((c, g));
-            }
+            let mut gpu = Vec::with_capacity(cpu.len());
+            self.gpu.take_into(cpu.len(), &mut gpu);
+            gpu.iter().for_each(|&g| seq.push_block(g));
+            let pairs: Vec<_> = cpu.iter().copied().zip(gpu).collect();
             self.cpu.give_back(&cpu);
             for i in 0..seq.digests.len() {
                 self.register(seq, i);
