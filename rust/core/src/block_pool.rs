@@ -265,10 +265,15 @@ impl BlockPool {
         tag: Option<Tag>,
         event: impl FnOnce() -> KvEvent,
     ) -> bool {
+        // Content already cached (common: a decode step refilling a block a freed sequence
+        // left cached): leave the block unhashed without touching its state.
+        if self.index.contains(&digest) {
+            return false;
+        }
         let state = self.state(block);
         self.index.write_digest(block, &digest, tag);
         state.set_hashed();
-        if self.index.insert_new(&digest, block) {
+        if self.index.insert(&digest, block) {
             if let Some(log) = &self.events {
                 log.push(event());
             }
@@ -277,6 +282,12 @@ impl BlockPool {
             state.clear_hashed();
             false
         }
+    }
+
+    /// Bring the index buckets of digests about to be registered into cache (see
+    /// `PrefixIndex::warm`).
+    pub fn warm_index(&self, digests: &[Digest]) {
+        self.index.warm(digests);
     }
 
     pub fn drain_events(&self) -> Vec<KvEvent> {

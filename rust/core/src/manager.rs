@@ -155,6 +155,7 @@ impl BlockManager {
         fresh.into_iter().for_each(|b| seq.push_block(b));
         seq.digests = digests;
         seq.tags = tags;
+        self.gpu.warm_index(&seq.digests[hits..]);
         for i in hits..seq.digests.len() {
             self.register(&seq, i);
         }

@@ -153,14 +153,37 @@ impl PrefixIndex {
         }
     }
 
+    /// Whether some block is registered under `digest` (a candidate, as for `get`).
+    pub fn contains(&self, digest: &Digest) -> bool {
+        self.find(&digest.words()).is_some()
+    }
+
+    /// Touch both buckets of each digest with plain loads, so that a following loop of
+    /// `contains`/`insert_new` (whose atomic read-modify-writes serialise the pipeline) finds
+    /// them in cache: the misses of this pass overlap each other.
+    pub fn warm(&self, digests: &[Digest]) {
+        let mut sink = 0u64;
+        for d in digests {
+            for start in self.buckets_of(&d.words()) {
+                // Relaxed: a prefetch; the value is not used.
+                sink ^= self.slots[start].load(Ordering::Relaxed);
+            }
+        }
+        std::hint::black_box(sink);
+    }
+
     /// Register `block` (whose digest `write_digest` stored) unless a block already holds
     /// that content. Two racing inserts of one digest may both succeed; lookups then find
     /// either, which is harmless.
+    #[cfg(test)]
     pub fn insert_new(&self, digest: &Digest, block: u32) -> bool {
+        !self.contains(digest) && self.insert(digest, block)
+    }
+
+    /// Register `block` under `digest` for a caller that has just checked `contains`; false
+    /// only if both buckets are full.
+    pub fn insert(&self, digest: &Digest, block: u32) -> bool {
         let words = digest.words();
-        if self.find(&words).is_some() {
-            return false;
-        }
         let value = pack(tag_of(&words), block);
         let mut buckets = self.buckets_of(&words);
         // Relaxed: a heuristic count to pick the emptier bucket; the CAS decides.
