@@ -1,21 +1,10 @@
 //! `check_invariants`: a full audit of the lifecycle contract. Exact when no other call is
 //! in flight; it locks every sequence (in id order) while it counts.
 
-use crate::error::{Error, Result};
+use crate::error::ensure_invariant as ensure;
+use crate::error::Result;
 use crate::manager::{cdiv, BlockManager};
 use crate::sync::lock;
-
-fn fail(msg: String) -> Result<()> {
-    Err(Error::Invariant(msg))
-}
-
-macro_rules! ensure {
-    ($cond:expr, $($msg:tt)+) => {
-        if !$cond {
-            return fail(format!($($msg)+));
-        }
-    };
-}
 
 impl BlockManager {
     pub fn check_invariants(&self) -> Result<()> {

@@ -345,14 +345,8 @@ impl BlockPool {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::hashing::{BlockHasher, HashAlgo};
 
-    fn digests(n: u32) -> Vec<Digest> {
-        let h = BlockHasher::new(HashAlgo::Sha256, 0);
-        (0..n)
-            .map(|i| h.hash_block(&h.root(), &[i], &[0]))
-            .collect()
-    }
+    use crate::hashing::sample_digests as digests;
 
     #[test]
     fn admission_is_all_or_nothing() {

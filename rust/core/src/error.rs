@@ -22,3 +22,13 @@ pub type Result<T> = std::result::Result<T, Error>;
 pub(crate) fn invalid(msg: impl Into<String>) -> Error {
     Error::InvalidArgument(msg.into())
 }
+
+/// In audits: return `Error::Invariant` naming the violation unless the condition holds.
+macro_rules! ensure_invariant {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err($crate::error::Error::Invariant(format!($($msg)+)));
+        }
+    };
+}
+pub(crate) use ensure_invariant;

@@ -222,6 +222,15 @@ impl BlockHasher {
     }
 }
 
+/// `n` distinct sample digests (unit tests of the index and the pool).
+#[cfg(test)]
+pub(crate) fn sample_digests(n: u32) -> Vec<Digest> {
+    let h = BlockHasher::new(HashAlgo::Sha256, 0);
+    (0..n)
+        .map(|i| h.hash_block(&h.root(), &[i], &[0]))
+        .collect()
+}
+
 fn fill_le(buf: &mut [u8], tokens: &[u32]) -> usize {
     for (dst, t) in buf.chunks_exact_mut(4).zip(tokens) {
         dst.copy_from_slice(&t.to_le_bytes());

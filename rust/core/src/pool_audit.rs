@@ -3,19 +3,8 @@
 //! other call is in flight. The loom models call it on their tiny pools too.
 
 use crate::block_pool::BlockPool;
-use crate::error::{Error, Result};
-
-fn fail<T>(msg: String) -> Result<T> {
-    Err(Error::Invariant(msg))
-}
-
-macro_rules! ensure {
-    ($cond:expr, $($msg:tt)+) => {
-        if !$cond {
-            return fail(format!($($msg)+));
-        }
-    };
-}
+use crate::error::ensure_invariant as ensure;
+use crate::error::Result;
 
 impl BlockPool {
     /// Audit the pool given `refs[b]`, the number of tables holding block `b`. Returns which

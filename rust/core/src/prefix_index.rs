@@ -267,14 +267,8 @@ impl PrefixIndex {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::hashing::{BlockHasher, HashAlgo};
 
-    fn digests(n: u32) -> Vec<Digest> {
-        let h = BlockHasher::new(HashAlgo::Sha256, 0);
-        (0..n)
-            .map(|i| h.hash_block(&h.root(), &[i], &[0]))
-            .collect()
-    }
+    use crate::hashing::sample_digests as digests;
 
     fn insert(idx: &PrefixIndex, d: &Digest, b: u32) -> bool {
         idx.write_digest(b, d, None);
