@@ -97,6 +97,19 @@ impl BlockManager {
         lora_id: Option<u64>,
         lookahead: usize,
     ) -> Result<Option<usize>> {
+        self.allocate_owned(id, tokens.to_vec(), cache_salt, lora_id, lookahead)
+    }
+
+    /// `allocate` taking the tokens by value: the binding's conversion is then the only copy
+    /// of a long prompt.
+    pub fn allocate_owned(
+        &self,
+        id: u64,
+        tokens: Vec<u32>,
+        cache_salt: Option<&[u8]>,
+        lora_id: Option<u64>,
+        lookahead: usize,
+    ) -> Result<Option<usize>> {
         if tokens.is_empty() {
             return Err(invalid("token_ids must not be empty"));
         }
@@ -108,12 +121,12 @@ impl BlockManager {
         let total = cdiv(n + lookahead, bs);
         let extras: Arc<[u8]> = encode_extras(cache_salt, lora_id).into();
         let digests = if self.caching() {
-            self.hasher.hash_chain(tokens, bs, &extras)
+            self.hasher.hash_chain(&tokens, bs, &extras)
         } else {
             Vec::new()
         };
         let tags = match &self.tagger {
-            Some(t) if self.caching() => t.tag_chain(tokens, bs, &extras),
+            Some(t) if self.caching() => t.tag_chain(&tokens, bs, &extras),
             _ => Vec::new(),
         };
         let max_hits = if self.caching() { (n - 1) / bs } else { 0 };
@@ -134,7 +147,7 @@ impl BlockManager {
             return Ok(None);
         }
         let mut spare = need;
-        let mut seq = Sequence::new(tokens.to_vec(), extras, lora_id);
+        let mut seq = Sequence::new(tokens, extras, lora_id);
         for (i, d) in digests[..peek_hits].iter().enumerate() {
             match self.gpu.pin(d, tags.get(i).copied(), &mut spare) {
                 Hit::Pinned(b) => seq.push_block(b),

@@ -34,6 +34,10 @@ where
     T: TryFrom<S>,
 {
     let arr = obj.extract::<PyReadonlyArray1<'py, S>>()?;
+    // A contiguous array converts from a plain slice (a tight loop); strided ones by view.
+    if let Ok(slice) = arr.as_slice() {
+        return convert(slice.iter().copied(), what, range, obj.py());
+    }
     let view = arr.as_array();
     convert(view.iter().copied(), what, range, obj.py())
 }

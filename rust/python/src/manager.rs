@@ -131,11 +131,13 @@ impl PyBlockManager {
             .map(|o| u64_arg(Some(o), 0, "lora_id"))
             .transpose()?;
         let lookahead = int_arg(lookahead, 0, "lookahead", 0, i64::MAX)? as usize;
-        let run = || {
+        let detach = toks.len() >= DETACH_MIN_TOKENS;
+        // The converted tokens move into the core: no second copy of a long prompt.
+        let run = move || {
             self.inner
-                .allocate(id, &toks, salt.as_deref(), lora, lookahead)
+                .allocate_owned(id, toks, salt.as_deref(), lora, lookahead)
         };
-        if toks.len() >= DETACH_MIN_TOKENS {
+        if detach {
             py.detach(run).py(py)
         } else {
             run().py(py)

@@ -316,9 +316,9 @@ impl Runner {
             } => {
                 let tokens = self.prompt(prompt, len, tail);
                 let salt_bytes = salt.then_some(&b"tenant"[..]);
-                let out = self
-                    .m
-                    .allocate(seq, &tokens, salt_bytes, None, lookahead.into());
+                let out =
+                    self.m
+                        .allocate(seq, tokens.as_slice(), salt_bytes, None, lookahead.into());
                 if self.seqs.contains_key(&seq) {
                     return self.expect_err(&before, out, &Error::DuplicateSequence(seq));
                 }
