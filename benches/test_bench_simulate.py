@@ -83,7 +83,8 @@ def test_simulate_manager_calls(
         assert result.trace is not None
         return (bind_trace(m, result.trace),), {}
 
-    rounds = {"rust": 5, "reference": 1}[impl]
+    # Three reference rounds: one alone makes the ratio as noisy as a single timing.
+    rounds = {"rust": 5, "reference": 3}[impl]
     benchmark.pedantic(replay_trace, setup=setup, rounds=rounds)
     st = holder[0].stats()
     assert st == rust_stats  # same hits, evictions, copies, swaps
