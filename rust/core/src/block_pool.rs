@@ -286,8 +286,8 @@ impl BlockPool {
 
     /// Bring the index buckets of digests about to be registered into cache (see
     /// `PrefixIndex::warm`).
-    pub fn warm_index(&self, digests: &[Digest]) {
-        self.index.warm(digests);
+    pub fn warm_index(&self, digests: &[Digest], blocks: &[u32]) {
+        self.index.warm(digests, blocks);
     }
 
     pub fn drain_events(&self) -> Vec<KvEvent> {

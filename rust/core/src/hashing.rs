@@ -152,12 +152,13 @@ impl BlockHasher {
     /// The digest of one full block, given its parent's digest and the encoded extras.
     pub fn hash_block(&self, parent: &Digest, tokens: &[u32], extras: &[u8]) -> Digest {
         let count = (tokens.len() as u32).to_le_bytes();
-        // The usual block (up to 224 tokens with short extras) is encoded whole into a stack
-        // buffer and hashed in one call: the streaming API's per-update buffering costs
+        // The usual block is encoded whole into a stack buffer and hashed in one call: the streaming API's per-update buffering costs
         // nearly half as much as SHA-256's compression itself on 16-token blocks.
-        let mut buf = [0u8; 1024];
         let len = MAGIC.len() + parent.as_bytes().len() + 4 + 4 * tokens.len() + extras.len();
-        if len <= buf.len() {
+        if len <= 384 {
+            // 384 bytes: blocks of up to 64 tokens with short extras; small enough that
+            // zeroing the buffer costs nothing next to the hash.
+            let mut buf = [0u8; 384];
             let mut at = 0;
             for part in [&MAGIC[..], parent.as_bytes(), &count] {
                 buf[at..at + part.len()].copy_from_slice(part);
@@ -173,7 +174,8 @@ impl BlockHasher {
                 }
             };
         }
-        // Long blocks stream the tokens through the buffer: no allocation per block.
+        // Long blocks stream the tokens through a buffer: no allocation per block.
+        let mut buf = [0u8; 1024];
         match self.algo {
             HashAlgo::Sha256 => {
                 let mut h = Sha256::new();

@@ -168,7 +168,8 @@ impl BlockManager {
         fresh.into_iter().for_each(|b| seq.push_block(b));
         seq.digests = digests;
         seq.tags = tags;
-        self.gpu.warm_index(&seq.digests[hits..]);
+        self.gpu
+            .warm_index(&seq.digests[hits..], &seq.blocks[hits..]);
         for i in hits..seq.digests.len() {
             self.register(&seq, i);
         }

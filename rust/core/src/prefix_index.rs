@@ -158,16 +158,18 @@ impl PrefixIndex {
         self.find(&digest.words()).is_some()
     }
 
-    /// Touch both buckets of each digest with plain loads, so that a following loop of
-    /// `contains`/`insert_new` (whose atomic read-modify-writes serialise the pipeline) finds
-    /// them in cache: the misses of this pass overlap each other.
-    pub fn warm(&self, digests: &[Digest]) {
+    /// Touch both buckets of each digest, and the digest line of each block that will be
+    /// registered under it, with plain loads, so that a following loop of `contains` /
+    /// `write_digest` / `insert` finds them in cache. The misses of this pass overlap each
+    /// other; in that loop each would stall the pipeline at the next atomic read-modify-write.
+    pub fn warm(&self, digests: &[Digest], blocks: &[u32]) {
         let mut sink = 0u64;
-        for d in digests {
+        for (d, &b) in digests.iter().zip(blocks) {
             for start in self.buckets_of(&d.words()) {
                 // Relaxed: a prefetch; the value is not used.
                 sink ^= self.slots[start].load(Ordering::Relaxed);
             }
+            sink ^= self.digests[b as usize][0].load(Ordering::Relaxed);
         }
         std::hint::black_box(sink);
     }
