@@ -152,8 +152,9 @@ impl BlockHasher {
     /// The digest of one full block, given its parent's digest and the encoded extras.
     pub fn hash_block(&self, parent: &Digest, tokens: &[u32], extras: &[u8]) -> Digest {
         let count = (tokens.len() as u32).to_le_bytes();
-        // The usual block is encoded whole into a stack buffer and hashed in one call: the streaming API's per-update buffering costs
-        // nearly half as much as SHA-256's compression itself on 16-token blocks.
+        // The usual block is encoded whole into a stack buffer and hashed in one call: the
+        // streaming API's per-update buffering costs nearly half as much as SHA-256's
+        // compression itself on 16-token blocks.
         let len = MAGIC.len() + parent.as_bytes().len() + 4 + 4 * tokens.len() + extras.len();
         if len <= 384 {
             // 384 bytes: blocks of up to 64 tokens with short extras; small enough that

@@ -21,7 +21,7 @@ pub struct Entry {
 
 pub struct LruQueue {
     /// Oldest release at the front. Holds exactly one live record per CACHED block plus any
-    /// number of stale records; `compact` bounds the stale ones.
+    /// number of stale records; `push_all` drops them past its bound.
     queue: Mutex<VecDeque<Entry>>,
 }
 
