@@ -24,7 +24,19 @@ class DuplicateSequenceError(PagedKVError, ValueError):
 
 
 class SequenceSwappedError(PagedKVError, ValueError):
-    """An operation that needs a resident sequence got a swapped-out one, or the reverse."""
+    """An operation that needs a resident sequence got a swapped-out one."""
+
+
+class SequenceNotSwappedError(PagedKVError, ValueError):
+    """`swap_in` or `can_swap_in` got a sequence that is resident on the GPU."""
+
+
+class RefcountOverflowError(PagedKVError, OverflowError):
+    """An operation would give one block more holders than the refcount field can count."""
+
+
+class ManagerBrokenError(PagedKVError, RuntimeError):
+    """An internal invariant failed mid-operation; the manager refuses further changes."""
 
 
 class InvalidArgumentError(PagedKVError, ValueError):
@@ -39,6 +51,9 @@ __all__ = [
     "DuplicateSequenceError",
     "InvalidArgumentError",
     "InvariantError",
+    "ManagerBrokenError",
+    "RefcountOverflowError",
+    "SequenceNotSwappedError",
     "PagedKVError",
     "SequenceSwappedError",
     "UnknownSequenceError",
