@@ -52,9 +52,9 @@ __all__ = [
     "InvalidArgumentError",
     "InvariantError",
     "ManagerBrokenError",
+    "PagedKVError",
     "RefcountOverflowError",
     "SequenceNotSwappedError",
-    "PagedKVError",
     "SequenceSwappedError",
     "UnknownSequenceError",
 ]
