@@ -10,16 +10,25 @@ impl BlockManager {
     pub fn check_invariants(&self) -> Result<()> {
         let n = self.gpu.num_blocks();
         let bs = self.block_size();
-        let map = self.seqs.pin();
-        let mut cells: Vec<_> = map.iter().collect();
-        cells.sort_unstable_by_key(|(id, _)| **id);
-        let guards: Vec<_> = cells.iter().map(|(id, c)| (**id, lock(c))).collect();
+        let cells = self.seqs.cells();
+        // Pending cells (a creation in flight) hold no blocks yet; only live ones count.
+        let guards: Vec<_> = cells
+            .iter()
+            .map(|(id, c)| (*id, lock(&c.seq), c.is_live()))
+            .filter(|(_, _, live)| *live)
+            .map(|(id, g, _)| (id, g))
+            .collect();
+        ensure!(
+            guards.len() == self.seqs.len(),
+            "{} live sequences but the count says {}",
+            guards.len(),
+            self.seqs.len()
+        );
 
         // References from tables, and the digest each table expects of its hashed blocks.
         let mut refs = vec![0u32; n];
         let mut cpu_owner = vec![None; self.cpu.num_blocks()];
         for (id, seq) in &guards {
-            ensure!(seq.alive, "sequence {id} is in the map but marked freed");
             let ntok = seq.tokens.len();
             if self.config.enable_prefix_caching {
                 ensure!(
@@ -82,6 +91,21 @@ impl BlockManager {
             }
         }
 
+        // The stats tallies are the sums they stand for.
+        let (mut reserved, mut used) = (0, 0);
+        for (_, seq) in &guards {
+            let (r, u) = seq.footprint(bs);
+            reserved += r;
+            used += u;
+        }
+        let stats = self.stats();
+        ensure!(
+            (stats.reserved_slots, stats.used_slots) == (reserved, used),
+            "stats count {} reserved and {} used slots, the tables {reserved} and {used}",
+            stats.reserved_slots,
+            stats.used_slots
+        );
+
         let indexed = self.gpu.audit(&refs)?;
         for (id, seq) in &guards {
             for (i, &b) in seq.blocks.iter().enumerate() {
@@ -141,7 +165,7 @@ mod tests {
     #[test]
     fn detects_a_refcount_without_a_table() {
         let m = manager();
-        m.gpu.state(0).share();
+        m.gpu.state(0).share().unwrap();
         assert!(violation(&m).contains("block 0 has rc 2"));
     }
 
@@ -157,9 +181,7 @@ mod tests {
     #[test]
     fn detects_a_table_entry_changed_behind_the_digest() {
         let m = manager();
-        let map = m.seqs.pin();
-        crate::sync::lock(map.get(&1).unwrap()).blocks[1] = 5;
-        drop(map);
+        crate::sync::lock(&m.seqs.get(1).unwrap().seq).blocks[1] = 5;
         let msg = violation(&m);
         assert!(msg.contains("rc") || msg.contains("digest"), "{msg}");
     }

@@ -1,14 +1,23 @@
 //! Calls over a whole scheduler step: one lock per sequence, one reservation for the batch.
+//!
+//! Every batch call locks all of its sequences before it looks at any of them, so it acts on
+//! one consistent state and is one step against every other call (docs/concurrency.md).
+//! Errors come in the documented order: argument errors (lengths, duplicate ids) before
+//! any state is read, then per sequence in batch order: unknown, swapped, state-dependent
+//! values.
 
+use crate::alloc::{try_filled, try_with_capacity};
 use crate::error::{invalid, Error, Result};
 use crate::manager::{cdiv, BlockManager};
+use crate::seq_map::SeqCell;
 use crate::sequence::Sequence;
-use crate::sync::{lock, try_lock, Mutex, MutexGuard};
+use crate::sync::{lock, may_wait, try_lock, MutexGuard};
 use std::sync::Arc;
 
 /// Error unless every id is distinct.
 fn check_distinct(ids: &[u64]) -> Result<()> {
-    let mut sorted = ids.to_vec();
+    let mut sorted = try_with_capacity(ids.len(), "a copy of seq_ids")?;
+    sorted.extend_from_slice(ids);
     sorted.sort_unstable();
     match sorted.windows(2).find(|w| w[0] == w[1]) {
         Some(w) => Err(invalid(format!("duplicate sequence id {} in batch", w[0]))),
@@ -16,35 +25,104 @@ fn check_distinct(ids: &[u64]) -> Result<()> {
     }
 }
 
-/// Lock every cell, returning the guards in the cells' order. Locks are taken without
-/// blocking first; if one is busy, all are dropped and retaken in id order, the one global
-/// order every multi-sequence locker follows, so two batches cannot deadlock.
-fn lock_all<'a>(
-    ids: &[u64],
-    cells: &[&'a Mutex<Sequence>],
-) -> Result<Vec<MutexGuard<'a, Sequence>>> {
-    let mut guards = Vec::with_capacity(cells.len());
-    for cell in cells {
-        match try_lock(cell) {
-            Some(g) => guards.push(g),
-            None => break,
+/// The batch's distinct sequences, locked: `guards[at[i]]` is position `i`'s (`None` where
+/// its id has no cell). Repeated ids share one guard.
+struct Locked<'a> {
+    guards: Vec<Option<MutexGuard<'a, Sequence>>>,
+    /// The cell each guard locks.
+    cells: Vec<Option<&'a Arc<SeqCell>>>,
+    at: Vec<usize>,
+}
+
+/// Lock each distinct cell once. Locks are taken without blocking first; if one is busy,
+/// all are dropped and retaken in id order, the one global order every multi-sequence locker
+/// follows, so two batches cannot deadlock. In non-blocking mode a busy cell is `WouldBlock`.
+fn lock_all<'a>(ids: &[u64], cells: &'a [Option<Arc<SeqCell>>]) -> Result<Locked<'a>> {
+    let mut order: Vec<usize> = try_with_capacity(ids.len(), "the batch's lock order")?;
+    order.extend(0..ids.len());
+    order.sort_by_key(|&i| ids[i]);
+    // The first position of each distinct id, in id order, and each position's owner.
+    let mut firsts: Vec<usize> = Vec::new();
+    let mut at = vec![0; ids.len()];
+    for &i in &order {
+        match firsts.last() {
+            Some(&f) if ids[f] == ids[i] => at[i] = firsts.len() - 1,
+            _ => {
+                at[i] = firsts.len();
+                firsts.push(i);
+            }
         }
     }
-    if guards.len() == cells.len() {
-        return Ok(guards);
+    let mut guards = Vec::with_capacity(firsts.len());
+    for &f in &firsts {
+        match &cells[f] {
+            None => guards.push(None),
+            Some(c) => match try_lock(&c.seq) {
+                Some(g) => guards.push(Some(g)),
+                None => break,
+            },
+        }
     }
-    drop(guards);
-    check_distinct(ids)?;
-    let mut order: Vec<usize> = (0..ids.len()).collect();
-    order.sort_unstable_by_key(|&i| ids[i]);
-    let mut slots: Vec<Option<MutexGuard<'a, Sequence>>> = (0..ids.len()).map(|_| None).collect();
-    for i in order {
-        slots[i] = Some(lock(cells[i]));
+    if guards.len() < firsts.len() {
+        drop(guards);
+        if !may_wait() {
+            return Err(Error::WouldBlock);
+        }
+        guards = firsts
+            .iter()
+            .map(|&f| cells[f].as_ref().map(|c| lock(&c.seq)))
+            .collect();
     }
-    Ok(slots.into_iter().flatten().collect())
+    let cells = firsts.iter().map(|&f| cells[f].as_ref()).collect();
+    Ok(Locked { guards, cells, at })
+}
+
+/// The first state error of position `i`: unknown, then (when `resident`) swapped out.
+fn state_error(
+    id: u64,
+    cell: Option<&Arc<SeqCell>>,
+    seq: Option<&Sequence>,
+    resident: bool,
+) -> Option<Error> {
+    match (cell, seq) {
+        (Some(c), Some(seq)) if c.is_live() => {
+            (resident && seq.is_swapped()).then_some(Error::Swapped(id))
+        }
+        _ => Some(Error::UnknownSequence(id)),
+    }
 }
 
 impl BlockManager {
+    fn cells(&self, ids: &[u64]) -> Result<Vec<Option<Arc<SeqCell>>>> {
+        let mut cells = try_with_capacity(ids.len(), "the batch's sequences")?;
+        cells.extend(ids.iter().map(|&id| self.seqs.get(id)));
+        Ok(cells)
+    }
+
+    /// The locked, live sequences of a batch of distinct ids in batch order, with their
+    /// cells, or the first state error.
+    fn live_mut<'a, 'c>(
+        ids: &[u64],
+        locked: &'a mut Locked<'c>,
+        resident: bool,
+    ) -> Result<Vec<(&'c Arc<SeqCell>, &'a mut Sequence)>> {
+        let Locked { guards, cells, at } = locked;
+        for (i, &id) in ids.iter().enumerate() {
+            let k = at[i];
+            if let Some(e) = state_error(id, cells[k], guards[k].as_deref(), resident) {
+                return Err(e);
+            }
+        }
+        // Distinct ids: `at` is a permutation, so each guard is lent once; every position
+        // passed `state_error`, so each has a cell and a guard.
+        let mut by_slot: Vec<Option<(&'c Arc<SeqCell>, &'a mut Sequence)>> = guards
+            .iter_mut()
+            .zip(cells.iter())
+            .map(|(g, c)| Some((*c.as_ref()?, g.as_deref_mut()?)))
+            .collect();
+        Ok(at.iter().filter_map(|&k| by_slot[k].take()).collect())
+    }
+
     /// One token to each sequence, all or nothing. Returns the copy-on-write pairs, or
     /// `None` when the batch's blocks do not fit (nothing changed).
     pub fn append_batch(&self, ids: &[u64], tokens: &[u32]) -> Result<Option<Vec<(u32, u32)>>> {
@@ -55,90 +133,83 @@ impl BlockManager {
                 tokens.len()
             )));
         }
-        let map = self.seqs.pin();
-        let cells = ids
-            .iter()
-            .map(|id| map.get(id).map(|c| &**c).ok_or(Error::UnknownSequence(*id)))
-            .collect::<Result<Vec<&Mutex<Sequence>>>>()?;
-        let mut guards = lock_all(ids, &cells)?;
-        let mut need = 0;
-        for (seq, &id) in guards.iter().zip(ids) {
-            if !seq.alive {
-                return Err(Error::UnknownSequence(id));
+        check_distinct(ids)?;
+        self.guarded(true, || {
+            let _gate = self.enter()?;
+            let cells = self.cells(ids)?;
+            let mut locked = lock_all(ids, &cells)?;
+            let mut seqs = Self::live_mut(ids, &mut locked, true)?;
+            let mut need = 0;
+            for ((_, seq), &id) in seqs.iter().zip(ids) {
+                self.check_append_len(id, seq, 1)?;
+                need += self.append_need(seq, 1);
             }
-            if seq.is_swapped() {
-                return Err(Error::Swapped(id));
+            if !self.gpu.reserve(need) {
+                return Ok(None);
             }
-            need += self.append_need(seq, 1);
-        }
-        if !self.gpu.reserve(need) {
-            return Ok(None);
-        }
-        let mut spare = need;
-        let mut pairs = Vec::new();
-        for (seq, t) in guards.iter_mut().zip(tokens) {
-            self.append_reserved(seq, std::slice::from_ref(t), &mut spare, &mut pairs);
-        }
-        self.gpu.unreserve(spare);
-        Ok(Some(pairs))
+            let mut spare = need;
+            let mut pairs = Vec::new();
+            let bs = self.block_size();
+            for ((_, seq), t) in seqs.iter_mut().zip(tokens) {
+                let before = seq.footprint(bs);
+                self.append_reserved(seq, std::slice::from_ref(t), &mut spare, &mut pairs)?;
+                self.account(before, seq.footprint(bs));
+            }
+            self.gpu.unreserve(spare);
+            Ok(Some(pairs))
+        })
     }
 
-    /// Free every sequence, in order. Validated first: distinct, known ids. A sequence that
-    /// a racing call frees in between is skipped (the outcome is the same).
+    /// Free every sequence, all or nothing: distinct, live ids, checked under their locks.
     pub fn free_batch(&self, ids: &[u64]) -> Result<()> {
         check_distinct(ids)?;
-        {
-            let map = self.seqs.pin();
-            if let Some(id) = ids.iter().find(|id| !map.contains_key(*id)) {
-                return Err(Error::UnknownSequence(*id));
+        self.guarded(true, || {
+            let _gate = self.enter()?;
+            let cells = self.cells(ids)?;
+            let mut locked = lock_all(ids, &cells)?;
+            let seqs = Self::live_mut(ids, &mut locked, false)?;
+            for ((cell, seq), &id) in seqs.into_iter().zip(ids) {
+                self.drop_sequence(id, cell, seq)?;
             }
-        }
-        for &id in ids {
-            match self.free(id) {
-                Ok(()) | Err(Error::UnknownSequence(_)) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
-    /// Read each resident sequence under its lock, in order.
-    fn read_each<T>(
-        &self,
-        ids: &[u64],
-        mut f: impl FnMut(u64, &Sequence) -> Result<T>,
-    ) -> Result<Vec<T>> {
-        let map = self.seqs.pin();
-        ids.iter()
-            .map(|&id| {
-                let cell: &Arc<Mutex<Sequence>> = map.get(&id).ok_or(Error::UnknownSequence(id))?;
-                let seq = lock(cell);
-                if !seq.alive {
-                    return Err(Error::UnknownSequence(id));
+    /// Run `f` on the batch's resident sequences (repeats allowed), all locked at once, in
+    /// batch order.
+    fn read_all<T>(&self, ids: &[u64], f: impl FnOnce(&[&Sequence]) -> Result<T>) -> Result<T> {
+        self.guarded(false, || {
+            let cells = self.cells(ids)?;
+            let locked = lock_all(ids, &cells)?;
+            let mut seqs = try_with_capacity(ids.len(), "the batch's sequences")?;
+            for (i, &id) in ids.iter().enumerate() {
+                let k = locked.at[i];
+                let seq = locked.guards[k].as_deref();
+                if let Some(e) = state_error(id, locked.cells[k], seq, true) {
+                    return Err(e);
                 }
-                if seq.is_swapped() {
-                    return Err(Error::Swapped(id));
-                }
-                f(id, &seq)
-            })
-            .collect()
+                seqs.extend(seq);
+            }
+            f(&seqs)
+        })
     }
 
     /// Row-major `(ids.len(), width)` int32 block tables padded with `pad`, and `width`.
     pub fn block_tables(&self, ids: &[u64], pad: i32) -> Result<(Vec<i32>, usize)> {
-        let mut flat = Vec::new();
-        let lens = self.read_each(ids, |_, seq| {
-            flat.extend(seq.blocks.iter().map(|&b| b as i32));
-            Ok(seq.blocks.len())
-        })?;
-        let width = lens.iter().copied().max().unwrap_or(0);
-        let mut out = vec![pad; ids.len() * width];
-        let mut src = 0;
-        for (row, len) in lens.into_iter().enumerate() {
-            out[row * width..row * width + len].copy_from_slice(&flat[src..src + len]);
-            src += len;
-        }
-        Ok((out, width))
+        self.read_all(ids, |seqs| {
+            let width = seqs.iter().map(|s| s.blocks.len()).max().unwrap_or(0);
+            let size = ids
+                .len()
+                .checked_mul(width)
+                .ok_or_else(|| Error::OutOfMemory("block tables too large".into()))?;
+            let mut out = try_filled(size, pad, "the block tables")?;
+            for (row, seq) in seqs.iter().enumerate() {
+                for (o, &b) in out[row * width..].iter_mut().zip(&seq.blocks) {
+                    *o = b as i32;
+                }
+            }
+            Ok((out, width))
+        })
     }
 
     /// The slots of each sequence's last `counts[i]` tokens, concatenated.
@@ -151,41 +222,48 @@ impl BlockManager {
             )));
         }
         let bs = self.block_size();
-        // Counts are not validated yet: an absurd one must not size the allocation (nor
-        // overflow the sum), so the hint is saturated and capped.
-        let hint = counts.iter().fold(0usize, |a, &c| a.saturating_add(c));
-        let mut out = Vec::with_capacity(hint.min(1 << 16));
-        let mut k = 0;
-        self.read_each(ids, |id, seq| {
-            let n = seq.tokens.len();
-            let c = counts[k];
-            k += 1;
-            if c == 0 || c > n {
-                return Err(invalid(format!(
-                    "num_new_tokens {c} for sequence {id} must be in 1..={n}"
-                )));
+        self.read_all(ids, |seqs| {
+            for ((seq, &id), &c) in seqs.iter().zip(ids).zip(counts) {
+                let n = seq.tokens.len();
+                if c == 0 || c > n {
+                    return Err(invalid(format!(
+                        "num_new_tokens {c} for sequence {id} must be in 1..={n}"
+                    )));
+                }
             }
-            out.extend((n - c..n).map(|p| seq.slot(p, bs)));
-            Ok(())
-        })?;
-        Ok(out)
+            // Each count is at most its sequence's length, so the sum fits memory we hold.
+            let total = counts.iter().sum();
+            let mut out = try_with_capacity(total, "the slot mapping")?;
+            for (seq, &c) in seqs.iter().zip(counts) {
+                let n = seq.tokens.len();
+                out.extend((n - c..n).map(|p| seq.slot(p, bs)));
+            }
+            Ok(out)
+        })
     }
 
     /// FlashInfer's paged-KV page table: `(kv_indptr, kv_indices, kv_last_page_len)`.
     pub fn flashinfer_page_table(&self, ids: &[u64]) -> Result<(Vec<i32>, Vec<i32>, Vec<i32>)> {
         let bs = self.block_size();
-        let mut indptr = Vec::with_capacity(ids.len() + 1);
-        indptr.push(0i32);
-        let mut indices = Vec::new();
-        let mut last = Vec::with_capacity(ids.len());
-        self.read_each(ids, |_, seq| {
-            let n = seq.tokens.len();
-            let pages = cdiv(n, bs);
-            indices.extend(seq.blocks[..pages].iter().map(|&b| b as i32));
-            indptr.push(indices.len() as i32);
-            last.push((n - (pages - 1) * bs) as i32);
-            Ok(())
-        })?;
-        Ok((indptr, indices, last))
+        self.read_all(ids, |seqs| {
+            let pages: usize = seqs.iter().map(|s| cdiv(s.tokens.len(), bs)).sum();
+            if pages > i32::MAX as usize {
+                return Err(invalid(format!(
+                    "the batch spans {pages} pages, more than an int32 kv_indptr can index"
+                )));
+            }
+            let mut indptr = try_with_capacity(ids.len() + 1, "kv_indptr")?;
+            let mut indices = try_with_capacity(pages, "kv_indices")?;
+            let mut last = try_with_capacity(ids.len(), "kv_last_page_len")?;
+            indptr.push(0i32);
+            for seq in seqs {
+                let n = seq.tokens.len();
+                let p = cdiv(n, bs);
+                indices.extend(seq.blocks[..p].iter().map(|&b| b as i32));
+                indptr.push(indices.len() as i32);
+                last.push((n - (p - 1) * bs) as i32);
+            }
+            Ok((indptr, indices, last))
+        })
     }
 }

@@ -7,22 +7,31 @@
 //! only after it is findable (pushed on the free stack or queued in the LRU), so a caller
 //! holding a unit always finds a block, possibly after a racing taker moved on.
 
-use crate::block_state::{BlockState, Pin, Released};
+use crate::alloc::try_boxed;
+use crate::block_state::{BlockState, Pin, Released, RC_MAX};
+use crate::error::{Error, Result};
 use crate::events::{EventLog, KvEvent};
 use crate::free_stack::FreeStack;
 use crate::hashing::{Digest, Tag};
 use crate::lru_queue::{Entry, LruQueue};
 use crate::prefix_index::PrefixIndex;
-use crate::sync::{backoff, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{backoff, lock, AtomicU64, AtomicUsize, Mutex, Ordering};
+
+/// Number of digest stripes (a power of two).
+const STRIPES: usize = 256;
 
 /// What a prefix hit got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hit {
-    Pinned(u32),
+    /// Referenced; `revived` when it was CACHED (so a failed caller gives it back with
+    /// `unpin`).
+    Pinned { block: u32, revived: bool },
     /// The digest is not cached (any more).
     Miss,
     /// It is cached but no unit of `available` was left to revive it.
     NoRoom,
+    /// It is cached, but already has `RC_MAX` holders.
+    Full(u32),
 }
 
 pub struct BlockPool {
@@ -41,24 +50,38 @@ pub struct BlockPool {
     /// tally for statistics and `reset`'s idle check, never used to order memory.
     cached: AtomicUsize,
     index: PrefixIndex,
+    /// `stripes[d]` serialises every change of the index entries whose digest falls in
+    /// stripe `d` together with its event: register (check, insert, `BlockStored`) and
+    /// claim (state, removal, `BlockRemoved`). So a digest is registered at most once, and
+    /// per digest the events are queued in the order the index changed. Lock order: the LRU
+    /// lock, then a stripe, then the event log.
+    stripes: Box<[Mutex<()>]>,
     events: Option<EventLog>,
     /// Cached blocks evicted so far (a tally: Relaxed everywhere).
     evictions: AtomicU64,
 }
 
+fn stripe_of(digest: &Digest) -> usize {
+    // The index's bucket choice uses words 0 and 1; word 3 spreads stripes independently.
+    digest.words()[3] as usize & (STRIPES - 1)
+}
+
 impl BlockPool {
-    /// `tagged`: hits are confirmed with a secret tag (see `hit_tag`).
-    pub fn new(num_blocks: u32, events: bool, tagged: bool) -> Self {
-        Self {
-            states: (0..num_blocks).map(|_| BlockState::new_free()).collect(),
-            free: FreeStack::full(num_blocks),
-            lru: LruQueue::new(),
-            available: AtomicUsize::new(num_blocks as usize),
+    /// `tagged`: hits are confirmed with a secret tag (see `hit_tag`). Fails with
+    /// `OutOfMemory` (nothing allocated is kept) when the pool's tables do not fit.
+    pub fn new(num_blocks: u32, events: bool, tagged: bool) -> Result<Self> {
+        let n = num_blocks as usize;
+        Ok(Self {
+            states: try_boxed(n, |_| BlockState::new_free(), "the block states")?,
+            free: FreeStack::full(num_blocks)?,
+            lru: LruQueue::new(n)?,
+            available: AtomicUsize::new(n),
             cached: AtomicUsize::new(0),
-            index: PrefixIndex::new(num_blocks as usize, tagged),
+            index: PrefixIndex::new(n, tagged)?,
+            stripes: try_boxed(STRIPES, |_| Mutex::new(()), "the digest stripes")?,
             events: events.then(EventLog::new),
             evictions: AtomicU64::new(0),
-        }
+        })
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -136,20 +159,29 @@ impl BlockPool {
         }
     }
 
+    /// Claim the CACHED block of record `e` (setting its rc to `rc`), remove its index entry
+    /// and queue `BlockRemoved` when `removed_event`, all under the digest's stripe.
+    fn claim_record(&self, e: &Entry, rc: u32, removed_event: bool) -> bool {
+        let _stripe = lock(&self.stripes[stripe_of(&e.digest)]);
+        if !self.state(e.block).claim_cached(e.generation, rc) {
+            return false;
+        }
+        self.index.remove(&e.digest, e.block);
+        if let (true, Some(log)) = (removed_event, &self.events) {
+            log.push(KvEvent::BlockRemoved {
+                block_hash: e.digest,
+            });
+        }
+        true
+    }
+
     /// Evict up to `n` cached blocks, oldest first, into `out`; returns how many.
     fn evict_into(&self, n: usize, out: &mut Vec<u32>) -> usize {
-        let claimed = self
-            .lru
-            .pop_claimed(n, |e| self.state(e.block).claim_cached(e.epoch, e.stamp, 1));
+        let claimed = self.lru.pop_claimed(n, |e| self.claim_record(e, 1, true));
         for e in &claimed {
+            // Relaxed: tallies (see the fields).
             self.cached.fetch_sub(1, Ordering::Relaxed);
             self.evictions.fetch_add(1, Ordering::Relaxed);
-            self.index.remove(&e.digest, e.block);
-            if let Some(log) = &self.events {
-                log.push(KvEvent::BlockRemoved {
-                    block_hash: e.digest,
-                });
-            }
             out.push(e.block);
         }
         claimed.len()
@@ -157,7 +189,7 @@ impl BlockPool {
 
     /// Drop one reference; `digest` is the block's chain digest if the holder has one (it
     /// must when the block is hashed).
-    pub fn release(&self, block: u32, digest: Option<&Digest>) {
+    pub fn release(&self, block: u32, digest: Option<&Digest>) -> Result<()> {
         match digest {
             Some(d) => self.release_table(&[block], std::slice::from_ref(d)),
             None => self.release_table(&[block], &[]),
@@ -166,30 +198,32 @@ impl BlockPool {
 
     /// Drop one reference to each of a table's blocks, last entry first (so chain tails are
     /// queued before their heads); `digests[i]` is entry `i`'s chain digest where it has one.
-    /// The records of blocks that become CACHED are queued under one lock.
-    pub fn release_table(&self, blocks: &[u32], digests: &[Digest]) {
+    /// The records of blocks that become CACHED are queued under one lock. An error means
+    /// the caller's table disagreed with the block states (a bug): the manager breaks.
+    pub fn release_table(&self, blocks: &[u32], digests: &[Digest]) -> Result<()> {
         let mut cached: Vec<Entry> = Vec::new();
+        let mut broken = None;
         for (i, &block) in blocks.iter().enumerate().rev() {
             match self.state(block).release() {
-                Released::StillOwned => {}
-                Released::ToFree => {
+                Some(Released::StillOwned) => {}
+                Some(Released::ToFree) => {
                     self.free.push(block);
                     // Release: a reserver that takes this unit sees the push (see `reserve`).
                     self.available.fetch_add(1, Ordering::Release);
                 }
-                Released::ToCached { epoch, stamp } => {
-                    let digest = *digests
-                        .get(i)
-                        .expect("a hashed block is always a full block of its holder");
-                    // Relaxed: a tally (see the field), raised before the record can be claimed.
-                    self.cached.fetch_add(1, Ordering::Relaxed);
-                    cached.push(Entry {
-                        block,
-                        epoch,
-                        stamp,
-                        digest,
-                    });
-                }
+                Some(Released::ToCached { generation }) => match digests.get(i) {
+                    Some(&digest) => {
+                        // Relaxed: a tally, raised before the record can be claimed.
+                        self.cached.fetch_add(1, Ordering::Relaxed);
+                        cached.push(Entry {
+                            block,
+                            generation,
+                            digest,
+                        });
+                    }
+                    None => broken = Some(format!("hashed block {block} released without digest")),
+                },
+                None => broken = Some(format!("released block {block}, which has no holder")),
             }
         }
         if !cached.is_empty() {
@@ -198,11 +232,36 @@ impl BlockPool {
             // Release: a reserver that takes these units sees the queued records.
             self.available.fetch_add(cached.len(), Ordering::Release);
         }
+        broken.map_or(Ok(()), |msg| Err(Error::Broken(msg)))
+    }
+
+    /// Give back a block this caller pinned through a hit and did not use (a failed call):
+    /// if that makes it CACHED again, it goes back to the LRU position of its last release,
+    /// so the failed call leaves the eviction order as it found it.
+    pub fn unpin(&self, block: u32, digest: &Digest) -> Result<()> {
+        match self.state(block).release() {
+            Some(Released::ToCached { generation }) => {
+                // Relaxed: a tally (see the field).
+                self.cached.fetch_add(1, Ordering::Relaxed);
+                self.lru.restore(Entry {
+                    block,
+                    generation,
+                    digest: *digest,
+                });
+                // Release: as in `release_table`.
+                self.available.fetch_add(1, Ordering::Release);
+                Ok(())
+            }
+            Some(Released::StillOwned) => Ok(()),
+            Some(Released::ToFree) | None => Err(Error::Broken(format!(
+                "unpinned block {block}, which was not hashed and held"
+            ))),
+        }
     }
 
     fn is_live(&self, e: &Entry) -> bool {
         let w = self.state(e.block).load();
-        w.is_cached() && w.epoch() == e.epoch && w.stamp() == e.stamp
+        w.is_cached() && w.generation() == e.generation
     }
 
     /// Without changing anything: is `digest` cached, and is its block CACHED (rc 0)?
@@ -215,9 +274,9 @@ impl BlockPool {
     /// Take a reference to the block cached under `digest` (and `tag`, for a tagged pool).
     /// Reviving a CACHED block costs one unit: from `spare` if the caller reserved some, else
     /// reserved here.
-    pub fn pin(&self, digest: &Digest, tag: Option<Tag>, spare: &mut usize) -> Hit {
+    pub fn pin(&self, digest: &Digest, tag: Option<Tag>, spare: &mut usize) -> Result<Hit> {
         let Some(b) = self.index.get(digest) else {
-            return Hit::Miss;
+            return Ok(Hit::Miss);
         };
         let state = self.state(b);
         let mut have_unit = false;
@@ -235,29 +294,41 @@ impl BlockPool {
                     // or (tagged pool) when another prefix collided on the public digest.
                     if !self.index.holds(b, digest) || !self.index.tag_is(b, tag) {
                         let own = self.index.stored(b, digest.as_bytes().len());
-                        self.release(b, Some(&own));
-                        return Hit::Miss;
+                        if revived {
+                            self.unpin(b, &own)?;
+                            // The unit goes back to `available`; the caller's stays spare.
+                        } else {
+                            self.release(b, Some(&own))?;
+                        }
+                        return Ok(Hit::Miss);
                     }
-                    return Hit::Pinned(b);
+                    return Ok(Hit::Pinned { block: b, revived });
                 }
                 Pin::Stale => {
                     if have_unit {
                         *spare += 1;
                     }
-                    return Hit::Miss;
+                    return Ok(Hit::Miss);
+                }
+                Pin::Full => {
+                    if have_unit {
+                        *spare += 1;
+                    }
+                    return Ok(Hit::Full(b));
                 }
                 Pin::NeedsUnit if *spare > 0 => {
                     *spare -= 1;
                     have_unit = true;
                 }
                 Pin::NeedsUnit if self.reserve(1) => have_unit = true,
-                Pin::NeedsUnit => return Hit::NoRoom,
+                Pin::NeedsUnit => return Ok(Hit::NoRoom),
             }
         }
     }
 
     /// Make an OWNED, full, unhashed block findable under `digest`, unless another block
-    /// already holds that content (then it stays unhashed and is freed, not cached, when released).
+    /// already holds that content (then it stays unhashed and is freed, not cached, when
+    /// released). Atomic per digest (its stripe), so one digest is registered once.
     pub fn register(
         &self,
         block: u32,
@@ -265,8 +336,9 @@ impl BlockPool {
         tag: Option<Tag>,
         event: impl FnOnce() -> KvEvent,
     ) -> bool {
-        // Content already cached (common: a decode step refilling a block a freed sequence
-        // left cached): leave the block unhashed without touching its state.
+        let _stripe = lock(&self.stripes[stripe_of(&digest)]);
+        // Under the stripe every entry of this digest names a hashed block: claims remove
+        // the entry under the same stripe.
         if self.index.contains(&digest) {
             return false;
         }
@@ -298,15 +370,15 @@ impl BlockPool {
     }
 
     /// Move every CACHED block to the free stack (oldest first) and forget its digest.
-    /// Refuses (false) while any block is OWNED.
+    /// Refuses (false) while any block is OWNED. The caller excludes every other call that
+    /// changes ownership (the manager's gate), so the check and the clearing are one step.
     pub fn reset(&self) -> bool {
         if self.num_free() + self.num_cached() != self.num_blocks() {
             return false;
         }
         for e in self.lru.drain() {
             // rc stays 0: CACHED -> FREE. Units stay counted in `available`.
-            if self.state(e.block).claim_cached(e.epoch, e.stamp, 0) {
-                self.index.remove(&e.digest, e.block);
+            if self.claim_record(&e, 0, false) {
                 self.cached.fetch_sub(1, Ordering::Relaxed);
                 self.free.push(e.block);
             }
@@ -337,8 +409,19 @@ impl BlockPool {
     pub fn index_tag_is(&self, block: u32, tag: Option<Tag>) -> bool {
         self.index.tag_is(block, tag)
     }
+    pub fn index_digest_words(&self, block: u32) -> [u64; 4] {
+        self.index.stored(block, 32).words()
+    }
     pub fn lru_entry_is_live(&self, e: &Entry) -> bool {
         self.is_live(e)
+    }
+}
+
+/// Refcount limit for callers that map `Hit::Full` to an error.
+pub fn refcount_overflow(block: u32) -> Error {
+    Error::RefcountOverflow {
+        block,
+        limit: RC_MAX,
     }
 }
 
@@ -350,7 +433,7 @@ mod tests {
 
     #[test]
     fn admission_is_all_or_nothing() {
-        let pool = BlockPool::new(3, false, false);
+        let pool = BlockPool::new(3, false, false).unwrap();
         assert!(!pool.reserve(4));
         assert_eq!(pool.num_available(), 3);
         assert!(pool.reserve(3));
@@ -361,7 +444,7 @@ mod tests {
 
     #[test]
     fn cached_blocks_are_hit_revived_and_evicted_oldest_first() {
-        let pool = BlockPool::new(3, true, false);
+        let pool = BlockPool::new(3, true, false).unwrap();
         let ds = digests(2);
         assert!(pool.reserve(3));
         let (a, b, c) = (pool.take(), pool.take(), pool.take());
@@ -371,7 +454,7 @@ mod tests {
             !pool.register(c, ds[0], None, || unreachable!()),
             "content already cached"
         );
-        pool.release(c, None);
+        pool.release(c, None).unwrap();
         assert_eq!(
             pool.num_free(),
             1,
@@ -379,24 +462,30 @@ mod tests {
         );
         assert!(pool.reserve(1));
         assert_eq!(pool.take(), c);
-        pool.release(a, Some(&ds[0]));
-        pool.release(b, Some(&ds[1]));
+        pool.release(a, Some(&ds[0])).unwrap();
+        pool.release(b, Some(&ds[1])).unwrap();
         assert_eq!((pool.num_cached(), pool.num_available()), (2, 2));
         assert_eq!(pool.peek(&ds[0]), Some(true));
         // A hit on a cached block needs a unit: none spare and none left means NoRoom.
         assert!(pool.reserve(2));
         let mut spare = 0;
-        assert_eq!(pool.pin(&ds[0], None, &mut spare), Hit::NoRoom);
+        assert_eq!(pool.pin(&ds[0], None, &mut spare), Ok(Hit::NoRoom));
         pool.unreserve(2);
-        assert_eq!(pool.pin(&ds[0], None, &mut spare), Hit::Pinned(a));
+        assert_eq!(
+            pool.pin(&ds[0], None, &mut spare),
+            Ok(Hit::Pinned {
+                block: a,
+                revived: true
+            })
+        );
         assert_eq!(pool.num_available(), 1);
         // Released again, `a` is now newer than `b`: `b` is evicted first.
-        pool.release(a, Some(&ds[0]));
+        pool.release(a, Some(&ds[0])).unwrap();
         assert!(pool.reserve(1));
         assert_eq!(pool.take(), b);
         assert_eq!(pool.evictions(), 1);
         assert_eq!(pool.peek(&ds[1]), None, "evicted digests no longer hit");
-        assert_eq!(pool.pin(&ds[1], None, &mut spare), Hit::Miss);
+        assert_eq!(pool.pin(&ds[1], None, &mut spare), Ok(Hit::Miss));
         let events = pool.drain_events();
         assert_eq!(
             events.last(),
@@ -404,8 +493,8 @@ mod tests {
         );
         // Reset refuses while `b` and `c` are owned, then clears the rest.
         assert!(!pool.reset());
-        pool.release(b, None);
-        pool.release(c, None);
+        pool.release(b, None).unwrap();
+        pool.release(c, None).unwrap();
         assert!(pool.reset());
         assert_eq!((pool.num_free(), pool.num_cached()), (3, 0));
         assert_eq!(pool.peek(&ds[0]), None);

@@ -1,13 +1,21 @@
-//! One atomic word per GPU block: refcount, hashed flag, release stamp and epoch.
+//! One atomic word per GPU block: refcount, hashed flag and generation.
 //!
 //! Layout of the word (`u64`):
-//! - bits 0..20: `rc`, the number of sequence tables that hold the block;
+//! - bits 0..20: `rc`, the number of sequence tables that hold the block, at most `RC_MAX`;
+//!   every increment is checked first, so the count never carries into the flag;
 //! - bit 20: `HASHED`, the block is registered in the prefix index under its digest;
-//! - bits 21..32: `stamp`, bumped each time the block becomes CACHED, so that an LRU entry
-//!   written at an earlier release is recognised as stale (wrapping is harmless: a stale entry
-//!   that matches after a wrap only evicts a block that is CACHED anyway, slightly out of order);
-//! - bits 32..64: `epoch`, bumped each time a hashed block is evicted (or dropped by reset),
-//!   so that an LRU record written for an earlier incarnation is recognised as stale.
+//! - bits 21..64: `gen`, a 43-bit generation bumped each time the block becomes CACHED and
+//!   each time a CACHED block is claimed (evicted or reset). An LRU record names the
+//!   generation it was written for; it is live only while the block is CACHED with that
+//!   generation.
+//!
+//! Why 43 bits cannot wrap into a false match: a stale record leaves the LRU queue at the
+//! latest at its next compaction, which runs once the queue holds more than
+//! `2 * num_blocks + 64` records (`lru_queue`). Between a record's push and its removal the
+//! queue takes at most `bound + num_blocks` pushes (one per release to CACHED), and each
+//! claim of the block follows one of those releases, so the block's generation advances by
+//! less than `2 * (3 * 2^31 + 64) + 2 < 2^34` while the record exists: far below `2^43`.
+//! `tests::generation_wraps_inside_its_bits` checks the field at its limit.
 //!
 //! The states of the contract: FREE = `rc == 0 && !HASHED`, OWNED = `rc >= 1`,
 //! CACHED = `rc == 0 && HASHED`. Every transition is one compare-and-swap or read-modify-write.
@@ -16,10 +24,13 @@ use crate::sync::{AtomicU64, Ordering};
 
 const RC_BITS: u32 = 20;
 const RC_MASK: u64 = (1 << RC_BITS) - 1;
+/// The most tables that may hold one block.
+pub const RC_MAX: u32 = RC_MASK as u32;
 const HASHED: u64 = 1 << RC_BITS;
-const STAMP_SHIFT: u32 = 21;
-const STAMP_MASK: u64 = ((1 << 11) - 1) << STAMP_SHIFT;
-const EPOCH_SHIFT: u32 = 32;
+const GEN_SHIFT: u32 = RC_BITS + 1;
+/// Generations live in `0..=GEN_MAX` and wrap to 0.
+#[cfg(test)]
+pub const GEN_MAX: u64 = u64::MAX >> GEN_SHIFT;
 
 /// A decoded state word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,11 +43,8 @@ impl Word {
     pub fn hashed(self) -> bool {
         self.0 & HASHED != 0
     }
-    pub fn stamp(self) -> u32 {
-        ((self.0 & STAMP_MASK) >> STAMP_SHIFT) as u32
-    }
-    pub fn epoch(self) -> u32 {
-        (self.0 >> EPOCH_SHIFT) as u32
+    pub fn generation(self) -> u64 {
+        self.0 >> GEN_SHIFT
     }
     pub fn is_free(self) -> bool {
         self.rc() == 0 && !self.hashed()
@@ -45,15 +53,14 @@ impl Word {
         self.rc() == 0 && self.hashed()
     }
     fn with_rc(self, rc: u32) -> Self {
+        debug_assert!(rc <= RC_MAX);
         Self((self.0 & !RC_MASK) | u64::from(rc))
     }
-    fn next_stamp(self) -> Self {
-        let stamp = (u64::from(self.stamp()) + 1) << STAMP_SHIFT & STAMP_MASK;
-        Self((self.0 & !STAMP_MASK) | stamp)
-    }
-    fn unhashed_next_epoch(self) -> Self {
-        let epoch = u64::from(self.epoch().wrapping_add(1)) << EPOCH_SHIFT;
-        Self((self.0 & (RC_MASK | STAMP_MASK)) | epoch)
+    /// The same flags and rc with the next generation (wrapping inside its 43 bits: the
+    /// shift drops the carry).
+    fn next_generation(self) -> Self {
+        let low = self.0 & (RC_MASK | HASHED);
+        Self(low | (self.generation().wrapping_add(1) << GEN_SHIFT))
     }
 }
 
@@ -64,8 +71,8 @@ pub enum Released {
     StillOwned,
     /// Last reference, unhashed: the caller pushes it on the free stack.
     ToFree,
-    /// Last reference, hashed: the caller queues `(block, epoch, stamp)` in the LRU.
-    ToCached { epoch: u32, stamp: u32 },
+    /// Last reference, hashed: the caller queues `(block, generation)` in the LRU.
+    ToCached { generation: u64 },
 }
 
 /// What a prefix hit found when it tried to take a reference.
@@ -77,7 +84,13 @@ pub enum Pin {
     Stale,
     /// It is CACHED and the caller holds no unit of `available` for it.
     NeedsUnit,
+    /// It already has `RC_MAX` holders.
+    Full,
 }
+
+/// `share` refused: the block already has `RC_MAX` holders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RcFull;
 
 /// The state word of one block (invariant: see the module docs).
 pub struct BlockState(AtomicU64);
@@ -87,13 +100,20 @@ impl BlockState {
         Self(AtomicU64::new(0))
     }
 
+    /// A word with the given fields, for tests at the limits of each field.
+    #[cfg(test)]
+    pub fn from_parts(rc: u32, hashed: bool, generation: u64) -> Self {
+        let word = u64::from(rc) | if hashed { HASHED } else { 0 } | generation << GEN_SHIFT;
+        Self(AtomicU64::new(word))
+    }
+
     /// Relaxed: a snapshot for audits, statistics and admission estimates, never for a
     /// decision that a later compare-and-swap does not re-check.
     pub fn load(&self) -> Word {
         Word(self.0.load(Ordering::Relaxed))
     }
 
-    /// FREE or just-evicted -> OWNED(1), by the thread that popped it from the free stack or
+    /// FREE or just-claimed -> OWNED(1), by the thread that popped it from the free stack or
     /// claimed it from the LRU: no other thread may change an unhashed rc-0 word, so a plain
     /// increment is exact. Relaxed: the pop or the claim already gave the acquire edge.
     pub fn take(&self) {
@@ -101,26 +121,30 @@ impl BlockState {
         debug_assert!(old.is_free(), "took a block that was not free: {old:?}");
     }
 
-    /// OWNED -> OWNED(rc + 1), for a caller that already holds a reference (fork).
-    /// Relaxed, as for `Arc::clone`: the caller's reference keeps the block alive.
-    pub fn share(&self) {
-        let old = Word(self.0.fetch_add(1, Ordering::Relaxed));
-        assert!(
-            old.rc() >= 1 && old.rc() < RC_MASK as u32,
-            "share of {old:?}"
-        );
+    /// OWNED -> OWNED(rc + 1), for a caller that already holds a reference (fork); refused
+    /// at `RC_MAX` holders. Relaxed, as for `Arc::clone`: the caller's reference keeps the
+    /// block alive.
+    pub fn share(&self) -> Result<(), RcFull> {
+        self.0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                (Word(w).rc() < RC_MAX).then_some(w + 1)
+            })
+            .map(|_| ())
+            .map_err(|_| RcFull)
     }
 
     /// Take a reference to a hashed block found through the index (the caller then checks
     /// the block's digest: see `prefix_index`).
     /// `have_unit`: the caller reserved one unit of `available` in case the block is CACHED.
     pub fn pin(&self, have_unit: bool) -> Pin {
-        // Acquire on success: the hit reads nothing the previous owner wrote on the host, but
-        // the acquire pairs with the releasing decrement so the block is seen fully released.
+        // Acquire: pairs with the releasing decrement so the block is seen fully released.
         let mut cur = Word(self.0.load(Ordering::Acquire));
         loop {
             if !cur.hashed() {
                 return Pin::Stale;
+            }
+            if cur.rc() == RC_MAX {
+                return Pin::Full;
             }
             let revived = cur.rc() == 0;
             if revived && !have_unit {
@@ -138,33 +162,30 @@ impl BlockState {
         }
     }
 
-    /// Drop one reference. Release, as for `Arc::drop`: this table's use of the block happens
-    /// before whoever takes it next; the last dropper also acquires (AcqRel) so it sees every
-    /// earlier dropper's use before it hands the block on.
-    pub fn release(&self) -> Released {
+    /// Drop one reference, or `None` if the block has none (a corrupted caller: the word is
+    /// left as it was). Release, as for `Arc::drop`: this table's use of the block happens
+    /// before whoever takes it next; the last dropper also acquires (AcqRel) so it sees
+    /// every earlier dropper's use before it hands the block on.
+    pub fn release(&self) -> Option<Released> {
         // Relaxed: only a guess for the CAS below.
         let mut cur = Word(self.0.load(Ordering::Relaxed));
         loop {
-            assert!(cur.rc() >= 1, "release of an unreferenced block: {cur:?}");
-            let next = if cur.rc() > 1 {
-                cur.with_rc(cur.rc() - 1)
-            } else if cur.hashed() {
-                cur.with_rc(0).next_stamp()
-            } else {
-                cur.with_rc(0)
+            let next = match cur.rc() {
+                0 => return None,
+                1 if cur.hashed() => cur.with_rc(0).next_generation(),
+                rc => cur.with_rc(rc - 1),
             };
             match self
                 .0
                 .compare_exchange_weak(cur.0, next.0, Ordering::AcqRel, Ordering::Relaxed)
             {
-                Ok(_) if next.rc() > 0 => return Released::StillOwned,
+                Ok(_) if next.rc() > 0 => return Some(Released::StillOwned),
                 Ok(_) if next.hashed() => {
-                    return Released::ToCached {
-                        epoch: next.epoch(),
-                        stamp: next.stamp(),
-                    }
+                    return Some(Released::ToCached {
+                        generation: next.generation(),
+                    })
                 }
-                Ok(_) => return Released::ToFree,
+                Ok(_) => return Some(Released::ToFree),
                 Err(actual) => cur = Word(actual),
             }
         }
@@ -176,22 +197,22 @@ impl BlockState {
         self.0.fetch_or(HASHED, Ordering::Release);
     }
 
-    /// Undo `set_hashed` when the index already held the digest (nobody could reach the block
-    /// through the index in between). Relaxed: only the owner looks at the flag meanwhile.
+    /// Undo `set_hashed` when the index had no room (nobody could reach the block through
+    /// the index in between). Relaxed: only the owner looks at the flag meanwhile.
     pub fn clear_hashed(&self) {
         self.0.fetch_and(!HASHED, Ordering::Relaxed);
     }
 
-    /// CACHED with this `(epoch, stamp)` -> unhashed, next epoch, with `rc` set to `rc`:
+    /// CACHED with this `generation` -> unhashed, next generation, with `rc` set to `rc`:
     /// 1 when an evictor claims it for an allocation, 0 when reset moves it to the free stack.
     /// Acquire on success: the claimer sees the last owner's use of the block as finished.
-    pub fn claim_cached(&self, epoch: u32, stamp: u32, rc: u32) -> bool {
+    pub fn claim_cached(&self, generation: u64, rc: u32) -> bool {
         // Relaxed: only a guess for the CAS, which re-checks the whole word.
         let cur = Word(self.0.load(Ordering::Relaxed));
-        if !cur.is_cached() || cur.epoch() != epoch || cur.stamp() != stamp {
+        if !cur.is_cached() || cur.generation() != generation {
             return false;
         }
-        let next = cur.unhashed_next_epoch().with_rc(rc);
+        let next = Word(cur.0 & !HASHED).next_generation().with_rc(rc);
         self.0
             .compare_exchange(cur.0, next.0, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
@@ -202,38 +223,34 @@ impl BlockState {
 mod tests {
     use super::*;
 
+    fn cached_generation(r: Option<Released>) -> u64 {
+        match r {
+            Some(Released::ToCached { generation }) => generation,
+            other => panic!("a hashed block's last release must cache it, got {other:?}"),
+        }
+    }
+
     #[test]
     fn lifecycle_free_owned_cached_evicted() {
         let s = BlockState::new_free();
         assert!(s.load().is_free());
         s.take();
         assert_eq!(s.load().rc(), 1);
-        let epoch = s.load().epoch();
         s.set_hashed();
-        s.share();
-        assert_eq!(s.release(), Released::StillOwned);
-        let Released::ToCached { epoch: e, stamp } = s.release() else {
-            panic!("hashed block must become cached")
-        };
-        assert_eq!(e, epoch);
+        s.share().unwrap();
+        assert_eq!(s.release(), Some(Released::StillOwned));
+        let first = cached_generation(s.release());
         assert!(s.load().is_cached());
         // A hit needs a unit of `available` to revive a cached block.
         assert_eq!(s.pin(false), Pin::NeedsUnit);
         assert_eq!(s.pin(true), Pin::Pinned { revived: true });
         assert_eq!(s.pin(false), Pin::Pinned { revived: false });
-        assert!(
-            !s.claim_cached(epoch, stamp, 1),
-            "owned blocks cannot be claimed"
-        );
+        assert!(!s.claim_cached(first, 1), "owned blocks cannot be claimed");
         s.release();
-        let Released::ToCached { stamp: newer, .. } = s.release() else {
-            panic!()
-        };
-        assert!(
-            !s.claim_cached(epoch, stamp, 1),
-            "an older LRU entry is stale"
-        );
-        assert!(s.claim_cached(epoch, newer, 1));
+        let newer = cached_generation(s.release());
+        assert_ne!(newer, first);
+        assert!(!s.claim_cached(first, 1), "an older LRU record is stale");
+        assert!(s.claim_cached(newer, 1));
         assert_eq!(s.load().rc(), 1);
         assert!(!s.load().hashed());
         assert_eq!(
@@ -241,8 +258,10 @@ mod tests {
             Pin::Stale,
             "an unhashed block cannot be pinned"
         );
-        assert_eq!(s.load().epoch(), epoch.wrapping_add(1));
-        assert_eq!(s.release(), Released::ToFree);
+        assert_eq!(s.load().generation(), newer + 1);
+        assert_eq!(s.release(), Some(Released::ToFree));
+        assert_eq!(s.release(), None, "a FREE block has no reference to drop");
+        assert!(s.load().is_free());
     }
 
     #[test]
@@ -251,21 +270,51 @@ mod tests {
         s.take();
         s.set_hashed();
         s.clear_hashed();
-        assert_eq!(s.release(), Released::ToFree);
+        assert_eq!(s.release(), Some(Released::ToFree));
     }
 
     #[test]
-    fn stamp_wraps_inside_its_bits() {
+    fn refcount_stops_at_its_limit_without_touching_the_flags() {
+        let s = BlockState::from_parts(RC_MAX - 1, true, 7);
+        assert_eq!(s.share(), Ok(()));
+        assert_eq!(s.load().rc(), RC_MAX);
+        assert_eq!(
+            s.share(),
+            Err(RcFull),
+            "the RC_MAX + 1-th holder is refused"
+        );
+        assert_eq!(s.pin(true), Pin::Full, "so is a prefix hit");
+        let w = s.load();
+        assert_eq!((w.rc(), w.hashed(), w.generation()), (RC_MAX, true, 7));
+        assert_eq!(s.release(), Some(Released::StillOwned));
+        assert_eq!(s.pin(false), Pin::Pinned { revived: false });
+    }
+
+    #[test]
+    fn generation_wraps_inside_its_bits() {
+        // One below the top: the release to CACHED reaches GEN_MAX, the claim wraps to 0.
+        let s = BlockState::from_parts(1, true, GEN_MAX - 1);
+        assert_eq!(cached_generation(s.release()), GEN_MAX);
+        assert!(s.load().is_cached());
+        assert!(s.claim_cached(GEN_MAX, 1));
+        let w = s.load();
+        assert_eq!((w.rc(), w.hashed(), w.generation()), (1, false, 0));
+        assert_eq!(s.release(), Some(Released::ToFree));
+        assert!(s.load().is_free());
+    }
+
+    #[test]
+    fn a_hot_block_never_revives_an_old_record() {
+        // The defect of an 11-bit stamp: after 2,048 releases an old record matched again.
         let s = BlockState::new_free();
         s.take();
         s.set_hashed();
-        let epoch = s.load().epoch();
-        assert!(matches!(s.release(), Released::ToCached { .. }));
+        let first = cached_generation(s.release());
         for _ in 0..5000 {
             assert!(matches!(s.pin(true), Pin::Pinned { .. }));
-            assert!(matches!(s.release(), Released::ToCached { .. }));
+            assert_ne!(cached_generation(s.release()), first);
+            assert!(!s.claim_cached(first, 1));
         }
-        assert_eq!(s.load().epoch(), epoch);
         assert!(s.load().is_cached());
     }
 }

@@ -21,3 +21,7 @@ pub fn add(counter: &AtomicU64, n: usize) {
 pub fn get(counter: &AtomicU64) -> u64 {
     counter.load(Ordering::Relaxed)
 }
+
+pub fn reset(counter: &AtomicU64) {
+    counter.store(0, Ordering::Relaxed);
+}

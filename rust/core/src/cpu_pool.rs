@@ -1,6 +1,7 @@
 //! The CPU swap space: block ids `0..num_cpu_blocks`, each FREE or held by exactly one
 //! swapped-out sequence. No prefix caching there, so no refcounts: a free stack and a count.
 
+use crate::error::Result;
 use crate::free_stack::FreeStack;
 use crate::sync::{AtomicUsize, Ordering};
 
@@ -13,12 +14,12 @@ pub struct CpuPool {
 }
 
 impl CpuPool {
-    pub fn new(num_blocks: u32) -> Self {
-        Self {
-            free: FreeStack::full(num_blocks),
+    pub fn new(num_blocks: u32) -> Result<Self> {
+        Ok(Self {
+            free: FreeStack::full(num_blocks)?,
             available: AtomicUsize::new(num_blocks as usize),
             num_blocks: num_blocks as usize,
-        }
+        })
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -68,7 +69,7 @@ mod tests {
 
     #[test]
     fn takes_all_or_nothing_and_gives_back_tail_first() {
-        let p = CpuPool::new(3);
+        let p = CpuPool::new(3).unwrap();
         assert_eq!(p.take(2), Some(vec![0, 1]));
         assert_eq!(p.take(2), None, "only one left");
         assert_eq!(p.num_free(), 1);

@@ -13,6 +13,18 @@ pub enum Error {
     NotSwapped(u64),
     #[error("{0}")]
     InvalidArgument(String),
+    #[error("block {block} already has {limit} holders, the most a refcount can count")]
+    RefcountOverflow { block: u32, limit: u32 },
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
+    /// Only in non-blocking mode (`crate::nonblocking`): the call would have waited for a
+    /// lock and changed nothing; call it again in blocking mode.
+    #[error("the call would block")]
+    WouldBlock,
+    /// An internal invariant failed mid-operation (a bug): the manager refuses every
+    /// further mutating call, since its state may be inconsistent.
+    #[error("the block manager is broken and refuses changes: {0}")]
+    Broken(String),
     #[error("invariant violated: {0}")]
     Invariant(String),
 }

@@ -3,6 +3,8 @@
 //! LIFO because the most recently freed block is the warmest in the GPU's L2 and the host's
 //! caches, and because vLLM reuses freed blocks in that order.
 
+use crate::alloc::try_boxed;
+use crate::error::Result;
 use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 const EMPTY: u32 = u32::MAX;
@@ -33,16 +35,24 @@ pub struct FreeStack {
 
 impl FreeStack {
     /// A stack holding `0..n`, popping `0` first.
-    pub fn full(n: u32) -> Self {
-        let next: Box<[AtomicU32]> = (0..n)
-            .map(|b| AtomicU32::new(if b + 1 < n { b + 1 } else { EMPTY }))
-            .collect();
+    pub fn full(n: u32) -> Result<Self> {
+        let next = try_boxed(
+            n as usize,
+            |b| {
+                AtomicU32::new(if b + 1 < n as usize {
+                    b as u32 + 1
+                } else {
+                    EMPTY
+                })
+            },
+            "the free stack",
+        )?;
         let top = if n == 0 { EMPTY } else { 0 };
-        Self {
+        Ok(Self {
             head: AtomicU64::new(pack(0, top)),
             next,
             len: AtomicUsize::new(n as usize),
-        }
+        })
     }
 
     pub fn pop(&self) -> Option<u32> {
@@ -116,7 +126,7 @@ mod tests {
 
     #[test]
     fn pops_in_order_then_lifo() {
-        let s = FreeStack::full(3);
+        let s = FreeStack::full(3).unwrap();
         assert_eq!(s.snapshot(10), vec![0, 1, 2]);
         assert_eq!(s.pop(), Some(0));
         assert_eq!(s.pop(), Some(1));
@@ -125,12 +135,12 @@ mod tests {
         assert_eq!(s.pop(), Some(2));
         assert_eq!(s.pop(), None);
         assert_eq!(s.len(), 0);
-        assert!(FreeStack::full(0).pop().is_none());
+        assert!(FreeStack::full(0).unwrap().pop().is_none());
     }
 
     #[test]
     fn threads_never_lose_or_duplicate_ids() {
-        let s = std::sync::Arc::new(FreeStack::full(64));
+        let s = std::sync::Arc::new(FreeStack::full(64).unwrap());
         let handles: Vec<_> = (0..4)
             .map(|_| {
                 let s = s.clone();

@@ -1,7 +1,8 @@
 //! pagedkv-core: a paged KV-cache block manager with no Python dependency.
 //!
 //! The parts, one file each: `block_state` (one atomic word per block: refcount, hashed,
-//! epoch), `free_stack` (lock-free LIFO of free ids), `lru_queue` (eviction order of cached
+//! generation), `gate` (reset excludes every ownership change), `seq_map` (live ids and how
+//! they come and go), `alloc` (fallible allocation), `free_stack` (lock-free LIFO of free ids), `lru_queue` (eviction order of cached
 //! blocks), `prefix_index` (digest -> block, lock-free reads), `block_pool` (the lifecycle
 //! transitions and admission), `cpu_pool` (swap space), `hashing` (chained digests),
 //! `hit_tag` (secret tags that confirm hits under a weak hash), `sequence` (a block table), `manager` (the operations), `batch`, `swap`, `audit`,
@@ -11,6 +12,7 @@
 //! CACHED (hashed, rc 0) -> OWNED (prefix hit) or evicted -> OWNED by a new holder.
 //! FREE + OWNED + CACHED = num_blocks at every quiescent moment (`check_invariants`).
 
+mod alloc;
 mod audit;
 mod batch;
 mod block_pool;
@@ -21,6 +23,7 @@ mod cpu_pool;
 mod error;
 mod events;
 mod free_stack;
+mod gate;
 mod hashing;
 mod hit_tag;
 mod id_hasher;
@@ -30,14 +33,18 @@ mod lru_queue;
 mod manager;
 mod pool_audit;
 mod prefix_index;
+mod seq_map;
 mod sequence;
 mod stats;
 mod swap;
 mod sync;
 
+pub use block_state::RC_MAX;
 pub use config::{Config, MAX_BLOCKS};
 pub use error::{Error, Result};
 pub use events::KvEvent;
 pub use hashing::{encode_extras, BlockHasher, Digest, HashAlgo, Tag};
-pub use manager::BlockManager;
+pub use manager::{BlockManager, MAX_TOKENS};
 pub use stats::{AllocStatus, Stats};
+#[cfg(not(loom))]
+pub use sync::nonblocking;

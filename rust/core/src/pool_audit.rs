@@ -77,6 +77,16 @@ impl BlockPool {
             ensure!(!indexed[b as usize], "block {b} is in the index twice");
             indexed[b as usize] = true;
         }
+        // One digest is registered once (contents cached twice would waste a block and send
+        // two `BlockStored` events).
+        let mut digests = std::collections::HashSet::new();
+        for &(b, _) in &index {
+            let d = self.index_digest_words(b);
+            ensure!(
+                digests.insert(d),
+                "block {b}'s digest is in the index twice"
+            );
+        }
         let hashed = (0..n as u32)
             .filter(|&b| self.state(b).load().hashed())
             .count();

@@ -18,6 +18,8 @@
 //! stable. That check is what makes a reused block safe: a block evicted and registered again
 //! under other content fails it.
 
+use crate::alloc::try_boxed;
+use crate::error::Result;
 use crate::hashing::{Digest, Tag};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
@@ -64,21 +66,24 @@ fn tag_words(tag: Tag) -> [u64; 2] {
 
 impl PrefixIndex {
     /// An index for `num_blocks` blocks; `tagged`: every entry also keeps a `Tag`.
-    pub fn new(num_blocks: usize, tagged: bool) -> Self {
+    pub fn new(num_blocks: usize, tagged: bool) -> Result<Self> {
         let buckets = (4 * num_blocks).div_ceil(BUCKET).next_power_of_two().max(2);
-        Self {
-            slots: (0..buckets * BUCKET)
-                .map(|_| AtomicU64::new(EMPTY))
-                .collect(),
+        let words = |_| std::array::from_fn(|_| AtomicU64::new(0));
+        Ok(Self {
+            slots: try_boxed(
+                buckets * BUCKET,
+                |_| AtomicU64::new(EMPTY),
+                "the prefix index",
+            )?,
             mask: buckets - 1,
-            digests: (0..num_blocks)
-                .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
-                .collect(),
-            tags: (0..if tagged { num_blocks } else { 0 })
-                .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
-                .collect(),
-            slot_of: (0..num_blocks).map(|_| AtomicU32::new(0)).collect(),
-        }
+            digests: try_boxed(num_blocks, words, "the block digests")?,
+            tags: try_boxed(
+                if tagged { num_blocks } else { 0 },
+                |_| std::array::from_fn(|_| AtomicU64::new(0)),
+                "the hit tags",
+            )?,
+            slot_of: try_boxed(num_blocks, |_| AtomicU32::new(0), "the index slots")?,
+        })
     }
 
     /// Whether `block`'s stored tag is `tag` (always true for an untagged index). Relaxed, as
@@ -280,7 +285,7 @@ mod tests {
     #[test]
     fn holds_one_entry_per_block_at_full_load() {
         let n = 20_000;
-        let idx = PrefixIndex::new(n as usize, false);
+        let idx = PrefixIndex::new(n as usize, false).unwrap();
         let ds = digests(n);
         for (b, d) in ds.iter().enumerate() {
             assert!(insert(&idx, d, b as u32), "insert {b} found no slot");
@@ -296,7 +301,7 @@ mod tests {
 
     #[test]
     fn a_reused_block_no_longer_matches_its_old_digest() {
-        let idx = PrefixIndex::new(4, false);
+        let idx = PrefixIndex::new(4, false).unwrap();
         let ds = digests(2);
         assert!(insert(&idx, &ds[0], 1));
         assert!(!idx.remove(&ds[0], 2), "another block");
@@ -311,13 +316,13 @@ mod tests {
 
     #[test]
     fn a_tagged_entry_confirms_only_its_own_tag() {
-        let idx = PrefixIndex::new(4, true);
+        let idx = PrefixIndex::new(4, true).unwrap();
         let d = digests(1)[0];
         idx.write_digest(2, &d, Some(7 << 64 | 9));
         assert!(idx.insert_new(&d, 2));
         assert!(idx.tag_is(2, Some(7 << 64 | 9)));
         assert!(!idx.tag_is(2, Some(9)), "same digest, another prefix");
         assert!(!idx.tag_is(2, None), "a tagged index needs a tag");
-        assert!(PrefixIndex::new(4, false).tag_is(2, None));
+        assert!(PrefixIndex::new(4, false).unwrap().tag_is(2, None));
     }
 }

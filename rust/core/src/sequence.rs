@@ -25,8 +25,6 @@ pub struct Sequence {
     /// Sum over `i` of `mix(i, blocks[i])`: equal tables give equal digests, and replacing
     /// one entry updates it in O(1).
     pub table_digest: u64,
-    /// False once freed: a caller that fetched the sequence before the free sees it gone.
-    pub alive: bool,
 }
 
 /// A position-aware 64-bit mix of one table entry (splitmix64's finaliser).
@@ -48,7 +46,24 @@ impl Sequence {
             lora_id,
             cpu_blocks: None,
             table_digest: 0,
-            alive: true,
+        }
+    }
+
+    /// The placeholder a pending cell holds until its creating call fills it.
+    pub fn empty() -> Self {
+        Self::new(Vec::new(), Arc::from(Vec::new()), None)
+    }
+
+    /// `(reserved slots, used slots)` this sequence adds to `stats()`: its GPU blocks'
+    /// capacity and its tokens while resident, nothing while swapped out.
+    pub fn footprint(&self, block_size: usize) -> (u64, u64) {
+        if self.is_swapped() {
+            (0, 0)
+        } else {
+            (
+                (self.blocks.len() * block_size) as u64,
+                self.tokens.len() as u64,
+            )
         }
     }
 

@@ -9,7 +9,7 @@ impl BlockManager {
     /// Move a sequence's KV to CPU blocks. Returns the `(gpu, cpu)` pairs to copy before any
     /// later device work, or `None` when the CPU space is too small (nothing changed).
     pub fn swap_out(&self, id: u64) -> Result<Option<Vec<(u32, u32)>>> {
-        self.with_seq(id, |seq| {
+        self.with_seq(id, true, |seq| {
             if seq.is_swapped() {
                 return Err(Error::Swapped(id));
             }
@@ -24,17 +24,20 @@ impl BlockManager {
                 .collect();
             let gpu = seq.clear_blocks();
             // Hashed blocks stay CACHED on the GPU: a later prompt (or swap-in) may hit them.
-            self.release_blocks(&gpu, &seq.digests);
+            self.release_blocks(&gpu, &seq.digests)?;
             counters::add(&self.counters.swapped_out_blocks, cpu.len());
             seq.cpu_blocks = Some(cpu);
             Ok(Some(pairs))
         })
     }
 
-    /// Bring a swapped-out sequence back into new GPU blocks. Returns the `(cpu, gpu)` pairs
-    /// to copy, or `None` when the GPU blocks do not fit (nothing changed).
+    /// Bring a swapped-out sequence back into fresh GPU blocks, one per CPU block, and
+    /// copy every one: copies of its full blocks that are still cached on the GPU are not
+    /// reused (a duplicate's digest stays registered to the cached copy, and the fresh block
+    /// stays unhashed). Returns the `(cpu, gpu)` pairs to copy, or `None` when the GPU blocks
+    /// do not fit (nothing changed).
     pub fn swap_in(&self, id: u64) -> Result<Option<Vec<(u32, u32)>>> {
-        self.with_seq(id, |seq| {
+        self.with_seq(id, true, |seq| {
             let Some(cpu) = seq.cpu_blocks.as_ref() else {
                 return Err(Error::NotSwapped(id));
             };
@@ -56,7 +59,7 @@ impl BlockManager {
     }
 
     pub fn can_swap_in(&self, id: u64) -> Result<AllocStatus> {
-        let need = self.with_seq(id, |seq| {
+        let need = self.with_seq(id, false, |seq| {
             seq.cpu_blocks
                 .as_ref()
                 .map(Vec::len)

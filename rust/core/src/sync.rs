@@ -1,12 +1,12 @@
 //! The one place that names the atomics and locks, so that loom can replace them.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard};
 
@@ -43,4 +43,38 @@ pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
         Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
         Err(std::sync::TryLockError::WouldBlock) => None,
     }
+}
+
+#[cfg(not(loom))]
+thread_local! {
+    /// True inside `nonblocking`: a call that would wait for a lock returns
+    /// `Error::WouldBlock` instead, having changed nothing.
+    static NONBLOCKING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Run `f` with every lock wait of the manager's calls turned into `Error::WouldBlock`.
+/// The Python binding calls each single-sequence method this way with the GIL held, and
+/// again in blocking mode with the GIL released only if it would block: no thread then waits
+/// for a lock while it holds the GIL.
+#[cfg(not(loom))]
+pub fn nonblocking<T>(f: impl FnOnce() -> T) -> T {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            NONBLOCKING.with(|c| c.set(self.0));
+        }
+    }
+    let _reset = Reset(NONBLOCKING.with(|c| c.replace(true)));
+    f()
+}
+
+/// Whether lock waits must fail with `Error::WouldBlock` (see `nonblocking`).
+#[cfg(not(loom))]
+pub(crate) fn may_wait() -> bool {
+    !NONBLOCKING.with(std::cell::Cell::get)
+}
+
+#[cfg(loom)]
+pub(crate) fn may_wait() -> bool {
+    true
 }

@@ -227,10 +227,10 @@ fn bad_input_is_refused_without_change() {
 fn reset_refuses_while_blocks_are_owned_then_clears() {
     let m = with(|c| c.enable_kv_events = true);
     m.allocate(1, &toks(0..9), None, None, 0).unwrap();
-    assert!(!m.reset_prefix_cache());
+    assert!(!m.reset_prefix_cache().unwrap());
     m.free(1).unwrap();
     m.drain_events();
-    assert!(m.reset_prefix_cache());
+    assert!(m.reset_prefix_cache().unwrap());
     assert_eq!(m.drain_events(), vec![KvEvent::AllBlocksCleared]);
     assert_eq!((m.num_free_blocks(), m.num_cached_blocks()), (8, 0));
     assert_eq!(m.allocate(2, &toks(0..9), None, None, 0), Ok(Some(0)));

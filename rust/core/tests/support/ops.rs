@@ -458,7 +458,7 @@ impl Runner {
             }
             Op::Reset => {
                 let owned = self.seqs.values().any(|s| !s.table.is_empty());
-                let done = self.m.reset_prefix_cache();
+                let done = self.m.reset_prefix_cache().unwrap();
                 assert_eq!(
                     done, !owned,
                     "reset must succeed exactly when no block is owned"
