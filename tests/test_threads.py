@@ -24,6 +24,7 @@ import pytest
 from pagedkv import (
     BlockManager,
     DuplicateSequenceError,
+    SequenceNotSwappedError,
     SequenceSwappedError,
     UnknownSequenceError,
     hash_blocks,
@@ -526,7 +527,12 @@ def test_threads_on_the_same_sequences_get_results_or_clear_errors() -> None:
     m = BlockManager(200, B, num_cpu_blocks=64)
     prompt = list(range(1000, 1000 + 2 * B + 3))
     ids = list(range(6))
-    documented = (UnknownSequenceError, DuplicateSequenceError, SequenceSwappedError)
+    documented = (
+        UnknownSequenceError,
+        DuplicateSequenceError,
+        SequenceSwappedError,
+        SequenceNotSwappedError,
+    )
     counts = [0, 0]  # results, documented errors
 
     def hammer(t: int) -> None:

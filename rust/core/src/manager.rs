@@ -210,15 +210,8 @@ impl BlockManager {
         self.guarded(true, || {
             self.check_tokens(tokens, "token_ids")?;
             let n = tokens.len();
-            let reach = n
-                .checked_add(lookahead)
-                .filter(|&r| r <= MAX_TOKENS)
-                .ok_or_else(|| {
-                    invalid(format!(
-                        "{n} tokens plus lookahead {lookahead} exceed the {MAX_TOKENS} a \
-                         sequence may hold"
-                    ))
-                })?;
+            // Lookahead has no bound but the pool: a reach beyond it simply does not fit.
+            let reach = n.saturating_add(lookahead);
             let bs = self.block_size();
             let extras: Arc<[u8]> = encode_extras(cache_salt, lora_id).into();
             let digests = if self.caching() {
@@ -230,11 +223,15 @@ impl BlockManager {
                 Some(t) if self.caching() => t.tag_chain(tokens, bs, &extras),
                 _ => Vec::new(),
             };
+            let total = cdiv(reach, bs);
             let _gate = self.enter()?;
             self.seqs.create(id, |seq| {
+                if total > self.gpu.num_blocks() {
+                    return Ok(None);
+                }
                 let max_hits = if self.caching() { (n - 1) / bs } else { 0 };
                 let Some((blocks, hits)) =
-                    self.take_prompt_blocks(cdiv(reach, bs), max_hits, &digests, &tags)?
+                    self.take_prompt_blocks(total, max_hits, &digests, &tags)?
                 else {
                     return Ok(None);
                 };

@@ -2,6 +2,7 @@
 //! can subclass both `PagedKVError` and the builtin users expect).
 
 use pagedkv_core::Error;
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
@@ -11,6 +12,9 @@ static DUPLICATE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static SWAPPED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static INVALID: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static INVARIANT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static NOT_SWAPPED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static OVERFLOW: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static BROKEN: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 fn raise(py: Python<'_>, cell: &PyOnceLock<Py<PyType>>, name: &str, msg: String) -> PyErr {
     match cell.import(py, "pagedkv.errors", name) {
@@ -24,11 +28,15 @@ pub fn to_pyerr(py: Python<'_>, e: Error) -> PyErr {
     match e {
         Error::UnknownSequence(_) => raise(py, &UNKNOWN, "UnknownSequenceError", msg),
         Error::DuplicateSequence(_) => raise(py, &DUPLICATE, "DuplicateSequenceError", msg),
-        Error::Swapped(_) | Error::NotSwapped(_) => {
-            raise(py, &SWAPPED, "SequenceSwappedError", msg)
-        }
+        Error::Swapped(_) => raise(py, &SWAPPED, "SequenceSwappedError", msg),
+        Error::NotSwapped(_) => raise(py, &NOT_SWAPPED, "SequenceNotSwappedError", msg),
         Error::InvalidArgument(_) => raise(py, &INVALID, "InvalidArgumentError", msg),
         Error::Invariant(_) => raise(py, &INVARIANT, "InvariantError", msg),
+        Error::RefcountOverflow { .. } => raise(py, &OVERFLOW, "RefcountOverflowError", msg),
+        Error::OutOfMemory(_) => PyMemoryError::new_err(msg),
+        Error::Broken(_) => raise(py, &BROKEN, "ManagerBrokenError", msg),
+        // Only non-blocking mode returns it, and the binding retries those calls blocking.
+        Error::WouldBlock => PyRuntimeError::new_err(msg),
     }
 }
 

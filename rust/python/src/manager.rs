@@ -6,7 +6,7 @@ use crate::errors::{invalid, IntoPy};
 use crate::objects;
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
-use pagedkv_core::{BlockManager, Config, HashAlgo};
+use pagedkv_core::{nonblocking, BlockManager, Config, Error, HashAlgo, Result as CoreResult};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyString};
 
@@ -15,6 +15,28 @@ use pyo3::types::{PyBool, PyBytes, PyString};
 const DETACH_MIN_BATCH: usize = 64;
 /// Prompts at least this long release the GIL while they are hashed.
 const DETACH_MIN_TOKENS: usize = 4096;
+/// Pools at least this large release the GIL while their tables are built.
+const DETACH_MIN_BLOCKS: u32 = 1 << 20;
+
+/// Run a core call. With `detach` (work that grows with the input) the GIL is released for
+/// the whole call. Otherwise the call runs with the GIL held in non-blocking mode, and only
+/// if it would wait for a lock (having changed nothing) runs again with the GIL released:
+/// no thread ever waits for a sequence lock or the reset gate while holding the GIL.
+fn run<T: Send>(
+    py: Python<'_>,
+    detach: bool,
+    mut call: impl FnMut() -> CoreResult<T> + Send,
+) -> PyResult<T> {
+    let out = if detach {
+        py.detach(&mut call)
+    } else {
+        match nonblocking(&mut call) {
+            Err(Error::WouldBlock) => py.detach(&mut call),
+            other => other,
+        }
+    };
+    out.py(py)
+}
 
 type Pairs = Vec<(u32, u32)>;
 
@@ -52,14 +74,14 @@ pub fn salt_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u8>>> {
     salt_bytes(obj)
 }
 
-fn pairs_array(py: Python<'_>, pairs: Pairs) -> Bound<'_, PyArray2<i32>> {
+fn pairs_array(py: Python<'_>, pairs: Pairs) -> PyResult<Bound<'_, PyArray2<i32>>> {
     let flat: Vec<i32> = pairs
         .iter()
         .flat_map(|&(a, b)| [a as i32, b as i32])
         .collect();
-    Array2::from_shape_vec((pairs.len(), 2), flat)
-        .expect("two columns per pair")
-        .into_pyarray(py)
+    let array = Array2::from_shape_vec((pairs.len(), 2), flat)
+        .map_err(|e| invalid(py, format!("internal shape error: {e}")))?;
+    Ok(array.into_pyarray(py))
 }
 
 #[pymethods]
@@ -106,9 +128,12 @@ impl PyBlockManager {
             watermark,
             enable_kv_events,
         };
-        Ok(Self {
-            inner: BlockManager::new(config).py(py)?,
-        })
+        let inner = if config.num_blocks >= DETACH_MIN_BLOCKS {
+            py.detach(|| BlockManager::new(config))
+        } else {
+            BlockManager::new(config)
+        };
+        Ok(Self { inner: inner.py(py)? })
     }
 
     #[pyo3(
@@ -132,16 +157,12 @@ impl PyBlockManager {
             .transpose()?;
         let lookahead = int_arg(lookahead, 0, "lookahead", 0, i64::MAX)? as usize;
         let detach = toks.len() >= DETACH_MIN_TOKENS;
-        // The converted tokens move into the core: no second copy of a long prompt.
-        let run = move || {
+        let mut toks = toks;
+        // The converted tokens move into the core on success: no second copy of a prompt.
+        run(py, detach, || {
             self.inner
-                .allocate_owned(id, toks, salt.as_deref(), lora, lookahead)
-        };
-        if detach {
-            py.detach(run).py(py)
-        } else {
-            run().py(py)
-        }
+                .allocate_from(id, &mut toks, salt.as_deref(), lora, lookahead)
+        })
     }
 
     fn append(
@@ -152,7 +173,7 @@ impl PyBlockManager {
     ) -> PyResult<Option<Pairs>> {
         let id = self::seq_id(seq_id)?;
         let toks = tokens(token_ids)?;
-        self.inner.append(id, &toks).py(py)
+        run(py, toks.len() >= DETACH_MIN_TOKENS, || self.inner.append(id, &toks))
     }
 
     fn fork(
@@ -162,22 +183,22 @@ impl PyBlockManager {
         child_id: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let (p, c) = (seq_id(parent_id)?, seq_id(child_id)?);
-        self.inner.fork(p, c).py(py)
+        run(py, false, || self.inner.fork(p, c))
     }
 
     fn free(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<()> {
         let id = self::seq_id(seq_id)?;
-        self.inner.free(id).py(py)
+        run(py, false, || self.inner.free(id))
     }
 
     fn swap_out(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<Option<Pairs>> {
         let id = self::seq_id(seq_id)?;
-        self.inner.swap_out(id).py(py)
+        run(py, false, || self.inner.swap_out(id))
     }
 
     fn swap_in(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<Option<Pairs>> {
         let id = self::seq_id(seq_id)?;
-        self.inner.swap_in(id).py(py)
+        run(py, false, || self.inner.swap_in(id))
     }
 
     fn can_allocate<'py>(
@@ -185,7 +206,7 @@ impl PyBlockManager {
         py: Python<'py>,
         num_tokens: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let n = int_arg(Some(num_tokens), 0, "num_tokens", 1, i64::MAX)? as usize;
+        let n = int_arg(Some(num_tokens), 0, "num_tokens", 1, i64::MAX)? as u64;
         let status = self.inner.can_allocate(n).py(py)?;
         objects::alloc_status(py, status)
     }
@@ -196,7 +217,7 @@ impl PyBlockManager {
         seq_id: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::seq_id(seq_id)?;
-        let status = self.inner.can_swap_in(id).py(py)?;
+        let status = run(py, false, || self.inner.can_swap_in(id))?;
         objects::alloc_status(py, status)
     }
 
@@ -208,25 +229,14 @@ impl PyBlockManager {
     ) -> PyResult<Option<Bound<'py, PyArray2<i32>>>> {
         let ids = self::seq_ids(seq_ids)?;
         let toks = batch_tokens(token_ids)?;
-        let run = || self.inner.append_batch(&ids, &toks);
-        let pairs = if ids.len() >= DETACH_MIN_BATCH {
-            py.detach(run)
-        } else {
-            run()
-        }
-        .py(py)?;
-        Ok(pairs.map(|p| pairs_array(py, p)))
+        let detach = ids.len() >= DETACH_MIN_BATCH;
+        let pairs = run(py, detach, || self.inner.append_batch(&ids, &toks))?;
+        pairs.map(|p| pairs_array(py, p)).transpose()
     }
 
     fn free_batch(&self, py: Python<'_>, seq_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = self::seq_ids(seq_ids)?;
-        let run = || self.inner.free_batch(&ids);
-        if ids.len() >= DETACH_MIN_BATCH {
-            py.detach(run)
-        } else {
-            run()
-        }
-        .py(py)
+        run(py, ids.len() >= DETACH_MIN_BATCH, || self.inner.free_batch(&ids))
     }
 
     #[pyo3(signature = (seq_ids, pad=None), text_signature = "($self, seq_ids, pad=-1)")]
@@ -238,10 +248,11 @@ impl PyBlockManager {
     ) -> PyResult<Bound<'py, PyArray2<i32>>> {
         let ids = self::seq_ids(seq_ids)?;
         let pad = int_arg(pad, -1, "pad", i64::from(i32::MIN), i64::from(i32::MAX))? as i32;
-        let (flat, width) = self.inner.block_tables(&ids, pad).py(py)?;
-        Ok(Array2::from_shape_vec((ids.len(), width), flat)
-            .expect("rows of equal width")
-            .into_pyarray(py))
+        let detach = ids.len() >= DETACH_MIN_BATCH;
+        let (flat, width) = run(py, detach, || self.inner.block_tables(&ids, pad))?;
+        let array = Array2::from_shape_vec((ids.len(), width), flat)
+            .map_err(|e| invalid(py, format!("internal shape error: {e}")))?;
+        Ok(array.into_pyarray(py))
     }
 
     fn slot_mapping<'py>(
@@ -252,7 +263,8 @@ impl PyBlockManager {
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let ids = self::seq_ids(seq_ids)?;
         let n = counts(num_new_tokens, ids.len(), "num_new_tokens")?;
-        Ok(self.inner.slot_mapping(&ids, &n).py(py)?.into_pyarray(py))
+        let detach = ids.len() >= DETACH_MIN_BATCH;
+        Ok(run(py, detach, || self.inner.slot_mapping(&ids, &n))?.into_pyarray(py))
     }
 
     #[allow(clippy::type_complexity)]
@@ -266,7 +278,8 @@ impl PyBlockManager {
         Bound<'py, PyArray1<i32>>,
     )> {
         let ids = self::seq_ids(seq_ids)?;
-        let (indptr, indices, last) = self.inner.flashinfer_page_table(&ids).py(py)?;
+        let detach = ids.len() >= DETACH_MIN_BATCH;
+        let (indptr, indices, last) = run(py, detach, || self.inner.flashinfer_page_table(&ids))?;
         Ok((
             indptr.into_pyarray(py),
             indices.into_pyarray(py),
@@ -276,17 +289,17 @@ impl PyBlockManager {
 
     fn block_table(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
         let id = self::seq_id(seq_id)?;
-        self.inner.block_table(id).py(py)
+        run(py, false, || self.inner.block_table(id))
     }
 
     fn num_tokens(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let id = self::seq_id(seq_id)?;
-        self.inner.num_tokens(id).py(py)
+        run(py, false, || self.inner.num_tokens(id))
     }
 
     fn table_digest(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<u64> {
         let id = self::seq_id(seq_id)?;
-        self.inner.table_digest(id).py(py)
+        run(py, false, || self.inner.table_digest(id))
     }
 
     fn block_hashes<'py>(
@@ -295,7 +308,7 @@ impl PyBlockManager {
         seq_id: &Bound<'py, PyAny>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
         let id = self::seq_id(seq_id)?;
-        let digests = self.inner.block_hashes(id).py(py)?;
+        let digests = run(py, false, || self.inner.block_hashes(id))?;
         Ok(digests
             .iter()
             .map(|d| PyBytes::new(py, d.as_bytes()))
@@ -304,7 +317,7 @@ impl PyBlockManager {
 
     fn is_swapped(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<bool> {
         let id = self::seq_id(seq_id)?;
-        self.inner.is_swapped(id).py(py)
+        run(py, false, || self.inner.is_swapped(id))
     }
 
     fn __contains__(&self, seq_id: &Bound<'_, PyAny>) -> bool {
@@ -357,8 +370,9 @@ impl PyBlockManager {
         objects::stats(py, &s)
     }
 
-    fn reset_prefix_cache(&self) -> bool {
-        self.inner.reset_prefix_cache()
+    fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<bool> {
+        // Waits for calls in flight: always without the GIL.
+        run(py, true, || self.inner.reset_prefix_cache())
     }
 
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
