@@ -24,6 +24,8 @@ mod error;
 mod events;
 mod free_stack;
 mod gate;
+#[cfg(all(test, not(loom)))]
+mod guard_tests;
 mod hashing;
 mod hit_tag;
 mod id_hasher;

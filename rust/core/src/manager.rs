@@ -39,7 +39,7 @@ pub struct BlockManager {
     pub(crate) seqs: SeqMap,
     pub(crate) counters: Counters,
     /// Shared by every call that changes block ownership, exclusive for reset.
-    gate: Gate,
+    pub(crate) gate: Gate,
     /// `stats()`'s reserved and used slots of resident sequences, changed under the lock of
     /// the sequence whose footprint changed (Relaxed: tallies read on their own).
     reserved_slots: AtomicU64,
