@@ -42,6 +42,11 @@ __global__ void __launch_bounds__(1024) pkv_paged_decode(
     const int head = kvh * group + g;
     const int tid = tx + BDX * (g + group * z);
     const int nthreads = BDX * group * bdz;
+    // The lanes of this thread's warp. A GQA group that cannot be padded to whole warps
+    // (group * BDX not a multiple of 32 with no room to double bdz) ends the CTA in a
+    // partial warp, and a full mask naming lanes that do not exist is undefined behaviour.
+    // BDX divides 32 and nthreads, so the BDX lanes of one row stay inside the mask.
+    const unsigned warp_mask = pkv::lanes_mask(nthreads - (tid & ~31));
 
     const int seq_len = seq_lens[b];
     const int start = split * tokens_per_split;
@@ -101,7 +106,7 @@ __global__ void __launch_bounds__(1024) pkv_paged_decode(
                 for (int i = 0; i < VEC; ++i) s += qv[i] * pkv::to_float(kk.e[i]);
             }
 #pragma unroll
-            for (int off = BDX / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+            for (int off = BDX / 2; off > 0; off >>= 1) s += __shfl_xor_sync(warp_mask, s, off);
             if (valid) {
                 const float m_new = fmaxf(m, s);
                 const float corr = exp2f(m - m_new);
