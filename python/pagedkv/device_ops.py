@@ -117,6 +117,7 @@ def gather(
         _i32(row_units),
         _i32(block_size),
         _i32(num_blocks),
+        _i32(block_tables.shape[1]),
     )
     launcher.kernel(K.gather_kv_name(dtype, vec))(grid, block, args, stream=launcher.stream())
     return out_k, out_v
@@ -244,6 +245,7 @@ def paged_decode_attention(
         _i32(kv_heads),
         _i32(block_size),
         _i32(num_blocks),
+        _i32(block_tables.shape[1]),
         _i32(per),
         _i32(tile),
         np.float32(scale * math.log2(math.e)),

@@ -76,5 +76,6 @@ __device__ __forceinline__ unsigned lanes_mask(int lanes) {
 }
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+__device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fffffff); }
 
 }  // namespace pkv
