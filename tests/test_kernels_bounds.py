@@ -8,9 +8,10 @@ Two layers, each tested here:
   for by "meta" tensors: they have a shape and a dtype but no values to read, which is what
   the pool may look at without a synchronisation.
 - the kernel guard (device_ops called directly, as with device-tensor ids that the host
-  does not read): poisoned tables and lengths give zero rows (gather) or NaN (attention),
-  and the memory just past the table or before the pool, filled with readable ids and
-  values, shows up in the output if a kernel reads it.
+  does not read; on the host harness, and on a GPU where there is one): poisoned tables
+  and lengths give zero rows (gather) or NaN (attention), and the memory just past the
+  table or before the pool, filled with readable ids and values, shows up in the output
+  if a kernel reads it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ torch = pytest.importorskip("torch")
 from pagedkv import device_ops  # noqa: E402
 from pagedkv.errors import InvalidArgumentError  # noqa: E402
 from pagedkv.pool import KVCachePool, paged_decode_attention  # noqa: E402
-from test_kernels import _host_launcher, fill_random, randn  # noqa: E402
+from test_kernels import _cuda_ok, _host_launcher, fill_random, make_pool, randn  # noqa: E402
 
 BS = 16
 
@@ -96,22 +97,30 @@ def test_decode_host_checks(pool):
 # kernel guards (host harness): what a bad device id or length would do on a GPU
 
 
-@pytest.fixture
-def hpool() -> KVCachePool:
-    p = KVCachePool(2, 6, BS, 1, 64, "float32", "cpu", launcher=_host_launcher())
+@pytest.fixture(params=["host", pytest.param("cuda", marks=pytest.mark.gpu)])
+def hpool(request: pytest.FixtureRequest) -> KVCachePool:
+    """A 2-layer float32 pool of 6 blocks on the kernel path: the host harness, or a GPU."""
+    if request.param == "cuda" and not _cuda_ok():
+        pytest.skip("no CUDA device")
+    p = make_pool(str(request.param), 2, 6, BS, 1, 64, "float32")
     fill_random(p, torch.Generator().manual_seed(4))
     return p
 
 
-def row_view(ids: list[int], width: int) -> Any:
+def row_view(ids: list[int], width: int, device: Any) -> Any:
     """A [1, width] table whose memory goes on with the rest of ids (valid block ids), so a
     kernel that reads past the row picks up real blocks instead of garbage."""
-    return torch.tensor([ids], dtype=torch.int32)[:, :width]
+    return torch.tensor([ids], dtype=torch.int32, device=device)[:, :width]
+
+
+def ids(values: Any, device: Any) -> Any:
+    return torch.tensor(values, dtype=torch.int32, device=device)
 
 
 def test_gather_guard_sequence_longer_than_its_table(hpool):
-    tables = row_view([0, 3], 1)  # one block in the row, block 3 just past it
-    cu = torch.tensor([0, 2 * BS], dtype=torch.int32)
+    dev = hpool.device
+    tables = row_view([0, 3], 1, dev)  # one block in the row, block 3 just past it
+    cu = ids([0, 2 * BS], dev)
     k, v = device_ops.gather(
         hpool._launcher, "float32", hpool.key(1), hpool.value(1), tables, cu, 2 * BS
     )
@@ -122,8 +131,8 @@ def test_gather_guard_sequence_longer_than_its_table(hpool):
 def test_gather_guard_cu_seq_lens_not_starting_at_zero(hpool):
     """Rows before cu_seq_lens[0] have negative positions: without the guard they read the
     slots before block 0 of layer 1's K, i.e. layer 0's V."""
-    tables = torch.tensor([[0]], dtype=torch.int32)
-    cu = torch.tensor([2, 4], dtype=torch.int32)
+    tables = ids([[0]], hpool.device)
+    cu = ids([2, 4], hpool.device)
     k, _ = device_ops.gather(
         hpool._launcher, "float32", hpool.key(1), hpool.value(1), tables, cu, 4
     )
@@ -132,7 +141,8 @@ def test_gather_guard_cu_seq_lens_not_starting_at_zero(hpool):
 
 
 def _decode(pool: KVCachePool, tables: Any, lens: Any, max_len: int, splits: int | None) -> Any:
-    q = randn((int(lens.shape[0]), 2, 64), "float32", gen=torch.Generator().manual_seed(8))
+    gen = torch.Generator().manual_seed(8)
+    q = randn((int(lens.shape[0]), 2, 64), "float32", pool.device, gen)
     return device_ops.paged_decode_attention(
         pool._launcher,
         "float32",
@@ -149,16 +159,16 @@ def _decode(pool: KVCachePool, tables: Any, lens: Any, max_len: int, splits: int
 
 @pytest.mark.parametrize("splits", [1, 2])
 def test_decode_guard_sequence_longer_than_its_table(hpool, splits):
-    tables = row_view([0, 3, 4], 1)
-    out = _decode(hpool, tables, torch.tensor([40], dtype=torch.int32), 40, splits)
+    tables = row_view([0, 3, 4], 1, hpool.device)
+    out = _decode(hpool, tables, ids([40], hpool.device), 40, splits)
     assert torch.isnan(out).all()
 
 
 @pytest.mark.parametrize("splits", [1, 2])
 def test_decode_guard_max_seq_len_shorter_than_a_sequence(hpool, splits):
     """A device seq_lens beyond max_seq_len: NaN for that sequence, the others exact."""
-    tables = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
-    lens = torch.tensor([40, 10], dtype=torch.int32)
+    tables = ids([[0, 1, 2], [3, 4, 5]], hpool.device)
+    lens = ids([40, 10], hpool.device)
     out = _decode(hpool, tables, lens, 16, splits)
     assert torch.isnan(out[0]).all()
     assert not torch.isnan(out[1]).any()
@@ -167,8 +177,7 @@ def test_decode_guard_max_seq_len_shorter_than_a_sequence(hpool, splits):
 
 
 def test_decode_guard_negative_length(hpool):
-    tables = torch.tensor([[0]], dtype=torch.int32)
-    out = _decode(hpool, tables, torch.tensor([-5], dtype=torch.int32), 16, None)
+    out = _decode(hpool, ids([[0]], hpool.device), ids([-5], hpool.device), 16, None)
     assert torch.isnan(out).all()
 
 
@@ -178,7 +187,7 @@ def test_decode_guard_bad_block_ids_read_nothing(hpool):
     (poisoned); NaN would show in the output if the kernel read either."""
     hpool.buffer[0, 1] = float("nan")
     hpool.buffer[1, 1, 0] = float("nan")
-    tables = torch.tensor([[1, 6, -1]], dtype=torch.int32)
-    lens = torch.tensor([3 * BS], dtype=torch.int32)
+    tables = ids([[1, 6, -1]], hpool.device)
+    lens = ids([3 * BS], hpool.device)
     out = _decode(hpool, tables, lens, 3 * BS, None)
     assert not torch.isnan(out).any()

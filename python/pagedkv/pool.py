@@ -25,11 +25,12 @@ freed by the manager can be reused by work issued after.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, cast
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pagedkv import cpu_ops, device_ops, id_checks
+from pagedkv import cpu_ops, cupy_launch, device_ops, id_checks
 from pagedkv import kernel_loader as K
 from pagedkv.errors import InvalidArgumentError
 
@@ -116,8 +117,9 @@ class KVCachePool:
         self.dtype_name = _dtype_name(dtype)
         self.dtype: torch.dtype = getattr(torch, self.dtype_name)
         dev = torch.device(device)
-        if dev.type == "cuda" and cast("int | None", dev.index) is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
+        index = cupy_launch.device_index(dev, torch.cuda.current_device)
+        if index is not None:
+            dev = torch.device("cuda", index)
         self.device: torch.device = dev
         shape = (
             self.num_layers,
@@ -128,12 +130,14 @@ class KVCachePool:
             self.head_dim,
         )
         pin = pin_memory and self.device.type == "cpu"
-        #: The one allocation: [num_layers, 2 (K, V), num_blocks, block_size, heads, head_dim].
-        self.buffer: torch.Tensor = torch.zeros(
-            shape, dtype=self.dtype, device=self.device, pin_memory=pin
-        )
-        if launcher is None and self.device.type == "cuda":
-            launcher = K.cupy_launcher(self.device.index or 0)
+        with self._on_device():
+            #: The one allocation: [num_layers, 2 (K, V), num_blocks, block_size, heads,
+            #: head_dim].
+            self.buffer: torch.Tensor = torch.zeros(
+                shape, dtype=self.dtype, device=self.device, pin_memory=pin
+            )
+            if launcher is None and index is not None:
+                launcher = cupy_launch.cupy_launcher(index)
         self._launcher = launcher
 
     # ---- sizing -------------------------------------------------------------------------
@@ -250,6 +254,11 @@ class KVCachePool:
 
     # ---- helpers ------------------------------------------------------------------------
 
+    def _on_device(self) -> AbstractContextManager[Any]:
+        """torch's guard for this pool's GPU around every allocation and launch (the CuPy
+        side enters the same device in each launch: pagedkv.cupy_launch.DeviceKernel)."""
+        return cupy_launch.torch_device_guard(self.device)
+
     def _ids(self, a: np.ndarray | None, x: Any, dtype: Any) -> torch.Tensor:
         """Ids as a contiguous tensor of ``dtype`` on the pool's device, without a sync."""
         import torch
@@ -317,16 +326,17 @@ class KVCachePool:
                 raise InvalidArgumentError("slot_mapping holds a slot twice")
         import torch
 
-        slots = self._ids(a, slot_mapping, torch.int64)
-        kc, vc = self.key(layer), self.value(layer)
-        if self._launcher is None:
-            cpu_ops.write(kc, vc, key, value, slots)
-            return
-        if key.stride(-1) != 1:
-            key = key.contiguous()
-        if value.stride(-1) != 1:
-            value = value.contiguous()
-        device_ops.write(self._launcher, self.dtype_name, kc, vc, key, value, slots)
+        with self._on_device():
+            slots = self._ids(a, slot_mapping, torch.int64)
+            kc, vc = self.key(layer), self.value(layer)
+            if self._launcher is None:
+                cpu_ops.write(kc, vc, key, value, slots)
+                return
+            if key.stride(-1) != 1:
+                key = key.contiguous()
+            if value.stride(-1) != 1:
+                value = value.contiguous()
+            device_ops.write(self._launcher, self.dtype_name, kc, vc, key, value, slots)
 
     def gather(
         self, layer: int, block_tables: Any, cu_seq_lens: Any
@@ -359,12 +369,13 @@ class KVCachePool:
         if batch == 0:
             empty = torch.empty((0, self.num_kv_heads, self.head_dim), dtype=self.dtype)
             return empty.to(self.device), empty.to(self.device)
-        tables = self._ids(bt, block_tables, torch.int32)
-        cus = self._ids(cu, cu_seq_lens, torch.int32)
-        kc, vc = self.key(layer), self.value(layer)
-        if self._launcher is None:
-            return cpu_ops.gather(kc, vc, tables, cus)
-        return device_ops.gather(self._launcher, self.dtype_name, kc, vc, tables, cus, total)
+        with self._on_device():
+            tables = self._ids(bt, block_tables, torch.int32)
+            cus = self._ids(cu, cu_seq_lens, torch.int32)
+            kc, vc = self.key(layer), self.value(layer)
+            if self._launcher is None:
+                return cpu_ops.gather(kc, vc, tables, cus)
+            return device_ops.gather(self._launcher, self.dtype_name, kc, vc, tables, cus, total)
 
     def _check_pairs(self, a: np.ndarray | None, src_blocks: int, dst_blocks: int) -> None:
         if a is None:
@@ -395,11 +406,12 @@ class KVCachePool:
                 raise InvalidArgumentError("a block is both a source and a destination")
         import torch
 
-        p = self._ids(a, pairs, torch.int32).reshape(-1, 2)
-        if self._launcher is None:
-            cpu_ops.copy_blocks(self.buffer, p)
-            return
-        device_ops.copy_blocks(self._launcher, self.buffer, self.buffer, p)
+        with self._on_device():
+            p = self._ids(a, pairs, torch.int32).reshape(-1, 2)
+            if self._launcher is None:
+                cpu_ops.copy_blocks(self.buffer, p)
+                return
+            device_ops.copy_blocks(self._launcher, self.buffer, self.buffer, p)
 
 
 def _same_layout(a: KVCachePool, b: KVCachePool) -> bool:
@@ -436,12 +448,14 @@ def swap_blocks(src_pool: KVCachePool, dst_pool: KVCachePool, pairs: Any) -> Non
                 raise InvalidArgumentError("swap between two GPUs is not supported")
     import torch
 
-    p = home._ids(a.reshape(-1, 2) if a is not None else None, pairs, torch.int32).reshape(-1, 2)
-    launcher = home._launcher
-    if launcher is None:
-        cpu_ops.swap(src_pool.buffer, dst_pool.buffer, p)
-        return
-    device_ops.copy_blocks(launcher, src_pool.buffer, dst_pool.buffer, p)
+    host_pairs = a.reshape(-1, 2) if a is not None else None
+    with home._on_device():
+        p = home._ids(host_pairs, pairs, torch.int32).reshape(-1, 2)
+        launcher = home._launcher
+        if launcher is None:
+            cpu_ops.swap(src_pool.buffer, dst_pool.buffer, p)
+            return
+        device_ops.copy_blocks(launcher, src_pool.buffer, dst_pool.buffer, p)
 
 
 def paged_decode_attention(
@@ -493,20 +507,21 @@ def paged_decode_attention(
         scale = cpu_ops.default_scale(dim)
     if batch == 0:
         return torch.empty((0, num_heads, dim), dtype=q.dtype, device=q.device)
-    tables = pool._ids(bt, block_tables, torch.int32)
-    sl = pool._ids(lens, seq_lens, torch.int32)
-    kc, vc = pool.key(layer), pool.value(layer)
-    if pool._launcher is None:
-        return cpu_ops.paged_decode_attention(q, kc, vc, tables, sl, scale)
-    return device_ops.paged_decode_attention(
-        pool._launcher,
-        pool.dtype_name,
-        q,
-        kc,
-        vc,
-        tables,
-        sl,
-        max_len,
-        float(scale),
-        num_splits,
-    )
+    with pool._on_device():
+        tables = pool._ids(bt, block_tables, torch.int32)
+        sl = pool._ids(lens, seq_lens, torch.int32)
+        kc, vc = pool.key(layer), pool.value(layer)
+        if pool._launcher is None:
+            return cpu_ops.paged_decode_attention(q, kc, vc, tables, sl, scale)
+        return device_ops.paged_decode_attention(
+            pool._launcher,
+            pool.dtype_name,
+            q,
+            kc,
+            vc,
+            tables,
+            sl,
+            max_len,
+            float(scale),
+            num_splits,
+        )
