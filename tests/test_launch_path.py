@@ -238,3 +238,46 @@ def test_launchers_are_per_device():
     b = L.CupyLauncher(3, cupy=FakeCupy(), current_stream=RawTorchStream)
     assert a.kernel(K.merge_name("float32")).index == 0
     assert b.kernel(K.merge_name("float32")).index == 3
+
+
+# ---------------------------------------------------------------------------------------
+# on a GPU machine: the real CuPy and torch
+
+
+def _real_cuda() -> Any:
+    cupy = pytest.importorskip("cupy")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return cupy
+
+
+@pytest.mark.gpu
+def test_real_stream_is_torchs_current_stream():
+    _real_cuda()
+    launcher = L.cupy_launcher(0)
+    side = torch.cuda.Stream(0)
+    with torch.cuda.stream(side):
+        cs = launcher.stream()
+    assert cs.ptr == side.cuda_stream
+
+
+@pytest.mark.gpu
+def test_pool_on_second_gpu_while_first_is_current():
+    _real_cuda()
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    import numpy as np
+
+    from pagedkv.pool import KVCachePool, paged_decode_attention
+
+    torch.cuda.set_device(0)
+    pool = KVCachePool(1, 4, 16, 1, 64, "float32", "cuda:1")
+    pool.buffer.normal_()
+    ref = KVCachePool(1, 4, 16, 1, 64, "float32", "cpu")
+    ref.buffer.copy_(pool.buffer.cpu())
+    q = torch.randn((1, 2, 64), device="cuda:1")
+    tables, lens = np.array([[0, 1]], np.int32), np.array([20], np.int32)
+    out = paged_decode_attention(q, pool, 0, tables, lens)
+    want = paged_decode_attention(q.cpu(), ref, 0, tables, lens)
+    assert torch.cuda.current_device() == 0
+    assert torch.allclose(out.cpu(), want, rtol=1e-4, atol=1e-5)
