@@ -473,3 +473,30 @@ def test_host_harness_checks_argument_sizes():
             (32, 1, 1),
             (0, 0, 0, np.int64(0), np.int32(0), np.int32(0), np.int32(0), np.int32(0)),
         )
+
+
+# ---------------------------------------------------------------------------------------
+# partial warps: a CTA whose size is not a multiple of 32 must not shuffle with a full mask
+
+
+@pytest.mark.parametrize(
+    ("dtype", "head_dim", "group"),
+    [("float16", 64, 65), ("float32", 64, 33), ("bfloat16", 128, 35)],
+)
+def test_decode_partial_warp(backend, dtype, head_dim, group):
+    """GQA groups whose CTA cannot be rounded to whole warps (BDX * group not a multiple of
+    32, and doubling the token lanes would pass 1024 threads): the last warp is partial, and
+    the host shim fails the launch if a shuffle names lanes that do not exist."""
+    from pagedkv import device_ops
+
+    bdx, bdz, _tile, _smem = device_ops.decode_launch_shape(dtype, head_dim, group)
+    assert (bdx * group * bdz) % 32, "the case must produce a partial warp"
+    gen = torch.Generator().manual_seed(group)
+    pool = make_pool(backend, 1, 6, 16, 1, head_dim, dtype)
+    fill_random(pool, gen)
+    tables = np.array([[0, 1, 2], [3, 4, 5]], np.int32)
+    lens = np.array([40, 17], np.int32)
+    q = randn((2, group, head_dim), dtype, pool.device, gen)
+    out = paged_decode_attention(q, pool, 0, tables, lens)
+    ref = dense_reference(q, pool, 0, tables, lens, head_dim**-0.5)
+    assert rel_err(out, ref) < ATTN_RTOL[dtype]

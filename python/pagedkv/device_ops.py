@@ -117,6 +117,7 @@ def gather(
         _i32(row_units),
         _i32(block_size),
         _i32(num_blocks),
+        _i32(block_tables.shape[1]),
     )
     launcher.kernel(K.gather_kv_name(dtype, vec))(grid, block, args, stream=launcher.stream())
     return out_k, out_v
@@ -167,7 +168,10 @@ def decode_launch_shape(dtype: str, head_dim: int, group: int) -> tuple[int, int
     bdz = 1
     while bdx * group * bdz < 128 or (bdx * group * bdz) % 32:
         bdz *= 2
-    while bdx * group * bdz > 1024:  # pragma: no cover - bdz grows only when small
+    # Doubling can overshoot 1024 threads for a large odd group (e.g. BDX 8, group 65); then
+    # the CTA keeps one token lane and ends in a partial warp, which the kernel's shuffle
+    # mask allows for (tests/test_kernels.py::test_decode_partial_warp).
+    while bdx * group * bdz > 1024:
         bdz //= 2
     row_bytes = 2 * head_dim * K.ITEMSIZE[dtype]
     tile = max(bdz, DECODE_TILE_BYTES // row_bytes // bdz * bdz)
@@ -241,6 +245,7 @@ def paged_decode_attention(
         _i32(kv_heads),
         _i32(block_size),
         _i32(num_blocks),
+        _i32(block_tables.shape[1]),
         _i32(per),
         _i32(tile),
         np.float32(scale * math.log2(math.e)),

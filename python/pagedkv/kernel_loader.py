@@ -6,7 +6,8 @@ The CUDA C sources live in ``python/pagedkv/kernels/*.cu`` (the repository's top
 :func:`name_expressions` lists every instantiation the pool can launch, and the same list is
 used
 
-- at run time by :class:`CupyLauncher` (``cupy.RawModule`` with ``name_expressions``),
+- at run time by :class:`pagedkv.cupy_launch.CupyLauncher` (``cupy.RawModule`` with
+  ``name_expressions`` and :func:`runtime_options`),
 - in CI by :func:`compile_nvrtc` (``cuda.bindings.nvrtc``, ``-arch=sm_90``, ptxas report),
 - in CI by the C++ host harness of the tests, which runs the same sources on the CPU.
 
@@ -162,9 +163,22 @@ def source_of(name: str) -> str:
     raise KeyError(f"unknown kernel instantiation {name!r}")
 
 
-#: Options passed to NVRTC by the run-time loader (CuPy adds -arch, --std=c++17, -ftz=true,
-#: --device-as-default-execution-space and its include folders itself).
+#: Options passed to NVRTC by the run-time loader besides the include folders (CuPy adds
+#: -arch, -ftz=true, --device-as-default-execution-space and its own include folders).
 RUNTIME_OPTIONS: tuple[str, ...] = ("--std=c++17",)
+
+
+def include_options(dirs: Sequence[Path] | None = None) -> list[str]:
+    """``-I`` options for the CUDA headers (``cuda_fp16.h``, ``cuda_bf16.h``), by default
+    those of :func:`cuda_include_dirs`. The CI compile and the run-time compile both use
+    this, so a pip-only install (no toolkit, no ``CUDA_PATH``) finds the same headers at run
+    time as in CI."""
+    return [f"-I{p}" for p in (cuda_include_dirs() if dirs is None else dirs)]
+
+
+def runtime_options(dirs: Sequence[Path] | None = None) -> tuple[str, ...]:
+    """Every option the run-time loader passes to ``cupy.RawModule``."""
+    return (*RUNTIME_OPTIONS, *include_options(dirs))
 
 
 def cuda_include_dirs() -> list[Path]:
@@ -273,7 +287,7 @@ def compile_nvrtc(
             "-ftz=true",
             "--device-as-default-execution-space",
             "-Xptxas=-v",
-            *(f"-I{p}" for p in cuda_include_dirs()),
+            *include_options(),
             *extra_options,
         ]
         res = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
@@ -298,68 +312,3 @@ def compile_nvrtc(
             raise RuntimeError(f"no ptxas report for {n} ({low}) in the log:\n{log}")
         reports.append(KernelReport(name=n, lowered=low, **d))
     return cubin, reports, log
-
-
-# --------------------------------------------------------------------------------------
-# Run time: CuPy RawModule on the current torch stream
-
-
-class CupyLauncher:
-    """Compiles the kernel modules with ``cupy.RawModule`` on first use (all
-    instantiations of a source at once, cached on disk by CuPy) and launches on the stream
-    torch is currently using."""
-
-    def __init__(self, device_index: int = 0) -> None:
-        cupy: Any = importlib.import_module("cupy")
-        self._cupy = cupy
-        self._device_index = device_index
-        self._modules: dict[str, Any] = {}
-        self._kernels: dict[str, Any] = {}
-        with cupy.cuda.Device(device_index):
-            attrs = cupy.cuda.runtime.getDeviceProperties(device_index)
-        self.num_sms: int = int(attrs["multiProcessorCount"])
-
-    def _module(self, filename: str) -> Any:
-        mod = self._modules.get(filename)
-        if mod is None:
-            mod = self._cupy.RawModule(
-                code=kernel_source(filename),
-                options=RUNTIME_OPTIONS,
-                name_expressions=name_expressions()[filename],
-            )
-            self._modules[filename] = mod
-        return mod
-
-    def kernel(self, name: str) -> KernelFn:
-        k = self._kernels.get(name)
-        if k is None:
-            with self._cupy.cuda.Device(self._device_index):
-                k = self._module(source_of(name)).get_function(name)
-            self._kernels[name] = k
-        return k  # type: ignore[no-any-return]
-
-    def stream(self) -> Any:
-        import torch
-
-        ts = torch.cuda.current_stream(self._device_index)
-        stream_cls = self._cupy.cuda.Stream
-        if hasattr(stream_cls, "from_external"):
-            return stream_cls.from_external(ts)
-        return self._cupy.cuda.ExternalStream(ts.cuda_stream, self._device_index)
-
-    def warmup(self) -> None:
-        """Compile (or load from CuPy's cache) every instantiation."""
-        for name in all_name_expressions():
-            self.kernel(name)
-
-
-_launchers: dict[int, CupyLauncher] = {}
-
-
-def cupy_launcher(device_index: int) -> CupyLauncher:
-    """One launcher per device, shared by all pools."""
-    launcher = _launchers.get(device_index)
-    if launcher is None:
-        launcher = CupyLauncher(device_index)
-        _launchers[device_index] = launcher
-    return launcher

@@ -10,11 +10,12 @@ current stream; on ``device="cpu"`` they run the torch reference ops of
 :mod:`pagedkv.cpu_ops`. Block ids, slots, tables and pairs come straight from
 :class:`pagedkv.BlockManager` (numpy arrays) or as torch tensors.
 
-Ids given as numpy arrays or CPU tensors are validated on the host (a bad block id or slot
-raises :class:`pagedkv.InvalidArgumentError` and nothing runs) and reach the GPU through
-pinned memory with a non-blocking copy, so no call synchronises with the device. Ids that
-are already CUDA tensors are not validated on the host (that would synchronise); the
-kernels still skip out-of-range ids, so nothing is written outside the pool.
+Ids given as numpy arrays or CPU tensors are validated on the host (a bad block id, slot
+or length raises :class:`pagedkv.InvalidArgumentError` and nothing runs; see
+:mod:`pagedkv.id_checks`) and reach the GPU through pinned memory with a non-blocking copy,
+so no call synchronises with the device. Ids that are already CUDA tensors are checked only
+as far as their dtype and shape tell (reading their values would synchronise); the kernels
+still skip out-of-range ids and lengths, so nothing is read or written outside the pool.
 
 Ordering: every kernel runs on the current torch stream, so work issued before on that
 stream (attention reading a block) completes before a copy that overwrites it, and a block
@@ -24,11 +25,12 @@ freed by the manager can be reused by work issued after.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, cast
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pagedkv import cpu_ops, device_ops
+from pagedkv import cpu_ops, cupy_launch, device_ops, id_checks
 from pagedkv import kernel_loader as K
 from pagedkv.errors import InvalidArgumentError
 
@@ -73,19 +75,7 @@ def _positive_int(name: str, v: object) -> int:
     return int(v)
 
 
-def _host_array(x: Any, what: str) -> np.ndarray | None:
-    """The ids as a numpy array when they are on the host (numpy, list, CPU tensor), else
-    None (a device tensor: not validated, to avoid a synchronisation)."""
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        if x.device.type != "cpu":
-            return None
-        x = x.numpy()
-    a = np.asarray(x)
-    if a.dtype.kind not in "iu" and a.size:
-        raise InvalidArgumentError(f"{what} must hold integers, got dtype {a.dtype}")
-    return a
+_host_array = id_checks.host_array
 
 
 class KVCachePool:
@@ -127,8 +117,9 @@ class KVCachePool:
         self.dtype_name = _dtype_name(dtype)
         self.dtype: torch.dtype = getattr(torch, self.dtype_name)
         dev = torch.device(device)
-        if dev.type == "cuda" and cast("int | None", dev.index) is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
+        index = cupy_launch.device_index(dev, torch.cuda.current_device)
+        if index is not None:
+            dev = torch.device("cuda", index)
         self.device: torch.device = dev
         shape = (
             self.num_layers,
@@ -139,12 +130,14 @@ class KVCachePool:
             self.head_dim,
         )
         pin = pin_memory and self.device.type == "cpu"
-        #: The one allocation: [num_layers, 2 (K, V), num_blocks, block_size, heads, head_dim].
-        self.buffer: torch.Tensor = torch.zeros(
-            shape, dtype=self.dtype, device=self.device, pin_memory=pin
-        )
-        if launcher is None and self.device.type == "cuda":
-            launcher = K.cupy_launcher(self.device.index or 0)
+        with self._on_device():
+            #: The one allocation: [num_layers, 2 (K, V), num_blocks, block_size, heads,
+            #: head_dim].
+            self.buffer: torch.Tensor = torch.zeros(
+                shape, dtype=self.dtype, device=self.device, pin_memory=pin
+            )
+            if launcher is None and index is not None:
+                launcher = cupy_launch.cupy_launcher(index)
         self._launcher = launcher
 
     # ---- sizing -------------------------------------------------------------------------
@@ -261,6 +254,11 @@ class KVCachePool:
 
     # ---- helpers ------------------------------------------------------------------------
 
+    def _on_device(self) -> AbstractContextManager[Any]:
+        """torch's guard for this pool's GPU around every allocation and launch (the CuPy
+        side enters the same device in each launch: pagedkv.cupy_launch.DeviceKernel)."""
+        return cupy_launch.torch_device_guard(self.device)
+
     def _ids(self, a: np.ndarray | None, x: Any, dtype: Any) -> torch.Tensor:
         """Ids as a contiguous tensor of ``dtype`` on the pool's device, without a sync."""
         import torch
@@ -289,19 +287,22 @@ class KVCachePool:
             raise InvalidArgumentError(f"{what} has shape {tuple(t.shape)}, expected [{want}]")
 
     def _check_tables(
-        self, bt: np.ndarray | None, lens: np.ndarray | None, batch: int, what: str
+        self,
+        bt: np.ndarray | None,
+        block_tables: Any,
+        lens: np.ndarray | None,
+        batch: int,
+        what: str,
     ) -> None:
-        """Every block a sequence of length lens[i] uses must be a valid id."""
-        if bt is None or lens is None:
+        """The table's shape (from the host array or the device tensor's metadata), the
+        host lengths against its width, and, when both are on the host, every block a
+        sequence uses."""
+        max_blocks = id_checks.check_table_shape(id_checks.ids_shape(bt, block_tables), batch)
+        if lens is None:
             return
-        if bt.ndim != 2 or bt.shape[0] != batch:
-            raise InvalidArgumentError(f"block_tables must be [{batch}, max_blocks]")
-        if lens.size and (lens.min() < 0 or lens.max() > bt.shape[1] * self.block_size):
-            raise InvalidArgumentError(f"{what} must be in 0..max_blocks * block_size")
-        used = np.arange(bt.shape[1])[None, :] < -(-lens[:, None] // self.block_size)
-        ids = bt[used]
-        if ids.size and (ids.min() < 0 or ids.max() >= self.num_blocks):
-            raise InvalidArgumentError(f"block_tables hold ids outside 0..{self.num_blocks - 1}")
+        id_checks.check_lengths_fit(lens, max_blocks, self.block_size, what)
+        if bt is not None:
+            id_checks.check_used_ids(bt, lens, self.block_size, self.num_blocks)
 
     # ---- operations ---------------------------------------------------------------------
 
@@ -325,16 +326,17 @@ class KVCachePool:
                 raise InvalidArgumentError("slot_mapping holds a slot twice")
         import torch
 
-        slots = self._ids(a, slot_mapping, torch.int64)
-        kc, vc = self.key(layer), self.value(layer)
-        if self._launcher is None:
-            cpu_ops.write(kc, vc, key, value, slots)
-            return
-        if key.stride(-1) != 1:
-            key = key.contiguous()
-        if value.stride(-1) != 1:
-            value = value.contiguous()
-        device_ops.write(self._launcher, self.dtype_name, kc, vc, key, value, slots)
+        with self._on_device():
+            slots = self._ids(a, slot_mapping, torch.int64)
+            kc, vc = self.key(layer), self.value(layer)
+            if self._launcher is None:
+                cpu_ops.write(kc, vc, key, value, slots)
+                return
+            if key.stride(-1) != 1:
+                key = key.contiguous()
+            if value.stride(-1) != 1:
+                value = value.contiguous()
+            device_ops.write(self._launcher, self.dtype_name, kc, vc, key, value, slots)
 
     def gather(
         self, layer: int, block_tables: Any, cu_seq_lens: Any
@@ -350,25 +352,30 @@ class KVCachePool:
         cu = _host_array(cu_seq_lens, "cu_seq_lens")
         bt = _host_array(block_tables, "block_tables")
         if cu is not None:
-            if cu.ndim != 1 or cu.size < 1 or cu[0] != 0 or np.any(np.diff(cu) < 0):
-                raise InvalidArgumentError("cu_seq_lens must start at 0 and not decrease")
-            total = int(cu[-1])
+            id_checks.check_cu_seq_lens(cu)
             batch = cu.size - 1
-            self._check_tables(bt, np.diff(cu), batch, "sequence lengths")
+            self._check_tables(bt, block_tables, np.diff(cu), batch, "sequence lengths")
+            total = int(cu[-1])
         else:
-            total = int(cu_seq_lens[-1].item())
+            if cu_seq_lens.dim() != 1 or cu_seq_lens.shape[0] < 1:
+                raise InvalidArgumentError("cu_seq_lens must be 1-D with at least one entry")
             batch = int(cu_seq_lens.shape[0]) - 1
+            self._check_tables(bt, block_tables, None, batch, "sequence lengths")
+            total = int(cu_seq_lens[-1].item())
+            if total < 0:
+                raise InvalidArgumentError(f"cu_seq_lens ends at {total}, below 0")
         if total >= 2**31:
             raise InvalidArgumentError("too many tokens for one gather")
         if batch == 0:
             empty = torch.empty((0, self.num_kv_heads, self.head_dim), dtype=self.dtype)
             return empty.to(self.device), empty.to(self.device)
-        tables = self._ids(bt, block_tables, torch.int32)
-        cus = self._ids(cu, cu_seq_lens, torch.int32)
-        kc, vc = self.key(layer), self.value(layer)
-        if self._launcher is None:
-            return cpu_ops.gather(kc, vc, tables, cus)
-        return device_ops.gather(self._launcher, self.dtype_name, kc, vc, tables, cus, total)
+        with self._on_device():
+            tables = self._ids(bt, block_tables, torch.int32)
+            cus = self._ids(cu, cu_seq_lens, torch.int32)
+            kc, vc = self.key(layer), self.value(layer)
+            if self._launcher is None:
+                return cpu_ops.gather(kc, vc, tables, cus)
+            return device_ops.gather(self._launcher, self.dtype_name, kc, vc, tables, cus, total)
 
     def _check_pairs(self, a: np.ndarray | None, src_blocks: int, dst_blocks: int) -> None:
         if a is None:
@@ -399,11 +406,12 @@ class KVCachePool:
                 raise InvalidArgumentError("a block is both a source and a destination")
         import torch
 
-        p = self._ids(a, pairs, torch.int32).reshape(-1, 2)
-        if self._launcher is None:
-            cpu_ops.copy_blocks(self.buffer, p)
-            return
-        device_ops.copy_blocks(self._launcher, self.buffer, self.buffer, p)
+        with self._on_device():
+            p = self._ids(a, pairs, torch.int32).reshape(-1, 2)
+            if self._launcher is None:
+                cpu_ops.copy_blocks(self.buffer, p)
+                return
+            device_ops.copy_blocks(self._launcher, self.buffer, self.buffer, p)
 
 
 def _same_layout(a: KVCachePool, b: KVCachePool) -> bool:
@@ -440,12 +448,14 @@ def swap_blocks(src_pool: KVCachePool, dst_pool: KVCachePool, pairs: Any) -> Non
                 raise InvalidArgumentError("swap between two GPUs is not supported")
     import torch
 
-    p = home._ids(a.reshape(-1, 2) if a is not None else None, pairs, torch.int32).reshape(-1, 2)
-    launcher = home._launcher
-    if launcher is None:
-        cpu_ops.swap(src_pool.buffer, dst_pool.buffer, p)
-        return
-    device_ops.copy_blocks(launcher, src_pool.buffer, dst_pool.buffer, p)
+    host_pairs = a.reshape(-1, 2) if a is not None else None
+    with home._on_device():
+        p = home._ids(host_pairs, pairs, torch.int32).reshape(-1, 2)
+        launcher = home._launcher
+        if launcher is None:
+            cpu_ops.swap(src_pool.buffer, dst_pool.buffer, p)
+            return
+        device_ops.copy_blocks(launcher, src_pool.buffer, dst_pool.buffer, p)
 
 
 def paged_decode_attention(
@@ -465,7 +475,9 @@ def paged_decode_attention(
     ``head_dim ** -0.5``); split-KV for long sequences. Returns ``[batch, num_heads,
     head_dim]`` in q's dtype (0 for a sequence of length 0). On a GPU, head_dim must be 64,
     128 or 256. ``max_seq_len`` spares a synchronisation when seq_lens is a device tensor;
-    ``num_splits`` forces the split count."""
+    it must be at least every sequence's length: with host seq_lens a shorter one raises,
+    with device seq_lens (unread on the host) the kernel gives NaN for a sequence beyond it
+    or beyond its table. ``num_splits`` forces the split count."""
     layer = pool._check_layer(layer)
     pool._check_tensor(q, "q", (None, None, pool.head_dim))
     batch, num_heads, dim = q.shape
@@ -481,31 +493,35 @@ def paged_decode_attention(
 
     lens = _host_array(seq_lens, "seq_lens")
     bt = _host_array(block_tables, "block_tables")
+    if id_checks.ids_shape(lens, seq_lens) != (batch,):
+        raise InvalidArgumentError(f"seq_lens must have shape ({batch},)")
+    pool._check_tables(bt, block_tables, lens, batch, "seq_lens")
+    bound = id_checks.check_max_seq_len(max_seq_len, lens)
     if lens is not None:
-        if lens.shape != (batch,):
-            raise InvalidArgumentError(f"seq_lens must have shape ({batch},)")
-        pool._check_tables(bt, lens, batch, "seq_lens")
         max_len = int(lens.max()) if lens.size else 0
     else:
-        max_len = max_seq_len if max_seq_len is not None else int(seq_lens.max().item())
+        # A device seq_lens longer than max_seq_len cannot be seen here without a
+        # synchronisation: the kernel then writes NaN for that sequence, never a truncation.
+        max_len = bound if bound is not None else int(seq_lens.max().item())
     if scale is None:
         scale = cpu_ops.default_scale(dim)
     if batch == 0:
         return torch.empty((0, num_heads, dim), dtype=q.dtype, device=q.device)
-    tables = pool._ids(bt, block_tables, torch.int32)
-    sl = pool._ids(lens, seq_lens, torch.int32)
-    kc, vc = pool.key(layer), pool.value(layer)
-    if pool._launcher is None:
-        return cpu_ops.paged_decode_attention(q, kc, vc, tables, sl, scale)
-    return device_ops.paged_decode_attention(
-        pool._launcher,
-        pool.dtype_name,
-        q,
-        kc,
-        vc,
-        tables,
-        sl,
-        max_len,
-        float(scale),
-        num_splits,
-    )
+    with pool._on_device():
+        tables = pool._ids(bt, block_tables, torch.int32)
+        sl = pool._ids(lens, seq_lens, torch.int32)
+        kc, vc = pool.key(layer), pool.value(layer)
+        if pool._launcher is None:
+            return cpu_ops.paged_decode_attention(q, kc, vc, tables, sl, scale)
+        return device_ops.paged_decode_attention(
+            pool._launcher,
+            pool.dtype_name,
+            q,
+            kc,
+            vc,
+            tables,
+            sl,
+            max_len,
+            float(scale),
+            num_splits,
+        )

@@ -10,9 +10,14 @@
 // static and dynamic shared memory (poisoned with 0xff bytes before each block) are those
 // of the current block. __syncthreads() is a barrier across the block's threads;
 // __shfl_xor_sync / __shfl_sync exchange through a per-warp buffer between two warp
-// barriers (every lane of the warp must call them, as the kernels guarantee). Atomics are
-// std::atomic_ref. A kernel that calls __syncthreads must not let any thread return early
-// before it (on a GPU that is undefined behaviour as well).
+// barriers (every lane of the warp must call them, as the kernels guarantee). A shuffle's
+// mask is checked as a GPU would need it: it must name exactly the lanes that exist in the
+// warp (a block whose size is not a multiple of 32 ends in a partial warp, where a full
+// 0xffffffff mask is undefined behaviour), every lane must pass the same mask, and the
+// source lane must be in it; a violation fails the launch (pkv_host_launch returns -3,
+// pkv_host_error() says why). Atomics are std::atomic_ref. A kernel that calls
+// __syncthreads must not let any thread return early before it (on a GPU that is
+// undefined behaviour as well).
 #pragma once
 #define PKV_HOST_SHIM 1
 
@@ -24,6 +29,7 @@
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -51,6 +57,7 @@ struct Warp {
     std::unique_ptr<Barrier> bar;
     int size = 32;
     alignas(16) unsigned char slot[32][16];
+    unsigned mask[32];
 };
 
 struct ThreadState {
@@ -66,11 +73,39 @@ inline unsigned char* g_dyn_smem = nullptr;
 
 inline void syncthreads() { tls.block_bar->arrive_and_wait(); }
 
-template <typename T> inline T shfl_from(T v, int src) {
+// The first misuse seen during a launch; the launch reports it instead of its result.
+inline std::mutex g_error_mu;
+inline std::string g_error;
+
+inline void fail(const std::string& why) {
+    std::lock_guard<std::mutex> lock(g_error_mu);
+    if (g_error.empty()) g_error = why;
+}
+
+inline unsigned lanes_of(int size) { return size >= 32 ? 0xffffffffu : (1u << size) - 1u; }
+
+template <typename T> inline T shfl_from(unsigned mask, T v, int src) {
     static_assert(sizeof(T) <= 16, "shuffle of a type wider than 16 bytes");
     Warp& w = *tls.warp;
+    const unsigned present = lanes_of(w.size);
     std::memcpy(w.slot[tls.lane], &v, sizeof(T));
+    w.mask[tls.lane] = mask;
     w.bar->arrive_and_wait();
+    char why[160] = "";
+    if (mask & ~present)
+        std::snprintf(why, sizeof why,
+                      "shuffle mask 0x%08x names lanes absent from a warp of %d lanes", mask,
+                      w.size);
+    else if (mask != present)
+        std::snprintf(why, sizeof why,
+                      "shuffle mask 0x%08x leaves out lanes of a warp of %d that call it", mask,
+                      w.size);
+    else if (w.mask[0] != mask)
+        std::snprintf(why, sizeof why, "lanes of one warp pass different shuffle masks");
+    else if (src < 0 || src >= w.size)
+        std::snprintf(why, sizeof why, "shuffle reads lane %d, outside a warp of %d", src,
+                      w.size);
+    if (why[0]) fail(why);
     T r = v;
     if (src >= 0 && src < w.size) std::memcpy(&r, w.slot[src], sizeof(T));
     w.bar->arrive_and_wait();
@@ -144,11 +179,12 @@ template <typename... A> inline bool add(const char* name, void (*k)(A...)) {
 #define PKV_DYNAMIC_SMEM(type, name) type* name = reinterpret_cast<type*>(pkv_host::g_dyn_smem)
 
 inline void __syncthreads() { pkv_host::syncthreads(); }
-template <typename T> inline T __shfl_xor_sync(unsigned, T v, int lane_mask, int = 32) {
-    return pkv_host::shfl_from(v, pkv_host::tls.lane ^ lane_mask);
+template <typename T> inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int = 32) {
+    return pkv_host::shfl_from(mask, v, pkv_host::tls.lane ^ lane_mask);
 }
-template <typename T> inline T __shfl_sync(unsigned, T v, int src_lane, int width = 32) {
-    return pkv_host::shfl_from(v, (pkv_host::tls.lane & ~(width - 1)) + (src_lane % width));
+template <typename T> inline T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
+    return pkv_host::shfl_from(mask, v,
+                               (pkv_host::tls.lane & ~(width - 1)) + (src_lane % width));
 }
 inline float __int_as_float(int x) {
     float f;
@@ -182,7 +218,8 @@ template <typename T> inline T __ldg(const T* p) { return *p; }
 
 // Launch a registered kernel: args[i] points at the i-th argument's bytes (as for
 // cuLaunchKernel); arg_sizes[i] must equal sizeof of the i-th parameter. Returns 0 on
-// success, -1 for an unknown name, -2 for an argument count or size mismatch.
+// success, -1 for an unknown name, -2 for an argument count or size mismatch, -3 when the
+// kernel misused a CUDA built-in (pkv_host_error() says how).
 extern "C" int pkv_host_launch(const char* name, unsigned gx, unsigned gy, unsigned gz,
                                unsigned bx, unsigned by, unsigned bz, unsigned long long smem,
                                void** args, const int* arg_sizes, int nargs) {
@@ -194,9 +231,13 @@ extern "C" int pkv_host_launch(const char* name, unsigned gx, unsigned gy, unsig
     if ((int)e.arg_sizes.size() != nargs) return -2;
     for (int i = 0; i < nargs; ++i)
         if (e.arg_sizes[i] != arg_sizes[i]) return -2;
+    pkv_host::g_error.clear();
     pkv_host::launch(dim3(gx, gy, gz), dim3(bx, by, bz), smem, [&] { e.call(args); });
-    return 0;
+    return pkv_host::g_error.empty() ? 0 : -3;
 }
+
+// Why the last launch returned -3 (empty otherwise).
+extern "C" const char* pkv_host_error() { return pkv_host::g_error.c_str(); }
 
 extern "C" int pkv_host_has(const char* name) {
     return pkv_host::registry().count(name) ? 1 : 0;

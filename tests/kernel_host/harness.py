@@ -65,6 +65,11 @@ def build_library() -> Path:
     return lib
 
 
+class KernelMisuseError(RuntimeError):
+    """The kernel did something undefined on a GPU (e.g. a full-mask warp shuffle on a
+    partial warp); the shim caught it during the launch."""
+
+
 class HostKernel:
     def __init__(self, lib: ctypes.CDLL, name: str) -> None:
         self._lib = lib
@@ -109,6 +114,9 @@ class HostKernel:
             raise KeyError(f"kernel {self.name} not registered")
         if rc == -2:
             raise TypeError(f"{self.name}: argument count or sizes do not match the kernel")
+        if rc == -3:
+            why = self._lib.pkv_host_error().decode()
+            raise KernelMisuseError(f"{self.name} grid={g} block={b}: {why}")
         self.launches += 1
 
 
@@ -118,6 +126,7 @@ class HostLauncher:
     def __init__(self, num_sms: int = 4) -> None:
         self._lib = ctypes.CDLL(str(build_library()))
         self._lib.pkv_host_launch.restype = ctypes.c_int
+        self._lib.pkv_host_error.restype = ctypes.c_char_p
         self._lib.pkv_host_launch.argtypes = [
             ctypes.c_char_p,
             *([ctypes.c_uint] * 6),

@@ -42,13 +42,16 @@ __global__ void __launch_bounds__(256) pkv_write_kv(
 // gather: for each sequence i (cu_seq_lens[i] .. cu_seq_lens[i+1] in the output), token
 // position p reads slot block_tables[i * bt_stride + p / block_size] * block_size +
 // p % block_size. Output rows are contiguous [total_tokens, row_units * VEC]. A block id
-// outside [0, num_blocks) (the host rejects those first) gives a zero row, never a read.
+// outside [0, num_blocks), or a position outside the sequence's table row of max_blocks
+// entries (a bad device cu_seq_lens: the host checks host ones first), gives a zero row,
+// never a read outside the pool or the table.
 template <typename T, int VEC>
 __global__ void __launch_bounds__(256) pkv_gather_kv(
     const T* __restrict__ k_cache, const T* __restrict__ v_cache,
     const int* __restrict__ block_tables, long long bt_stride,
     const int* __restrict__ cu_seq_lens, int batch, T* __restrict__ out_k,
-    T* __restrict__ out_v, int total_tokens, int row_units, int block_size, int num_blocks) {
+    T* __restrict__ out_v, int total_tokens, int row_units, int block_size, int num_blocks,
+    int max_blocks) {
     const long long row = (long long)row_units * VEC;
     for (int tok = blockIdx.x; tok < total_tokens; tok += gridDim.x) {
         // The sequence that holds output row tok: the last i with cu_seq_lens[i] <= tok.
@@ -58,7 +61,8 @@ __global__ void __launch_bounds__(256) pkv_gather_kv(
             if (cu_seq_lens[mid] <= tok) lo = mid; else hi = mid - 1;
         }
         const int pos = tok - cu_seq_lens[lo];
-        const int blk = block_tables[lo * bt_stride + pos / block_size];
+        const bool in_row = pos >= 0 && (long long)pos < (long long)max_blocks * block_size;
+        const int blk = in_row ? block_tables[lo * bt_stride + pos / block_size] : -1;
         const bool ok = blk >= 0 && blk < num_blocks;
         const long long src = ((long long)blk * block_size + pos % block_size) * row;
         T* kdst = out_k + tok * row;

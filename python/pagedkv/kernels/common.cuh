@@ -3,8 +3,9 @@
 // Compiled three ways: by NVRTC at run time (CuPy RawModule), by NVRTC for sm_90 in CI
 // (compile and ptxas check), and by g++ as plain C++ together with
 // tests/kernel_host/cuda_host_shim.h, which provides the CUDA built-ins on the CPU.
-// Keep to what that shim supports: thread/block indices, __syncthreads, full-warp
-// __shfl_xor_sync, static and dynamic shared memory (PKV_DYNAMIC_SMEM), atomics.
+// Keep to what that shim supports: thread/block indices, __syncthreads, __shfl_xor_sync
+// with a mask of exactly the warp's lanes (pkv::lanes_mask), static and dynamic shared
+// memory (PKV_DYNAMIC_SMEM), atomics.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -69,6 +70,12 @@ template <typename T, int VEC> struct Vec {
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 
+// The shuffle mask of a warp with `lanes` threads (32 or more: all of them).
+__device__ __forceinline__ unsigned lanes_mask(int lanes) {
+    return lanes >= 32 ? 0xffffffffu : (1u << lanes) - 1u;
+}
+
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+__device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fffffff); }
 
 }  // namespace pkv

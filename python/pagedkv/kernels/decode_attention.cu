@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(1024) pkv_paged_decode(
     const T* __restrict__ k_cache, const T* __restrict__ v_cache,
     const int* __restrict__ block_tables, long long bt_stride,
     const int* __restrict__ seq_lens, int num_kv_heads, int block_size, int num_blocks,
-    int tokens_per_split, int tile_tokens, float scale_log2, T* __restrict__ out,
+    int max_blocks, int tokens_per_split, int tile_tokens, float scale_log2, T* __restrict__ out,
     long long out_batch_stride, long long out_head_stride, float* __restrict__ part_o,
     float* __restrict__ part_lse) {
     typedef pkv::DecodeShape<T, HEAD_DIM> S;
@@ -42,10 +42,21 @@ __global__ void __launch_bounds__(1024) pkv_paged_decode(
     const int head = kvh * group + g;
     const int tid = tx + BDX * (g + group * z);
     const int nthreads = BDX * group * bdz;
+    // The lanes of this thread's warp. A GQA group that cannot be padded to whole warps
+    // (group * BDX not a multiple of 32 with no room to double bdz) ends the CTA in a
+    // partial warp, and a full mask naming lanes that do not exist is undefined behaviour.
+    // BDX divides 32 and nthreads, so the BDX lanes of one row stay inside the mask.
+    const unsigned warp_mask = pkv::lanes_mask(nthreads - (tid & ~31));
 
     const int seq_len = seq_lens[b];
+    // A length the launch cannot honour (negative, past the table row, or past what the
+    // splits cover: a device seq_lens longer than max_seq_len; the host rejects host ones)
+    // reads nothing and gives NaN, never a read outside the table or a silent truncation.
+    const bool bad_len = seq_len < 0 ||
+                         (long long)seq_len > (long long)max_blocks * block_size ||
+                         (long long)seq_len > (long long)tokens_per_split * num_splits;
     const int start = split * tokens_per_split;
-    const int end = pkv::imin(seq_len, start + tokens_per_split);
+    const int end = bad_len ? start : pkv::imin(seq_len, start + tokens_per_split);
 
     float qv[VEC];
     {
@@ -101,7 +112,7 @@ __global__ void __launch_bounds__(1024) pkv_paged_decode(
                 for (int i = 0; i < VEC; ++i) s += qv[i] * pkv::to_float(kk.e[i]);
             }
 #pragma unroll
-            for (int off = BDX / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+            for (int off = BDX / 2; off > 0; off >>= 1) s += __shfl_xor_sync(warp_mask, s, off);
             if (valid) {
                 const float m_new = fmaxf(m, s);
                 const float corr = exp2f(m - m_new);
@@ -152,17 +163,20 @@ __global__ void __launch_bounds__(1024) pkv_paged_decode(
     if (z != 0) return;  // no barrier follows
 
     const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    const float nan = pkv::quiet_nan();
     if (num_splits == 1) {
         pkv::Vec<T, VEC> res;
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) res.e[i] = pkv::from_float<T>(o[i] * inv);
+        for (int i = 0; i < VEC; ++i) res.e[i] = pkv::from_float<T>(bad_len ? nan : o[i] * inv);
         res.store(out + b * out_batch_stride + head * out_head_stride + tx * VEC);
     } else {
         const long long pi = ((long long)b * num_heads + head) * num_splits + split;
         float* po = part_o + pi * HEAD_DIM + tx * VEC;
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) po[i] = o[i] * inv;
-        if (tx == 0) part_lse[pi] = d > 0.0f ? m + log2f(d) : pkv::neg_inf();
+        for (int i = 0; i < VEC; ++i) po[i] = bad_len ? nan : o[i] * inv;
+        // A finite weight for a bad sequence, so that the merge carries its NaN through.
+        if (tx == 0)
+            part_lse[pi] = bad_len ? 0.0f : d > 0.0f ? m + log2f(d) : pkv::neg_inf();
     }
 }
 
