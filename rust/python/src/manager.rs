@@ -133,7 +133,9 @@ impl PyBlockManager {
         } else {
             BlockManager::new(config)
         };
-        Ok(Self { inner: inner.py(py)? })
+        Ok(Self {
+            inner: inner.py(py)?,
+        })
     }
 
     #[pyo3(
@@ -173,7 +175,9 @@ impl PyBlockManager {
     ) -> PyResult<Option<Pairs>> {
         let id = self::seq_id(seq_id)?;
         let toks = tokens(token_ids)?;
-        run(py, toks.len() >= DETACH_MIN_TOKENS, || self.inner.append(id, &toks))
+        run(py, toks.len() >= DETACH_MIN_TOKENS, || {
+            self.inner.append(id, &toks)
+        })
     }
 
     fn fork(
@@ -236,7 +240,9 @@ impl PyBlockManager {
 
     fn free_batch(&self, py: Python<'_>, seq_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = self::seq_ids(seq_ids)?;
-        run(py, ids.len() >= DETACH_MIN_BATCH, || self.inner.free_batch(&ids))
+        run(py, ids.len() >= DETACH_MIN_BATCH, || {
+            self.inner.free_batch(&ids)
+        })
     }
 
     #[pyo3(signature = (seq_ids, pad=None), text_signature = "($self, seq_ids, pad=-1)")]
