@@ -583,26 +583,63 @@ def test_threads_on_the_same_sequences_get_results_or_clear_errors() -> None:
 # ------------------------------------------------------------------ the GIL is released
 
 
-@pytest.mark.parametrize("call", ["append_batch", "free_batch", "allocate_long"])
+@pytest.mark.parametrize(
+    "call",
+    [
+        "append_batch",
+        "free_batch",
+        "allocate_long",
+        "block_tables",
+        "slot_mapping",
+        "flashinfer_page_table",
+        "single_call_waiting_on_a_batch",
+    ],
+)
 def test_a_python_thread_runs_during_a_long_batch_call(call: str) -> None:
     """While one thread is inside a long batch call, a thread spinning in Python keeps
     running: the call released the GIL. With the GIL held, the spinner could not take a
-    single step in the middle of the call."""
+    single step in the middle of the call. The last case: single-sequence calls that wait
+    for a sequence lock held by a long batch call wait without the GIL."""
     import time
 
     n = 200_000
-    m = BlockManager(n + 400_000, B, enable_prefix_caching=call == "allocate_long")
+    m = BlockManager(4 * n + 400_000, B, enable_prefix_caching=call == "allocate_long")
     ids = np.arange(n, dtype=np.int64)
     if call != "allocate_long":
         for s in range(n):
-            m.allocate(s, [s & 0xFFFF, 1, 2, 3])  # full blocks: each append needs a new one
+            # Full blocks, so each append needs a new one; four of them, so the tables are
+            # wide enough for the read calls to take a few milliseconds.
+            m.allocate(s, [s & 0xFFFF, 1, 2, 3] * 16)
     long_prompt = np.arange(B * 300_000, dtype=np.uint32)
+
+    def single_calls_during_a_batch() -> None:
+        done = threading.Event()
+
+        def batch() -> None:
+            assert m.append_batch(ids, np.ones(n, dtype=np.int64)) is not None
+            done.set()
+
+        t = threading.Thread(target=batch)
+        t.start()
+        calls = 0
+        while not done.is_set():
+            m.num_tokens(n - 1 - calls % 1000)
+            calls += 1
+        t.join()
 
     def work() -> None:
         if call == "append_batch":
             assert m.append_batch(ids, np.ones(n, dtype=np.int64)) is not None
         elif call == "free_batch":
             m.free_batch(ids)
+        elif call == "block_tables":
+            assert m.block_tables(ids).shape == (n, 4)
+        elif call == "slot_mapping":
+            assert len(m.slot_mapping(ids, np.full(n, 16))) == 16 * n
+        elif call == "flashinfer_page_table":
+            assert len(m.flashinfer_page_table(ids)[1]) == 4 * n
+        elif call == "single_call_waiting_on_a_batch":
+            single_calls_during_a_batch()
         else:
             assert m.allocate(10**9, long_prompt) == 0
 
