@@ -25,9 +25,7 @@ def run_limited(body: str) -> str:
         resource.setrlimit(resource.RLIMIT_AS, ({LIMIT}, {LIMIT}))
         """
     ) + textwrap.dedent(body)
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
-    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (
         f"child exited with {proc.returncode} (a negative code is a signal)\n{proc.stderr}"
     )
@@ -57,7 +55,8 @@ def test_an_output_too_large_for_memory_is_a_memory_error_and_changes_nothing() 
         assert m.allocate(7, np.arange(512 * 16, dtype=np.uint32)) == 0
         before = (m.stats(), m.block_table(7), m.drain_events())
         ids = np.full(2_000_000, 7, dtype=np.int64)  # 2e6 rows of 512 blocks: 4 GiB
-        for call in (lambda: m.block_tables(ids), lambda: m.slot_mapping(ids, np.full(len(ids), 8192))):
+        counts = np.full(len(ids), 8192)
+        for call in (lambda: m.block_tables(ids), lambda: m.slot_mapping(ids, counts)):
             try:
                 call()
                 print("no error")
