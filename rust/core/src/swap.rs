@@ -23,7 +23,8 @@ impl BlockManager {
                 .zip(cpu.iter().copied())
                 .collect();
             let gpu = seq.clear_blocks();
-            // Hashed blocks stay CACHED on the GPU: a later prompt (or swap-in) may hit them.
+            // Hashed blocks stay CACHED on the GPU: a later prompt may hit them (swap-in
+            // copies every block back instead; see `swap_in`).
             self.release_blocks(&gpu, &seq.digests)?;
             counters::add(&self.counters.swapped_out_blocks, cpu.len());
             seq.cpu_blocks = Some(cpu);
