@@ -140,10 +140,13 @@ impl BlockManager {
             let mut locked = lock_all(ids, &cells)?;
             let mut seqs = Self::live_mut(ids, &mut locked, true)?;
             let mut need = 0;
-            for ((_, seq), &id) in seqs.iter().zip(ids) {
+            let mut keys = Vec::new();
+            for (((_, seq), &id), t) in seqs.iter().zip(ids).zip(tokens) {
                 self.check_append_len(id, seq, 1)?;
+                keys.extend(self.append_prefix_key(seq, std::slice::from_ref(t)));
                 need += self.append_need(seq, 1);
             }
+            let _prefix = self.lock_prefixes(keys)?;
             if !self.gpu.reserve(need) {
                 return Ok(None);
             }

@@ -19,7 +19,7 @@ use crate::hit_tag::HitTagger;
 use crate::seq_map::{lock_cell, SeqMap};
 use crate::sequence::Sequence;
 use crate::stats::{AllocStatus, Stats};
-use crate::sync::{lock, may_wait, AtomicBool, AtomicU64, Mutex, Ordering};
+use crate::sync::{lock, may_wait, try_lock, AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
@@ -44,10 +44,25 @@ pub struct BlockManager {
     /// the sequence whose footprint changed (Relaxed: tallies read on their own).
     reserved_slots: AtomicU64,
     used_slots: AtomicU64,
+    /// `prefix_locks[k]` serialises every call that looks up or registers blocks of prompts
+    /// whose first block's digest maps to `k` (`prefix_lock_of`): an allocation holds it from
+    /// its first hit to its last registration, an append or swap-in while it registers. Chain
+    /// digests depend on the first block, so calls under different locks never touch the
+    /// same digests, and two calls on one prefix see each other's registrations whole: the
+    /// later of two identical prompts hits what the earlier registered. Taken after the
+    /// sequence locks and before the LRU and stripe locks; holders wait for nothing else.
+    prefix_locks: Box<[Mutex<()>]>,
     /// Set when an internal invariant failed mid-operation; never cleared. Relaxed: a flag
     /// checked on its own; the message is under its own lock.
     broken: AtomicBool,
     broken_reason: Mutex<String>,
+}
+
+/// Number of prefix locks (see the field).
+const PREFIX_LOCKS: usize = 64;
+
+pub(crate) fn prefix_lock_of(first: &Digest) -> usize {
+    first.words()[2] as usize % PREFIX_LOCKS
 }
 
 pub(crate) fn cdiv(a: usize, b: usize) -> usize {
@@ -68,6 +83,7 @@ impl BlockManager {
             gate: Gate::new(),
             reserved_slots: AtomicU64::new(0),
             used_slots: AtomicU64::new(0),
+            prefix_locks: crate::alloc::try_boxed(PREFIX_LOCKS, |_| Mutex::new(()), "locks")?,
             broken: AtomicBool::new(false),
             broken_reason: Mutex::new(String::new()),
             config,
@@ -123,6 +139,48 @@ impl BlockManager {
     /// reset runs.
     pub(crate) fn enter(&self) -> Result<Shared<'_>> {
         self.gate.try_shared(may_wait()).ok_or(Error::WouldBlock)
+    }
+
+    /// Lock the prefix locks `keys` (any order, repeats allowed) in index order, without
+    /// waiting first; in non-blocking mode a busy one is `WouldBlock` (nothing held).
+    pub(crate) fn lock_prefixes(&self, mut keys: Vec<usize>) -> Result<Vec<MutexGuard<'_, ()>>> {
+        keys.sort_unstable();
+        keys.dedup();
+        let mut held = Vec::with_capacity(keys.len());
+        for &k in &keys {
+            match try_lock(&self.prefix_locks[k]) {
+                Some(g) => held.push(g),
+                None => break,
+            }
+        }
+        if held.len() == keys.len() {
+            return Ok(held);
+        }
+        drop(held);
+        if !may_wait() {
+            return Err(Error::WouldBlock);
+        }
+        Ok(keys.iter().map(|&k| lock(&self.prefix_locks[k])).collect())
+    }
+
+    /// The prefix lock an append of `new` tokens to `seq` needs: `Some` when caching is on
+    /// and the append fills a block (which it then registers). Computed before any change,
+    /// so that waiting for it can still back out.
+    pub(crate) fn append_prefix_key(&self, seq: &Sequence, new: &[u32]) -> Option<usize> {
+        let bs = self.block_size();
+        if !self.caching() || (seq.tokens.len() + new.len()) / bs <= seq.digests.len() {
+            return None;
+        }
+        if let Some(first) = seq.digests.first() {
+            return Some(prefix_lock_of(first));
+        }
+        let have = seq.tokens.len().min(bs);
+        let mut block = seq.tokens[..have].to_vec();
+        block.extend_from_slice(&new[..bs - have]);
+        let first = self
+            .hasher
+            .hash_block(&self.hasher.root(), &block, &seq.extras);
+        Some(prefix_lock_of(&first))
     }
 
     /// Move the stats tallies from one footprint of a sequence to another.
@@ -230,6 +288,8 @@ impl BlockManager {
                     return Ok(None);
                 }
                 let max_hits = if self.caching() { (n - 1) / bs } else { 0 };
+                let keys = digests.first().map(prefix_lock_of).into_iter().collect();
+                let _prefix = self.lock_prefixes(keys)?;
                 let Some((blocks, hits)) =
                     self.take_prompt_blocks(total, max_hits, &digests, &tags)?
                 else {
@@ -435,6 +495,8 @@ impl BlockManager {
                 return Err(Error::Swapped(id));
             }
             self.check_append_len(id, seq, tokens.len())?;
+            let keys = self.append_prefix_key(seq, tokens).into_iter().collect();
+            let _prefix = self.lock_prefixes(keys)?;
             let need = self.append_need(seq, tokens.len());
             if !self.gpu.reserve(need) {
                 return Ok(None);

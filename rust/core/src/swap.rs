@@ -2,7 +2,7 @@
 
 use crate::counters;
 use crate::error::{Error, Result};
-use crate::manager::BlockManager;
+use crate::manager::{prefix_lock_of, BlockManager};
 use crate::stats::AllocStatus;
 
 impl BlockManager {
@@ -42,6 +42,13 @@ impl BlockManager {
             let Some(cpu) = seq.cpu_blocks.as_ref() else {
                 return Err(Error::NotSwapped(id));
             };
+            let keys = seq
+                .digests
+                .first()
+                .map(prefix_lock_of)
+                .into_iter()
+                .collect();
+            let _prefix = self.lock_prefixes(keys)?;
             if !self.gpu.reserve(cpu.len()) {
                 return Ok(None);
             }
