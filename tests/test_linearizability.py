@@ -21,7 +21,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import pytest
@@ -39,7 +39,7 @@ from pagedkv import (
 
 SCALE = float(os.environ.get("PAGEDKV_SOAK_SCALE", "1"))
 LONG = 4096  # prompts this long make `allocate` release the GIL
-ALGO = "xxh3_128"  # cheap hashing: the racing part of a call is the block bookkeeping
+ALGO: Final = "xxh3_128"  # cheap hashing: the racing part of a call is the block bookkeeping
 
 
 def rounds(n: int) -> int:
@@ -198,7 +198,10 @@ def test_reset_prefix_cache_is_atomic_with_a_racing_allocate() -> None:
             spin(delay)
             return m.reset_prefix_cache()
 
-        (_, hit), (_, was_reset) = race(lambda m=m, mine=mine: m.allocate(1, mine), reset)
+        def alloc(m: BlockManager = m, mine: np.ndarray = mine) -> int | None:
+            return m.allocate(1, mine)
+
+        (_, hit), (_, was_reset) = race(alloc, reset)
         outcomes[was_reset] += 1
         if was_reset and hit != 0:
             violations.append(f"round {r}: reset returned True but the allocate hit {hit} tokens")
@@ -296,7 +299,7 @@ def test_concurrent_identical_prompts_register_each_digest_once() -> None:
         m = BlockManager(threads * per + 8, b, hash_algo=ALGO, enable_kv_events=True)
         mirror = EventMirror()
         p = np.asarray(prompt(rng, LONG + 3, first=1), dtype=np.uint32)
-        out = race(*(lambda i=i: m.allocate(10 + i, p) for i in range(threads)))
+        out = race(*(lambda i=i, m=m, p=p: m.allocate(10 + i, p) for i in range(threads)))
         hits = [v for _, v in out]
         assert all(isinstance(h, int) for h in hits), out
         both_missed += hits.count(0) > 1
@@ -321,16 +324,26 @@ def test_free_batch_racing_free_of_its_last_id() -> None:
     """`free_batch(ids)` racing `free(ids[-1])`: one of them frees `ids[-1]` first, and the
     other must then raise UnknownSequenceError. If `free_batch` raised, it changed nothing:
     every other id is still there."""
-    k = 96  # >= 64 ids: free_batch runs without the GIL
+    k = 2000  # >= 64 ids: free_batch runs without the GIL, and long enough to be overtaken
+    rng = random.Random(4)
     violations: list[str] = []
-    total = rounds(300)
+    total = rounds(400)
     m = BlockManager(4 * k, 4, enable_prefix_caching=False)
     for r in range(total):
+        delay = rng.randrange(3000)
         ids = list(range(k))
         for s in ids:
             assert m.allocate(s, [s, s + 1, 1, 2, 3]) == 0
         arr = np.asarray(ids, dtype=np.int64)
-        (kb, _), (kf, _) = race(lambda: m.free_batch(arr), lambda: m.free(ids[-1]))
+
+        def free_last(delay: int = delay, last: int = ids[-1]) -> None:
+            spin(delay)
+            m.free(last)
+
+        def free_all(arr: np.ndarray = arr) -> None:
+            m.free_batch(arr)
+
+        (kb, _), (kf, _) = race(free_all, free_last)
         if (kb, kf) == ("ok", "ok"):
             violations.append(f"round {r}: free_batch and free both succeeded")
         elif (kb, kf) == ("raised", "raised"):
@@ -372,7 +385,7 @@ def test_events_per_hash_arrive_in_index_order() -> None:
             for t in range(threads)
         ]
 
-        def churn(t: int, sets: list[list[np.ndarray]] = sets) -> None:
+        def churn(t: int, sets: list[list[np.ndarray]] = sets, m: BlockManager = m) -> None:
             for j in range(6):
                 sid = 1000 * t + j
                 if m.allocate(sid, sets[t][j % 2]) is not None:
