@@ -293,3 +293,34 @@ def test_threaded_hot_block_soak_long() -> None:
     t0 = time.perf_counter()
     figures = _threaded(int(100_000 * SCALE * SLOW))
     _report("threads, long", figures, time.perf_counter() - t0)
+
+
+# ------------------------------------------------------------------ the refcount limit
+
+
+@pytest.mark.slow
+def test_refcount_limit_full_size() -> None:
+    """A block has at most 2**20 - 1 holders: one more by `fork` or by a prefix hit raises
+    RefcountOverflowError and changes nothing. Needs 2**20 - 1 sequences (about 3 s and
+    600 MB), hence `slow`; rust/core/tests/limits.rs checks the same limit in CI."""
+    from pagedkv.errors import RefcountOverflowError
+
+    limit = (1 << 20) - 1
+    m = BlockManager(64, 4, enable_kv_events=True)
+    prompt = list(range(9))
+    assert m.allocate(0, prompt) == 0
+    for child in range(1, limit):
+        m.fork(0, child)
+    m.check_invariants()
+    before, table, events = m.stats(), m.block_table(0), m.drain_events()
+    assert len(m) == limit and events
+    with pytest.raises(RefcountOverflowError):
+        m.fork(0, limit)
+    with pytest.raises(RefcountOverflowError):
+        m.allocate(limit + 1, prompt[:5])  # a prefix hit on block table[0]
+    assert limit not in m and limit + 1 not in m
+    assert m.stats() == before and m.block_table(0) == table and m.drain_events() == []
+    m.check_invariants()
+    m.free(1)
+    assert m.allocate(limit + 1, prompt[:5]) == 4
+    m.check_invariants()
