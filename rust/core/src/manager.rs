@@ -364,8 +364,8 @@ impl BlockManager {
         let hits = blocks.len();
         // Races may have changed the hits since the peek: settle the difference.
         let new = total - hits;
-        let short = spare < new && !self.gpu.reserve(new - spare);
-        if failure.is_some() || short {
+        // A failure is checked first, so that no units are reserved for a call that fails.
+        if failure.is_some() || (spare < new && !self.gpu.reserve(new - spare)) {
             for (i, (&b, &r)) in blocks.iter().zip(&revived).enumerate().rev() {
                 if r {
                     self.gpu.unpin(b, &digests[i])?;

@@ -24,7 +24,13 @@ fn refcount_overflow_is_an_error_that_changes_nothing() {
     let table = m.block_table(0).unwrap();
 
     // One more holder by fork.
-    assert_eq!(m.fork(0, MAX_HOLDERS), Err(Error::RefcountOverflow));
+    assert_eq!(
+        m.fork(0, MAX_HOLDERS),
+        Err(Error::RefcountOverflow {
+            block: 0,
+            limit: pagedkv_core::RC_MAX
+        })
+    );
     assert!(!m.contains(MAX_HOLDERS));
     assert_eq!(m.stats(), before);
     assert_eq!(m.block_table(0).unwrap(), table);
@@ -34,7 +40,10 @@ fn refcount_overflow_is_an_error_that_changes_nothing() {
     let id = MAX_HOLDERS + 1;
     assert_eq!(
         m.allocate(id, &prompt[..5], None, None, 0),
-        Err(Error::RefcountOverflow)
+        Err(Error::RefcountOverflow {
+            block: 0,
+            limit: pagedkv_core::RC_MAX
+        })
     );
     assert!(!m.contains(id));
     assert_eq!(m.stats(), before);
@@ -42,8 +51,14 @@ fn refcount_overflow_is_an_error_that_changes_nothing() {
 
     // Below the limit again, both work.
     m.free(1).unwrap();
-    m.allocate(id, &prompt[..5], None, None, 0).unwrap();
-    assert_eq!(m.fork(0, MAX_HOLDERS), Err(Error::RefcountOverflow));
+    assert_eq!(m.allocate(id, &prompt[..5], None, None, 0), Ok(Some(4)));
+    assert_eq!(
+        m.fork(0, MAX_HOLDERS),
+        Err(Error::RefcountOverflow {
+            block: 0,
+            limit: pagedkv_core::RC_MAX
+        })
+    );
     m.free(id).unwrap();
     m.fork(0, MAX_HOLDERS).unwrap();
     m.check_invariants().unwrap();
