@@ -261,7 +261,7 @@ fn run(cycles: u64, seed: u64) -> Figures {
 
 #[test]
 fn soak_hot_blocks() {
-    let cycles = (300_000.0 * scale()) as u64;
+    let cycles = (1_000_000.0 * scale()) as u64;
     let t0 = std::time::Instant::now();
     let f = run(cycles, 0x5EED);
     eprintln!(
