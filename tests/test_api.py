@@ -21,6 +21,7 @@ from pagedkv.errors import (
     InvalidArgumentError,
     InvariantError,
     PagedKVError,
+    SequenceNotSwappedError,
     SequenceSwappedError,
     UnknownSequenceError,
 )
@@ -808,8 +809,8 @@ def test_swap_of_forked_sequence(make):
         ("m.swap_in(7)", UnknownSequenceError),
         ("m.can_swap_in(7)", UnknownSequenceError),
         ("m.swap_out(1)", SequenceSwappedError),
-        ("m.swap_in(0)", SequenceSwappedError),
-        ("m.can_swap_in(0)", SequenceSwappedError),
+        ("m.swap_in(0)", SequenceNotSwappedError),
+        ("m.can_swap_in(0)", SequenceNotSwappedError),
         ("m.block_table(1)", SequenceSwappedError),
     ],
 )
