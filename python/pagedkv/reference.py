@@ -62,7 +62,9 @@ def _int_value(x: object) -> int | None:
     `__index__` is never called."""
     if isinstance(x, int):
         return None if isinstance(x, bool) else int.__index__(x)
-    if isinstance(x, np.integer) and not isinstance(x, np.timedelta64):
+    if isinstance(x, np.timedelta64):  # numpy files it under np.integer; not an int here
+        return None
+    if isinstance(x, np.integer):
         return int(np.asarray(x).item())
     return None
 

@@ -80,27 +80,32 @@ impl std::fmt::Display for Name<'_> {
 }
 
 /// A scalar int's value. Every accepted range lies within `[-2**63, 2**64)`, so a Python int
-/// outside it is only ever out of range (`Huge`).
+/// outside it is only ever out of range (`Huge`, with its sign).
 enum Scalar {
     Int(i128),
-    Huge,
+    Huge { negative: bool },
 }
 
 /// The value of a Python int (not a bool) or of a numpy integer scalar; `None` for anything
-/// else. `PyLong_AsLong` and `PyLong_AsUnsignedLongLong` read an int (or int subclass)
-/// directly, and numpy scalars are copied out by numpy's C API, so no `__index__` runs.
+/// else. `PyLong_AsLongLongAndOverflow` and `PyLong_AsUnsignedLongLong` read an int (or int
+/// subclass) directly, and numpy scalars are copied out by numpy's C API, so no `__index__`
+/// runs.
 fn scalar(obj: &Bound<'_, PyAny>) -> Option<Scalar> {
     if obj.is_instance_of::<PyInt>() {
         if obj.is_instance_of::<PyBool>() {
             return None;
         }
-        if let Ok(v) = obj.extract::<i64>() {
-            return Some(Scalar::Int(v.into()));
-        }
-        if let Ok(v) = obj.extract::<u64>() {
-            return Some(Scalar::Int(v.into()));
-        }
-        return Some(Scalar::Huge);
+        let mut overflow = 0;
+        // SAFETY: `obj` is an int, so this cannot fail other than by overflow (reported in
+        // `overflow`, no exception set).
+        let v = unsafe { ffi::PyLong_AsLongLongAndOverflow(obj.as_ptr(), &mut overflow) };
+        return Some(match overflow {
+            0 => Scalar::Int(v.into()),
+            o if o < 0 => Scalar::Huge { negative: true },
+            _ => obj
+                .extract::<u64>()
+                .map_or(Scalar::Huge { negative: false }, |v| Scalar::Int(v.into())),
+        });
     }
     numpy_int(obj).map(Scalar::Int)
 }
@@ -160,7 +165,7 @@ fn int_in<T: TryFrom<i128>>(
             T::try_from(v).map_err(|_| invalid(py, format!("{what} = {v} is out of range {range}")))
         }
         Some(Scalar::Int(v)) => Err(invalid(py, format!("{what} = {v} is out of range {range}"))),
-        Some(Scalar::Huge) => Err(invalid(
+        Some(Scalar::Huge { .. }) => Err(invalid(
             py,
             format!("{what} = {} is out of range {range}", int_repr(obj)),
         )),
@@ -242,7 +247,7 @@ pub fn watermark(obj: &Given<'_>) -> PyResult<f64> {
     } else {
         match scalar(o) {
             Some(Scalar::Int(v)) if o.is_instance_of::<PyInt>() => v as f64,
-            Some(Scalar::Huge) => f64::INFINITY,
+            Some(Scalar::Huge { .. }) => f64::INFINITY, // out of range, whatever its sign
             _ => {
                 return Err(wrong_type(
                     py,
@@ -509,7 +514,7 @@ pub fn id_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
 pub fn maybe_seq_id(obj: &Bound<'_, PyAny>) -> Option<u64> {
     match scalar(obj)? {
         Scalar::Int(v) => u64::try_from(v).ok(),
-        Scalar::Huge => None,
+        Scalar::Huge { .. } => None,
     }
 }
 
@@ -518,7 +523,7 @@ pub fn maybe_seq_id(obj: &Bound<'_, PyAny>) -> Option<u64> {
 pub fn token_count(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
     let cap = i64::MAX as usize;
     match scalar(obj) {
-        Some(Scalar::Huge) => Ok(cap),
+        Some(Scalar::Huge { negative: false }) => Ok(cap),
         Some(Scalar::Int(v)) if v >= 1 => Ok(usize::try_from(v).map_or(cap, |v| v.min(cap))),
         _ => int_arg(obj, "num_tokens", 1, i64::MAX).map(|v| v as usize),
     }
