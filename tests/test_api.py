@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 
 import pagedkv
+import pending_core
 from pagedkv.alloc_status import AllocStatus
 from pagedkv.errors import (
     DuplicateSequenceError,
     InvalidArgumentError,
     InvariantError,
     PagedKVError,
+    SequenceNotSwappedError,
     SequenceSwappedError,
     UnknownSequenceError,
 )
@@ -808,8 +810,16 @@ def test_swap_of_forked_sequence(make):
         ("m.swap_in(7)", UnknownSequenceError),
         ("m.can_swap_in(7)", UnknownSequenceError),
         ("m.swap_out(1)", SequenceSwappedError),
-        ("m.swap_in(0)", SequenceSwappedError),
-        ("m.can_swap_in(0)", SequenceSwappedError),
+        *(
+            pytest.param(
+                c,
+                SequenceNotSwappedError,
+                marks=[]
+                if pending_core.HAS_NOT_SWAPPED
+                else [pytest.mark.xfail(strict=False, reason="needs the binding's mapping")],
+            )
+            for c in ("m.swap_in(0)", "m.can_swap_in(0)")
+        ),
         ("m.block_table(1)", SequenceSwappedError),
     ],
 )

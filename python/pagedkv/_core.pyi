@@ -1,6 +1,5 @@
 """Typed stubs of the Rust extension module `pagedkv._core` (checked by `mypy.stubtest`)."""
 
-from collections.abc import Sequence
 from typing import Any, Literal, Self, TypeAlias
 
 import numpy as np
@@ -11,9 +10,13 @@ from pagedkv.alloc_status import AllocStatus
 from pagedkv.events import KVEvent
 from pagedkv.stats import Stats
 
+# The accepted inputs (docs/inputs.md): exact lists and tuples of ints, ranges, 1-D integer
+# arrays; a scalar int is an int or a numpy integer scalar (never a bool).
+_Int: TypeAlias = int | np.integer[Any]
 _IntArray: TypeAlias = npt.NDArray[np.integer[Any]]
-_TokenIds: TypeAlias = Sequence[int] | _IntArray
-_SeqIds: TypeAlias = Sequence[int] | _IntArray
+_Ints: TypeAlias = list[_Int] | tuple[_Int, ...] | range | _IntArray
+_TokenIds: TypeAlias = _Ints
+_SeqIds: TypeAlias = _Ints
 _Salt: TypeAlias = str | bytes | None
 _HashAlgo: TypeAlias = Literal["sha256", "xxh3_128"]
 
@@ -26,7 +29,7 @@ def hash_blocks(
     block_size: int,
     *,
     cache_salt: _Salt = None,
-    lora_id: int | None = None,
+    lora_id: _Int | None = None,
     hash_algo: _HashAlgo = "sha256",
     seed: int = 0,
 ) -> list[bytes]:
@@ -52,27 +55,27 @@ class BlockManager:
     # -- per-sequence operations ------------------------------------------------------------
     def allocate(
         self,
-        seq_id: int,
+        seq_id: _Int,
         token_ids: _TokenIds,
         *,
         cache_salt: _Salt = None,
-        lora_id: int | None = None,
-        lookahead: int = 0,
+        lora_id: _Int | None = None,
+        lookahead: _Int = 0,
     ) -> int | None:
         """Give a new sequence its blocks; returns the prefix-hit tokens, or None if full."""
-    def append(self, seq_id: int, token_ids: _TokenIds) -> list[tuple[int, int]] | None:
+    def append(self, seq_id: _Int, token_ids: _TokenIds) -> list[tuple[int, int]] | None:
         """Append tokens; returns the copy-on-write (src, dst) pairs, or None if full."""
-    def fork(self, parent_id: int, child_id: int) -> None:
+    def fork(self, parent_id: _Int, child_id: _Int) -> None:
         """Make `child_id` share every block of `parent_id`."""
-    def free(self, seq_id: int) -> None:
+    def free(self, seq_id: _Int) -> None:
         """Release the sequence's blocks, tail first, and forget it."""
-    def swap_out(self, seq_id: int) -> list[tuple[int, int]] | None:
+    def swap_out(self, seq_id: _Int) -> list[tuple[int, int]] | None:
         """Move to CPU blocks; returns (gpu, cpu) pairs, or None if swap space is full."""
-    def swap_in(self, seq_id: int) -> list[tuple[int, int]] | None:
+    def swap_in(self, seq_id: _Int) -> list[tuple[int, int]] | None:
         """Move back to GPU blocks; returns (cpu, gpu) pairs, or None if the GPU is full."""
-    def can_allocate(self, num_tokens: int) -> AllocStatus:
+    def can_allocate(self, num_tokens: _Int) -> AllocStatus:
         """OK / LATER / NEVER for a prompt of `num_tokens`, keeping the watermark."""
-    def can_swap_in(self, seq_id: int) -> AllocStatus:
+    def can_swap_in(self, seq_id: _Int) -> AllocStatus:
         """OK / LATER / NEVER for swapping the sequence back in."""
 
     # -- batch operations -------------------------------------------------------------------
@@ -80,11 +83,9 @@ class BlockManager:
         """One token per sequence; returns the (k, 2) int32 copy pairs, or None if full."""
     def free_batch(self, seq_ids: _SeqIds) -> None:
         """Free each sequence in the given order."""
-    def block_tables(self, seq_ids: _SeqIds, pad: int = ...) -> npt.NDArray[np.int32]:
+    def block_tables(self, seq_ids: _SeqIds, pad: _Int = ...) -> npt.NDArray[np.int32]:
         """(batch, max table length) int32 block tables, padded with `pad` (default -1)."""
-    def slot_mapping(
-        self, seq_ids: _SeqIds, num_new_tokens: int | _TokenIds
-    ) -> npt.NDArray[np.int64]:
+    def slot_mapping(self, seq_ids: _SeqIds, num_new_tokens: _Int | _Ints) -> npt.NDArray[np.int64]:
         """int64 slots of each sequence's last `num_new_tokens` tokens, concatenated."""
     def flashinfer_page_table(
         self, seq_ids: _SeqIds
@@ -92,11 +93,11 @@ class BlockManager:
         """(kv_indptr, kv_indices, kv_last_page_len), int32, for FlashInfer's paged wrappers."""
 
     # -- queries ----------------------------------------------------------------------------
-    def block_table(self, seq_id: int) -> list[int]: ...
-    def num_tokens(self, seq_id: int) -> int: ...
-    def table_digest(self, seq_id: int) -> int: ...
-    def block_hashes(self, seq_id: int) -> list[bytes]: ...
-    def is_swapped(self, seq_id: int) -> bool: ...
+    def block_table(self, seq_id: _Int) -> list[int]: ...
+    def num_tokens(self, seq_id: _Int) -> int: ...
+    def table_digest(self, seq_id: _Int) -> int: ...
+    def block_hashes(self, seq_id: _Int) -> list[bytes]: ...
+    def is_swapped(self, seq_id: _Int) -> bool: ...
     def __contains__(self, seq_id: object, /) -> bool: ...
     def __len__(self) -> int: ...
     @property

@@ -53,7 +53,7 @@ class BlockManagerConfig:
 
     def __post_init__(self) -> None:
         _require_int("num_blocks", self.num_blocks, 1)
-        _require_int("block_size", self.block_size, 1, 1 << 31)
+        _require_int("block_size", self.block_size, 1, (1 << 16) + 1)  # as the constructor
         _require_int("num_cpu_blocks", self.num_cpu_blocks, 0)
         _require_bool("enable_prefix_caching", self.enable_prefix_caching)
         _require_bool("enable_kv_events", self.enable_kv_events)

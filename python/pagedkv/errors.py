@@ -43,6 +43,11 @@ class InvalidArgumentError(PagedKVError, ValueError):
     """Bad input: wrong dtype or shape, empty, negative, out of range, mismatched lengths."""
 
 
+class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of the wrong kind (a float for an int, a generator for a sequence): both an
+    `InvalidArgumentError` and the `TypeError` Python code expects for a wrong type."""
+
+
 class InvariantError(PagedKVError, AssertionError):
     """`check_invariants` found the lifecycle contract broken."""
 
@@ -50,6 +55,7 @@ class InvariantError(PagedKVError, AssertionError):
 __all__ = [
     "DuplicateSequenceError",
     "InvalidArgumentError",
+    "InvalidArgumentTypeError",
     "InvariantError",
     "ManagerBrokenError",
     "PagedKVError",

@@ -24,71 +24,107 @@ from pagedkv.alloc_status import AllocStatus
 from pagedkv.errors import (
     DuplicateSequenceError,
     InvalidArgumentError,
+    InvalidArgumentTypeError,
     InvariantError,
+    RefcountOverflowError,
+    SequenceNotSwappedError,
     SequenceSwappedError,
     UnknownSequenceError,
 )
 from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from pagedkv.stats import Stats
 
-__all__ = ["ReferenceBlockManager", "hash_blocks"]
+__all__ = ["MAX_BLOCK_SIZE", "MAX_LEN", "MAX_REFCOUNT", "ReferenceBlockManager", "hash_blocks"]
 
 _U32 = 1 << 32
 _U64 = 1 << 64
 _I32_MIN = -(1 << 31)
 _I32_MAX = (1 << 31) - 1
+_I64_MAX = (1 << 63) - 1
+
+MAX_LEN = _I32_MAX
+"""Most entries a sequence argument may have, and most tokens a sequence may hold."""
+MAX_BLOCK_SIZE = 1 << 16
+MAX_REFCOUNT = (1 << 20) - 1
+"""Most holders (sequences) one block may have; more raise RefcountOverflowError."""
 
 HashFn = Callable[[bytes], bytes]
 
 
 # --------------------------------------------------------------------------------------------
-# Argument validation
+# Argument validation (docs/inputs.md: the accepted inputs and the error order)
 # --------------------------------------------------------------------------------------------
 
 
-def _is_int(x: object) -> bool:
-    """A Python or numpy integer, not a bool."""
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+def _int_value(x: object) -> int | None:
+    """The value of a scalar int (a Python int, not a bool, or a numpy integer scalar), else
+    None. Read through the base types, as the binding does: a subclass's `__int__` or
+    `__index__` is never called."""
+    if isinstance(x, int):
+        return None if isinstance(x, bool) else int.__index__(x)
+    if isinstance(x, np.timedelta64):  # numpy files it under np.integer; not an int here
+        return None
+    if isinstance(x, np.integer):
+        return int(np.asarray(x).item())
+    return None
 
 
 def _check_int(x: object, what: str, lo: int, hi: int) -> int:
-    """An integer in `[lo, hi)`, or InvalidArgumentError."""
-    if not isinstance(x, (int, np.integer)) or isinstance(x, (bool, np.bool_)):
-        raise InvalidArgumentError(f"{what} must be an integer, got {type(x).__name__}")
-    v = int(x)
+    """A scalar int in `[lo, hi)`: InvalidArgumentTypeError if not an int, else
+    InvalidArgumentError if out of range."""
+    v = _int_value(x)
+    if v is None:
+        raise InvalidArgumentTypeError(f"{what} must be an int, got {type(x).__name__}")
     if not lo <= v < hi:
         raise InvalidArgumentError(f"{what} {v} out of range [{lo}, {hi})")
     return v
 
 
-def _seq_id(x: object, what: str = "sequence id") -> int:
+def _seq_id(x: object, what: str = "seq_id") -> int:
     return _check_int(x, what, 0, _U64)
 
 
+def _too_long(what: str, n: object) -> InvalidArgumentError:
+    return InvalidArgumentError(f"{what} has {n} entries, more than the maximum {MAX_LEN}")
+
+
 def _int_list(values: object, what: str, lo: int, hi: int) -> list[int]:
-    """A list of ints in `[lo, hi)` from a list/tuple of ints or a 1-D numpy integer array."""
+    """The ints in `[lo, hi)` of a list, tuple, range (exact types) or 1-D integer ndarray
+    (any byte order; a subclass other than a masked array is read as a plain array)."""
     if isinstance(values, np.ndarray):
-        if values.ndim != 1:
-            raise InvalidArgumentError(f"{what} must be 1-D, got shape {values.shape}")
-        if values.dtype.kind not in "iu":
-            raise InvalidArgumentError(f"{what} must have an integer dtype, got {values.dtype}")
-        out: list[int] = values.tolist()
+        if isinstance(values, np.ma.MaskedArray):
+            raise InvalidArgumentTypeError(f"{what} must not be a masked array")
+        arr = np.asarray(values)  # the plain-array view: no subclass method runs below
+        if arr.ndim != 1:
+            raise InvalidArgumentTypeError(f"{what} must be 1-D, got shape {arr.shape}")
+        if arr.dtype.kind not in "iu":
+            raise InvalidArgumentTypeError(f"{what} must have an integer dtype, got {arr.dtype}")
+        if arr.shape[0] > MAX_LEN:
+            raise _too_long(what, arr.shape[0])
+        out: list[int] = arr.tolist()
         if out and (min(out) < lo or max(out) >= hi):
             bad = next(v for v in out if not lo <= v < hi)
             raise InvalidArgumentError(f"{what}: value {bad} out of range [{lo}, {hi})")
         return out
-    if isinstance(values, (list, tuple)):
+    if type(values) in (list, tuple, range):
+        assert isinstance(values, (list, tuple, range))
+        try:
+            n = len(values)
+        except OverflowError:  # a range longer than 2**63 - 1
+            raise _too_long(what, "more than 2**63") from None
+        if n > MAX_LEN:
+            raise _too_long(what, n)
         out = []
-        for v in values:
-            if not _is_int(v):
-                raise InvalidArgumentError(f"{what} must contain integers, got {type(v).__name__}")
-            iv = int(v)
+        for v in values:  # each element: type, then range, in order
+            iv = _int_value(v)
+            if iv is None:
+                raise InvalidArgumentTypeError(f"{what} must contain ints, got {type(v).__name__}")
             if not lo <= iv < hi:
                 raise InvalidArgumentError(f"{what}: value {iv} out of range [{lo}, {hi})")
             out.append(iv)
         return out
-    raise InvalidArgumentError(
-        f"{what} must be a list of integers or a 1-D integer numpy array, "
+    raise InvalidArgumentTypeError(
+        f"{what} must be a list, tuple, range or 1-D integer numpy array, "
         f"got {type(values).__name__}"
     )
 
@@ -102,6 +138,33 @@ def _tokens(token_ids: object) -> list[int]:
 
 def _seq_ids(seq_ids: object) -> list[int]:
     return _int_list(seq_ids, "seq_ids", 0, _U64)
+
+
+def _counts(num_new_tokens: object, n: int) -> list[int]:
+    """`num_new_tokens`: one int for all `n` sequences, or one int per sequence; each in
+    `[1, 2**63)` (whether it fits its sequence is a state check)."""
+    if _int_value(num_new_tokens) is not None:
+        return [_check_int(num_new_tokens, "num_new_tokens", 1, _I64_MAX + 1)] * n
+    return _int_list(num_new_tokens, "num_new_tokens", 1, _I64_MAX + 1)
+
+
+def _check_bool(x: object, what: str) -> bool:
+    if not isinstance(x, bool):
+        raise InvalidArgumentTypeError(f"{what} must be a bool, got {type(x).__name__}")
+    return x
+
+
+def _watermark(w: object) -> float:
+    """A float or int (not a bool), finite, in `[0, 1)`."""
+    if isinstance(w, float):
+        v = float.__float__(w)
+    elif isinstance(w, int) and not isinstance(w, bool):
+        v = 0.0 if int.__index__(w) == 0 else float("inf")  # the only int in range is 0
+    else:
+        raise InvalidArgumentTypeError(f"watermark must be a float, got {type(w).__name__}")
+    if not 0.0 <= v < 1.0:
+        raise InvalidArgumentError(f"watermark {w} out of range [0, 1)")
+    return v
 
 
 def _distinct(ids: list[int]) -> None:
@@ -121,7 +184,9 @@ def _cdiv(a: int, b: int) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _hash_fn(hash_algo: str) -> HashFn:
+def _hash_fn(hash_algo: object) -> HashFn:
+    if not isinstance(hash_algo, str):
+        raise InvalidArgumentTypeError(f"hash_algo must be a str, got {type(hash_algo).__name__}")
     if hash_algo == "sha256":
         return lambda m: hashlib.sha256(m).digest()
     if hash_algo == "xxh3_128":
@@ -141,7 +206,9 @@ def _salt_bytes(cache_salt: object) -> bytes | None:
             raise InvalidArgumentError(f"cache_salt is not valid UTF-8: {e}") from None
     if isinstance(cache_salt, bytes):
         return cache_salt
-    raise InvalidArgumentError(f"cache_salt must be str or bytes, got {type(cache_salt).__name__}")
+    raise InvalidArgumentTypeError(
+        f"cache_salt must be str or bytes, got {type(cache_salt).__name__}"
+    )
 
 
 def _lora(lora_id: object) -> int | None:
@@ -180,11 +247,14 @@ def hash_blocks(
     seed: int = 0,
 ) -> list[bytes]:
     """The chained digests of the full blocks of `token_ids` (pure-Python `pagedkv.hash_blocks`)."""
+    # Arguments in signature order (docs/inputs.md). Empty token ids: no full block, [].
     toks = _int_list(token_ids, "token_ids", 0, _U32)
-    b = _check_int(block_size, "block_size", 1, _U32)
+    b = _check_int(block_size, "block_size", 1, MAX_BLOCK_SIZE + 1)
+    salt = _salt_bytes(cache_salt)
+    lora = _lora(lora_id)
     h = _hash_fn(hash_algo)
-    extras = _extras(_salt_bytes(cache_salt), _lora(lora_id))
     parent = _root(h, _check_int(seed, "seed", 0, _U64))
+    extras = _extras(salt, lora)
     out = []
     for i in range(len(toks) // b):
         parent = _block_digest(h, parent, toks[i * b : (i + 1) * b], extras)
@@ -248,18 +318,15 @@ class ReferenceBlockManager:
         watermark: float = 0.01,
         enable_kv_events: bool = False,
     ) -> None:
+        # Arguments in signature order (docs/inputs.md).
         self._num_blocks = _check_int(num_blocks, "num_blocks", 1, _I32_MAX + 1)
-        self._block_size = _check_int(block_size, "block_size", 1, _I32_MAX + 1)
+        self._block_size = _check_int(block_size, "block_size", 1, MAX_BLOCK_SIZE + 1)
         self._num_cpu_blocks = _check_int(num_cpu_blocks, "num_cpu_blocks", 0, _I32_MAX + 1)
-        if isinstance(watermark, bool) or not isinstance(watermark, (int, float)):
-            raise InvalidArgumentError(f"watermark must be a float, got {type(watermark).__name__}")
-        if not 0.0 <= watermark < 1.0:
-            raise InvalidArgumentError(f"watermark {watermark} out of range [0, 1)")
-        self._watermark_blocks = int(watermark * self._num_blocks)
-        self._caching = bool(enable_prefix_caching)
-        self._events_on = bool(enable_kv_events)
+        self._caching = _check_bool(enable_prefix_caching, "enable_prefix_caching")
         self._hash = _hash_fn(hash_algo)
         self._root = _root(self._hash, _check_int(hash_seed, "hash_seed", 0, _U64))
+        self._watermark_blocks = int(_watermark(watermark) * self._num_blocks)
+        self._events_on = _check_bool(enable_kv_events, "enable_kv_events")
 
         n = self._num_blocks
         self._free: list[int] = list(range(n - 1, -1, -1))  # LIFO: pops 0, 1, 2, ...
@@ -420,6 +487,10 @@ class ReferenceBlockManager:
                     break
                 hits.append(b)
         h = len(hits)
+        # Errors before the capacity answer: a hit block already at the holder limit.
+        for b in hits:
+            if self._rc[b] >= MAX_REFCOUNT:
+                raise RefcountOverflowError(f"block {b} already has {MAX_REFCOUNT} holders")
         need = (total - h) + sum(1 for b in hits if self._rc[b] == 0)
         if need > self._available():
             return None
@@ -441,8 +512,11 @@ class ReferenceBlockManager:
         self, seq_id: int, token_ids: Sequence[int] | npt.NDArray[np.integer[Any]]
     ) -> list[tuple[int, int]] | None:
         """Add tokens to a resident sequence; return the copy-on-write pairs, or None."""
+        sid = _seq_id(seq_id)
         toks = _tokens(token_ids)  # argument checks before state checks
-        _, seq = self._resident(seq_id)
+        _, seq = self._resident(sid)
+        if seq.num_tokens + len(toks) > MAX_LEN:
+            raise InvalidArgumentError(f"sequence {sid} would hold more than {MAX_LEN} tokens")
         cow, new = self._append_need(seq, len(toks))
         if len(cow) + new > self._available():
             return None
@@ -450,10 +524,14 @@ class ReferenceBlockManager:
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent."""
-        _, parent = self._resident(parent_id)
-        cid = _seq_id(child_id, "child sequence id")
+        pid = _seq_id(parent_id, "parent_id")
+        cid = _seq_id(child_id, "child_id")  # both arguments before any state check
+        _, parent = self._resident(pid)
         if cid in self._seqs:
             raise DuplicateSequenceError(f"sequence id {cid} already exists")
+        for b in parent.blocks:
+            if self._rc[b] >= MAX_REFCOUNT:
+                raise RefcountOverflowError(f"block {b} already has {MAX_REFCOUNT} holders")
         child = parent.copy()
         for b in child.blocks:
             self._rc[b] += 1
@@ -488,7 +566,9 @@ class ReferenceBlockManager:
         """Move a swapped sequence back to GPU blocks; return the (cpu, gpu) pairs, or None."""
         sid, seq = self._get(seq_id)
         if not seq.swapped:
-            raise SequenceSwappedError(f"sequence {sid} is not swapped out")
+            raise SequenceNotSwappedError(f"sequence {sid} is not swapped out")
+        # Every swapped block gets a fresh GPU block: cached copies of its content are not
+        # reused, and its full blocks are registered afresh (or stay unhashed) below.
         need = len(seq.cpu_blocks)
         if need > self._available():
             return None
@@ -513,14 +593,20 @@ class ReferenceBlockManager:
 
     def can_allocate(self, num_tokens: int) -> AllocStatus:
         """Would a prompt of `num_tokens` fit now (OK), later (LATER) or never (NEVER)?"""
-        n = _check_int(num_tokens, "num_tokens", 1, _U64)
-        return self._status(_cdiv(n, self._block_size))
+        n = _int_value(num_tokens)
+        if n is None:
+            raise InvalidArgumentTypeError(
+                f"num_tokens must be an int, got {type(num_tokens).__name__}"
+            )
+        if n < 1:
+            raise InvalidArgumentError(f"num_tokens {n} must be at least 1")
+        return self._status(_cdiv(n, self._block_size))  # any size: NEVER when too big
 
     def can_swap_in(self, seq_id: int) -> AllocStatus:
         """Would the swapped sequence fit now, later or never?"""
         sid, seq = self._get(seq_id)
         if not seq.swapped:
-            raise SequenceSwappedError(f"sequence {sid} is not swapped out")
+            raise SequenceNotSwappedError(f"sequence {sid} is not swapped out")
         return self._status(len(seq.cpu_blocks))
 
     # ---------------------------------------------------------------- batch calls
@@ -538,7 +624,7 @@ class ReferenceBlockManager:
                 f"seq_ids and token_ids lengths differ ({len(ids)} != {len(toks)})"
             )
         _distinct(ids)
-        seqs = [self._resident(s)[1] for s in ids]
+        seqs = [self._resident(s)[1] for s in ids]  # per sequence, in batch order
         need = 0
         for seq in seqs:
             cow, new = self._append_need(seq, 1)
@@ -567,8 +653,9 @@ class ReferenceBlockManager:
         self, seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]], pad: int = -1
     ) -> npt.NDArray[np.int32]:
         """The GPU tables as an int32 (batch, max blocks) array, padded with `pad`."""
+        ids = _seq_ids(seq_ids)
         p = _check_int(pad, "pad", _I32_MIN, _I32_MAX + 1)
-        seqs = self._resident_batch(seq_ids)
+        seqs = [self._resident(s)[1] for s in ids]
         width = max((len(s.blocks) for s in seqs), default=0)
         out = np.full((len(seqs), width), p, dtype=np.int32)
         for r, s in enumerate(seqs):
@@ -581,20 +668,20 @@ class ReferenceBlockManager:
         num_new_tokens: int | Sequence[int] | npt.NDArray[np.integer[Any]],
     ) -> npt.NDArray[np.int64]:
         """The int64 slots of each sequence's last `num_new_tokens` tokens, concatenated."""
-        seqs = self._resident_batch(seq_ids)
-        if isinstance(num_new_tokens, (int, np.integer)) and _is_int(num_new_tokens):
-            counts = [int(num_new_tokens)] * len(seqs)
-        else:
-            counts = _int_list(num_new_tokens, "num_new_tokens", -(1 << 63), 1 << 63)
-            if len(counts) != len(seqs):
+        ids = _seq_ids(seq_ids)
+        counts = _counts(num_new_tokens, len(ids))
+        if len(counts) != len(ids):
+            raise InvalidArgumentError(
+                f"num_new_tokens has {len(counts)} entries for {len(ids)} sequences"
+            )
+        seqs = []
+        for sid, k in zip(ids, counts, strict=True):  # per sequence: known, resident, fits
+            _, s = self._resident(sid)
+            if k > s.num_tokens:
                 raise InvalidArgumentError(
-                    f"num_new_tokens has {len(counts)} entries for {len(seqs)} sequences"
+                    f"num_new_tokens {k} out of range [1, {s.num_tokens}] for sequence {sid}"
                 )
-        for s, k in zip(seqs, counts, strict=True):
-            if not 1 <= k <= s.num_tokens:
-                raise InvalidArgumentError(
-                    f"num_new_tokens {k} out of range [1, {s.num_tokens}] for a sequence"
-                )
+            seqs.append(s)
         bs = self._block_size
         slots: list[int] = []
         for s, k in zip(seqs, counts, strict=True):
@@ -648,9 +735,8 @@ class ReferenceBlockManager:
         return self._get(seq_id)[1].swapped
 
     def __contains__(self, seq_id: object) -> bool:
-        if not isinstance(seq_id, (int, np.integer)) or not _is_int(seq_id):
-            return False
-        return int(seq_id) in self._seqs
+        v = _int_value(seq_id)  # anything but a scalar int (a bool too) is not an id
+        return v is not None and v in self._seqs
 
     def __len__(self) -> int:
         return len(self._seqs)
@@ -715,6 +801,8 @@ class ReferenceBlockManager:
             self._free.append(b)
         self._lru.clear()
         self._index.clear()
+        self._prefix_queries = 0  # a fresh cache starts a fresh hit rate (as vLLM's does)
+        self._prefix_hits = 0
         if self._events_on:
             self._events.append(AllBlocksCleared())
         return True

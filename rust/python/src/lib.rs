@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 #[pymodule]
 mod _core {
     use super::*;
-    use crate::convert::{int_arg, tokens, u64_arg};
+    use crate::convert::{batch_tokens, int_arg, lora_arg, opt_u64_arg, text, Given};
     use crate::manager::{hash_algo_arg, salt_arg};
     use pagedkv_core::{encode_extras, BlockHasher};
     use pyo3::types::PyBytes;
@@ -26,7 +26,7 @@ mod _core {
     /// Chain digests of the full blocks of `token_ids` (docs/hashing.md).
     #[pyfunction]
     #[pyo3(
-        signature = (token_ids, block_size, *, cache_salt=None, lora_id=None, hash_algo="sha256", seed=None),
+        signature = (token_ids, block_size, *, cache_salt=None, lora_id=None, hash_algo=Given::Absent, seed=Given::Absent),
         text_signature = "(token_ids, block_size, *, cache_salt=None, lora_id=None, hash_algo='sha256', seed=0)"
     )]
     fn hash_blocks<'py>(
@@ -35,17 +35,16 @@ mod _core {
         block_size: &Bound<'py, PyAny>,
         cache_salt: Option<&Bound<'py, PyAny>>,
         lora_id: Option<&Bound<'py, PyAny>>,
-        hash_algo: &str,
-        seed: Option<&Bound<'py, PyAny>>,
+        hash_algo: Given<'py>,
+        seed: Given<'py>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
-        let toks = tokens(token_ids)?;
-        let block_size = int_arg(Some(block_size), 0, "block_size", 1, 1 << 16)? as usize;
-        let algo = hash_algo_arg(py, hash_algo)?;
+        // In the arguments' order (docs/inputs.md). No tokens, no full block: no digests.
+        let toks = batch_tokens(token_ids)?;
+        let block_size = int_arg(block_size, "block_size", 1, 1 << 16)? as usize;
         let salt = salt_arg(cache_salt)?;
-        let lora = lora_id
-            .map(|o| u64_arg(Some(o), 0, "lora_id"))
-            .transpose()?;
-        let seed = u64_arg(seed, 0, "seed")?;
+        let lora = lora_arg(lora_id)?;
+        let algo = hash_algo_arg(py, &text(&hash_algo, "sha256", "hash_algo")?)?;
+        let seed = opt_u64_arg(&seed, 0, "seed")?;
         let extras = encode_extras(salt.as_deref(), lora);
         let digests = BlockHasher::new(algo, seed).hash_chain(&toks, block_size, &extras);
         Ok(digests

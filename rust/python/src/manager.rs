@@ -1,14 +1,17 @@
 //! `pagedkv._core.BlockManager`: a frozen pyclass over the core manager. Argument
 //! conversion and result conversion only; every decision is the core's.
 
-use crate::convert::{batch_tokens, counts, int_arg, seq_id, seq_ids, tokens, u64_arg};
+use crate::convert::{
+    batch_tokens, counts, flag, id_arg, int_arg, lora_arg, maybe_seq_id, opt_int_arg, opt_u64_arg,
+    seq_id, seq_ids, text, token_count, tokens, wrong_type, Given,
+};
 use crate::errors::{invalid, IntoPy};
 use crate::objects;
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
 use pagedkv_core::{nonblocking, BlockManager, Config, Error, HashAlgo, Result as CoreResult};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyString};
+use pyo3::types::{PyBytes, PyString};
 
 /// Batches at least this long release the GIL while the core works: below it, detaching
 /// costs more than the work.
@@ -56,7 +59,10 @@ fn salt_bytes(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u8>>> {
     if let Ok(b) = obj.cast::<PyBytes>() {
         return Ok(Some(b.as_bytes().to_vec()));
     }
-    Err(invalid(obj.py(), "cache_salt must be str, bytes or None"))
+    Err(wrong_type(
+        obj.py(),
+        "cache_salt must be str, bytes or None",
+    ))
 }
 
 /// Parse `hash_algo`.
@@ -88,9 +94,9 @@ fn pairs_array(py: Python<'_>, pairs: Pairs) -> PyResult<Bound<'_, PyArray2<i32>
 impl PyBlockManager {
     #[new]
     #[pyo3(
-        signature = (num_blocks, block_size=None, *, num_cpu_blocks=None,
-            enable_prefix_caching=true, hash_algo="sha256", hash_seed=None, watermark=None,
-            enable_kv_events=false),
+        signature = (num_blocks, block_size=Given::Absent, *, num_cpu_blocks=Given::Absent,
+            enable_prefix_caching=Given::Absent, hash_algo=Given::Absent, hash_seed=Given::Absent,
+            watermark=Given::Absent, enable_kv_events=Given::Absent),
         text_signature = "(num_blocks, block_size=16, *, num_cpu_blocks=0, \
             enable_prefix_caching=True, hash_algo='sha256', hash_seed=0, watermark=0.01, \
             enable_kv_events=False)"
@@ -99,34 +105,25 @@ impl PyBlockManager {
     fn new(
         py: Python<'_>,
         num_blocks: &Bound<'_, PyAny>,
-        block_size: Option<&Bound<'_, PyAny>>,
-        num_cpu_blocks: Option<&Bound<'_, PyAny>>,
-        enable_prefix_caching: bool,
-        hash_algo: &str,
-        hash_seed: Option<&Bound<'_, PyAny>>,
-        watermark: Option<&Bound<'_, PyAny>>,
-        enable_kv_events: bool,
+        block_size: Given<'_>,
+        num_cpu_blocks: Given<'_>,
+        enable_prefix_caching: Given<'_>,
+        hash_algo: Given<'_>,
+        hash_seed: Given<'_>,
+        watermark: Given<'_>,
+        enable_kv_events: Given<'_>,
     ) -> PyResult<Self> {
-        let algo = hash_algo_arg(py, hash_algo)?;
         let max = i64::from(i32::MAX);
-        let watermark = match watermark {
-            None => 0.01,
-            Some(w) if w.is_instance_of::<PyBool>() => {
-                return Err(invalid(py, "watermark must be a float, got bool"))
-            }
-            Some(w) => w
-                .extract::<f64>()
-                .map_err(|_| invalid(py, format!("watermark must be a float, got {w}")))?,
-        };
+        // Struct fields are evaluated in order: the arguments' order (docs/inputs.md).
         let config = Config {
-            num_blocks: int_arg(Some(num_blocks), 0, "num_blocks", 1, max)? as u32,
-            block_size: int_arg(block_size, 16, "block_size", 1, 1 << 16)? as usize,
-            num_cpu_blocks: int_arg(num_cpu_blocks, 0, "num_cpu_blocks", 0, max)? as u32,
-            enable_prefix_caching,
-            hash_algo: algo,
-            hash_seed: u64_arg(hash_seed, 0, "hash_seed")?,
-            watermark,
-            enable_kv_events,
+            num_blocks: int_arg(num_blocks, "num_blocks", 1, max)? as u32,
+            block_size: opt_int_arg(&block_size, 16, "block_size", 1, 1 << 16)? as usize,
+            num_cpu_blocks: opt_int_arg(&num_cpu_blocks, 0, "num_cpu_blocks", 0, max)? as u32,
+            enable_prefix_caching: flag(&enable_prefix_caching, true, "enable_prefix_caching")?,
+            hash_algo: hash_algo_arg(py, &text(&hash_algo, "sha256", "hash_algo")?)?,
+            hash_seed: opt_u64_arg(&hash_seed, 0, "hash_seed")?,
+            watermark: crate::convert::watermark(&watermark)?,
+            enable_kv_events: flag(&enable_kv_events, false, "enable_kv_events")?,
         };
         let inner = if config.num_blocks >= DETACH_MIN_BLOCKS {
             py.detach(|| BlockManager::new(config))
@@ -139,7 +136,7 @@ impl PyBlockManager {
     }
 
     #[pyo3(
-        signature = (seq_id, token_ids, *, cache_salt=None, lora_id=None, lookahead=None),
+        signature = (seq_id, token_ids, *, cache_salt=None, lora_id=None, lookahead=Given::Absent),
         text_signature = "($self, seq_id, token_ids, *, cache_salt=None, lora_id=None, lookahead=0)"
     )]
     fn allocate(
@@ -149,15 +146,13 @@ impl PyBlockManager {
         token_ids: &Bound<'_, PyAny>,
         cache_salt: Option<&Bound<'_, PyAny>>,
         lora_id: Option<&Bound<'_, PyAny>>,
-        lookahead: Option<&Bound<'_, PyAny>>,
+        lookahead: Given<'_>,
     ) -> PyResult<Option<usize>> {
         let id = self::seq_id(seq_id)?;
         let toks = tokens(token_ids)?;
         let salt = salt_arg(cache_salt)?;
-        let lora = lora_id
-            .map(|o| u64_arg(Some(o), 0, "lora_id"))
-            .transpose()?;
-        let lookahead = int_arg(lookahead, 0, "lookahead", 0, i64::MAX)? as usize;
+        let lora = lora_arg(lora_id)?;
+        let lookahead = opt_int_arg(&lookahead, 0, "lookahead", 0, i64::MAX)? as usize;
         let detach = toks.len() >= DETACH_MIN_TOKENS;
         let mut toks = toks;
         // The converted tokens move into the core on success: no second copy of a prompt.
@@ -186,7 +181,10 @@ impl PyBlockManager {
         parent_id: &Bound<'_, PyAny>,
         child_id: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let (p, c) = (seq_id(parent_id)?, seq_id(child_id)?);
+        let (p, c) = (
+            id_arg(parent_id, "parent_id")?,
+            id_arg(child_id, "child_id")?,
+        );
         run(py, false, || self.inner.fork(p, c))
     }
 
@@ -210,7 +208,7 @@ impl PyBlockManager {
         py: Python<'py>,
         num_tokens: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let n = int_arg(Some(num_tokens), 0, "num_tokens", 1, i64::MAX)? as u64;
+        let n = token_count(num_tokens)? as u64;
         let status = self.inner.can_allocate(n).py(py)?;
         objects::alloc_status(py, status)
     }
@@ -245,15 +243,15 @@ impl PyBlockManager {
         })
     }
 
-    #[pyo3(signature = (seq_ids, pad=None), text_signature = "($self, seq_ids, pad=-1)")]
+    #[pyo3(signature = (seq_ids, pad=Given::Absent), text_signature = "($self, seq_ids, pad=-1)")]
     fn block_tables<'py>(
         &self,
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
-        pad: Option<&Bound<'py, PyAny>>,
+        pad: Given<'py>,
     ) -> PyResult<Bound<'py, PyArray2<i32>>> {
         let ids = self::seq_ids(seq_ids)?;
-        let pad = int_arg(pad, -1, "pad", i64::from(i32::MIN), i64::from(i32::MAX))? as i32;
+        let pad = opt_int_arg(&pad, -1, "pad", i64::from(i32::MIN), i64::from(i32::MAX))? as i32;
         let detach = ids.len() >= DETACH_MIN_BATCH;
         let (flat, width) = run(py, detach, || self.inner.block_tables(&ids, pad))?;
         let array = Array2::from_shape_vec((ids.len(), width), flat)
@@ -327,9 +325,7 @@ impl PyBlockManager {
     }
 
     fn __contains__(&self, seq_id: &Bound<'_, PyAny>) -> bool {
-        seq_id
-            .extract::<u64>()
-            .is_ok_and(|id| self.inner.contains(id))
+        maybe_seq_id(seq_id).is_some_and(|id| self.inner.contains(id))
     }
 
     fn __len__(&self) -> usize {
