@@ -20,6 +20,16 @@ use crate::sync::{backoff, lock, AtomicU64, AtomicUsize, Mutex, Ordering};
 /// Number of digest stripes (a power of two).
 const STRIPES: usize = 256;
 
+/// What a read-only look at a digest's block saw (a snapshot; `pin` decides).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peek {
+    pub block: u32,
+    /// CACHED: a hit must revive it (one unit of `available`).
+    pub cached: bool,
+    /// It already has `RC_MAX` holders.
+    pub full: bool,
+}
+
 /// What a prefix hit got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hit {
@@ -243,11 +253,13 @@ impl BlockPool {
             Some(Released::ToCached { generation }) => {
                 // Relaxed: a tally (see the field).
                 self.cached.fetch_add(1, Ordering::Relaxed);
-                self.lru.restore(Entry {
+                let bound = 2 * self.states.len() + 64;
+                let entry = Entry {
                     block,
                     generation,
                     digest: *digest,
-                });
+                };
+                self.lru.restore(entry, bound, |e| self.is_live(e));
                 // Release: as in `release_table`.
                 self.available.fetch_add(1, Ordering::Release);
                 Ok(())
@@ -265,10 +277,14 @@ impl BlockPool {
     }
 
     /// Without changing anything: is `digest` cached, and is its block CACHED (rc 0)?
-    pub fn peek(&self, digest: &Digest) -> Option<bool> {
+    pub fn peek(&self, digest: &Digest) -> Option<Peek> {
         let b = self.index.get(digest)?;
         let w = self.state(b).load();
-        w.hashed().then_some(w.rc() == 0)
+        w.hashed().then_some(Peek {
+            block: b,
+            cached: w.rc() == 0,
+            full: w.rc() == RC_MAX,
+        })
     }
 
     /// Take a reference to the block cached under `digest` (and `tag`, for a tagged pool).
@@ -465,7 +481,7 @@ mod tests {
         pool.release(a, Some(&ds[0])).unwrap();
         pool.release(b, Some(&ds[1])).unwrap();
         assert_eq!((pool.num_cached(), pool.num_available()), (2, 2));
-        assert_eq!(pool.peek(&ds[0]), Some(true));
+        assert!(pool.peek(&ds[0]).is_some_and(|p| p.cached && !p.full));
         // A hit on a cached block needs a unit: none spare and none left means NoRoom.
         assert!(pool.reserve(2));
         let mut spare = 0;
@@ -484,7 +500,7 @@ mod tests {
         assert!(pool.reserve(1));
         assert_eq!(pool.take(), b);
         assert_eq!(pool.evictions(), 1);
-        assert_eq!(pool.peek(&ds[1]), None, "evicted digests no longer hit");
+        assert!(pool.peek(&ds[1]).is_none(), "evicted digests no longer hit");
         assert_eq!(pool.pin(&ds[1], None, &mut spare), Ok(Hit::Miss));
         let events = pool.drain_events();
         assert_eq!(
@@ -497,6 +513,6 @@ mod tests {
         pool.release(c, None).unwrap();
         assert!(pool.reset());
         assert_eq!((pool.num_free(), pool.num_cached()), (3, 0));
-        assert_eq!(pool.peek(&ds[0]), None);
+        assert!(pool.peek(&ds[0]).is_none());
     }
 }

@@ -29,7 +29,7 @@ pub const RC_MAX: u32 = RC_MASK as u32;
 const HASHED: u64 = 1 << RC_BITS;
 const GEN_SHIFT: u32 = RC_BITS + 1;
 /// Generations live in `0..=GEN_MAX` and wrap to 0.
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 pub const GEN_MAX: u64 = u64::MAX >> GEN_SHIFT;
 
 /// A decoded state word.
@@ -101,7 +101,7 @@ impl BlockState {
     }
 
     /// A word with the given fields, for tests at the limits of each field.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub fn from_parts(rc: u32, hashed: bool, generation: u64) -> Self {
         let word = u64::from(rc) | if hashed { HASHED } else { 0 } | generation << GEN_SHIFT;
         Self(AtomicU64::new(word))

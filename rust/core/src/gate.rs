@@ -5,11 +5,12 @@
 //! Shared entries are spread over `SLOTS` cache-padded counters (each thread keeps to one),
 //! so the common path is one uncontended read-modify-write, not a global reader count.
 //! Entering shared: raise the slot, then check `writer`; entering exclusive: set `writer`,
-//! then wait for every slot to drain. Both sides store before they load, with SeqCst, so at
-//! least one of them sees the other (the store-buffering pattern): a reader never proceeds
-//! while a writer believes it is alone.
+//! then wait for every slot to drain. Both sides store, then issue a SeqCst fence, then load
+//! (the store-buffering pattern): the two fences are totally ordered, so at least one side
+//! sees the other's store, and a reader never proceeds while a writer believes it is alone.
+//! Fences rather than SeqCst accesses, because loom models SeqCst fences exactly.
 
-use crate::sync::{backoff, AtomicBool, AtomicUsize, Mutex, Ordering};
+use crate::sync::{backoff, fence, AtomicBool, AtomicUsize, Mutex, Ordering};
 
 const SLOTS: usize = 16;
 
@@ -78,16 +79,18 @@ impl Gate {
         let slot = slot_index();
         let mut spins = 0;
         loop {
-            // SeqCst increment then SeqCst load: see the module docs.
-            self.slots[slot].0.fetch_add(1, Ordering::SeqCst);
-            if !self.writer.load(Ordering::SeqCst) {
+            // Store, SeqCst fence, load: see the module docs. Acquire on the load pairs with
+            // the writer's Release store when it leaves, so its changes are visible to us.
+            self.slots[slot].0.fetch_add(1, Ordering::Relaxed);
+            fence(Ordering::SeqCst);
+            if !self.writer.load(Ordering::Acquire) {
                 return Some(Shared { gate: self, slot });
             }
             self.slots[slot].0.fetch_sub(1, Ordering::Release);
             if !wait {
                 return None;
             }
-            // Relaxed: only a hint for when to try again; the loop re-checks with SeqCst.
+            // Relaxed: only a hint for when to try again; the loop re-checks after its fence.
             while self.writer.load(Ordering::Relaxed) {
                 backoff(&mut spins);
             }
@@ -97,11 +100,13 @@ impl Gate {
     /// Run `f` while no shared holder is inside.
     pub fn exclusive<T>(&self, f: impl FnOnce() -> T) -> T {
         let _one_writer = crate::sync::lock(&self.writers);
-        // SeqCst store then SeqCst loads: see the module docs.
-        self.writer.store(true, Ordering::SeqCst);
+        // Store, SeqCst fence, loads: see the module docs. Acquire on the loads pairs with
+        // each reader's Release decrement, so their changes are visible to the writer.
+        self.writer.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
         let mut spins = 0;
         for slot in &self.slots {
-            while slot.0.load(Ordering::SeqCst) != 0 {
+            while slot.0.load(Ordering::Acquire) != 0 {
                 backoff(&mut spins);
             }
         }

@@ -246,7 +246,7 @@ impl BlockHasher {
 }
 
 /// `n` distinct sample digests (unit tests of the index and the pool).
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 pub(crate) fn sample_digests(n: u32) -> Vec<Digest> {
     let h = BlockHasher::new(HashAlgo::Sha256, 0);
     (0..n)

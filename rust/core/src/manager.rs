@@ -329,9 +329,12 @@ impl BlockManager {
         let (mut peek_hits, mut revivals) = (0, 0);
         for d in digests.iter().take(max_hits) {
             match self.gpu.peek(d) {
-                Some(cached) => {
+                // A hit that would exceed the refcount limit is an error whether or not the
+                // rest fits (`pin` checks again: this look is only a snapshot).
+                Some(p) if p.full => return Err(refcount_overflow(p.block)),
+                Some(p) => {
                     peek_hits += 1;
-                    revivals += usize::from(cached);
+                    revivals += usize::from(p.cached);
                 }
                 None => break,
             }
