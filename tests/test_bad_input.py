@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 
 import pagedkv
-import pending_core
 from pagedkv import (
     BlockManager,
     DuplicateSequenceError,
@@ -273,25 +272,9 @@ CASES: list[tuple[str, type[BaseException]]] = [
 ]
 
 
-# Cases that need a change the lead is making (tests/pending_core.py): expected to fail only
-# while the built extension lacks it.
-PENDING = {
-    "m.append_batch([NEVER, 0, 0], [1, 2, 3])": pending_core.ORDERS_BATCHES,
-    "m.append_batch([SWAPPED, NEVER], [1, 2])": pending_core.ORDERS_BATCHES,
-    "m.swap_in(RESIDENT)": pending_core.HAS_NOT_SWAPPED,
-    "m.can_swap_in(RESIDENT)": pending_core.HAS_NOT_SWAPPED,
-}
-
-
-def _pending(call: str) -> list[pytest.MarkDecorator]:
-    if PENDING.get(call, True):
-        return []
-    return [pytest.mark.xfail(strict=True, reason="needs the lead's change (pending_core)")]
-
-
 @pytest.mark.parametrize(
     ("call", "exc"),
-    [pytest.param(c, e, id=c, marks=_pending(c)) for c, e in CASES],
+    [pytest.param(c, e, id=c) for c, e in CASES],
 )
 def test_bad_call_raises_and_changes_nothing(call: str, exc: type[BaseException]) -> None:
     """Both implementations raise `exc` (or a subclass), the very same class, and change
@@ -712,9 +695,6 @@ def test_reference_refcount_limit_refuses_before_any_change(
         m.fork(9, 3)  # state errors before the limit
 
 
-# The current core panics when a block's holders reach its refcount field's limit; the lead's
-# change raises RefcountOverflowError instead. Remove this marker when it lands.
-@pytest.mark.xfail(strict=False, reason="the core's refcount limit is the lead's change")
 def test_rust_refcount_limit() -> None:
     """The full-size limit in the Rust manager: MAX_REFCOUNT holders, then the error."""
     from pagedkv.errors import RefcountOverflowError

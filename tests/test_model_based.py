@@ -25,7 +25,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import pagedkv
-import pending_core
 from pagedkv.errors import PagedKVError
 from pagedkv.reference import ReferenceBlockManager
 
@@ -88,31 +87,8 @@ def run(m: Any, method: str, *args: Any, **kwargs: Any) -> Outcome:
         return Outcome(exc=e)
 
 
-# Differences that only a change the lead is making explains (tests/pending_core.py); where the
-# built extension has the change, nothing is tolerated.
-CORE_HAS_NOT_SWAPPED = pending_core.HAS_NOT_SWAPPED
-CORE_ORDERS_BATCHES = pending_core.ORDERS_BATCHES
-CORE_RESETS_HIT_COUNTERS = pending_core.RESETS_HIT_COUNTERS
-_HIT_COUNTERS = {"prefix_queries", "prefix_hits", "hit_rate"}
-
-
-def _tolerated(method: str, got: Outcome, want: Outcome) -> bool:
-    """A difference that only a pending core change explains."""
-    if not CORE_HAS_NOT_SWAPPED and method in ("swap_in", "can_swap_in"):
-        return isinstance(want.exc, pagedkv.SequenceNotSwappedError) and isinstance(
-            got.exc, pagedkv.SequenceSwappedError
-        )
-    if not CORE_ORDERS_BATCHES and method == "append_batch":
-        return isinstance(want.exc, PagedKVError) and isinstance(got.exc, PagedKVError)
-    return False
-
-
 def _stats(m: Any) -> dict[str, Any]:
-    d = dict(m.stats().as_dict())
-    if not CORE_RESETS_HIT_COUNTERS:
-        for k in _HIT_COUNTERS:
-            d.pop(k, None)
-    return d
+    return dict(m.stats().as_dict())
 
 
 ODD_TOKENS: list[Callable[[list[int]], Any]] = [
@@ -180,7 +156,7 @@ class ManagerComparison(RuleBasedStateMachine):
         got = run(self.rust, method, *args, **kwargs)
         if want.exc is not None:
             assert isinstance(want.exc, PagedKVError), f"reference raised {want.exc!r}"
-        assert got.key() == want.key() or _tolerated(method, got, want), (
+        assert got.key() == want.key(), (
             f"{method}({shown}): rust {got.describe()}, reference {want.describe()}"
             "\n  after: " + "\n  ".join(self.log)
         )
@@ -416,7 +392,7 @@ class ManagerComparison(RuleBasedStateMachine):
         got = run(self.rust, method, *make_args())
         if want.exc is not None:
             assert isinstance(want.exc, PagedKVError), f"reference raised {want.exc!r}"
-        assert got.key() == want.key() or _tolerated(method, got, want), (
+        assert got.key() == want.key(), (
             f"{method}{args!r}: rust {got.describe()}, reference {want.describe()}"
             "\n  after: " + "\n  ".join(self.log)
         )

@@ -20,6 +20,7 @@ from pagedkv.config import BlockManagerConfig
 from pagedkv.errors import (
     DuplicateSequenceError,
     InvalidArgumentError,
+    InvalidArgumentTypeError,
     InvariantError,
     ManagerBrokenError,
     PagedKVError,
@@ -57,6 +58,7 @@ __all__ = [
     "BlockStored",
     "DuplicateSequenceError",
     "InvalidArgumentError",
+    "InvalidArgumentTypeError",
     "InvariantError",
     "KVCachePool",
     "KVEvent",

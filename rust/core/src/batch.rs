@@ -180,7 +180,14 @@ impl BlockManager {
 
     /// Run `f` on the batch's resident sequences (repeats allowed), all locked at once, in
     /// batch order.
-    fn read_all<T>(&self, ids: &[u64], f: impl FnOnce(&[&Sequence]) -> Result<T>) -> Result<T> {
+    /// `check(i, seq)` runs on each sequence right after its state checks, so a batch's
+    /// errors come sequence by sequence.
+    fn read_all<T>(
+        &self,
+        ids: &[u64],
+        check: impl Fn(usize, &Sequence) -> Result<()>,
+        f: impl FnOnce(&[&Sequence]) -> Result<T>,
+    ) -> Result<T> {
         self.guarded(false, || {
             let cells = self.cells(ids)?;
             let locked = lock_all(ids, &cells)?;
@@ -191,7 +198,10 @@ impl BlockManager {
                 if let Some(e) = state_error(id, locked.cells[k], seq, true) {
                     return Err(e);
                 }
-                seqs.extend(seq);
+                if let Some(seq) = seq {
+                    check(i, seq)?;
+                    seqs.push(seq);
+                }
             }
             f(&seqs)
         })
@@ -199,20 +209,24 @@ impl BlockManager {
 
     /// Row-major `(ids.len(), width)` int32 block tables padded with `pad`, and `width`.
     pub fn block_tables(&self, ids: &[u64], pad: i32) -> Result<(Vec<i32>, usize)> {
-        self.read_all(ids, |seqs| {
-            let width = seqs.iter().map(|s| s.blocks.len()).max().unwrap_or(0);
-            let size = ids
-                .len()
-                .checked_mul(width)
-                .ok_or_else(|| Error::OutOfMemory("block tables too large".into()))?;
-            let mut out = try_filled(size, pad, "the block tables")?;
-            for (row, seq) in seqs.iter().enumerate() {
-                for (o, &b) in out[row * width..].iter_mut().zip(&seq.blocks) {
-                    *o = b as i32;
+        self.read_all(
+            ids,
+            |_, _| Ok(()),
+            |seqs| {
+                let width = seqs.iter().map(|s| s.blocks.len()).max().unwrap_or(0);
+                let size = ids
+                    .len()
+                    .checked_mul(width)
+                    .ok_or_else(|| Error::OutOfMemory("block tables too large".into()))?;
+                let mut out = try_filled(size, pad, "the block tables")?;
+                for (row, seq) in seqs.iter().enumerate() {
+                    for (o, &b) in out[row * width..].iter_mut().zip(&seq.blocks) {
+                        *o = b as i32;
+                    }
                 }
-            }
-            Ok((out, width))
-        })
+                Ok((out, width))
+            },
+        )
     }
 
     /// The slots of each sequence's last `counts[i]` tokens, concatenated.
@@ -225,15 +239,17 @@ impl BlockManager {
             )));
         }
         let bs = self.block_size();
-        self.read_all(ids, |seqs| {
-            for ((seq, &id), &c) in seqs.iter().zip(ids).zip(counts) {
-                let n = seq.tokens.len();
-                if c == 0 || c > n {
-                    return Err(invalid(format!(
-                        "num_new_tokens {c} for sequence {id} must be in 1..={n}"
-                    )));
-                }
+        let check = |i: usize, seq: &Sequence| {
+            let (n, c) = (seq.tokens.len(), counts[i]);
+            if c == 0 || c > n {
+                return Err(invalid(format!(
+                    "num_new_tokens {c} for sequence {} must be in 1..={n}",
+                    ids[i]
+                )));
             }
+            Ok(())
+        };
+        self.read_all(ids, check, |seqs| {
             // Each count is at most its sequence's length, so the sum fits memory we hold.
             let total = counts.iter().sum();
             let mut out = try_with_capacity(total, "the slot mapping")?;
@@ -248,25 +264,29 @@ impl BlockManager {
     /// FlashInfer's paged-KV page table: `(kv_indptr, kv_indices, kv_last_page_len)`.
     pub fn flashinfer_page_table(&self, ids: &[u64]) -> Result<(Vec<i32>, Vec<i32>, Vec<i32>)> {
         let bs = self.block_size();
-        self.read_all(ids, |seqs| {
-            let pages: usize = seqs.iter().map(|s| cdiv(s.tokens.len(), bs)).sum();
-            if pages > i32::MAX as usize {
-                return Err(invalid(format!(
-                    "the batch spans {pages} pages, more than an int32 kv_indptr can index"
-                )));
-            }
-            let mut indptr = try_with_capacity(ids.len() + 1, "kv_indptr")?;
-            let mut indices = try_with_capacity(pages, "kv_indices")?;
-            let mut last = try_with_capacity(ids.len(), "kv_last_page_len")?;
-            indptr.push(0i32);
-            for seq in seqs {
-                let n = seq.tokens.len();
-                let p = cdiv(n, bs);
-                indices.extend(seq.blocks[..p].iter().map(|&b| b as i32));
-                indptr.push(indices.len() as i32);
-                last.push((n - (p - 1) * bs) as i32);
-            }
-            Ok((indptr, indices, last))
-        })
+        self.read_all(
+            ids,
+            |_, _| Ok(()),
+            |seqs| {
+                let pages: usize = seqs.iter().map(|s| cdiv(s.tokens.len(), bs)).sum();
+                if pages > i32::MAX as usize {
+                    return Err(invalid(format!(
+                        "the batch spans {pages} pages, more than an int32 kv_indptr can index"
+                    )));
+                }
+                let mut indptr = try_with_capacity(ids.len() + 1, "kv_indptr")?;
+                let mut indices = try_with_capacity(pages, "kv_indices")?;
+                let mut last = try_with_capacity(ids.len(), "kv_last_page_len")?;
+                indptr.push(0i32);
+                for seq in seqs {
+                    let n = seq.tokens.len();
+                    let p = cdiv(n, bs);
+                    indices.extend(seq.blocks[..p].iter().map(|&b| b as i32));
+                    indptr.push(indices.len() as i32);
+                    last.push((n - (p - 1) * bs) as i32);
+                }
+                Ok((indptr, indices, last))
+            },
+        )
     }
 }
