@@ -12,7 +12,6 @@ use crate::manager::{cdiv, BlockManager};
 use crate::seq_map::SeqCell;
 use crate::sequence::Sequence;
 use crate::sync::{lock, may_wait, try_lock, MutexGuard};
-use std::sync::Arc;
 
 /// Error unless every id is distinct.
 fn check_distinct(ids: &[u64]) -> Result<()> {
@@ -30,14 +29,35 @@ fn check_distinct(ids: &[u64]) -> Result<()> {
 struct Locked<'a> {
     guards: Vec<Option<MutexGuard<'a, Sequence>>>,
     /// The cell each guard locks.
-    cells: Vec<Option<&'a Arc<SeqCell>>>,
+    cells: Vec<Option<&'a SeqCell>>,
     at: Vec<usize>,
 }
 
-/// Lock each distinct cell once. Locks are taken without blocking first; if one is busy,
-/// all are dropped and retaken in id order, the one global order every multi-sequence locker
-/// follows, so two batches cannot deadlock. In non-blocking mode a busy cell is `WouldBlock`.
-fn lock_all<'a>(ids: &[u64], cells: &'a [Option<Arc<SeqCell>>]) -> Result<Locked<'a>> {
+/// Lock each distinct cell once, first in batch order without blocking (the common case:
+/// distinct ids, none busy). Otherwise: `distinct` batches get their duplicate-id check (an
+/// argument error, so before any state is read), then the distinct cells are locked in id
+/// order, the one global order every multi-sequence locker follows, so two batches cannot
+/// deadlock. In non-blocking mode a busy cell is `WouldBlock`.
+fn lock_all<'a>(ids: &[u64], cells: &[Option<&'a SeqCell>], distinct: bool) -> Result<Locked<'a>> {
+    let mut guards = try_with_capacity(ids.len(), "the batch's locks")?;
+    for cell in cells {
+        match cell.and_then(|c| try_lock(&c.seq)) {
+            Some(g) => guards.push(Some(g)),
+            None => break,
+        }
+    }
+    if guards.len() == ids.len() {
+        // Every cell locked, so no id repeats (a second lock of one cell would have failed).
+        return Ok(Locked {
+            guards,
+            cells: cells.to_vec(),
+            at: (0..ids.len()).collect(),
+        });
+    }
+    drop(guards);
+    if distinct {
+        check_distinct(ids)?;
+    }
     let mut order: Vec<usize> = try_with_capacity(ids.len(), "the batch's lock order")?;
     order.extend(0..ids.len());
     order.sort_by_key(|&i| ids[i]);
@@ -55,7 +75,7 @@ fn lock_all<'a>(ids: &[u64], cells: &'a [Option<Arc<SeqCell>>]) -> Result<Locked
     }
     let mut guards = Vec::with_capacity(firsts.len());
     for &f in &firsts {
-        match &cells[f] {
+        match cells[f] {
             None => guards.push(None),
             Some(c) => match try_lock(&c.seq) {
                 Some(g) => guards.push(Some(g)),
@@ -70,17 +90,17 @@ fn lock_all<'a>(ids: &[u64], cells: &'a [Option<Arc<SeqCell>>]) -> Result<Locked
         }
         guards = firsts
             .iter()
-            .map(|&f| cells[f].as_ref().map(|c| lock(&c.seq)))
+            .map(|&f| cells[f].map(|c| lock(&c.seq)))
             .collect();
     }
-    let cells = firsts.iter().map(|&f| cells[f].as_ref()).collect();
+    let cells = firsts.iter().map(|&f| cells[f]).collect();
     Ok(Locked { guards, cells, at })
 }
 
 /// The first state error of position `i`: unknown, then (when `resident`) swapped out.
 fn state_error(
     id: u64,
-    cell: Option<&Arc<SeqCell>>,
+    cell: Option<&SeqCell>,
     seq: Option<&Sequence>,
     resident: bool,
 ) -> Option<Error> {
@@ -93,19 +113,13 @@ fn state_error(
 }
 
 impl BlockManager {
-    fn cells(&self, ids: &[u64]) -> Result<Vec<Option<Arc<SeqCell>>>> {
-        let mut cells = try_with_capacity(ids.len(), "the batch's sequences")?;
-        cells.extend(ids.iter().map(|&id| self.seqs.get(id)));
-        Ok(cells)
-    }
-
     /// The locked, live sequences of a batch of distinct ids in batch order, with their
     /// cells, or the first state error.
     fn live_mut<'a, 'c>(
         ids: &[u64],
         locked: &'a mut Locked<'c>,
         resident: bool,
-    ) -> Result<Vec<(&'c Arc<SeqCell>, &'a mut Sequence)>> {
+    ) -> Result<Vec<(&'c SeqCell, &'a mut Sequence)>> {
         let Locked { guards, cells, at } = locked;
         for (i, &id) in ids.iter().enumerate() {
             let k = at[i];
@@ -115,10 +129,10 @@ impl BlockManager {
         }
         // Distinct ids: `at` is a permutation, so each guard is lent once; every position
         // passed `state_error`, so each has a cell and a guard.
-        let mut by_slot: Vec<Option<(&'c Arc<SeqCell>, &'a mut Sequence)>> = guards
+        let mut by_slot: Vec<Option<(&'c SeqCell, &'a mut Sequence)>> = guards
             .iter_mut()
             .zip(cells.iter())
-            .map(|(g, c)| Some((*c.as_ref()?, g.as_deref_mut()?)))
+            .map(|(g, c)| Some(((*c)?, g.as_deref_mut()?)))
             .collect();
         Ok(at.iter().filter_map(|&k| by_slot[k].take()).collect())
     }
@@ -133,11 +147,21 @@ impl BlockManager {
                 tokens.len()
             )));
         }
-        check_distinct(ids)?;
         self.guarded(true, || {
             let _gate = self.enter()?;
-            let cells = self.cells(ids)?;
-            let mut locked = lock_all(ids, &cells)?;
+            self.seqs
+                .with_cells(ids, |cells| self.append_locked(ids, tokens, cells))
+        })
+    }
+
+    fn append_locked(
+        &self,
+        ids: &[u64],
+        tokens: &[u32],
+        cells: &[Option<&SeqCell>],
+    ) -> Result<Option<Vec<(u32, u32)>>> {
+        {
+            let mut locked = lock_all(ids, cells, true)?;
             let mut seqs = Self::live_mut(ids, &mut locked, true)?;
             let mut need = 0;
             let mut keys = Vec::new();
@@ -153,28 +177,33 @@ impl BlockManager {
             let mut spare = need;
             let mut pairs = Vec::new();
             let bs = self.block_size();
+            // One tally update for the batch: the sums of the footprints before and after.
+            let (mut before, mut after) = ((0, 0), (0, 0));
             for ((_, seq), t) in seqs.iter_mut().zip(tokens) {
-                let before = seq.footprint(bs);
+                let b = seq.footprint(bs);
                 self.append_reserved(seq, std::slice::from_ref(t), &mut spare, &mut pairs)?;
-                self.account(before, seq.footprint(bs));
+                let a = seq.footprint(bs);
+                before = (before.0 + b.0, before.1 + b.1);
+                after = (after.0 + a.0, after.1 + a.1);
             }
+            self.account(before, after);
             self.gpu.unreserve(spare);
             Ok(Some(pairs))
-        })
+        }
     }
 
     /// Free every sequence, all or nothing: distinct, live ids, checked under their locks.
     pub fn free_batch(&self, ids: &[u64]) -> Result<()> {
-        check_distinct(ids)?;
         self.guarded(true, || {
             let _gate = self.enter()?;
-            let cells = self.cells(ids)?;
-            let mut locked = lock_all(ids, &cells)?;
-            let seqs = Self::live_mut(ids, &mut locked, false)?;
-            for ((cell, seq), &id) in seqs.into_iter().zip(ids) {
-                self.drop_sequence(id, cell, seq)?;
-            }
-            Ok(())
+            self.seqs.with_cells(ids, |cells| {
+                let mut locked = lock_all(ids, cells, true)?;
+                let seqs = Self::live_mut(ids, &mut locked, false)?;
+                for ((cell, seq), &id) in seqs.into_iter().zip(ids) {
+                    self.drop_sequence(id, cell, seq)?;
+                }
+                Ok(())
+            })
         })
     }
 
@@ -189,21 +218,22 @@ impl BlockManager {
         f: impl FnOnce(&[&Sequence]) -> Result<T>,
     ) -> Result<T> {
         self.guarded(false, || {
-            let cells = self.cells(ids)?;
-            let locked = lock_all(ids, &cells)?;
-            let mut seqs = try_with_capacity(ids.len(), "the batch's sequences")?;
-            for (i, &id) in ids.iter().enumerate() {
-                let k = locked.at[i];
-                let seq = locked.guards[k].as_deref();
-                if let Some(e) = state_error(id, locked.cells[k], seq, true) {
-                    return Err(e);
+            self.seqs.with_cells(ids, |cells| {
+                let locked = lock_all(ids, cells, false)?;
+                let mut seqs = try_with_capacity(ids.len(), "the batch's sequences")?;
+                for (i, &id) in ids.iter().enumerate() {
+                    let k = locked.at[i];
+                    let seq = locked.guards[k].as_deref();
+                    if let Some(e) = state_error(id, locked.cells[k], seq, true) {
+                        return Err(e);
+                    }
+                    if let Some(seq) = seq {
+                        check(i, seq)?;
+                        seqs.push(seq);
+                    }
                 }
-                if let Some(seq) = seq {
-                    check(i, seq)?;
-                    seqs.push(seq);
-                }
-            }
-            f(&seqs)
+                f(&seqs)
+            })
         })
     }
 

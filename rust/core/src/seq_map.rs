@@ -59,6 +59,14 @@ impl SeqMap {
         self.map.pin().get(&id).cloned()
     }
 
+    /// Run `f` on the cells of `ids` (live or pending, `None` where an id has none),
+    /// borrowed from one pin of the map: no reference counts touched on the batch path.
+    pub fn with_cells<T>(&self, ids: &[u64], f: impl FnOnce(&[Option<&SeqCell>]) -> T) -> T {
+        let map = self.map.pin();
+        let cells: Vec<Option<&SeqCell>> = ids.iter().map(|id| map.get(id).map(|c| &**c)).collect();
+        f(&cells)
+    }
+
     pub fn contains(&self, id: u64) -> bool {
         self.map.pin().get(&id).is_some_and(|c| c.is_live())
     }
