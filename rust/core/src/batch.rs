@@ -165,8 +165,9 @@ impl BlockManager {
             let mut seqs = Self::live_mut(ids, &mut locked, true)?;
             let mut need = 0;
             let mut keys = Vec::new();
-            for (((_, seq), &id), t) in seqs.iter().zip(ids).zip(tokens) {
+            for (((_, seq), &id), t) in seqs.iter_mut().zip(ids).zip(tokens) {
                 self.check_append_len(id, seq, 1)?;
+                self.reserve_tokens(seq, 1)?;
                 keys.extend(self.append_prefix_key(seq, std::slice::from_ref(t)));
                 need += self.append_need(seq, 1);
             }

@@ -208,6 +208,9 @@ impl BlockManager {
             if !cell.is_live() {
                 return Err(Error::UnknownSequence(id));
             }
+            if !mutating {
+                return f(&mut seq);
+            }
             let before = seq.footprint(self.block_size());
             let out = f(&mut seq);
             self.account(before, seq.footprint(self.block_size()));
@@ -426,8 +429,14 @@ impl BlockManager {
         }
     }
 
+    /// Room for `k` more tokens in `seq`, reserved before an append changes anything, so that
+    /// running out of memory is an error that changed nothing.
+    pub(crate) fn reserve_tokens(&self, seq: &mut Sequence, k: usize) -> Result<()> {
+        crate::alloc::try_grow(&mut seq.tokens, k, "a sequence's tokens")
+    }
+
     /// Append `tokens` to a sequence whose `append_need` units the caller reserved in
-    /// `spare`; copy-on-write pairs go to `pairs`. Unused units stay in `spare`.
+    /// `spare`, and whose token room `reserve_tokens` reserved; copy-on-write pairs go to `pairs`. Unused units stay in `spare`.
     pub(crate) fn append_reserved(
         &self,
         seq: &mut Sequence,
@@ -459,7 +468,7 @@ impl BlockManager {
                 .ok_or_else(|| Error::Broken("append beyond its reservation".into()))?;
             seq.push_block(self.gpu.take());
         }
-        crate::alloc::try_grow(&mut seq.tokens, tokens.len(), "a sequence's tokens")?;
+        // The caller reserved the room (`reserve_tokens`): this cannot fail half way.
         seq.tokens.extend_from_slice(tokens);
         if self.caching() {
             self.hash_new_full_blocks(seq);
@@ -498,6 +507,7 @@ impl BlockManager {
                 return Err(Error::Swapped(id));
             }
             self.check_append_len(id, seq, tokens.len())?;
+            self.reserve_tokens(seq, tokens.len())?;
             let keys = self.append_prefix_key(seq, tokens).into_iter().collect();
             let _prefix = self.lock_prefixes(keys)?;
             let need = self.append_need(seq, tokens.len());
