@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import sys
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TextIO
 
@@ -47,6 +47,8 @@ MAX_LEN = _I32_MAX
 MAX_BLOCK_SIZE = 1 << 16
 MAX_REFCOUNT = (1 << 20) - 1
 """Most holders (sequences) one block may have; more raise RefcountOverflowError."""
+RECENT_WINDOW = 1000
+"""Allocations counted by the recent hit rate (vLLM's window)."""
 
 HashFn = Callable[[bytes], bytes]
 
@@ -146,6 +148,23 @@ def _counts(num_new_tokens: object, n: int) -> list[int]:
     if _int_value(num_new_tokens) is not None:
         return [_check_int(num_new_tokens, "num_new_tokens", 1, _I64_MAX + 1)] * n
     return _int_list(num_new_tokens, "num_new_tokens", 1, _I64_MAX + 1)
+
+
+def _opt_count(num_new_tokens: object) -> int | None:
+    """`num_new_tokens` of `allocate` and `can_allocate`: None (the whole prompt) or an int
+    in `[1, 2**63)`; whether it fits the prompt is a cross-argument check (`_fits_prompt`)."""
+    if num_new_tokens is None:
+        return None
+    return _check_int(num_new_tokens, "num_new_tokens", 1, _I64_MAX + 1)
+
+
+def _fits_prompt(k: int | None, n: int) -> int:
+    """`num_new_tokens` (default: all) of a prompt of `n` tokens: at most `n`."""
+    if k is None:
+        return n
+    if k > n:
+        raise InvalidArgumentError(f"num_new_tokens {k} out of range [1, {n}]")
+    return k
 
 
 def _check_bool(x: object, what: str) -> bool:
@@ -275,16 +294,20 @@ class _Seq:
         "cpu_blocks",
         "digests",
         "extras",
+        "hits",
         "lora_id",
         "salt",
+        "scheduled",
         "swapped",
         "tokens",
     )
 
     def __init__(self, salt: bytes | None, lora_id: int | None) -> None:
         self.blocks: list[int] = []  # GPU table
-        self.tokens: list[int] = []  # every token (the events need full blocks' tokens)
+        self.tokens: list[int] = []  # every known token (the events need full blocks' tokens)
         self.digests: list[bytes] = []  # chain digests of full blocks (prefix caching only)
+        self.scheduled = 0  # `s`: tokens scheduled for compute; only their full blocks register
+        self.hits = 0  # `h`: leading blocks served from the prefix cache
         self.salt = salt
         self.lora_id = lora_id
         self.extras = _extras(salt, lora_id)
@@ -300,6 +323,8 @@ class _Seq:
         c.blocks = list(self.blocks)
         c.tokens = list(self.tokens)
         c.digests = list(self.digests)
+        c.scheduled = self.scheduled
+        c.hits = self.hits
         return c
 
 
@@ -344,11 +369,25 @@ class ReferenceBlockManager:
         self._cow_copies = 0
         self._swapped_out_blocks = 0
         self._swapped_in_blocks = 0
+        self._registered_blocks = 0
+        self._unregistered_blocks = 0
+        self._truncated_blocks = 0
+        # (queried, hit) tokens of the last RECENT_WINDOW allocations (vLLM's recent hit rate)
+        self._recent: deque[tuple[int, int]] = deque(maxlen=RECENT_WINDOW)
 
     # ---------------------------------------------------------------- block lifecycle helpers
 
     def _available(self) -> int:
         return len(self._free) + len(self._lru)
+
+    def _unindex(self, b: int) -> None:
+        """Take block `b` out of the prefix index (it stays where it is)."""
+        d = self._hashed[b]
+        assert d is not None
+        del self._index[d]
+        self._hashed[b] = None
+        if self._events_on:
+            self._events.append(BlockRemoved(block_hashes=[d], medium="GPU"))
 
     def _take(self) -> int:
         """One new block: pop the free stack, else evict the oldest CACHED block."""
@@ -356,13 +395,8 @@ class ReferenceBlockManager:
             b = self._free.pop()
         else:
             b, _ = self._lru.popitem(last=False)
-            d = self._hashed[b]
-            assert d is not None
-            del self._index[d]
-            self._hashed[b] = None
+            self._unindex(b)
             self._evictions += 1
-            if self._events_on:
-                self._events.append(BlockRemoved(block_hashes=[d], medium="GPU"))
         self._rc[b] = 1
         return b
 
@@ -378,26 +412,32 @@ class ReferenceBlockManager:
         for b in reversed(blocks):  # tail first
             self._release(b)
 
-    def _register(self, seq: _Seq, i: int) -> None:
-        """Table index `i` of `seq` became full and `seq.digests[i]` is known."""
-        d = seq.digests[i]
-        if d in self._index:
-            return  # another block holds this content: this one stays unhashed
-        b = seq.blocks[i]
-        self._index[d] = b
-        self._hashed[b] = d
-        if self._events_on:
-            bs = self._block_size
-            self._events.append(
-                BlockStored(
-                    block_hashes=[d],
-                    parent_block_hash=seq.digests[i - 1] if i > 0 else None,
-                    token_ids=seq.tokens[i * bs : (i + 1) * bs],
-                    block_size=bs,
-                    lora_id=seq.lora_id,
-                    medium="GPU",
-                )
-            )
+    def _stored(self, seq: _Seq, i: int, medium: str) -> BlockStored:
+        bs = self._block_size
+        return BlockStored(
+            block_hashes=[seq.digests[i]],
+            parent_block_hash=seq.digests[i - 1] if i > 0 else None,
+            token_ids=seq.tokens[i * bs : (i + 1) * bs],
+            block_size=bs,
+            lora_id=seq.lora_id,
+            medium=medium,
+        )
+
+    def _register(self, seq: _Seq, lo: int, hi: int) -> None:
+        """Table indices `lo .. hi - 1` of `seq` became full of scheduled tokens: register
+        each under its digest, in order, unless another block already holds that digest."""
+        if not self._caching:
+            return
+        for i in range(lo, hi):
+            d = seq.digests[i]
+            if d in self._index:
+                continue  # another block holds this content: this one stays unhashed
+            b = seq.blocks[i]
+            self._index[d] = b
+            self._hashed[b] = d
+            self._registered_blocks += 1
+            if self._events_on:
+                self._events.append(self._stored(seq, i, "GPU"))
 
     def _extend_digests(self, seq: _Seq) -> None:
         """Compute the digests of the blocks that are full but not yet digested."""
@@ -408,6 +448,26 @@ class ReferenceBlockManager:
                 self._hash, parent, seq.tokens[i * bs : (i + 1) * bs], seq.extras
             )
             seq.digests.append(parent)
+
+    def _hits(self, seq: _Seq) -> list[int]:
+        """The cached blocks of the longest indexed prefix of `seq`'s digests, leaving at
+        least one token to compute (`h <= (n - 1) // B`)."""
+        hits: list[int] = []
+        for d in seq.digests[: (seq.num_tokens - 1) // self._block_size]:
+            b = self._index.get(d)
+            if b is None:
+                break
+            hits.append(b)
+        return hits
+
+    def _probe(self, toks: list[int], salt: bytes | None, lora: int | None) -> list[int]:
+        """The hit blocks `allocate` would pin for this prompt now; changes nothing."""
+        if not self._caching:
+            return []
+        seq = _Seq(salt, lora)
+        seq.tokens = toks
+        self._extend_digests(seq)
+        return self._hits(seq)
 
     def _get(self, seq_id: object) -> tuple[int, _Seq]:
         sid = _seq_id(seq_id)
@@ -422,35 +482,48 @@ class ReferenceBlockManager:
             raise SequenceSwappedError(f"sequence {sid} is swapped out")
         return sid, seq
 
-    def _append_need(self, seq: _Seq, k: int) -> tuple[list[int], int]:
-        """Table indices needing copy-on-write, and the number of new blocks, for k tokens."""
-        bs = self._block_size
-        n = seq.num_tokens
-        last = _cdiv(n + k, bs)  # one past the last written table index
-        cow = [i for i in range(n // bs, min(last, len(seq.blocks))) if self._rc[seq.blocks[i]] > 1]
-        new = max(0, last - len(seq.blocks))
-        return cow, new
+    def _appendable(self, seq_id: object) -> _Seq:
+        """A resident sequence whose prompt is fully scheduled (append's state checks)."""
+        sid, seq = self._resident(seq_id)
+        if seq.scheduled < seq.num_tokens:
+            raise InvalidArgumentError(
+                f"sequence {sid} has {seq.num_tokens - seq.scheduled} prompt tokens not yet "
+                "scheduled: extend it first"
+            )
+        return seq
 
-    def _do_append(
-        self, seq: _Seq, toks: list[int], cow: list[int], new: int
-    ) -> list[tuple[int, int]]:
+    def _write_need(self, seq: _Seq, end: int, lookahead: int) -> tuple[list[int], int]:
+        """Writing positions `scheduled .. end - 1` plus `lookahead` slots: the table indices
+        that need copy-on-write (shared or hashed blocks: a hashed block is never written),
+        and the number of new blocks past the table."""
+        bs = self._block_size
+        last = _cdiv(end + lookahead, bs)  # one past the last written table index
+        cow = [
+            i
+            for i in range(seq.scheduled // bs, min(last, len(seq.blocks)))
+            if self._rc[seq.blocks[i]] > 1 or self._hashed[seq.blocks[i]] is not None
+        ]
+        return cow, max(0, last - len(seq.blocks))
+
+    def _write(self, seq: _Seq, cow: list[int], new: int) -> list[tuple[int, int]]:
         pairs = []
         for i in cow:
             src = seq.blocks[i]
             dst = self._take()
             pairs.append((src, dst))
             seq.blocks[i] = dst
-            self._rc[src] -= 1  # stays >= 1
+            self._release(src)  # a hashed src held by this sequence alone becomes CACHED
             self._cow_copies += 1
         for _ in range(new):
             seq.blocks.append(self._take())
-        seq.tokens.extend(toks)
-        if self._caching:
-            first = len(seq.digests)
-            self._extend_digests(seq)
-            for i in range(first, len(seq.digests)):
-                self._register(seq, i)
         return pairs
+
+    def _schedule(self, seq: _Seq, end: int) -> None:
+        """Tokens up to `end` are scheduled: register the blocks that became full of them."""
+        bs = self._block_size
+        lo = seq.scheduled // bs
+        seq.scheduled = end
+        self._register(seq, lo, end // bs)
 
     # ---------------------------------------------------------------- operations
 
@@ -459,34 +532,34 @@ class ReferenceBlockManager:
         seq_id: int,
         token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
         *,
+        num_new_tokens: int | None = None,
         cache_salt: str | bytes | None = None,
         lora_id: int | None = None,
         lookahead: int = 0,
     ) -> int | None:
-        """Give a new sequence the blocks of its prompt; return the cached prompt tokens."""
+        """Give a new sequence the blocks of its cache hit plus `num_new_tokens` prompt
+        tokens (all by default); return the cached prompt tokens."""
         sid = _seq_id(seq_id)
         toks = _tokens(token_ids)
+        k = _opt_count(num_new_tokens)
         salt = _salt_bytes(cache_salt)
         lora = _lora(lora_id)
-        la = _check_int(lookahead, "lookahead", 0, 1 << 63)
+        la = _check_int(lookahead, "lookahead", 0, _I64_MAX + 1)
+        n = len(toks)
+        k = _fits_prompt(k, n)
         if sid in self._seqs:
             raise DuplicateSequenceError(f"sequence id {sid} already exists")
 
         bs = self._block_size
-        n = len(toks)
-        total = _cdiv(n + la, bs)
         seq = _Seq(salt, lora)
         seq.tokens = toks
         hits: list[int] = []
         if self._caching:
             self._extend_digests(seq)
-            cap = (n - 1) // bs
-            for d in seq.digests[:cap]:
-                b = self._index.get(d)
-                if b is None:
-                    break
-                hits.append(b)
+            hits = self._hits(seq)
         h = len(hits)
+        s = min(h * bs + k, n)
+        total = _cdiv(s + la, bs)
         # Errors before the capacity answer: a hit block already at the holder limit.
         for b in hits:
             if self._rc[b] >= MAX_REFCOUNT:
@@ -500,27 +573,94 @@ class ReferenceBlockManager:
                 del self._lru[b]  # CACHED -> OWNED
             self._rc[b] += 1
         seq.blocks = hits + [self._take() for _ in range(total - h)]
+        seq.hits = h
+        seq.scheduled = h * bs
+        self._schedule(seq, s)
         if self._caching:
-            for i in range(h, n // bs):
-                self._register(seq, i)
             self._prefix_queries += n
             self._prefix_hits += h * bs
+            self._recent.append((n, h * bs))
         self._seqs[sid] = seq
         return h * bs
 
-    def append(
-        self, seq_id: int, token_ids: Sequence[int] | npt.NDArray[np.integer[Any]]
+    def extend(
+        self, seq_id: int, num_new_tokens: int, *, lookahead: int = 0
     ) -> list[tuple[int, int]] | None:
-        """Add tokens to a resident sequence; return the copy-on-write pairs, or None."""
+        """Schedule the next `num_new_tokens` prompt tokens (chunked prefill); return the
+        copy-on-write pairs, or None."""
+        sid = _seq_id(seq_id)
+        k = _check_int(num_new_tokens, "num_new_tokens", 1, _I64_MAX + 1)
+        la = _check_int(lookahead, "lookahead", 0, _I64_MAX + 1)
+        _, seq = self._resident(sid)
+        left = seq.num_tokens - seq.scheduled
+        if k > left:
+            raise InvalidArgumentError(
+                f"num_new_tokens {k} out of range [1, {left}] for sequence {sid} "
+                f"({left} prompt tokens left to schedule)"
+            )
+        m = seq.scheduled + k
+        cow, new = self._write_need(seq, m, la)
+        if len(cow) + new > self._available():
+            return None
+        pairs = self._write(seq, cow, new)
+        self._schedule(seq, m)
+        return pairs
+
+    def append(
+        self,
+        seq_id: int,
+        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        *,
+        lookahead: int = 0,
+    ) -> list[tuple[int, int]] | None:
+        """Add tokens to a resident, fully scheduled sequence, plus `lookahead` draft slots
+        past them; return the copy-on-write pairs, or None."""
         sid = _seq_id(seq_id)
         toks = _tokens(token_ids)  # argument checks before state checks
-        _, seq = self._resident(sid)
+        la = _check_int(lookahead, "lookahead", 0, _I64_MAX + 1)
+        seq = self._appendable(sid)
         if seq.num_tokens + len(toks) > MAX_LEN:
             raise InvalidArgumentError(f"sequence {sid} would hold more than {MAX_LEN} tokens")
-        cow, new = self._append_need(seq, len(toks))
+        cow, new = self._write_need(seq, seq.num_tokens + len(toks), la)
         if len(cow) + new > self._available():
             return None
         return self._do_append(seq, toks, cow, new)
+
+    def _do_append(
+        self, seq: _Seq, toks: list[int], cow: list[int], new: int
+    ) -> list[tuple[int, int]]:
+        pairs = self._write(seq, cow, new)
+        seq.tokens.extend(toks)
+        if self._caching:
+            self._extend_digests(seq)
+        self._schedule(seq, seq.num_tokens)
+        return pairs
+
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Drop every token past `num_tokens` and the blocks past them (rejected drafts)."""
+        sid = _seq_id(seq_id)
+        m = _check_int(num_tokens, "num_tokens", 1, _I64_MAX + 1)
+        _, seq = self._resident(sid)
+        if m > seq.num_tokens:
+            raise InvalidArgumentError(
+                f"num_tokens {m} out of range [1, {seq.num_tokens}] for sequence {sid}"
+            )
+        bs = self._block_size
+        del seq.tokens[m:]
+        del seq.digests[m // bs :]
+        seq.scheduled = min(seq.scheduled, m)
+        seq.hits = min(seq.hits, m // bs)
+        keep = _cdiv(m, bs)
+        dropped = seq.blocks[keep:]
+        del seq.blocks[keep:]
+        self._release_all(dropped)  # hashed ones become CACHED: their KV was computed
+        self._truncated_blocks += len(dropped)
+        if m % bs:
+            last = seq.blocks[-1] if len(seq.blocks) == keep else None
+            # A partial last block registered by this sequence alone becomes its own again;
+            # one that others hold stays hashed, and the next write copies it.
+            if last is not None and self._hashed[last] is not None and self._rc[last] == 1:
+                self._unindex(last)
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent."""
@@ -537,17 +677,50 @@ class ReferenceBlockManager:
             self._rc[b] += 1
         self._seqs[cid] = child
 
-    def free(self, seq_id: int) -> None:
-        """Release a sequence's blocks, tail first, and forget it."""
-        sid, _ = self._get(seq_id)
-        self._free_one(sid)
+    def free(self, seq_id: int, *, num_computed_tokens: int | None = None) -> None:
+        """Release a sequence's blocks, tail first, and forget it. Blocks registered by this
+        sequence alone past its `num_computed_tokens` are retracted, not cached."""
+        sid = _seq_id(seq_id)
+        c = (
+            None
+            if num_computed_tokens is None
+            else _check_int(num_computed_tokens, "num_computed_tokens", 0, _I64_MAX + 1)
+        )
+        _, seq = self._get(sid)
+        if c is not None and c > seq.num_tokens:
+            raise InvalidArgumentError(
+                f"num_computed_tokens {c} out of range [0, {seq.num_tokens}] for sequence {sid}"
+            )
+        self._free_one(sid, c)
 
-    def _free_one(self, sid: int) -> None:
+    def _free_one(self, sid: int, computed: int | None = None) -> None:
         seq = self._seqs.pop(sid)
         if seq.swapped:
             self._cpu_free.extend(reversed(seq.cpu_blocks))
-        else:
-            self._release_all(seq.blocks)
+            self._cpu_removed(seq)
+            return
+        bs = self._block_size
+        c = seq.scheduled if computed is None else computed
+        for i in range(len(seq.blocks) - 1, -1, -1):  # tail first
+            b = seq.blocks[i]
+            if (
+                (i + 1) * bs > c
+                and seq.hits <= i < seq.scheduled // bs
+                and self._rc[b] == 1
+                and self._hashed[b] is not None
+                and self._hashed[b] == seq.digests[i]
+            ):
+                # Registered but never computed, and nobody else's computed tokens cover
+                # it: it must never be served as a hit.
+                self._unindex(b)
+                self._unregistered_blocks += 1
+            self._release(b)
+
+    def _cpu_removed(self, seq: _Seq) -> None:
+        """The CPU copies of the blocks `swap_out` stored are gone."""
+        if self._events_on and self._caching:
+            for d in seq.digests[: seq.scheduled // self._block_size]:
+                self._events.append(BlockRemoved(block_hashes=[d], medium="CPU"))
 
     def swap_out(self, seq_id: int) -> list[tuple[int, int]] | None:
         """Move a resident sequence to CPU blocks; return the (gpu, cpu) pairs, or None."""
@@ -560,6 +733,9 @@ class ReferenceBlockManager:
         seq.blocks = []
         seq.swapped = True
         self._swapped_out_blocks += len(pairs)
+        if self._events_on and self._caching:
+            for i in range(seq.scheduled // self._block_size):
+                self._events.append(self._stored(seq, i, "CPU"))
         return pairs
 
     def swap_in(self, seq_id: int) -> list[tuple[int, int]] | None:
@@ -568,46 +744,100 @@ class ReferenceBlockManager:
         if not seq.swapped:
             raise SequenceNotSwappedError(f"sequence {sid} is not swapped out")
         # Every swapped block gets a fresh GPU block: cached copies of its content are not
-        # reused, and its full blocks are registered afresh (or stay unhashed) below.
+        # reused, and its full scheduled blocks are registered afresh (or stay unhashed).
         need = len(seq.cpu_blocks)
         if need > self._available():
             return None
         pairs = [(c, self._take()) for c in seq.cpu_blocks]
         self._cpu_free.extend(reversed(seq.cpu_blocks))
+        self._cpu_removed(seq)
         seq.blocks = [g for _, g in pairs]
         seq.cpu_blocks = []
         seq.swapped = False
-        if self._caching:
-            for i in range(len(seq.digests)):
-                self._register(seq, i)
+        self._register(seq, 0, seq.scheduled // self._block_size)
         self._swapped_in_blocks += need
         return pairs
 
-    def _status(self, need: int) -> AllocStatus:
+    def lookup(
+        self,
+        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        *,
+        cache_salt: str | bytes | None = None,
+        lora_id: int | None = None,
+    ) -> int:
+        """The prompt tokens `allocate` would serve from the cache now; touches nothing."""
+        toks = _tokens(token_ids)
+        salt = _salt_bytes(cache_salt)
+        lora = _lora(lora_id)
+        return len(self._probe(toks, salt, lora)) * self._block_size
+
+    def lookup_many(
+        self,
+        prompts: Sequence[Sequence[int] | npt.NDArray[np.integer[Any]]],
+        *,
+        cache_salt: str | bytes | None = None,
+        lora_id: int | None = None,
+    ) -> list[int]:
+        """`lookup` of each prompt (a list or tuple of token-id sequences)."""
+        if type(prompts) not in (list, tuple):
+            raise InvalidArgumentTypeError(
+                f"prompts must be a list or tuple, got {type(prompts).__name__}"
+            )
+        assert isinstance(prompts, (list, tuple))
+        if len(prompts) > MAX_LEN:
+            raise _too_long("prompts", len(prompts))
+        all_toks = [_tokens(p) for p in prompts]
+        salt = _salt_bytes(cache_salt)
+        lora = _lora(lora_id)
+        return [len(self._probe(t, salt, lora)) * self._block_size for t in all_toks]
+
+    def _status(self, total: int, need: int) -> AllocStatus:
         wm = self._watermark_blocks
-        if self._num_blocks - need < wm:
+        if self._num_blocks - total < wm:
             return AllocStatus.NEVER
         if self._available() - need >= wm:
             return AllocStatus.OK
         return AllocStatus.LATER
 
-    def can_allocate(self, num_tokens: int) -> AllocStatus:
-        """Would a prompt of `num_tokens` fit now (OK), later (LATER) or never (NEVER)?"""
-        n = _int_value(num_tokens)
-        if n is None:
-            raise InvalidArgumentTypeError(
-                f"num_tokens must be an int, got {type(num_tokens).__name__}"
-            )
-        if n < 1:
-            raise InvalidArgumentError(f"num_tokens {n} must be at least 1")
-        return self._status(_cdiv(n, self._block_size))  # any size: NEVER when too big
+    def can_allocate(
+        self,
+        num_tokens_or_token_ids: int | Sequence[int] | npt.NDArray[np.integer[Any]],
+        *,
+        num_new_tokens: int | None = None,
+        cache_salt: str | bytes | None = None,
+        lora_id: int | None = None,
+    ) -> AllocStatus:
+        """Would this prompt (a token count, or its token ids: then its cache hit counts)
+        fit now (OK), later (LATER) or never (NEVER)?"""
+        arg = num_tokens_or_token_ids
+        count = _int_value(arg)
+        toks: list[int] | None = None
+        if count is None:
+            toks = _tokens(arg)
+            n = len(toks)
+        elif count < 1:
+            raise InvalidArgumentError(f"num_tokens {count} must be at least 1")
+        else:
+            n = count  # any size: NEVER when too big
+        k = _opt_count(num_new_tokens)
+        salt = _salt_bytes(cache_salt)
+        lora = _lora(lora_id)
+        k = _fits_prompt(k, n)
+        bs = self._block_size
+        if toks is None:
+            total = _cdiv(k, bs)
+            return self._status(total, total)
+        hits = self._probe(toks, salt, lora)
+        h = len(hits)
+        total = _cdiv(min(h * bs + k, n), bs)
+        return self._status(total, total - h + sum(1 for b in hits if self._rc[b] == 0))
 
     def can_swap_in(self, seq_id: int) -> AllocStatus:
         """Would the swapped sequence fit now, later or never?"""
         sid, seq = self._get(seq_id)
         if not seq.swapped:
             raise SequenceNotSwappedError(f"sequence {sid} is not swapped out")
-        return self._status(len(seq.cpu_blocks))
+        return self._status(len(seq.cpu_blocks), len(seq.cpu_blocks))
 
     # ---------------------------------------------------------------- batch calls
 
@@ -615,25 +845,29 @@ class ReferenceBlockManager:
         self,
         seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
         token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        *,
+        lookahead: int = 0,
     ) -> npt.NDArray[np.int32] | None:
         """One token per sequence; the copy-on-write pairs as an int32 (k, 2) array, or None."""
         ids = _seq_ids(seq_ids)
         toks = _int_list(token_ids, "token_ids", 0, _U32)
+        la = _check_int(lookahead, "lookahead", 0, _I64_MAX + 1)
         if len(ids) != len(toks):
             raise InvalidArgumentError(
                 f"seq_ids and token_ids lengths differ ({len(ids)} != {len(toks)})"
             )
         _distinct(ids)
-        seqs = [self._resident(s)[1] for s in ids]  # per sequence, in batch order
+        seqs = [self._appendable(s) for s in ids]  # per sequence, in batch order
         need = 0
         for seq in seqs:
-            cow, new = self._append_need(seq, 1)
+            cow, new = self._write_need(seq, seq.num_tokens + 1, la)
             need += len(cow) + new
         if need > self._available():
             return None
         pairs: list[tuple[int, int]] = []
         for seq, t in zip(seqs, toks, strict=True):
-            cow, new = self._append_need(seq, 1)  # an earlier append may have unshared a block
+            # An earlier append may have unshared a block: count again.
+            cow, new = self._write_need(seq, seq.num_tokens + 1, la)
             pairs.extend(self._do_append(seq, [t], cow, new))
         return np.array(pairs, dtype=np.int32).reshape(len(pairs), 2)
 
@@ -666,44 +900,54 @@ class ReferenceBlockManager:
         self,
         seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
         num_new_tokens: int | Sequence[int] | npt.NDArray[np.integer[Any]],
+        *,
+        lookahead: int = 0,
     ) -> npt.NDArray[np.int64]:
-        """The int64 slots of each sequence's last `num_new_tokens` tokens, concatenated."""
+        """The int64 slots of each sequence's last `num_new_tokens` scheduled tokens, then
+        of its `lookahead` draft positions past them, concatenated."""
         ids = _seq_ids(seq_ids)
         counts = _counts(num_new_tokens, len(ids))
+        la = _check_int(lookahead, "lookahead", 0, _I64_MAX + 1)
         if len(counts) != len(ids):
             raise InvalidArgumentError(
                 f"num_new_tokens has {len(counts)} entries for {len(ids)} sequences"
             )
+        bs = self._block_size
         seqs = []
         for sid, k in zip(ids, counts, strict=True):  # per sequence: known, resident, fits
             _, s = self._resident(sid)
-            if k > s.num_tokens:
+            if k > s.scheduled:
                 raise InvalidArgumentError(
-                    f"num_new_tokens {k} out of range [1, {s.num_tokens}] for sequence {sid}"
+                    f"num_new_tokens {k} out of range [1, {s.scheduled}] for sequence {sid}"
+                )
+            if s.scheduled + la > len(s.blocks) * bs:
+                raise InvalidArgumentError(
+                    f"lookahead {la}: sequence {sid} has room for "
+                    f"{len(s.blocks) * bs - s.scheduled} slots past its scheduled tokens"
                 )
             seqs.append(s)
-        bs = self._block_size
         slots: list[int] = []
         for s, k in zip(seqs, counts, strict=True):
             slots.extend(
-                s.blocks[p // bs] * bs + p % bs for p in range(s.num_tokens - k, s.num_tokens)
+                s.blocks[p // bs] * bs + p % bs for p in range(s.scheduled - k, s.scheduled + la)
             )
         return np.array(slots, dtype=np.int64)
 
     def flashinfer_page_table(
         self, seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]]
     ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
-        """(kv_indptr, kv_indices, kv_last_page_len), int32, in FlashInfer's paged layout."""
+        """(kv_indptr, kv_indices, kv_last_page_len) of the scheduled tokens, int32, in
+        FlashInfer's paged layout."""
         seqs = self._resident_batch(seq_ids)
         bs = self._block_size
         indptr = [0]
         indices: list[int] = []
         last: list[int] = []
         for s in seqs:
-            pages = _cdiv(s.num_tokens, bs)
+            pages = _cdiv(s.scheduled, bs)
             indices.extend(s.blocks[:pages])
             indptr.append(len(indices))
-            last.append(s.num_tokens - (pages - 1) * bs)
+            last.append(s.scheduled - (pages - 1) * bs)
         return (
             np.array(indptr, dtype=np.int32),
             np.array(indices, dtype=np.int32),
@@ -718,6 +962,10 @@ class ReferenceBlockManager:
 
     def num_tokens(self, seq_id: int) -> int:
         return self._get(seq_id)[1].num_tokens
+
+    def num_scheduled_tokens(self, seq_id: int) -> int:
+        """The tokens scheduled for compute so far (`s`)."""
+        return self._get(seq_id)[1].scheduled
 
     def table_digest(self, seq_id: int) -> int:
         """A 64-bit digest of the GPU table (position-aware): equal tables, equal digests.
@@ -785,7 +1033,12 @@ class ReferenceBlockManager:
             swapped_out_blocks=self._swapped_out_blocks,
             swapped_in_blocks=self._swapped_in_blocks,
             reserved_slots=sum(len(s.blocks) for s in resident) * self._block_size,
-            used_slots=sum(s.num_tokens for s in resident),
+            used_slots=sum(s.scheduled for s in resident),
+            recent_prefix_queries=sum(q for q, _ in self._recent),
+            recent_prefix_hits=sum(h for _, h in self._recent),
+            registered_blocks=self._registered_blocks,
+            unregistered_blocks=self._unregistered_blocks,
+            truncated_blocks=self._truncated_blocks,
         )
 
     def print_memory_stats(self, file: TextIO | None = None) -> None:
@@ -803,6 +1056,7 @@ class ReferenceBlockManager:
         self._index.clear()
         self._prefix_queries = 0  # a fresh cache starts a fresh hit rate (as vLLM's does)
         self._prefix_hits = 0
+        self._recent.clear()
         if self._events_on:
             self._events.append(AllBlocksCleared())
         return True
@@ -823,22 +1077,24 @@ class ReferenceBlockManager:
         bs = self._block_size
         rc = [0] * n
         for sid, s in self._seqs.items():
+            if not 1 <= s.scheduled <= s.num_tokens:
+                fail(f"sequence {sid}: {s.scheduled} scheduled of {s.num_tokens} tokens")
+            if not 0 <= s.hits * bs <= s.scheduled:
+                fail(f"sequence {sid}: {s.hits} hit blocks, {s.scheduled} scheduled tokens")
             if s.swapped:
                 if s.blocks:
                     fail(f"swapped sequence {sid} holds GPU blocks {s.blocks}")
-                if len(s.cpu_blocks) < _cdiv(s.num_tokens, bs):
+                if len(s.cpu_blocks) < _cdiv(s.scheduled, bs):
                     fail(f"swapped sequence {sid} has too few CPU blocks")
             else:
                 if s.cpu_blocks:
                     fail(f"resident sequence {sid} holds CPU blocks {s.cpu_blocks}")
-                if len(s.blocks) < _cdiv(s.num_tokens, bs):
-                    fail(f"sequence {sid} has {len(s.blocks)} blocks for {s.num_tokens} tokens")
+                if len(s.blocks) * bs < s.scheduled:
+                    fail(f"sequence {sid} has {len(s.blocks)} blocks for {s.scheduled} tokens")
                 for b in s.blocks:
                     if not 0 <= b < n:
                         fail(f"sequence {sid} holds block id {b} out of range")
                     rc[b] += 1
-            if s.num_tokens < 1:
-                fail(f"sequence {sid} has no tokens")
             want = s.num_tokens // bs if self._caching else 0
             if len(s.digests) != want:
                 fail(f"sequence {sid} has {len(s.digests)} digests, expected {want}")
@@ -848,11 +1104,22 @@ class ReferenceBlockManager:
                 self._extend_digests(expect)
                 if expect.digests != s.digests:
                     fail(f"sequence {sid} digests do not match its tokens")
-                if not s.swapped:
-                    for i, d in enumerate(s.digests):
-                        h = self._hashed[s.blocks[i]]
-                        if h is not None and h != d:
-                            fail(f"sequence {sid} block {s.blocks[i]} hashed under another digest")
+            # Registration follows scheduling: a hashed block sits only where its holder's
+            # tokens are scheduled, under that block's digest, or as the partial last block
+            # `truncate` left shared (the next write copies it).
+            full = s.scheduled // bs
+            for i, b in enumerate(s.blocks):
+                d = self._hashed[b]
+                if d is None:
+                    continue
+                if i < full:
+                    if d != s.digests[i]:
+                        fail(f"sequence {sid} block {b} hashed under another digest")
+                elif not (i == full and s.scheduled == s.num_tokens and s.scheduled % bs):
+                    fail(
+                        f"sequence {sid} block {b} at index {i} is hashed but not full of "
+                        f"scheduled tokens ({s.scheduled})"
+                    )
         for b in range(n):
             if rc[b] != self._rc[b]:
                 fail(f"block {b}: refcount {self._rc[b]}, tables hold {rc[b]}")
@@ -896,3 +1163,9 @@ class ReferenceBlockManager:
             fail("CPU blocks: free stack and swapped sequences do not partition the CPU space")
         if not self._events_on and self._events:
             fail("events queued with events disabled")
+        st = self.stats()
+        if len(self._recent) > RECENT_WINDOW or not (
+            st.recent_prefix_hits <= st.recent_prefix_queries <= self._prefix_queries
+            and st.recent_prefix_hits <= self._prefix_hits
+        ):
+            fail("the recent hit-rate window does not fit the totals")
