@@ -39,11 +39,12 @@ Manager = Any  # BlockManager or ReferenceBlockManager: the same API
 IMPLS = [ReferenceBlockManager, BlockManager]
 
 B = 4
-RESIDENT, SWAPPED, FORKED, FREED, NEVER = 0, 1, 2, 3, 77
+RESIDENT, SWAPPED, FORKED, FREED, PARTIAL, NEVER = 0, 1, 2, 3, 4, 77
 
 
 def _setup(impl: type = BlockManager) -> Manager:
-    """Resident, swapped, forked (shared blocks), freed (cached blocks) sequences."""
+    """Resident, swapped, forked (shared blocks), freed (cached blocks) sequences, and one
+    whose prompt is only partly scheduled (5 of 13 tokens: chunked prefill)."""
     m = impl(24, B, num_cpu_blocks=4, enable_kv_events=True)
     m.allocate(RESIDENT, list(range(10)))
     m.allocate(SWAPPED, list(range(100, 105)))
@@ -51,17 +52,19 @@ def _setup(impl: type = BlockManager) -> Manager:
     m.fork(RESIDENT, FORKED)
     m.allocate(FREED, list(range(200, 209)))
     m.free(FREED)
+    m.allocate(PARTIAL, list(range(300, 313)), num_new_tokens=5)
     m.drain_events()
     return m
 
 
 def _snapshot(m: Manager) -> dict[str, Any]:
     seqs = {}
-    for s in (RESIDENT, SWAPPED, FORKED, FREED, NEVER, 5, 6):
+    for s in (RESIDENT, SWAPPED, FORKED, FREED, PARTIAL, NEVER, 5, 6):
         if s in m:
             swapped = m.is_swapped(s)
             seqs[s] = (
                 m.num_tokens(s),
+                m.num_scheduled_tokens(s),
                 swapped,
                 m.block_hashes(s),
                 None if swapped else (m.block_table(s), m.table_digest(s)),
@@ -181,8 +184,19 @@ CASES: list[tuple[str, type[BaseException]]] = [
     # can_allocate, can_swap_in
     *[
         (f"m.can_allocate({v!r})", InvalidArgumentError)
-        for v in [0, -4, -(2**70), 1.5, float("nan"), None, "1", [1], True, range(1)]
+        for v in [0, -4, -(2**70), 1.5, float("nan"), None, "1", True, [], range(0), [-1]]
     ],
+    ("m.can_allocate(iter([1]))", InvalidArgumentTypeError),
+    ("m.can_allocate(np.array([[1]]))", InvalidArgumentTypeError),
+    ("m.can_allocate([1.0])", InvalidArgumentTypeError),
+    *[
+        (f"m.can_allocate({n}, num_new_tokens={v!r})", InvalidArgumentError)
+        for n in ("5", "[1, 2, 3, 4, 5]")
+        for v in [0, -1, 6, 2**63, 1.5, "1", True]
+    ],
+    ("m.can_allocate([1], cache_salt=3)", InvalidArgumentTypeError),
+    ("m.can_allocate(5, lora_id=-1)", InvalidArgumentError),
+    ("m.can_allocate(5, num_new_tokens=6, lora_id=1.5)", InvalidArgumentTypeError),
     *[(f"m.can_swap_in({i!r})", InvalidArgumentError) for i in BAD_IDS],
     ("m.can_swap_in(NEVER)", UnknownSequenceError),
     ("m.can_swap_in(RESIDENT)", SequenceNotSwappedError),
@@ -269,6 +283,112 @@ CASES: list[tuple[str, type[BaseException]]] = [
         for i in ("NEVER", "FREED")
     ],
     ("m.block_table(SWAPPED)", SequenceSwappedError),
+    *[(f"m.num_scheduled_tokens({i!r})", InvalidArgumentError) for i in BAD_IDS],
+    ("m.num_scheduled_tokens(NEVER)", UnknownSequenceError),
+    ("m.num_scheduled_tokens(FREED)", UnknownSequenceError),
+    # ---- issue 9: chunked prefill, drafts, truncate, retraction, lookup
+    # allocate(num_new_tokens=...): an int in 1..len(token_ids)
+    *[
+        (f"m.allocate(5, [1, 2], num_new_tokens={v!r})", InvalidArgumentError)
+        for v in [0, -1, 3, 2**63, 2**64, 1.5, float("nan"), "1", True, [1]]
+    ],
+    ("m.allocate(RESIDENT, [1, 2], num_new_tokens=3)", InvalidArgumentError),  # before state
+    ("m.allocate(RESIDENT, [1, 2], num_new_tokens=0)", InvalidArgumentError),
+    # every argument's kind before the cross-argument fit of num_new_tokens
+    ("m.allocate(5, [1], num_new_tokens=2, lookahead=1.5)", InvalidArgumentTypeError),
+    ("m.allocate(5, [1], num_new_tokens=2, cache_salt=3)", InvalidArgumentTypeError),
+    ("m.allocate(5, [1], num_new_tokens=1.5, lookahead=-1)", InvalidArgumentTypeError),
+    # extend
+    *[(f"m.extend({i!r}, 1)", InvalidArgumentError) for i in BAD_IDS],
+    *[
+        (f"m.extend(PARTIAL, {v!r})", InvalidArgumentError)
+        for v in [0, -1, 9, 2**63, 1.5, float("nan"), None, "1", True, [1]]
+    ],
+    ("m.extend(RESIDENT, 1)", InvalidArgumentError),  # nothing left to schedule
+    ("m.extend(NEVER, 1)", UnknownSequenceError),
+    ("m.extend(FREED, 1)", UnknownSequenceError),
+    ("m.extend(SWAPPED, 1)", SequenceSwappedError),
+    ("m.extend(SWAPPED, 100)", SequenceSwappedError),  # swapped before the count's fit
+    ("m.extend(NEVER, 0)", InvalidArgumentError),  # arguments before state
+    *[
+        (f"m.extend(PARTIAL, 1, lookahead={v!r})", InvalidArgumentError)
+        for v in [-1, 2**63, 1.5, None, "1", True]
+    ],
+    ("m.extend(SWAPPED, 1, lookahead=-1)", InvalidArgumentError),
+    ("m.extend(PARTIAL, 9, lookahead=1.5)", InvalidArgumentTypeError),
+    # append: the whole prompt must be scheduled; lookahead
+    ("m.append(PARTIAL, [1])", InvalidArgumentError),
+    ("m.append(PARTIAL, [])", InvalidArgumentError),
+    *[
+        (f"m.append(RESIDENT, [1], lookahead={v!r})", InvalidArgumentError)
+        for v in [-1, 2**63, 1.5, None, "1", True]
+    ],
+    ("m.append(SWAPPED, [1], lookahead=-1)", InvalidArgumentError),
+    ("m.append(NEVER, [1], lookahead=None)", InvalidArgumentTypeError),
+    ("m.append_batch([0, PARTIAL], [1, 2])", InvalidArgumentError),
+    ("m.append_batch([PARTIAL, SWAPPED], [1, 2])", InvalidArgumentError),
+    ("m.append_batch([SWAPPED, PARTIAL], [1, 2])", SequenceSwappedError),
+    ("m.append_batch([0], [1], lookahead=-1)", InvalidArgumentError),
+    ("m.append_batch([0, NEVER], [1], lookahead=1.5)", InvalidArgumentTypeError),
+    ("m.append_batch([0, 0], [1, 2], lookahead=-1)", InvalidArgumentError),
+    # truncate
+    *[(f"m.truncate({i!r}, 1)", InvalidArgumentError) for i in BAD_IDS],
+    *[
+        (f"m.truncate(RESIDENT, {v!r})", InvalidArgumentError)
+        for v in [0, -1, 11, 2**63, 1.5, float("nan"), None, "1", True, [1]]
+    ],
+    ("m.truncate(PARTIAL, 14)", InvalidArgumentError),
+    ("m.truncate(NEVER, 1)", UnknownSequenceError),
+    ("m.truncate(FREED, 1)", UnknownSequenceError),
+    ("m.truncate(SWAPPED, 1)", SequenceSwappedError),
+    ("m.truncate(SWAPPED, 99)", SequenceSwappedError),
+    ("m.truncate(NEVER, 0)", InvalidArgumentError),
+    ("m.truncate(1.5, 0)", InvalidArgumentTypeError),
+    # free(num_computed_tokens=...): an int in 0..num_tokens
+    *[
+        (f"m.free(RESIDENT, num_computed_tokens={v!r})", InvalidArgumentError)
+        for v in [-1, 11, 2**63, 2**64, 1.5, float("nan"), "1", True, [1]]
+    ],
+    ("m.free(SWAPPED, num_computed_tokens=6)", InvalidArgumentError),
+    ("m.free(PARTIAL, num_computed_tokens=14)", InvalidArgumentError),
+    ("m.free(NEVER, num_computed_tokens=-1)", InvalidArgumentError),
+    ("m.free(NEVER, num_computed_tokens=99)", UnknownSequenceError),
+    ("m.free(FREED, num_computed_tokens=0)", UnknownSequenceError),
+    # lookup, lookup_many
+    *[(f"m.lookup({t!r})", InvalidArgumentError) for t in range(len(BAD_TOKENS))],
+    ("m.lookup([1], cache_salt=3)", InvalidArgumentTypeError),
+    ("m.lookup([1], lora_id=-1)", InvalidArgumentError),
+    ("m.lookup([1.5], lora_id=-1)", InvalidArgumentTypeError),  # token_ids first
+    *[(f"m.lookup([1], cache_salt={v!r})", InvalidArgumentError) for v in ["\udc80", 1.5]],
+    *[
+        (f"m.lookup_many({v})", InvalidArgumentError)
+        for v in [
+            "[[1], []]",
+            "[[1], [-1]]",
+            "[[1], [2**32]]",
+            "[[1], 'ab']",
+            "[1, 2]",
+            "None",
+            "'ab'",
+            "(p for p in [[1]])",
+            "iter([[1]])",
+            "{(1,)}",
+            "[[1]], cache_salt=3",
+            "[[1]], lora_id=2**64",
+            "[[]], cache_salt=3",
+        ]
+    ],
+    ("m.lookup_many([[1], iter([1])])", InvalidArgumentTypeError),
+    # slot_mapping(lookahead=...): the table must have room for the draft slots
+    *[
+        (f"m.slot_mapping([0], 1, lookahead={v!r})", InvalidArgumentError)
+        for v in [-1, 2**63, 1.5, None, "1", True, 3]
+    ],
+    ("m.slot_mapping([PARTIAL], 6)", InvalidArgumentError),  # 5 of 13 scheduled
+    ("m.slot_mapping([PARTIAL], 1, lookahead=4)", InvalidArgumentError),  # 5 + 4 > 8
+    ("m.slot_mapping([NEVER], [1, 1], lookahead=1.5)", InvalidArgumentTypeError),
+    ("m.slot_mapping([NEVER, 0], 1, lookahead=3)", UnknownSequenceError),
+    ("m.slot_mapping([SWAPPED], 1, lookahead=99)", SequenceSwappedError),
 ]
 
 
@@ -290,6 +410,7 @@ def test_bad_call_raises_and_changes_nothing(call: str, exc: type[BaseException]
             "SWAPPED": SWAPPED,
             "FORKED": FORKED,
             "FREED": FREED,
+            "PARTIAL": PARTIAL,
             "NEVER": NEVER,
             "nan": float("nan"),
             "array": np.array,
@@ -297,7 +418,7 @@ def test_bad_call_raises_and_changes_nothing(call: str, exc: type[BaseException]
         # `m.allocate(5, <i>)` with a bare int i indexes BAD_TOKENS (arrays have no usable
         # repr).
         code = call
-        for verb in ("allocate(5, ", "append(RESIDENT, "):
+        for verb in ("allocate(5, ", "append(RESIDENT, ", "lookup("):
             prefix = f"m.{verb}"
             rest = call.removeprefix(prefix)
             if rest != call and rest[:-1].isdigit():
@@ -415,6 +536,10 @@ def _raising(values: list[int], at: int) -> Iterator[int]:
         lambda m, it: m.free_batch(it),
         lambda m, it: m.slot_mapping([RESIDENT], it),
         lambda m, it: (pagedkv if isinstance(m, BlockManager) else _ref).hash_blocks(it, 4),
+        lambda m, it: m.lookup(it),
+        lambda m, it: m.lookup_many(it),
+        lambda m, it: m.lookup_many([[1], it]),
+        lambda m, it: m.can_allocate(it),
     ],
     ids=[
         "allocate",
@@ -424,6 +549,10 @@ def _raising(values: list[int], at: int) -> Iterator[int]:
         "free_batch",
         "slot_mapping",
         "hash_blocks",
+        "lookup",
+        "lookup_many",
+        "lookup_many-prompt",
+        "can_allocate",
     ],
 )
 def test_an_iterator_is_refused_unread(
@@ -478,6 +607,16 @@ def test_index_methods_are_never_called(impl: type) -> None:
             lambda o: m.can_allocate(o),
             lambda o: m.slot_mapping([RESIDENT], o),
             lambda o: m.block_tables([RESIDENT], pad=o),
+            lambda o: m.allocate(5, [1], num_new_tokens=o),
+            lambda o: m.extend(PARTIAL, o),
+            lambda o: m.extend(PARTIAL, 1, lookahead=o),
+            lambda o: m.append(RESIDENT, [1], lookahead=o),
+            lambda o: m.truncate(RESIDENT, o),
+            lambda o: m.free(RESIDENT, num_computed_tokens=o),
+            lambda o: m.can_allocate([1], num_new_tokens=o),
+            lambda o: m.slot_mapping([RESIDENT], 1, lookahead=o),
+            lambda o: m.lookup([1, o]),
+            lambda o: m.num_scheduled_tokens(o),
         ):
             with pytest.raises(InvalidArgumentTypeError, match="must"):
                 call(obj)
