@@ -2,9 +2,12 @@
 
 A hypothesis state machine drives both managers through the same random calls on small pools
 (few blocks, tiny block sizes, a tiny vocabulary so that prefix hits, duplicate content,
-eviction, copy-on-write and swapping happen all the time). Every return value, every exception
-class (exactly: the same class, not merely "both raised"), every table, digest list, slot
-mapping, page table, counter and event must be equal, and both managers must pass
+eviction, copy-on-write and swapping happen all the time), with chunked prefill
+(`num_new_tokens`, `extend`), draft slots (`lookahead`), `truncate`, retraction
+(`free(num_computed_tokens=...)`), `lookup`/`lookup_many` and hit-aware `can_allocate`.
+Every return value, every exception class (exactly: the same class, not merely "both
+raised"), every table, digest list, slot mapping, page table, counter and event must be
+equal, and both managers must pass
 `check_invariants()` after every step. Arguments come in every accepted form (lists, tuples,
 ranges, arrays of any integer dtype and byte order) and in refused ones, and calls with several
 faults at once are compared too: docs/inputs.md fixes which fault is reported. Table digests
@@ -165,8 +168,9 @@ class ManagerComparison(RuleBasedStateMachine):
     # ---------------------------------------------------------------- rules
 
     def pick(self, data: st.DataObject, want: str) -> int:
-        """A sequence id: mostly one that is `want` ("new", "resident", "swapped", "known"),
-        sometimes any id, so that unknown, duplicate and swapped ids keep coming up."""
+        """A sequence id: mostly one that is `want` ("new", "resident", "swapped", "known",
+        "partial": resident with prompt tokens left to schedule), sometimes any id, so that
+        unknown, duplicate and swapped ids keep coming up."""
         ref = self.ref
         match = [
             s
@@ -176,6 +180,9 @@ class ManagerComparison(RuleBasedStateMachine):
                 "resident": s in ref and not ref.is_swapped(s),
                 "swapped": s in ref and ref.is_swapped(s),
                 "known": s in ref,
+                "partial": s in ref
+                and not ref.is_swapped(s)
+                and ref.num_scheduled_tokens(s) < ref.num_tokens(s),
             }[want]
         ]
         if match and data.draw(st.integers(0, 9), label="pick_any") < 9:
@@ -194,10 +201,19 @@ class ManagerComparison(RuleBasedStateMachine):
             self.history.append((list(seq.tokens), seq.salt, seq.lora_id))
 
     def do_allocate(
-        self, sid: int, toks: list[int], salt: Any, lora: Any, lookahead: int, as_array: Any
+        self,
+        sid: int,
+        toks: list[int],
+        salt: Any,
+        lora: Any,
+        lookahead: int,
+        as_array: Any,
+        chunk: int | None = None,
     ) -> None:
         arg: Any = toks if as_array is None else np.array(toks, dtype=as_array)
         kw: dict[str, Any] = {}
+        if chunk is not None:
+            kw["num_new_tokens"] = chunk
         if salt is not None:
             kw["cache_salt"] = salt
         if lora is not None:
@@ -214,6 +230,7 @@ class ManagerComparison(RuleBasedStateMachine):
         lora=loras,
         lookahead=st.integers(0, 3),
         as_array=st.sampled_from([None, None, np.int64, np.uint32, np.int32]),
+        chunked=st.booleans(),
     )
     def allocate(
         self,
@@ -223,8 +240,19 @@ class ManagerComparison(RuleBasedStateMachine):
         lora: Any,
         lookahead: int,
         as_array: Any,
+        chunked: bool,
     ) -> None:
-        self.do_allocate(self.pick(data, "new"), toks, salt, lora, lookahead, as_array)
+        # Chunked prefill: part of the prompt now (now and then 0 or past the prompt: refused).
+        chunk = data.draw(st.integers(0, len(toks) + 1), label="chunk") if chunked else None
+        self.do_allocate(self.pick(data, "new"), toks, salt, lora, lookahead, as_array, chunk)
+
+    def earlier_prompt(self, data: st.DataObject, suffix: list[int]) -> tuple[list[int], Any, Any]:
+        """A prompt that starts like an earlier one, mostly with the same extra keys."""
+        toks, salt, lora = data.draw(st.sampled_from(self.history), label="earlier prompt")
+        cut = data.draw(st.integers(1, len(toks)), label="prefix length")
+        if data.draw(st.integers(0, 4), label="other extras") == 0:
+            salt, lora = data.draw(salts), data.draw(loras)
+        return toks[:cut] + suffix, salt, lora
 
     @precondition(lambda self: bool(self.history))
     @rule(data=st.data(), suffix=st.lists(vocab, max_size=4), lookahead=st.integers(0, 2))
@@ -232,33 +260,98 @@ class ManagerComparison(RuleBasedStateMachine):
         self, data: st.DataObject, suffix: list[int], lookahead: int
     ) -> None:
         """A prompt that starts like an earlier one: prefix hits (cached or owned blocks)."""
-        toks, salt, lora = data.draw(st.sampled_from(self.history), label="earlier prompt")
-        cut = data.draw(st.integers(1, len(toks)), label="prefix length")
-        if data.draw(st.integers(0, 4), label="other extras") == 0:
-            salt, lora = data.draw(salts), data.draw(loras)
-        self.do_allocate(self.pick(data, "new"), toks[:cut] + suffix, salt, lora, lookahead, None)
+        toks, salt, lora = self.earlier_prompt(data, suffix)
+        chunk = None
+        if data.draw(st.booleans(), label="chunked"):
+            chunk = data.draw(st.integers(1, len(toks)), label="chunk")
+        self.do_allocate(self.pick(data, "new"), toks, salt, lora, lookahead, None, chunk)
 
-    @rule(data=st.data(), toks=short_tokens)
-    def append(self, data: st.DataObject, toks: list[int]) -> None:
+    def scheduled_left(self, sid: int) -> int:
+        """Prompt tokens of a known sequence not yet scheduled (0 for an unknown one)."""
+        if sid not in self.ref:
+            return 0
+        return self.ref.num_tokens(sid) - self.ref.num_scheduled_tokens(sid)
+
+    @rule(data=st.data(), lookahead=st.integers(0, 3))
+    def extend(self, data: st.DataObject, lookahead: int) -> None:
+        """The next chunk of a prompt (now and then 0, or more than is left: refused)."""
+        sid = self.pick(data, "partial")
+        k = data.draw(st.integers(0, self.scheduled_left(sid) + 1), label="chunk")
+        kw = {"lookahead": lookahead} if lookahead else {}
+        self.both("extend", sid, k, **kw)
+
+    @rule(data=st.data(), toks=short_tokens, lookahead=st.integers(0, 3))
+    def append(self, data: st.DataObject, toks: list[int], lookahead: int) -> None:
         sid = self.pick(data, "resident")
-        if self.both("append", sid, toks).exc is None:
+        kw = {"lookahead": lookahead} if lookahead else {}
+        if self.both("append", sid, toks, **kw).exc is None:
             self.remember(sid)
 
-    @rule(data=st.data())
-    def append_batch(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), lookahead=st.integers(0, 2))
+    def append_batch(self, data: st.DataObject, lookahead: int) -> None:
         # Repeated, unknown and swapped ids at once, sometimes: docs/inputs.md fixes the order.
         ids = self.picks(data, "resident", unique=data.draw(st.integers(0, 3)) > 0)
         toks = data.draw(st.lists(vocab, min_size=len(ids), max_size=len(ids)))
-        self.both("append_batch", np.array(ids, dtype=np.int64), np.array(toks, dtype=np.int64))
+        kw = {"lookahead": lookahead} if lookahead else {}
+        self.both(
+            "append_batch", np.array(ids, dtype=np.int64), np.array(toks, dtype=np.int64), **kw
+        )
+
+    @rule(data=st.data())
+    def truncate(self, data: st.DataObject) -> None:
+        """Roll back rejected drafts (now and then to 0 or past the end: refused)."""
+        sid = self.pick(data, "resident")
+        n = self.ref.num_tokens(sid) if sid in self.ref else 4
+        self.both("truncate", sid, data.draw(st.integers(0, n + 1), label="keep"))
+
+    @rule(data=st.data(), free_child=st.booleans())
+    def rollback_shared(self, data: st.DataObject, free_child: bool) -> None:
+        """Fork, then roll the parent back into its last block (which the child still holds
+        hashed), then maybe free the child: the parent's next write copies that block even
+        when it holds it alone."""
+        parent, child = self.pick(data, "resident"), self.pick(data, "new")
+        if self.both("fork", parent, child).exc is None:
+            self.both("truncate", parent, max(1, self.ref.num_tokens(parent) - 1))
+            if free_child:
+                self.both("free", child)
+
+    @rule(data=st.data(), suffix=st.lists(vocab, max_size=3), how=st.integers(0, 3))
+    def lookup(self, data: st.DataObject, suffix: list[int], how: int) -> None:
+        """`lookup`, `lookup_many` and hit-aware `can_allocate` of earlier or fresh prompts."""
+        if self.history and how:
+            toks, salt, lora = self.earlier_prompt(data, suffix)
+        else:
+            toks, salt, lora = data.draw(tokens), data.draw(salts), data.draw(loras)
+        kw: dict[str, Any] = {}
+        if salt is not None:
+            kw["cache_salt"] = salt
+        if lora is not None:
+            kw["lora_id"] = lora
+        if how == 0:
+            self.both("lookup_many", [toks, toks[:1], toks + suffix], **kw)
+        elif how == 1:
+            self.both("lookup", np.array(toks, dtype=np.uint32), **kw)
+        else:
+            if data.draw(st.booleans(), label="num_new_tokens"):
+                kw["num_new_tokens"] = data.draw(st.integers(0, len(toks) + 1), label="k")
+            self.both("can_allocate", toks, **kw)
 
     @rule(data=st.data())
     def fork(self, data: st.DataObject) -> None:
         parent, child = self.pick(data, "resident"), self.pick(data, "new")
         self.both("fork", parent, child)
 
-    @rule(data=st.data())
-    def free(self, data: st.DataObject) -> None:
-        self.both("free", self.pick(data, "known"))
+    @rule(data=st.data(), computed=st.booleans())
+    def free(self, data: st.DataObject, computed: bool) -> None:
+        sid = self.pick(data, "known")
+        if computed:
+            # An engine whose last steps never ran: retraction (now and then -1 or past the
+            # tokens: refused).
+            n = self.ref.num_tokens(sid) if sid in self.ref else 4
+            c = data.draw(st.integers(-1, n + 1), label="num_computed_tokens")
+            self.both("free", sid, num_computed_tokens=c)
+        else:
+            self.both("free", sid)
 
     @rule(data=st.data())
     def free_batch(self, data: st.DataObject) -> None:
@@ -276,6 +369,8 @@ class ManagerComparison(RuleBasedStateMachine):
     def can_allocate_or_swap_in(self, data: st.DataObject, n: int) -> None:
         if data.draw(st.booleans(), label="can_swap_in"):
             self.both("can_swap_in", self.pick(data, "swapped"))
+        elif data.draw(st.booleans(), label="num_new_tokens"):
+            self.both("can_allocate", n, num_new_tokens=data.draw(st.integers(0, n + 1)))
         else:
             self.both("can_allocate", n)
 
@@ -301,7 +396,10 @@ class ManagerComparison(RuleBasedStateMachine):
             else:
                 ks = data.draw(st.lists(st.integers(0, 6), min_size=len(ids), max_size=len(ids)))
                 k = np.array(ks, dtype=np.int64)
-            self.both("slot_mapping", ids, k)
+            # Draft slots: past the table's room now and then (refused).
+            lookahead = data.draw(st.sampled_from([0, 0, 1, 2, 3, 5]), label="lookahead")
+            kw = {"lookahead": lookahead} if lookahead else {}
+            self.both("slot_mapping", ids, k, **kw)
 
     @rule(
         data=st.data(),
@@ -311,6 +409,12 @@ class ManagerComparison(RuleBasedStateMachine):
                 "allocate negative token",
                 "allocate token 2**32",
                 "allocate lookahead -1",
+                "allocate num_new_tokens",
+                "append lookahead",
+                "extend faults",
+                "truncate faults",
+                "free faults",
+                "lookup faults",
                 "append empty",
                 "negative id",
                 "batch duplicates",
@@ -329,6 +433,32 @@ class ManagerComparison(RuleBasedStateMachine):
             self.both("allocate", self.pick(data, "new"), np.array([2**32]))
         elif kind == "allocate lookahead -1":
             self.both("allocate", self.pick(data, "new"), [0], lookahead=-1)
+        elif kind == "allocate num_new_tokens":
+            # Several faults at once, sometimes: each argument's kind before the fit.
+            bad = data.draw(st.sampled_from([0, -1, 3, 1.5, True, "1"]), label="k")
+            la = data.draw(st.sampled_from([0, -1, 1.5]), label="lookahead")
+            self.both(
+                "allocate", self.pick(data, "known"), [0, 1], num_new_tokens=bad, lookahead=la
+            )
+        elif kind == "append lookahead":
+            la = data.draw(st.sampled_from([-1, 1.5, None]), label="lookahead")
+            self.both("append", self.pick(data, "known"), [0], lookahead=la)
+        elif kind == "extend faults":
+            k = data.draw(st.sampled_from([0, -1, 1, 1.5, 100]), label="k")
+            la = data.draw(st.sampled_from([0, -1, 1.5]), label="lookahead")
+            self.both("extend", self.pick(data, "known"), k, lookahead=la)
+        elif kind == "truncate faults":
+            m = data.draw(st.sampled_from([0, -1, 1, 1.5, 100, None]), label="num_tokens")
+            self.both("truncate", self.pick(data, "known"), m)
+        elif kind == "free faults":
+            c = data.draw(st.sampled_from([-1, 1.5, 100, 2**64]), label="num_computed_tokens")
+            self.both("free", self.pick(data, "known"), num_computed_tokens=c)
+        elif kind == "lookup faults":
+            which = data.draw(st.sampled_from(["lookup", "lookup_many", "can_allocate"]))
+            arg = data.draw(st.sampled_from([[], [-1], [1.5], iter([1]), [[1], []]]))
+            if which == "lookup_many" and not (isinstance(arg, list) and arg and arg[0] == [1]):
+                arg = [arg]
+            self.both(which, arg, lora_id=data.draw(st.sampled_from([None, -1, 1.5])))
         elif kind == "append empty":
             self.both("append", self.pick(data, "resident"), [])
         elif kind == "negative id":
@@ -350,7 +480,16 @@ class ManagerComparison(RuleBasedStateMachine):
     @rule(
         data=st.data(),
         method=st.sampled_from(
-            ["allocate", "append", "append_batch", "free_batch", "block_tables", "slot_mapping"]
+            [
+                "allocate",
+                "append",
+                "append_batch",
+                "free_batch",
+                "block_tables",
+                "slot_mapping",
+                "lookup",
+                "can_allocate",
+            ]
         ),
         refused=st.booleans(),
     )
@@ -369,6 +508,9 @@ class ManagerComparison(RuleBasedStateMachine):
         elif method == "append":
             sid, toks = self.pick(data, "resident"), data.draw(short_tokens)
             self.both_with(method, lambda: (sid, tok_form(toks)))
+        elif method in ("lookup", "can_allocate"):
+            toks = data.draw(tokens)
+            self.both_with(method, lambda: (tok_form(toks),))
         elif method == "append_batch":
             ids = self.picks(data, "resident")
             toks = data.draw(st.lists(vocab, min_size=len(ids), max_size=len(ids)))
@@ -433,7 +575,13 @@ class ManagerComparison(RuleBasedStateMachine):
             assert (s in rust) == (s in ref), f"{s} in manager" + where
             if s not in ref:
                 continue
-            for method in ("num_tokens", "is_swapped", "block_hashes", "block_table"):
+            for method in (
+                "num_tokens",
+                "num_scheduled_tokens",
+                "is_swapped",
+                "block_hashes",
+                "block_table",
+            ):
                 want = run(ref, method, s).key()
                 assert run(rust, method, s).key() == want, f"{method}({s})" + where
             # Digest values differ between implementations; whether the call raises may not.
