@@ -7,8 +7,7 @@ from dataclasses import asdict, dataclass
 
 @dataclass(frozen=True, slots=True)
 class Stats:
-    """Block counts, prefix-cache hits (in tokens), evictions, copies, swaps, registrations,
-    fragmentation."""
+    """Block counts, prefix-cache hits (in tokens), evictions, copies, swaps, fragmentation."""
 
     num_blocks: int
     block_size: int
@@ -44,7 +43,7 @@ class Stats:
 
     @property
     def recent_hit_rate(self) -> float:
-        """The hit rate over the last 1,000 allocations (vLLM's window)."""
+        """`hit_rate` over the last 1,000 allocations (vLLM's window)."""
         if not self.recent_prefix_queries:
             return 0.0
         return self.recent_prefix_hits / self.recent_prefix_queries
@@ -77,10 +76,9 @@ class Stats:
                 f"CPU blocks  {self.num_cpu_blocks}: {self.free_cpu_blocks} free",
                 f"sequences   {self.num_sequences}",
                 f"prefix hits {self.prefix_hits} of {self.prefix_queries} tokens "
-                f"(hit rate {self.hit_rate:.1%}; recent {self.recent_prefix_hits} of "
-                f"{self.recent_prefix_queries}, {self.recent_hit_rate:.1%})",
-                f"registered  {self.registered_blocks} blocks; retracted "
-                f"{self.unregistered_blocks}; truncated {self.truncated_blocks}",
+                f"(hit rate {self.hit_rate:.1%}; last 1000 requests {self.recent_hit_rate:.1%})",
+                f"registered  {self.registered_blocks} blocks; {self.unregistered_blocks} "
+                f"withdrawn on abort, {self.truncated_blocks} truncated",
                 f"evictions   {self.evictions}; copy-on-write copies {self.cow_copies}",
                 f"swapped     {self.swapped_out_blocks} blocks out, {self.swapped_in_blocks} in",
                 f"slots       {self.used_slots} of {self.reserved_slots} used "
