@@ -214,7 +214,7 @@ def test_drafts_in_lookahead_slots_are_never_registered(make):
     assert m.append(0, [4, 5], lookahead=0) == []
     assert m.drain_events() == []
     assert len(m.block_table(0)) == 3, "a smaller lookahead does not give blocks back"
-    m.truncate(0, 6)
+    assert m.truncate(0, 6) == []
     assert len(m.block_table(0)) == 2
     assert m.stats().truncated_blocks == 1
 
@@ -227,7 +227,7 @@ def test_truncate_leaves_the_sequence_as_if_never_appended(make):
     m.append(0, [50, 51, 52, 53, 54, 55, 56], lookahead=3)  # 17 tokens + 3 slots: 5 blocks
     assert m.lookup([*p, 50, 51, 52, 53, 54, 55, 56, 1]) == 16
     m.drain_events()
-    m.truncate(0, 10)
+    assert m.truncate(0, 10) == []
     assert view(m, 0) == view(m, 1)
     assert m.stats().truncated_blocks == 2  # blocks 3 and 4 (a draft block)
     # Block 2 (tokens 8..11) was full and registered by 0 alone: it leaves the index.
@@ -243,37 +243,38 @@ def test_truncate_leaves_the_sequence_as_if_never_appended(make):
     assert m.block_hashes(0)[-1] == m.block_hashes(1)[-1]
 
 
-def test_truncate_keeps_a_shared_partial_block_hashed_and_copies_it_on_write(make):
+def test_truncate_copies_a_shared_hashed_block_it_leaves_partial(make):
     m = make()
     m.allocate(0, toks(0, 8))
     m.fork(0, 1)
     d = m.block_hashes(0)
-    m.drain_events()
-    m.truncate(0, 6)  # block 1 is partial now, but sequence 1 holds it too
-    assert m.drain_events() == []
-    assert m.block_table(0) == m.block_table(1)
-    assert m.lookup(toks(0, 9)) == 8
     src = m.block_table(0)[1]
-    pairs = m.append(0, [60])
-    assert pairs == [(src, m.block_table(0)[1])]
+    m.drain_events()
+    pairs = m.truncate(0, 6)  # block 1 would be written next, but sequence 1 holds it hashed
+    assert pairs == [(src, m.block_table(0)[1])] and m.block_table(0)[1] != src
     assert m.block_table(1)[1] == src and m.block_hashes(1) == d
-    assert m.stats().cow_copies == 1
-
-
-def test_a_hashed_block_held_alone_is_copied_before_a_write(make):
-    m = make()
-    m.allocate(0, toks(0, 8))
-    m.fork(0, 1)
-    m.truncate(0, 6)
-    m.free(1)  # block 1 is now hashed, held by sequence 0 alone, where it will write
-    src = m.block_table(0)[1]
-    cached = m.num_cached_blocks
-    m.drain_events()
-    pairs = m.append(0, [60])
-    assert pairs == [(src, m.block_table(0)[1])] and src not in m.block_table(0)
-    assert m.num_cached_blocks == cached + 1, "the source is released into the cache"
+    assert m.stats().cow_copies == 1 and m.stats().truncated_blocks == 0
     assert m.drain_events() == []
-    assert m.lookup(toks(0, 9)) == 8, "and still serves its content"
+    assert m.lookup(toks(0, 9)) == 8, "the fork's block still serves its content"
+    assert m.append(0, [60]) == [], "the copy is the sequence's own"
+    m.allocate(2, toks(0, 6))
+    m.truncate(0, 6)
+    assert view(m, 0) == view(m, 2)
+
+
+def test_truncate_needing_a_copy_with_no_block_available_changes_nothing(make):
+    m = make(3)
+    m.allocate(0, toks(0, 8), lookahead=1)  # 3 blocks: the third only for the draft slot
+    m.fork(0, 1)
+    m.drain_events()
+    before = (view(m, 0), m.block_table(0), m.stats())
+    # Nothing is available before the releases: refused, even though the draft block would
+    # come back.
+    assert m.truncate(0, 6) is None
+    assert (view(m, 0), m.block_table(0), m.stats()) == before
+    assert m.drain_events() == []
+    assert m.truncate(0, 4) == [], "a cut at a block boundary needs no copy"
+    assert len(m.block_table(0)) == 1 and m.stats().truncated_blocks == 2
 
 
 def test_truncate_of_an_unshared_full_block_then_append_writes_in_place(make):
@@ -282,7 +283,7 @@ def test_truncate_of_an_unshared_full_block_then_append_writes_in_place(make):
     d = m.block_hashes(0)
     t = m.block_table(0)
     m.drain_events()
-    m.truncate(0, 7)  # block 1 is partial again and held by 0 alone: it leaves the index
+    assert m.truncate(0, 7) == []  # block 1 is partial again, held by 0 alone: withdrawn
     assert m.drain_events() == [BlockRemoved([d[1]], "GPU")]
     assert m.stats().truncated_blocks == 0
     assert m.block_table(0) == t
@@ -404,6 +405,8 @@ def test_lookup_keeps_salts_and_loras_apart_and_is_zero_without_caching(make):
     assert m.lookup(p, cache_salt="u2", lora_id=2) == 0
     assert m.lookup(p, cache_salt="u1") == 0
     assert m.lookup_many([p, p[:5]], cache_salt="u1", lora_id=2) == [8, 4]
+    assert m.lookup_many((q for q in [p[:5], p]), cache_salt="u1", lora_id=2) == [4, 8]
+    assert m.lookup_many([]) == []
     assert m.lookup(p[:8], cache_salt="u1", lora_id=2) == 4, "one token left to compute"
     off = make(enable_prefix_caching=False)
     off.allocate(0, p)
@@ -472,7 +475,7 @@ def test_used_slots_count_scheduled_tokens(make):
     m.allocate(1, toks(100, 6))
     s = m.stats()
     assert (s.used_slots, s.reserved_slots) == (3 + 6, (2 + 2) * B)
-    assert "recent" in str(s) and "registered" in str(s)
+    assert "registered" in str(s) and "truncated" in str(s)
 
 
 def test_num_scheduled_tokens_of_a_swapped_sequence(make):

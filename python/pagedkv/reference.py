@@ -14,7 +14,7 @@ import hashlib
 import struct
 import sys
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn, TextIO
 
 import numpy as np
@@ -494,26 +494,25 @@ class ReferenceBlockManager:
 
     def _write_need(self, seq: _Seq, end: int, lookahead: int) -> tuple[list[int], int]:
         """Writing positions `scheduled .. end - 1` plus `lookahead` slots: the table indices
-        that need copy-on-write (shared or hashed blocks: a hashed block is never written),
-        and the number of new blocks past the table."""
+        that need copy-on-write (shared blocks; no block there is hashed), and the number of
+        new blocks past the table."""
         bs = self._block_size
         last = _cdiv(end + lookahead, bs)  # one past the last written table index
-        cow = [
-            i
-            for i in range(seq.scheduled // bs, min(last, len(seq.blocks)))
-            if self._rc[seq.blocks[i]] > 1 or self._hashed[seq.blocks[i]] is not None
-        ]
+        first = seq.scheduled // bs
+        cow = [i for i in range(first, min(last, len(seq.blocks))) if self._rc[seq.blocks[i]] > 1]
         return cow, max(0, last - len(seq.blocks))
 
+    def _copy(self, seq: _Seq, i: int) -> tuple[int, int]:
+        """Copy-on-write of the shared table entry `i`: a new block replaces it."""
+        src = seq.blocks[i]
+        dst = self._take()
+        seq.blocks[i] = dst
+        self._rc[src] -= 1  # stays >= 1: others hold it
+        self._cow_copies += 1
+        return src, dst
+
     def _write(self, seq: _Seq, cow: list[int], new: int) -> list[tuple[int, int]]:
-        pairs = []
-        for i in cow:
-            src = seq.blocks[i]
-            dst = self._take()
-            pairs.append((src, dst))
-            seq.blocks[i] = dst
-            self._release(src)  # a hashed src held by this sequence alone becomes CACHED
-            self._cow_copies += 1
+        pairs = [self._copy(seq, i) for i in cow]
         for _ in range(new):
             seq.blocks.append(self._take())
         return pairs
@@ -636,8 +635,9 @@ class ReferenceBlockManager:
         self._schedule(seq, seq.num_tokens)
         return pairs
 
-    def truncate(self, seq_id: int, num_tokens: int) -> None:
-        """Drop every token past `num_tokens` and the blocks past them (rejected drafts)."""
+    def truncate(self, seq_id: int, num_tokens: int) -> list[tuple[int, int]] | None:
+        """Drop every token past `num_tokens` and the blocks past them (rejected drafts);
+        return the copy-on-write pairs (a shared hashed block left partial), or None."""
         sid = _seq_id(seq_id)
         m = _check_int(num_tokens, "num_tokens", 1, _I64_MAX + 1)
         _, seq = self._resident(sid)
@@ -646,21 +646,28 @@ class ReferenceBlockManager:
                 f"num_tokens {m} out of range [1, {seq.num_tokens}] for sequence {sid}"
             )
         bs = self._block_size
-        del seq.tokens[m:]
-        del seq.digests[m // bs :]
-        seq.scheduled = min(seq.scheduled, m)
-        seq.hits = min(seq.hits, m // bs)
+        i = m // bs
+        # A hashed block left partial would be written next: no hashed block may sit there.
+        # Held alone, it leaves the index; shared, it is copied (after the releases below).
+        copy = False
+        if m % bs and i < len(seq.blocks) and self._hashed[seq.blocks[i]] is not None:
+            if self._rc[seq.blocks[i]] == 1:
+                self._unindex(seq.blocks[i])
+            elif self._available() == 0:
+                return None
+            else:
+                copy = True
         keep = _cdiv(m, bs)
         dropped = seq.blocks[keep:]
         del seq.blocks[keep:]
         self._release_all(dropped)  # hashed ones become CACHED: their KV was computed
         self._truncated_blocks += len(dropped)
-        if m % bs:
-            last = seq.blocks[-1] if len(seq.blocks) == keep else None
-            # A partial last block registered by this sequence alone becomes its own again;
-            # one that others hold stays hashed, and the next write copies it.
-            if last is not None and self._hashed[last] is not None and self._rc[last] == 1:
-                self._unindex(last)
+        pairs = [self._copy(seq, i)] if copy else []
+        del seq.tokens[m:]
+        del seq.digests[i:]
+        seq.scheduled = min(seq.scheduled, m)
+        seq.hits = min(seq.hits, i)
+        return pairs
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent."""
@@ -773,23 +780,13 @@ class ReferenceBlockManager:
 
     def lookup_many(
         self,
-        prompts: Sequence[Sequence[int] | npt.NDArray[np.integer[Any]]],
+        prompts: Iterable[Sequence[int] | npt.NDArray[np.integer[Any]]],
         *,
         cache_salt: str | bytes | None = None,
         lora_id: int | None = None,
     ) -> list[int]:
-        """`lookup` of each prompt (a list or tuple of token-id sequences)."""
-        if type(prompts) not in (list, tuple):
-            raise InvalidArgumentTypeError(
-                f"prompts must be a list or tuple, got {type(prompts).__name__}"
-            )
-        assert isinstance(prompts, (list, tuple))
-        if len(prompts) > MAX_LEN:
-            raise _too_long("prompts", len(prompts))
-        all_toks = [_tokens(p) for p in prompts]
-        salt = _salt_bytes(cache_salt)
-        lora = _lora(lora_id)
-        return [len(self._probe(t, salt, lora)) * self._block_size for t in all_toks]
+        """`lookup` of each prompt, in order (as `pagedkv.BlockManager.lookup_many`)."""
+        return [self.lookup(p, cache_salt=cache_salt, lora_id=lora_id) for p in prompts]
 
     def _status(self, total: int, need: int) -> AllocStatus:
         wm = self._watermark_blocks
@@ -1104,22 +1101,19 @@ class ReferenceBlockManager:
                 self._extend_digests(expect)
                 if expect.digests != s.digests:
                     fail(f"sequence {sid} digests do not match its tokens")
-            # Registration follows scheduling: a hashed block sits only where its holder's
-            # tokens are scheduled, under that block's digest, or as the partial last block
-            # `truncate` left shared (the next write copies it).
-            full = s.scheduled // bs
+            # Registration follows scheduling: every holder of a hashed block has it among its
+            # full scheduled blocks, under that block's digest (so no write reaches it).
             for i, b in enumerate(s.blocks):
                 d = self._hashed[b]
                 if d is None:
                     continue
-                if i < full:
-                    if d != s.digests[i]:
-                        fail(f"sequence {sid} block {b} hashed under another digest")
-                elif not (i == full and s.scheduled == s.num_tokens and s.scheduled % bs):
+                if i >= s.scheduled // bs:
                     fail(
                         f"sequence {sid} block {b} at index {i} is hashed but not full of "
                         f"scheduled tokens ({s.scheduled})"
                     )
+                if d != s.digests[i]:
+                    fail(f"sequence {sid} block {b} hashed under another digest")
         for b in range(n):
             if rc[b] != self._rc[b]:
                 fail(f"block {b}: refcount {self._rc[b]}, tables hold {rc[b]}")
