@@ -385,7 +385,10 @@ fn retraction_racing_a_hit() {
                 s.saw(HIT_WON);
             }
             (Hit::Miss, true) => {
-                assert!(pool.peek(&d).is_none(), "a withdrawn block stays out of the index");
+                assert!(
+                    pool.peek(&d).is_none(),
+                    "a withdrawn block stays out of the index"
+                );
                 pool.audit(&[0, 0]).unwrap();
                 s.saw(RETRACTION_WON);
             }
