@@ -183,7 +183,7 @@ class NoRetraction:
 class Request:
     tokens: list[int]
     target: int  # total length at which the request finishes
-    prior: int = 0  # tokens of a finished turn this prompt continues (multi-turn)
+    decoded_from: int  # tokens from here on were produced by decode (append, drafts)
     turn: int = 0
     scheduled: int = 0  # tokens scheduled so far; all of them have their KV written
 
@@ -234,7 +234,7 @@ def run_engine(
     waiting: deque[Request] = deque()
     for i in range(12):
         prompt = systems[i % 3] + toks(int(rng.integers(1, 7)))
-        waiting.append(Request(prompt, len(prompt) + int(rng.integers(4, 12))))
+        waiting.append(Request(prompt, len(prompt) + int(rng.integers(4, 12)), len(prompt)))
     running: dict[int, Request] = {}
     next_sid = 0
 
@@ -267,14 +267,14 @@ def run_engine(
     def preempt(sid: int) -> None:
         """Out of blocks: recompute later (every scheduled token has its KV)."""
         r = retire(sid, running[sid].scheduled)
-        waiting.appendleft(Request(r.tokens, r.target, r.prior, r.turn))
+        waiting.appendleft(Request(r.tokens, r.target, r.decoded_from, r.turn))
         cnt["preemptions"] += 1
 
     def abort_unwritten(sid: int, slots: np.ndarray, computed: int, tokens: list[int]) -> None:
         """Abort a sequence whose last scheduled step never ran, then retry its prompt."""
         poison(slots)
         r = retire(sid, computed)
-        waiting.appendleft(Request(tokens, max(r.target, len(tokens) + 2), r.prior, r.turn))
+        waiting.appendleft(Request(tokens, max(r.target, len(tokens) + 2), r.decoded_from, r.turn))
         cnt["aborts_unwritten"] += 1
 
     def maybe_fork(sid: int) -> None:
@@ -286,7 +286,7 @@ def run_engine(
         child = next_sid
         next_sid += 1
         m.fork(sid, child)
-        running[child] = Request(list(r.tokens), r.target + 2, r.prior, r.turn, r.scheduled)
+        running[child] = Request(list(r.tokens), r.target + 2, r.decoded_from, r.turn, r.scheduled)
         cnt["forks"] += 1
 
     def check(step: int) -> None:
@@ -386,7 +386,10 @@ def run_engine(
                     prompt = r.tokens + toks(int(rng.integers(1, 5)))
                     waiting.append(
                         Request(
-                            prompt, len(prompt) + int(rng.integers(2, 7)), len(r.tokens), r.turn + 1
+                            prompt,
+                            len(prompt) + int(rng.integers(2, 7)),
+                            r.decoded_from,
+                            r.turn + 1,
                         )
                     )
             elif rng.random() < 0.02:  # user abort; every scheduled token was computed
@@ -427,7 +430,7 @@ def run_engine(
             next_sid += 1
             assert hit == expect, (hit, expect)
             cnt["hit_tokens"] += hit
-            cnt["hits_past_prior_turn"] += hit > r.prior > 0
+            cnt["hits_on_decoded_kv"] += hit > r.decoded_from  # KV written by decode
             running[sid] = r
             s = min(hit + c, n)
             slots = np.asarray(m.slot_mapping([sid], s - hit))
@@ -483,7 +486,7 @@ def test_engine_loop_matches_dense_attention(kind: str, seed: int) -> None:
         "retracted_blocks",
         "truncated_blocks",
         "evictions",
-        "hits_past_prior_turn",
+        "hits_on_decoded_kv",
         "rollback_copies",
     ):
         assert cnt[what] > 0, (what, dict(cnt))
