@@ -134,11 +134,12 @@ class ScheduleRecord:
                 raise UnscheduledHitError(
                     f"allocate(seq {seq_id}) served {hit_tokens} tokens from the prefix cache, "
                     f"but block {i} (tokens {i * bs}..{(i + 1) * bs - 1}, cache_salt="
-                    f"{cache_salt!r}, lora_id={lora_id}) holds tokens the simulator never "
-                    "scheduled in a step that ran (or was retracted by an abort): the manager "
-                    "served KV that nobody computed"
+                    f"{cache_salt!r}, lora_id={lora_id}) holds tokens the simulator has not "
+                    "scheduled (or scheduled only in a step that an abort cancelled): the "
+                    "manager served KV that nobody computed"
                 )
             rec.keys.append(key)
+        for key in rec.keys:
             self._hold(key)
         self._feed(rec, token_ids[hit_tokens:scheduled])
         self.seqs[seq_id] = rec
