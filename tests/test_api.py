@@ -716,6 +716,10 @@ def test_swap_out_and_in(make):
     d = m.block_hashes(0)
     m.drain_events()
     assert m.swap_out(0) == [(0, 0), (1, 1)]
+    # Its one registered block now also lives on the CPU (an indexer tracks the medium).
+    assert m.drain_events() == [
+        BlockStored([d[0]], None, list(toks(0, 4)), 4, None, medium="CPU")
+    ]
     assert m.is_swapped(0)
     assert 0 in m and len(m) == 1
     assert m.num_tokens(0) == 6
@@ -736,8 +740,9 @@ def test_swap_out_and_in(make):
     assert m.block_table(0) == [2, 3]
     assert m.num_free_cpu_blocks == 4
     assert m.stats().swapped_in_blocks == 2
-    # The digest is already registered (block 0): block 2 stays unhashed.
-    assert m.drain_events() == []
+    # The CPU copy is gone; the digest is already registered (block 0), so block 2 stays
+    # unhashed and no GPU event follows.
+    assert m.drain_events() == [BlockRemoved([d[0]], medium="CPU")]
     m.free(1)
     m.free(0)
     assert m.num_cached_blocks == 1

@@ -58,35 +58,64 @@ class BlockManager:
         seq_id: _Int,
         token_ids: _TokenIds,
         *,
+        num_new_tokens: _Int | None = None,
         cache_salt: _Salt = None,
         lora_id: _Int | None = None,
         lookahead: _Int = 0,
     ) -> int | None:
-        """Give a new sequence its blocks; returns the prefix-hit tokens, or None if full."""
-    def append(self, seq_id: _Int, token_ids: _TokenIds) -> list[tuple[int, int]] | None:
-        """Append tokens; returns the copy-on-write (src, dst) pairs, or None if full."""
+        """Give a new sequence its blocks for the hit plus `num_new_tokens` prompt tokens
+        (default all); returns the prefix-hit tokens, or None if full."""
+    def extend(
+        self, seq_id: _Int, num_new_tokens: _Int, *, lookahead: _Int = 0
+    ) -> list[tuple[int, int]] | None:
+        """Schedule the next prompt chunk; returns copy-on-write pairs, or None if full."""
+    def append(
+        self, seq_id: _Int, token_ids: _TokenIds, *, lookahead: _Int = 0
+    ) -> list[tuple[int, int]] | None:
+        """Append tokens (and reserve `lookahead` draft slots past them); returns the
+        copy-on-write (src, dst) pairs, or None if full."""
+    def truncate(self, seq_id: _Int, num_tokens: _Int) -> list[tuple[int, int]] | None:
+        """Drop the tokens past `num_tokens`; returns copy pairs, or None if a copy is full."""
     def fork(self, parent_id: _Int, child_id: _Int) -> None:
         """Make `child_id` share every block of `parent_id`."""
-    def free(self, seq_id: _Int) -> None:
-        """Release the sequence's blocks, tail first, and forget it."""
+    def free(self, seq_id: _Int, *, num_computed_tokens: _Int | None = None) -> None:
+        """Release the sequence's blocks, tail first, and forget it; blocks past
+        `num_computed_tokens` that it registered and holds alone leave the cache."""
+    def lookup(
+        self, token_ids: _TokenIds, *, cache_salt: _Salt = None, lora_id: _Int | None = None
+    ) -> int:
+        """Prompt tokens `allocate` would serve from the cache now; changes nothing."""
     def swap_out(self, seq_id: _Int) -> list[tuple[int, int]] | None:
         """Move to CPU blocks; returns (gpu, cpu) pairs, or None if swap space is full."""
     def swap_in(self, seq_id: _Int) -> list[tuple[int, int]] | None:
         """Move back to GPU blocks; returns (cpu, gpu) pairs, or None if the GPU is full."""
-    def can_allocate(self, num_tokens: _Int) -> AllocStatus:
-        """OK / LATER / NEVER for a prompt of `num_tokens`, keeping the watermark."""
+    def can_allocate(
+        self,
+        num_tokens: _Int | _TokenIds,
+        *,
+        num_new_tokens: _Int | None = None,
+        cache_salt: _Salt = None,
+        lora_id: _Int | None = None,
+    ) -> AllocStatus:
+        """OK / LATER / NEVER for a prompt (a length, or its token ids: then its cached
+        prefix counts), keeping the watermark."""
     def can_swap_in(self, seq_id: _Int) -> AllocStatus:
         """OK / LATER / NEVER for swapping the sequence back in."""
 
     # -- batch operations -------------------------------------------------------------------
-    def append_batch(self, seq_ids: _SeqIds, token_ids: _TokenIds) -> npt.NDArray[np.int32] | None:
+    def append_batch(
+        self, seq_ids: _SeqIds, token_ids: _TokenIds, *, lookahead: _Int = 0
+    ) -> npt.NDArray[np.int32] | None:
         """One token per sequence; returns the (k, 2) int32 copy pairs, or None if full."""
     def free_batch(self, seq_ids: _SeqIds) -> None:
         """Free each sequence in the given order."""
     def block_tables(self, seq_ids: _SeqIds, pad: _Int = ...) -> npt.NDArray[np.int32]:
         """(batch, max table length) int32 block tables, padded with `pad` (default -1)."""
-    def slot_mapping(self, seq_ids: _SeqIds, num_new_tokens: _Int | _Ints) -> npt.NDArray[np.int64]:
-        """int64 slots of each sequence's last `num_new_tokens` tokens, concatenated."""
+    def slot_mapping(
+        self, seq_ids: _SeqIds, num_new_tokens: _Int | _Ints, *, lookahead: _Int = 0
+    ) -> npt.NDArray[np.int64]:
+        """int64 slots of each sequence's last `num_new_tokens` scheduled tokens (then of
+        `lookahead` draft positions), concatenated."""
     def flashinfer_page_table(
         self, seq_ids: _SeqIds
     ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
@@ -95,6 +124,7 @@ class BlockManager:
     # -- queries ----------------------------------------------------------------------------
     def block_table(self, seq_id: _Int) -> list[int]: ...
     def num_tokens(self, seq_id: _Int) -> int: ...
+    def num_scheduled_tokens(self, seq_id: _Int) -> int: ...
     def table_digest(self, seq_id: _Int) -> int: ...
     def block_hashes(self, seq_id: _Int) -> list[bytes]: ...
     def is_swapped(self, seq_id: _Int) -> bool: ...

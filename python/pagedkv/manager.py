@@ -7,11 +7,15 @@ All the work happens in `pagedkv._core.BlockManager`; this subclass adds no stat
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Self, TextIO
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Self, TextIO
 
 from pagedkv import _core
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
     from pagedkv.config import BlockManagerConfig
 
 
@@ -38,6 +42,16 @@ class BlockManager(_core.BlockManager):
             watermark=config.watermark,
             enable_kv_events=config.enable_kv_events,
         )
+
+    def lookup_many(
+        self,
+        prompts: Iterable[list[int] | tuple[int, ...] | range | npt.NDArray[np.integer[Any]]],
+        *,
+        cache_salt: str | bytes | None = None,
+        lora_id: int | None = None,
+    ) -> list[int]:
+        """`lookup` of each prompt (same salt and LoRA id): the tokens each would hit now."""
+        return [self.lookup(p, cache_salt=cache_salt, lora_id=lora_id) for p in prompts]
 
     def print_memory_stats(self, file: TextIO | None = None) -> None:
         """Print a human-readable summary of `stats()` (to stdout by default)."""

@@ -25,6 +25,11 @@ class Stats:
     swapped_in_blocks: int
     reserved_slots: int
     used_slots: int
+    recent_prefix_queries: int
+    recent_prefix_hits: int
+    registered_blocks: int
+    unregistered_blocks: int
+    truncated_blocks: int
 
     @property
     def usage(self) -> float:
@@ -37,6 +42,13 @@ class Stats:
         return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
 
     @property
+    def recent_hit_rate(self) -> float:
+        """`hit_rate` over the last 1,000 allocations (vLLM's window)."""
+        if not self.recent_prefix_queries:
+            return 0.0
+        return self.recent_prefix_hits / self.recent_prefix_queries
+
+    @property
     def fragmentation(self) -> float:
         """Unused slots in the blocks that sequences hold, over all those slots."""
         if not self.reserved_slots:
@@ -46,7 +58,12 @@ class Stats:
     def as_dict(self) -> dict[str, int | float]:
         """Every counter and derived ratio, by name."""
         out: dict[str, int | float] = asdict(self)
-        out.update(usage=self.usage, hit_rate=self.hit_rate, fragmentation=self.fragmentation)
+        out.update(
+            usage=self.usage,
+            hit_rate=self.hit_rate,
+            recent_hit_rate=self.recent_hit_rate,
+            fragmentation=self.fragmentation,
+        )
         return out
 
     def __str__(self) -> str:
@@ -59,7 +76,9 @@ class Stats:
                 f"CPU blocks  {self.num_cpu_blocks}: {self.free_cpu_blocks} free",
                 f"sequences   {self.num_sequences}",
                 f"prefix hits {self.prefix_hits} of {self.prefix_queries} tokens "
-                f"(hit rate {self.hit_rate:.1%})",
+                f"(hit rate {self.hit_rate:.1%}; last 1000 requests {self.recent_hit_rate:.1%})",
+                f"registered  {self.registered_blocks} blocks; {self.unregistered_blocks} "
+                f"withdrawn on abort, {self.truncated_blocks} truncated",
                 f"evictions   {self.evictions}; copy-on-write copies {self.cow_copies}",
                 f"swapped     {self.swapped_out_blocks} blocks out, {self.swapped_in_blocks} in",
                 f"slots       {self.used_slots} of {self.reserved_slots} used "

@@ -30,6 +30,12 @@ impl BlockManager {
         let mut cpu_owner = vec![None; self.cpu.num_blocks()];
         for (id, seq) in &guards {
             let ntok = seq.tokens.len();
+            let sched = seq.scheduled;
+            ensure!(
+                sched <= ntok && seq.hit_blocks * bs <= sched,
+                "sequence {id} has {sched} scheduled tokens of {ntok}, {} hit blocks",
+                seq.hit_blocks
+            );
             if self.config.enable_prefix_caching {
                 ensure!(
                     seq.digests.len() == ntok / bs,
@@ -54,8 +60,8 @@ impl BlockManager {
                     "swapped sequence {id} holds GPU blocks"
                 );
                 ensure!(
-                    cpu.len() >= cdiv(ntok, bs),
-                    "swapped sequence {id} has {} CPU blocks for {ntok} tokens",
+                    cpu.len() >= cdiv(sched, bs),
+                    "swapped sequence {id} has {} CPU blocks for {sched} scheduled tokens",
                     cpu.len()
                 );
                 for &c in cpu {
@@ -71,8 +77,8 @@ impl BlockManager {
                 continue;
             }
             ensure!(
-                seq.blocks.len() * bs >= ntok,
-                "sequence {id} has {} blocks for {ntok} tokens",
+                seq.blocks.len() * bs >= sched,
+                "sequence {id} has {} blocks for {sched} scheduled tokens",
                 seq.blocks.len()
             );
             let expected = seq.blocks.iter().enumerate().fold(0u64, |acc, (i, &b)| {
@@ -110,6 +116,13 @@ impl BlockManager {
         for (id, seq) in &guards {
             for (i, &b) in seq.blocks.iter().enumerate() {
                 if indexed[b as usize] {
+                    // Only blocks full of scheduled tokens are ever registered (or hit).
+                    ensure!(
+                        i < self.registrable(seq),
+                        "sequence {id} holds hashed block {b} at {i}, past its {} scheduled \
+                         full blocks",
+                        self.registrable(seq)
+                    );
                     let expected = seq.digests.get(i);
                     ensure!(
                         expected.is_some_and(|d| self.gpu.index_holds(b, d)),

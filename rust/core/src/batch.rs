@@ -140,6 +140,16 @@ impl BlockManager {
     /// One token to each sequence, all or nothing. Returns the copy-on-write pairs, or
     /// `None` when the batch's blocks do not fit (nothing changed).
     pub fn append_batch(&self, ids: &[u64], tokens: &[u32]) -> Result<Option<Vec<(u32, u32)>>> {
+        self.append_batch_lookahead(ids, tokens, 0)
+    }
+
+    /// `append_batch` that also makes `lookahead` slots past each new token writable.
+    pub fn append_batch_lookahead(
+        &self,
+        ids: &[u64],
+        tokens: &[u32],
+        lookahead: usize,
+    ) -> Result<Option<Vec<(u32, u32)>>> {
         if ids.len() != tokens.len() {
             return Err(invalid(format!(
                 "seq_ids has {} entries but token_ids has {}",
@@ -149,8 +159,9 @@ impl BlockManager {
         }
         self.guarded(true, || {
             let _gate = self.enter()?;
-            self.seqs
-                .with_cells(ids, |cells| self.append_locked(ids, tokens, cells))
+            self.seqs.with_cells(ids, |cells| {
+                self.append_locked(ids, tokens, lookahead, cells)
+            })
         })
     }
 
@@ -158,18 +169,21 @@ impl BlockManager {
         &self,
         ids: &[u64],
         tokens: &[u32],
+        lookahead: usize,
         cells: &[Option<&SeqCell>],
     ) -> Result<Option<Vec<(u32, u32)>>> {
         {
             let mut locked = lock_all(ids, cells, true)?;
             let mut seqs = Self::live_mut(ids, &mut locked, true)?;
-            let mut need = 0;
+            let mut need: usize = 0;
             let mut keys = Vec::new();
             for (((_, seq), &id), t) in seqs.iter_mut().zip(ids).zip(tokens) {
                 self.check_append_len(id, seq, 1)?;
                 self.reserve_tokens(seq, 1)?;
-                keys.extend(self.append_prefix_key(seq, std::slice::from_ref(t)));
-                need += self.append_need(seq, 1);
+                let upto = seq.tokens.len() + 1;
+                keys.extend(self.schedule_prefix_key(seq, upto, std::slice::from_ref(t)));
+                // Each term is at most the pool (or the reach past it): saturate the sum.
+                need = need.saturating_add(self.append_need(seq, 1, lookahead));
             }
             let _prefix = self.lock_prefixes(keys)?;
             if !self.gpu.reserve(need) {
@@ -182,7 +196,8 @@ impl BlockManager {
             let (mut before, mut after) = ((0, 0), (0, 0));
             for ((_, seq), t) in seqs.iter_mut().zip(tokens) {
                 let b = seq.footprint(bs);
-                self.append_reserved(seq, std::slice::from_ref(t), &mut spare, &mut pairs)?;
+                let t = std::slice::from_ref(t);
+                self.append_reserved(seq, t, lookahead, &mut spare, &mut pairs)?;
                 let a = seq.footprint(bs);
                 before = (before.0 + b.0, before.1 + b.1);
                 after = (after.0 + a.0, after.1 + a.1);
@@ -260,8 +275,18 @@ impl BlockManager {
         )
     }
 
-    /// The slots of each sequence's last `counts[i]` tokens, concatenated.
+    /// The slots of each sequence's last `counts[i]` scheduled tokens, then of the
+    /// `lookahead` positions past them, concatenated.
     pub fn slot_mapping(&self, ids: &[u64], counts: &[usize]) -> Result<Vec<i64>> {
+        self.slot_mapping_lookahead(ids, counts, 0)
+    }
+
+    pub fn slot_mapping_lookahead(
+        &self,
+        ids: &[u64],
+        counts: &[usize],
+        lookahead: usize,
+    ) -> Result<Vec<i64>> {
         if ids.len() != counts.len() {
             return Err(invalid(format!(
                 "seq_ids has {} entries but num_new_tokens has {}",
@@ -271,22 +296,30 @@ impl BlockManager {
         }
         let bs = self.block_size();
         let check = |i: usize, seq: &Sequence| {
-            let (n, c) = (seq.tokens.len(), counts[i]);
-            if c == 0 || c > n {
+            let (s, c) = (seq.scheduled, counts[i]);
+            if c == 0 || c > s {
                 return Err(invalid(format!(
-                    "num_new_tokens {c} for sequence {} must be in 1..={n}",
+                    "num_new_tokens {c} for sequence {} must be in 1..={s}",
+                    ids[i]
+                )));
+            }
+            let room = seq.blocks.len() * bs - s;
+            if lookahead > room {
+                return Err(invalid(format!(
+                    "lookahead {lookahead} for sequence {}: its blocks hold only {room} slots \
+                     past its scheduled tokens",
                     ids[i]
                 )));
             }
             Ok(())
         };
         self.read_all(ids, check, |seqs| {
-            // Each count is at most its sequence's length, so the sum fits memory we hold.
-            let total = counts.iter().sum();
+            // Each count and the lookahead fit in blocks we hold, so the sum fits memory.
+            let total = counts.iter().sum::<usize>() + lookahead * ids.len();
             let mut out = try_with_capacity(total, "the slot mapping")?;
             for (seq, &c) in seqs.iter().zip(counts) {
-                let n = seq.tokens.len();
-                out.extend((n - c..n).map(|p| seq.slot(p, bs)));
+                let s = seq.scheduled;
+                out.extend((s - c..s + lookahead).map(|p| seq.slot(p, bs)));
             }
             Ok(out)
         })
@@ -299,7 +332,7 @@ impl BlockManager {
             ids,
             |_, _| Ok(()),
             |seqs| {
-                let pages: usize = seqs.iter().map(|s| cdiv(s.tokens.len(), bs)).sum();
+                let pages: usize = seqs.iter().map(|s| cdiv(s.scheduled, bs)).sum();
                 if pages > i32::MAX as usize {
                     return Err(invalid(format!(
                         "the batch spans {pages} pages, more than an int32 kv_indptr can index"
@@ -310,7 +343,7 @@ impl BlockManager {
                 let mut last = try_with_capacity(ids.len(), "kv_last_page_len")?;
                 indptr.push(0i32);
                 for seq in seqs {
-                    let n = seq.tokens.len();
+                    let n = seq.scheduled;
                     let p = cdiv(n, bs);
                     indices.extend(seq.blocks[..p].iter().map(|&b| b as i32));
                     indptr.push(indices.len() as i32);

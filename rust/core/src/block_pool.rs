@@ -10,7 +10,7 @@
 use crate::alloc::try_boxed;
 use crate::block_state::{BlockState, Pin, Released, RC_MAX};
 use crate::error::{Error, Result};
-use crate::events::{EventLog, KvEvent};
+use crate::events::{EventLog, KvEvent, Medium};
 use crate::free_stack::FreeStack;
 use crate::hashing::{Digest, Tag};
 use crate::lru_queue::{Entry, LruQueue};
@@ -180,6 +180,7 @@ impl BlockPool {
         if let (true, Some(log)) = (removed_event, &self.events) {
             log.push(KvEvent::BlockRemoved {
                 block_hash: e.digest,
+                medium: Medium::Gpu,
             });
         }
         true
@@ -372,6 +373,32 @@ impl BlockPool {
         }
     }
 
+    /// Withdraw `block` (hashed under `digest`, held by the caller) from the prefix cache
+    /// if the caller is its only holder: it stays OWNED but unhashed, its index entry goes
+    /// and `BlockRemoved` is queued. Under the digest's stripe, so it is ordered with every
+    /// registration and claim of the digest. Returns whether it was withdrawn.
+    pub fn retract(&self, block: u32, digest: &Digest) -> bool {
+        let _stripe = lock(&self.stripes[stripe_of(digest)]);
+        if !self.index.holds(block, digest) || !self.state(block).unhash_if_sole() {
+            return false;
+        }
+        self.index.remove(digest, block);
+        if let Some(log) = &self.events {
+            log.push(KvEvent::BlockRemoved {
+                block_hash: *digest,
+                medium: Medium::Gpu,
+            });
+        }
+        true
+    }
+
+    /// Queue an event that is not an index change (the CPU copies of swap).
+    pub fn push_event(&self, event: impl FnOnce() -> KvEvent) {
+        if let Some(log) = &self.events {
+            log.push(event());
+        }
+    }
+
     /// Bring the index buckets of digests about to be registered into cache (see
     /// `PrefixIndex::warm`).
     pub fn warm_index(&self, digests: &[Digest], blocks: &[u32]) {
@@ -505,7 +532,10 @@ mod tests {
         let events = pool.drain_events();
         assert_eq!(
             events.last(),
-            Some(&KvEvent::BlockRemoved { block_hash: ds[1] })
+            Some(&KvEvent::BlockRemoved {
+                block_hash: ds[1],
+                medium: Medium::Gpu
+            })
         );
         // Reset refuses while `b` and `c` are owned, then clears the rest.
         assert!(!pool.reset());

@@ -203,6 +203,21 @@ impl BlockState {
         self.0.fetch_and(!HASHED, Ordering::Relaxed);
     }
 
+    /// OWNED(1) and hashed -> OWNED(1) unhashed, for the sole holder that withdraws the
+    /// block from the prefix cache (a retraction: its KV was never computed, or the holder
+    /// will write into it). Refused (false) when another table holds it too or it is not
+    /// hashed. A racing hit either pins first (then rc is 2 and this refuses) or finds the
+    /// flag clear (`Pin::Stale`). AcqRel on success: the clear is ordered after the pins it
+    /// beat (their CAS failed on this word) and before the caller removes the index entry.
+    pub fn unhash_if_sole(&self) -> bool {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |w| {
+                let cur = Word(w);
+                (cur.rc() == 1 && cur.hashed()).then_some(w & !HASHED)
+            })
+            .is_ok()
+    }
+
     /// CACHED with this `generation` -> unhashed, next generation, with `rc` set to `rc`:
     /// 1 when an evictor claims it for an allocation, 0 when reset moves it to the free stack.
     /// Acquire on success: the claimer sees the last owner's use of the block as finished.
@@ -228,6 +243,23 @@ mod tests {
             Some(Released::ToCached { generation }) => generation,
             other => panic!("a hashed block's last release must cache it, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn only_the_sole_holder_unhashes() {
+        let s = BlockState::new_free();
+        s.take();
+        assert!(
+            !s.unhash_if_sole(),
+            "an unhashed block has nothing to withdraw"
+        );
+        s.set_hashed();
+        s.share().unwrap();
+        assert!(!s.unhash_if_sole(), "another table holds it");
+        assert_eq!(s.release(), Some(Released::StillOwned));
+        assert!(s.unhash_if_sole());
+        assert_eq!(s.pin(true), Pin::Stale, "a withdrawn block cannot be hit");
+        assert_eq!(s.release(), Some(Released::ToFree));
     }
 
     #[test]

@@ -4,6 +4,22 @@
 use crate::hashing::Digest;
 use crate::sync::{lock, Mutex};
 
+/// Where a block's KV lives (vLLM's `medium` field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Medium {
+    Gpu,
+    Cpu,
+}
+
+impl Medium {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Gpu => "GPU",
+            Self::Cpu => "CPU",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvEvent {
     BlockStored {
@@ -11,9 +27,11 @@ pub enum KvEvent {
         parent_block_hash: Option<Digest>,
         token_ids: Vec<u32>,
         lora_id: Option<u64>,
+        medium: Medium,
     },
     BlockRemoved {
         block_hash: Digest,
+        medium: Medium,
     },
     AllBlocksCleared,
 }

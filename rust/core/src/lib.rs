@@ -44,7 +44,7 @@ mod sync;
 pub use block_state::RC_MAX;
 pub use config::{Config, MAX_BLOCKS};
 pub use error::{Error, Result};
-pub use events::KvEvent;
+pub use events::{KvEvent, Medium};
 pub use hashing::{encode_extras, BlockHasher, Digest, HashAlgo, Tag};
 pub use manager::{BlockManager, MAX_TOKENS};
 pub use stats::{AllocStatus, Stats};

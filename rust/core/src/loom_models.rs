@@ -53,6 +53,7 @@ fn stored(d: Digest) -> KvEvent {
         parent_block_hash: None,
         token_ids: vec![],
         lora_id: None,
+        medium: crate::events::Medium::Gpu,
     }
 }
 
@@ -582,7 +583,7 @@ fn eviction_and_registration_of_one_digest_queue_events_in_index_order() {
                     assert!(!present, "stored while already cached");
                     present = true;
                 }
-                KvEvent::BlockRemoved { block_hash } => {
+                KvEvent::BlockRemoved { block_hash, .. } => {
                     assert_eq!(block_hash, d);
                     assert!(present, "removed while not cached");
                     present = false;

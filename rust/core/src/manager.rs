@@ -9,10 +9,10 @@
 
 use crate::block_pool::{refcount_overflow, BlockPool, Hit};
 use crate::config::Config;
-use crate::counters::{self, Counters};
+use crate::counters::{self, Counters, RecentHits};
 use crate::cpu_pool::CpuPool;
 use crate::error::{invalid, Error, Result};
-use crate::events::KvEvent;
+use crate::events::{KvEvent, Medium};
 use crate::gate::{Gate, Shared};
 use crate::hashing::{encode_extras, BlockHasher, Digest};
 use crate::hit_tag::HitTagger;
@@ -38,6 +38,8 @@ pub struct BlockManager {
     /// Live sequences (see `seq_map` for how an id comes and goes).
     pub(crate) seqs: SeqMap,
     pub(crate) counters: Counters,
+    /// Prefix queries and hits of the last allocations (`stats()`'s recent hit rate).
+    pub(crate) recent: RecentHits,
     /// Shared by every call that changes block ownership, exclusive for reset.
     pub(crate) gate: Gate,
     /// `stats()`'s reserved and used slots of resident sequences, changed under the lock of
@@ -65,6 +67,17 @@ pub(crate) fn prefix_lock_of(first: &Digest) -> usize {
     first.words()[2] as usize % PREFIX_LOCKS
 }
 
+/// `num_new_tokens` of a prompt of `n` tokens: `1..=n`, `None` meaning all of them.
+fn check_new_tokens(k: Option<usize>, n: usize) -> Result<usize> {
+    match k {
+        None => Ok(n),
+        Some(k) if (1..=n).contains(&k) => Ok(k),
+        Some(k) => Err(invalid(format!(
+            "num_new_tokens {k} must be in 1..={n} (the prompt's length)"
+        ))),
+    }
+}
+
 pub(crate) fn cdiv(a: usize, b: usize) -> usize {
     a.div_ceil(b)
 }
@@ -80,6 +93,7 @@ impl BlockManager {
             cpu: CpuPool::new(config.num_cpu_blocks)?,
             seqs: SeqMap::new(),
             counters: Counters::default(),
+            recent: RecentHits::default(),
             gate: Gate::new(),
             reserved_slots: AtomicU64::new(0),
             used_slots: AtomicU64::new(0),
@@ -163,26 +177,6 @@ impl BlockManager {
         Ok(keys.iter().map(|&k| lock(&self.prefix_locks[k])).collect())
     }
 
-    /// The prefix lock an append of `new` tokens to `seq` needs: `Some` when caching is on
-    /// and the append fills a block (which it then registers). Computed before any change,
-    /// so that waiting for it can still back out.
-    pub(crate) fn append_prefix_key(&self, seq: &Sequence, new: &[u32]) -> Option<usize> {
-        let bs = self.block_size();
-        if !self.caching() || (seq.tokens.len() + new.len()) / bs <= seq.digests.len() {
-            return None;
-        }
-        if let Some(first) = seq.digests.first() {
-            return Some(prefix_lock_of(first));
-        }
-        let have = seq.tokens.len().min(bs);
-        let mut block = seq.tokens[..have].to_vec();
-        block.extend_from_slice(&new[..bs - have]);
-        let first = self
-            .hasher
-            .hash_block(&self.hasher.root(), &block, &seq.extras);
-        Some(prefix_lock_of(&first))
-    }
-
     /// Move the stats tallies from one footprint of a sequence to another.
     pub(crate) fn account(&self, before: (u64, u64), after: (u64, u64)) {
         // Relaxed: tallies (see the fields); wrapping adds of the difference, whose sum over
@@ -245,6 +239,22 @@ impl BlockManager {
         self.allocate_owned(id, tokens.to_vec(), cache_salt, lora_id, lookahead)
     }
 
+    /// `allocate` that schedules only the hit plus `num_new_tokens` prompt tokens (chunked
+    /// prefill; `extend` schedules the rest).
+    pub fn allocate_chunk(
+        &self,
+        id: u64,
+        tokens: &[u32],
+        cache_salt: Option<&[u8]>,
+        lora_id: Option<u64>,
+        num_new_tokens: usize,
+        lookahead: usize,
+    ) -> Result<Option<usize>> {
+        let mut tokens = tokens.to_vec();
+        let new = Some(num_new_tokens);
+        self.allocate_from(id, &mut tokens, cache_salt, lora_id, new, lookahead)
+    }
+
     /// `allocate` taking the tokens by value: the binding's conversion is then the only copy
     /// of a long prompt.
     pub fn allocate_owned(
@@ -255,25 +265,30 @@ impl BlockManager {
         lora_id: Option<u64>,
         lookahead: usize,
     ) -> Result<Option<usize>> {
-        self.allocate_from(id, &mut tokens, cache_salt, lora_id, lookahead)
+        self.allocate_from(id, &mut tokens, cache_salt, lora_id, None, lookahead)
     }
 
     /// `allocate` that moves the tokens out of `tokens` only when it succeeds, so that a
-    /// caller can retry with them after `WouldBlock` (or any error).
+    /// caller can retry with them after `WouldBlock` (or any error). `num_new_tokens`:
+    /// prompt tokens to schedule past the hit (`None`: all of them).
     pub fn allocate_from(
         &self,
         id: u64,
         tokens: &mut Vec<u32>,
         cache_salt: Option<&[u8]>,
         lora_id: Option<u64>,
+        num_new_tokens: Option<usize>,
         lookahead: usize,
     ) -> Result<Option<usize>> {
         self.guarded(true, || {
             self.check_tokens(tokens, "token_ids")?;
             let n = tokens.len();
-            // Lookahead has no bound but the pool: a reach beyond it simply does not fit.
-            let reach = n.saturating_add(lookahead);
+            let k = check_new_tokens(num_new_tokens, n)?;
             let bs = self.block_size();
+            // Scheduled tokens for `h` hit blocks, and the blocks they and the lookahead need.
+            // Lookahead has no bound but the pool: a reach beyond it simply does not fit.
+            let scheduled = |h: usize| (h * bs + k).min(n);
+            let total = |h: usize| cdiv(scheduled(h).saturating_add(lookahead), bs);
             let extras: Arc<[u8]> = encode_extras(cache_salt, lora_id).into();
             let digests = if self.caching() {
                 self.hasher.hash_chain(tokens, bs, &extras)
@@ -284,17 +299,17 @@ impl BlockManager {
                 Some(t) if self.caching() => t.tag_chain(tokens, bs, &extras),
                 _ => Vec::new(),
             };
-            let total = cdiv(reach, bs);
             let _gate = self.enter()?;
             self.seqs.create(id, |seq| {
-                if total > self.gpu.num_blocks() {
+                // Fewest blocks (no hit): beyond the pool nothing fits.
+                if total(0) > self.gpu.num_blocks() {
                     return Ok(None);
                 }
                 let max_hits = if self.caching() { (n - 1) / bs } else { 0 };
                 let keys = digests.first().map(prefix_lock_of).into_iter().collect();
                 let _prefix = self.lock_prefixes(keys)?;
                 let Some((blocks, hits)) =
-                    self.take_prompt_blocks(total, max_hits, &digests, &tags)?
+                    self.take_prompt_blocks(&total, max_hits, &digests, &tags)?
                 else {
                     return Ok(None);
                 };
@@ -302,14 +317,18 @@ impl BlockManager {
                 blocks.into_iter().for_each(|b| seq.push_block(b));
                 seq.digests = digests;
                 seq.tags = tags;
+                seq.hit_blocks = hits;
+                seq.scheduled = scheduled(hits);
+                let full = self.registrable(seq);
                 self.gpu
-                    .warm_index(&seq.digests[hits..], &seq.blocks[hits..]);
-                for i in hits..seq.digests.len() {
+                    .warm_index(&seq.digests[hits..full], &seq.blocks[hits..full]);
+                for i in hits..full {
                     self.register(seq, i);
                 }
                 if self.caching() {
                     counters::add(&self.counters.prefix_queries, n);
                     counters::add(&self.counters.prefix_hits, hits * bs);
+                    self.recent.record(n, hits * bs);
                 }
                 self.account((0, 0), seq.footprint(bs));
                 Ok(Some(hits * bs))
@@ -317,17 +336,19 @@ impl BlockManager {
         })
     }
 
-    /// The `total` blocks of a new prompt: its cached prefix (at most `max_hits` blocks,
-    /// pinned) then fresh ones. Returns them with the number of hits, or `None` when they do
-    /// not fit; then, and on an error, every block pinned here is given back as it was.
+    /// The `total(h)` blocks of a new prompt with `h` hits: its cached prefix (at most
+    /// `max_hits` blocks, pinned) then fresh ones. `total` never falls as `h` grows and
+    /// exceeds `h`. Returns the blocks with the number of hits, or `None` when they do not
+    /// fit; then, and on an error, every block pinned here is given back as it was.
     fn take_prompt_blocks(
         &self,
-        total: usize,
+        total: &dyn Fn(usize) -> usize,
         max_hits: usize,
         digests: &[Digest],
         tags: &[crate::hashing::Tag],
     ) -> Result<Option<(Vec<u32>, usize)>> {
-        let mut blocks = crate::alloc::try_with_capacity(total, "a block table")?;
+        let most = total(max_hits.min(digests.len()));
+        let mut blocks = crate::alloc::try_with_capacity(most, "a block table")?;
         // Admission from a read-only look at the index: hits on CACHED blocks cost a unit.
         let (mut peek_hits, mut revivals) = (0, 0);
         for d in digests.iter().take(max_hits) {
@@ -342,8 +363,8 @@ impl BlockManager {
                 None => break,
             }
         }
-        // peek_hits <= max_hits < total, so this cannot underflow.
-        let need = total - peek_hits + revivals;
+        // total(h) > h, so this cannot underflow.
+        let need = total(peek_hits) - peek_hits + revivals;
         if !self.gpu.reserve(need) {
             return Ok(None);
         }
@@ -369,7 +390,7 @@ impl BlockManager {
         }
         let hits = blocks.len();
         // Races may have changed the hits since the peek: settle the difference.
-        let new = total - hits;
+        let new = total(hits) - hits;
         // A failure is checked first, so that no units are reserved for a call that fails.
         if failure.is_some() || (spare < new && !self.gpu.reserve(new - spare)) {
             for (i, (&b, &r)) in blocks.iter().zip(&revived).enumerate().rev() {
@@ -387,17 +408,31 @@ impl BlockManager {
         Ok(Some((blocks, hits)))
     }
 
+    /// The number of leading blocks of `seq` that are full of scheduled tokens: those that
+    /// are (or were offered to be) registered.
+    pub(crate) fn registrable(&self, seq: &Sequence) -> usize {
+        (seq.scheduled / self.block_size()).min(seq.digests.len())
+    }
+
+    /// The event that stores full block `i` of `seq` on `medium`.
+    pub(crate) fn stored_event(&self, seq: &Sequence, i: usize, medium: Medium) -> KvEvent {
+        let bs = self.block_size();
+        KvEvent::BlockStored {
+            block_hash: seq.digests[i],
+            parent_block_hash: i.checked_sub(1).map(|p| seq.digests[p]),
+            token_ids: seq.tokens[i * bs..(i + 1) * bs].to_vec(),
+            lora_id: seq.lora_id,
+            medium,
+        }
+    }
+
     /// Register the full block `i` of `seq` under `seq.digests[i]`.
     pub(crate) fn register(&self, seq: &Sequence, i: usize) {
         let digest = seq.digests[i];
-        let bs = self.block_size();
-        self.gpu
-            .register(seq.blocks[i], digest, seq.tag(i), || KvEvent::BlockStored {
-                block_hash: digest,
-                parent_block_hash: i.checked_sub(1).map(|p| seq.digests[p]),
-                token_ids: seq.tokens[i * bs..(i + 1) * bs].to_vec(),
-                lora_id: seq.lora_id,
-            });
+        let event = || self.stored_event(seq, i, Medium::Gpu);
+        if self.gpu.register(seq.blocks[i], digest, seq.tag(i), event) {
+            counters::add(&self.counters.registered_blocks, 1);
+        }
     }
 
     /// Release a table's blocks, tail first.
@@ -405,26 +440,39 @@ impl BlockManager {
         self.gpu.release_table(blocks, digests)
     }
 
-    /// Blocks that appending `k` tokens needs: copy-on-write copies plus new blocks.
-    pub(crate) fn append_need(&self, seq: &Sequence, k: usize) -> usize {
+    /// Blocks that writing positions `from .. to` of `seq` needs: copy-on-write copies of
+    /// the shared table entries it covers plus new blocks past the table.
+    pub(crate) fn write_need(&self, seq: &Sequence, from: usize, to: usize) -> usize {
         let bs = self.block_size();
-        let n = seq.tokens.len();
-        let end = cdiv(n + k, bs);
-        let shared = (n / bs..end.min(seq.blocks.len()))
+        let end = cdiv(to, bs);
+        let shared = (from / bs..end.min(seq.blocks.len()))
             .filter(|&i| self.gpu.state(seq.blocks[i]).load().rc() > 1)
             .count();
         shared + end.saturating_sub(seq.blocks.len())
     }
 
-    /// Argument check of an append of `k` tokens to `seq` (`id`): the sequence stays within
-    /// `MAX_TOKENS`.
+    /// Blocks that appending `k` tokens and reserving `lookahead` slots past them needs.
+    pub(crate) fn append_need(&self, seq: &Sequence, k: usize, lookahead: usize) -> usize {
+        let n = seq.tokens.len();
+        self.write_need(seq, n, (n + k).saturating_add(lookahead))
+    }
+
+    /// Argument check of an append of `k` tokens to `seq` (`id`): its prompt is scheduled
+    /// whole, and the sequence stays within `MAX_TOKENS`.
     pub(crate) fn check_append_len(&self, id: u64, seq: &Sequence, k: usize) -> Result<()> {
-        match seq.tokens.len().checked_add(k) {
+        let n = seq.tokens.len();
+        if seq.scheduled < n {
+            return Err(invalid(format!(
+                "sequence {id} has {} prompt tokens not yet scheduled: extend it before \
+                 appending",
+                n - seq.scheduled
+            )));
+        }
+        match n.checked_add(k) {
             Some(total) if total <= MAX_TOKENS => Ok(()),
             _ => Err(invalid(format!(
-                "appending {k} tokens to sequence {id} ({} tokens) exceeds the {MAX_TOKENS} a \
-                 sequence may hold",
-                seq.tokens.len()
+                "appending {k} tokens to sequence {id} ({n} tokens) exceeds the {MAX_TOKENS} a \
+                 sequence may hold"
             ))),
         }
     }
@@ -435,21 +483,22 @@ impl BlockManager {
         crate::alloc::try_grow(&mut seq.tokens, k, "a sequence's tokens")
     }
 
-    /// Append `tokens` to a sequence whose `append_need` units the caller reserved in
-    /// `spare`, and whose token room `reserve_tokens` reserved; copy-on-write pairs go to `pairs`. Unused units stay in `spare`.
-    pub(crate) fn append_reserved(
+    /// Make positions `from .. to` of `seq` writable with the `write_need` units the caller
+    /// reserved in `spare`: copy the shared table entries (pairs to `pairs`), add blocks.
+    /// Unused units stay in `spare`.
+    pub(crate) fn write_reserved(
         &self,
         seq: &mut Sequence,
-        tokens: &[u32],
+        from: usize,
+        to: usize,
         spare: &mut usize,
         pairs: &mut Vec<(u32, u32)>,
     ) -> Result<()> {
         let bs = self.block_size();
-        let n = seq.tokens.len();
-        let end = cdiv(n + tokens.len(), bs);
-        for i in n / bs..end.min(seq.blocks.len()) {
+        let end = cdiv(to, bs);
+        for i in from / bs..end.min(seq.blocks.len()) {
             let src = seq.blocks[i];
-            // Another holder may have dropped its reference since `append_need` (refcounts of
+            // Another holder may have dropped its reference since `write_need` (refcounts of
             // a locked sequence's blocks only fall): then the block is ours to write.
             if self.gpu.state(src).load().rc() > 1 {
                 *spare = spare
@@ -465,19 +514,39 @@ impl BlockManager {
         while seq.blocks.len() < end {
             *spare = spare
                 .checked_sub(1)
-                .ok_or_else(|| Error::Broken("append beyond its reservation".into()))?;
+                .ok_or_else(|| Error::Broken("a write beyond its reservation".into()))?;
             seq.push_block(self.gpu.take());
-        }
-        // The caller reserved the room (`reserve_tokens`): this cannot fail half way.
-        seq.tokens.extend_from_slice(tokens);
-        if self.caching() {
-            self.hash_new_full_blocks(seq);
         }
         Ok(())
     }
 
-    /// Compute the digests of blocks that became full and register them.
-    pub(crate) fn hash_new_full_blocks(&self, seq: &mut Sequence) {
+    /// Append `tokens` (and make `lookahead` slots past them writable) to a sequence whose
+    /// `append_need` units the caller reserved in `spare`, and whose token room
+    /// `reserve_tokens` reserved; copy-on-write pairs go to `pairs`. Unused units stay in
+    /// `spare`.
+    pub(crate) fn append_reserved(
+        &self,
+        seq: &mut Sequence,
+        tokens: &[u32],
+        lookahead: usize,
+        spare: &mut usize,
+        pairs: &mut Vec<(u32, u32)>,
+    ) -> Result<()> {
+        let n = seq.tokens.len();
+        let m = n + tokens.len();
+        self.write_reserved(seq, n, m.saturating_add(lookahead), spare, pairs)?;
+        // The caller reserved the room (`reserve_tokens`): this cannot fail half way.
+        seq.tokens.extend_from_slice(tokens);
+        self.extend_digests(seq);
+        self.schedule_to(seq, m);
+        Ok(())
+    }
+
+    /// Compute the digests (and tags) of blocks that became full of known tokens.
+    pub(crate) fn extend_digests(&self, seq: &mut Sequence) {
+        if !self.caching() {
+            return;
+        }
         let bs = self.block_size();
         for i in seq.digests.len()..seq.tokens.len() / bs {
             let parent = i
@@ -492,13 +561,59 @@ impl BlockManager {
                 let tag = t.tag_block(parent, &seq.tokens[i * bs..(i + 1) * bs], &seq.extras);
                 seq.tags.push(tag);
             }
+        }
+    }
+
+    /// Mark the first `upto` tokens scheduled and register the blocks that became full of
+    /// scheduled tokens.
+    pub(crate) fn schedule_to(&self, seq: &mut Sequence, upto: usize) {
+        let before = self.registrable(seq);
+        seq.scheduled = upto;
+        for i in before..self.registrable(seq) {
             self.register(seq, i);
         }
+    }
+
+    /// The prefix lock that scheduling `seq` up to `upto` tokens, `new` of them appended now,
+    /// needs: `Some` when caching is on and a block becomes full of scheduled tokens (and is
+    /// then registered). Computed before any change, so that waiting for it can still back
+    /// out.
+    pub(crate) fn schedule_prefix_key(
+        &self,
+        seq: &Sequence,
+        upto: usize,
+        new: &[u32],
+    ) -> Option<usize> {
+        let bs = self.block_size();
+        if !self.caching() || upto / bs <= seq.scheduled / bs {
+            return None;
+        }
+        if let Some(first) = seq.digests.first() {
+            return Some(prefix_lock_of(first));
+        }
+        let have = seq.tokens.len().min(bs);
+        let mut block = seq.tokens[..have].to_vec();
+        block.extend_from_slice(&new[..bs - have]);
+        let first = self
+            .hasher
+            .hash_block(&self.hasher.root(), &block, &seq.extras);
+        Some(prefix_lock_of(&first))
     }
 
     /// Add generated tokens. Returns the copy-on-write pairs, or `None` when the blocks do
     /// not fit (nothing changed).
     pub fn append(&self, id: u64, tokens: &[u32]) -> Result<Option<Vec<(u32, u32)>>> {
+        self.append_lookahead(id, tokens, 0)
+    }
+
+    /// `append` that also makes `lookahead` slots past the new tokens writable (draft tokens
+    /// of speculative decoding).
+    pub fn append_lookahead(
+        &self,
+        id: u64,
+        tokens: &[u32],
+        lookahead: usize,
+    ) -> Result<Option<Vec<(u32, u32)>>> {
         if tokens.is_empty() {
             return Err(invalid("token_ids must not be empty"));
         }
@@ -508,16 +623,115 @@ impl BlockManager {
             }
             self.check_append_len(id, seq, tokens.len())?;
             self.reserve_tokens(seq, tokens.len())?;
-            let keys = self.append_prefix_key(seq, tokens).into_iter().collect();
+            let upto = seq.tokens.len() + tokens.len();
+            let keys = self
+                .schedule_prefix_key(seq, upto, tokens)
+                .into_iter()
+                .collect();
             let _prefix = self.lock_prefixes(keys)?;
-            let need = self.append_need(seq, tokens.len());
+            let need = self.append_need(seq, tokens.len(), lookahead);
             if !self.gpu.reserve(need) {
                 return Ok(None);
             }
             let mut spare = need;
             let mut pairs = Vec::new();
-            self.append_reserved(seq, tokens, &mut spare, &mut pairs)?;
+            self.append_reserved(seq, tokens, lookahead, &mut spare, &mut pairs)?;
             self.gpu.unreserve(spare);
+            Ok(Some(pairs))
+        })
+    }
+
+    /// Schedule the next `k` tokens of the known prompt (chunked prefill), making `lookahead`
+    /// slots past them writable. Returns the copy-on-write pairs, or `None` when the blocks
+    /// do not fit (nothing changed).
+    pub fn extend(&self, id: u64, k: usize, lookahead: usize) -> Result<Option<Vec<(u32, u32)>>> {
+        self.with_seq(id, true, |seq| {
+            if seq.is_swapped() {
+                return Err(Error::Swapped(id));
+            }
+            let left = seq.tokens.len() - seq.scheduled;
+            if left == 0 {
+                return Err(invalid(format!(
+                    "sequence {id} has no prompt tokens left to schedule (append adds tokens)"
+                )));
+            }
+            if k == 0 || k > left {
+                return Err(invalid(format!(
+                    "num_new_tokens {k} for sequence {id} must be in 1..={left} (its prompt \
+                     tokens not yet scheduled)"
+                )));
+            }
+            let from = seq.scheduled;
+            let upto = from + k;
+            let keys = self
+                .schedule_prefix_key(seq, upto, &[])
+                .into_iter()
+                .collect();
+            let _prefix = self.lock_prefixes(keys)?;
+            let to = upto.saturating_add(lookahead);
+            let need = self.write_need(seq, from, to);
+            if !self.gpu.reserve(need) {
+                return Ok(None);
+            }
+            let mut spare = need;
+            let mut pairs = Vec::new();
+            self.write_reserved(seq, from, to, &mut spare, &mut pairs)?;
+            self.schedule_to(seq, upto);
+            self.gpu.unreserve(spare);
+            Ok(Some(pairs))
+        })
+    }
+
+    /// Drop every token past `m` and the table entries past them (their blocks are released
+    /// tail first; hashed ones stay cached). A hashed block left partial is withdrawn from
+    /// the cache when this sequence holds it alone, else copied (it must not be written).
+    /// Returns the copy-on-write pairs, or `None` when a needed copy does not fit (nothing
+    /// changed).
+    pub fn truncate(&self, id: u64, m: usize) -> Result<Option<Vec<(u32, u32)>>> {
+        self.with_seq(id, true, |seq| {
+            if seq.is_swapped() {
+                return Err(Error::Swapped(id));
+            }
+            let n = seq.tokens.len();
+            if m == 0 || m > n {
+                return Err(invalid(format!(
+                    "num_tokens {m} for sequence {id} must be in 1..={n}"
+                )));
+            }
+            let bs = self.block_size();
+            let last = m / bs;
+            let partial = (m % bs != 0)
+                .then(|| seq.blocks.get(last).copied())
+                .flatten()
+                .filter(|&b| self.gpu.state(b).load().hashed());
+            // A hashed partial block was full: its digest is `digests[last]`. Withdrawing it
+            // is the only change before the copy's reservation, and only a refusal leads on.
+            let copy = match partial {
+                Some(b) if !self.gpu.retract(b, &seq.digests[last]) => {
+                    if !self.gpu.reserve(1) {
+                        return Ok(None);
+                    }
+                    Some(b)
+                }
+                _ => None,
+            };
+            let keep = cdiv(m, bs).min(seq.blocks.len());
+            let dropped = seq.truncate_blocks(keep);
+            self.release_blocks(&dropped, seq.digests.get(keep..).unwrap_or_default())?;
+            counters::add(&self.counters.truncated_blocks, dropped.len());
+            let mut pairs = Vec::new();
+            if let Some(src) = copy {
+                let dst = self.gpu.take();
+                pairs.push((src, dst));
+                seq.replace_block(last, dst);
+                self.gpu.release(src, Some(&seq.digests[last]))?;
+                counters::add(&self.counters.cow_copies, 1);
+            }
+            seq.tokens.truncate(m);
+            seq.digests.truncate(seq.digests.len().min(last));
+            seq.tags.truncate(seq.tags.len().min(last));
+            seq.scheduled = seq.scheduled.min(m);
+            seq.hit_blocks = seq.hit_blocks.min(last);
             Ok(Some(pairs))
         })
     }
@@ -548,6 +762,13 @@ impl BlockManager {
 
     /// Forget a sequence, releasing its blocks tail first.
     pub fn free(&self, id: u64) -> Result<()> {
+        self.free_computed(id, None)
+    }
+
+    /// `free` of a sequence of which only the first `num_computed_tokens` have KV (`None`:
+    /// every scheduled token): the blocks past them that it registered and holds alone
+    /// leave the prefix cache instead of staying cached.
+    pub fn free_computed(&self, id: u64, num_computed_tokens: Option<usize>) -> Result<()> {
         self.guarded(true, || {
             let _gate = self.enter()?;
             let cell = self.seqs.get(id).ok_or(Error::UnknownSequence(id))?;
@@ -555,8 +776,30 @@ impl BlockManager {
             if !cell.is_live() {
                 return Err(Error::UnknownSequence(id));
             }
+            if let Some(c) = num_computed_tokens {
+                let n = seq.tokens.len();
+                if c > n {
+                    return Err(invalid(format!(
+                        "num_computed_tokens {c} for sequence {id} must be in 0..={n}"
+                    )));
+                }
+                if !seq.is_swapped() {
+                    self.retract_uncomputed(&seq, c);
+                }
+            }
             self.drop_sequence(id, &cell, &mut seq)
         })
+    }
+
+    /// Withdraw from the cache, tail first, the blocks of `seq` past its first `c` tokens
+    /// that it registered (not hits) and holds alone.
+    fn retract_uncomputed(&self, seq: &Sequence, c: usize) {
+        let from = (c / self.block_size()).max(seq.hit_blocks);
+        for i in (from..self.registrable(seq)).rev() {
+            if self.gpu.retract(seq.blocks[i], &seq.digests[i]) {
+                counters::add(&self.counters.unregistered_blocks, 1);
+            }
+        }
     }
 
     /// Free a live sequence whose cell the caller has locked.
@@ -570,26 +813,123 @@ impl BlockManager {
         self.seqs.remove_locked(id, cell);
         if let Some(cpu) = seq.cpu_blocks.take() {
             self.cpu.give_back(&cpu);
+            self.cpu_copies_removed(seq);
         }
         let blocks = seq.clear_blocks();
         self.release_blocks(&blocks, &seq.digests)
     }
 
-    /// Whether `num_tokens` could be allocated now (OK), later (LATER) or never (NEVER).
-    /// Any count is valid: one beyond the pool (or beyond `MAX_TOKENS`) is NEVER.
-    pub fn can_allocate(&self, num_tokens: u64) -> Result<AllocStatus> {
-        if num_tokens == 0 {
-            return Err(invalid("num_tokens must be at least 1"));
+    /// Check `num_new_tokens` against a prompt of `n` tokens (`None`: all of them).
+    pub(crate) fn check_new_tokens_of(&self, k: Option<u64>, n: usize) -> Result<usize> {
+        check_new_tokens(k.map(|k| usize::try_from(k).unwrap_or(usize::MAX)), n)
+    }
+
+    /// The hits `allocate` would pin now for `tokens`, as read-only looks (at most
+    /// `(n - 1) / block_size`, stopping at the first miss): nothing changes.
+    fn cached_prefix(&self, tokens: &[u32], extras: &[u8]) -> Vec<crate::block_pool::Peek> {
+        let bs = self.block_size();
+        let mut out = Vec::new();
+        if !self.caching() {
+            return out;
         }
-        Ok(match usize::try_from(num_tokens) {
-            Ok(n) if n <= MAX_TOKENS => self.admission(cdiv(n, self.block_size())),
-            _ => AllocStatus::Never,
+        let (mut parent, mut tag) = (self.hasher.root(), self.tagger.as_ref().map(|t| t.root()));
+        for block in tokens.chunks_exact(bs).take((tokens.len() - 1) / bs) {
+            let d = self.hasher.hash_block(&parent, block, extras);
+            let Some(p) = self.gpu.peek(&d) else { break };
+            if let (Some(t), Some(prev)) = (&self.tagger, tag) {
+                let next = t.tag_block(prev, block, extras);
+                if !self.gpu.index_tag_is(p.block, Some(next)) {
+                    break;
+                }
+                tag = Some(next);
+            }
+            out.push(p);
+            parent = d;
+        }
+        out
+    }
+
+    /// The number of prompt tokens `allocate` would serve from the prefix cache right now.
+    /// Touches nothing: no LRU order, no statistics, no events.
+    pub fn lookup(
+        &self,
+        tokens: &[u32],
+        cache_salt: Option<&[u8]>,
+        lora_id: Option<u64>,
+    ) -> Result<usize> {
+        self.guarded(false, || {
+            self.check_tokens(tokens, "token_ids")?;
+            let extras = encode_extras(cache_salt, lora_id);
+            Ok(self.cached_prefix(tokens, &extras).len() * self.block_size())
         })
     }
 
+    /// `can_allocate` of a prompt, crediting its cached prefix: a hit on an active block
+    /// needs no new block (one on a CACHED block still takes one from `available`).
+    pub fn can_allocate_prompt(
+        &self,
+        tokens: &[u32],
+        num_new_tokens: Option<u64>,
+        cache_salt: Option<&[u8]>,
+        lora_id: Option<u64>,
+    ) -> Result<AllocStatus> {
+        self.guarded(false, || {
+            self.check_tokens(tokens, "token_ids")?;
+            let n = tokens.len();
+            let k = self.check_new_tokens_of(num_new_tokens, n)?;
+            let extras = encode_extras(cache_salt, lora_id);
+            let peeks = self.cached_prefix(tokens, &extras);
+            let bs = self.block_size();
+            let h = peeks.len();
+            let total = cdiv((h * bs + k).min(n), bs);
+            let need = total - h + peeks.iter().filter(|p| p.cached).count();
+            Ok(self.admission_of(total, need))
+        })
+    }
+
+    /// Whether `num_tokens` could be allocated now (OK), later (LATER) or never (NEVER).
+    /// Any count is valid: one beyond the pool (or beyond `MAX_TOKENS`) is NEVER.
+    pub fn can_allocate(&self, num_tokens: u64) -> Result<AllocStatus> {
+        self.can_allocate_count(num_tokens, None)
+    }
+
+    /// `can_allocate` of a prompt of `num_tokens` of which `num_new_tokens` are scheduled
+    /// now (`None`: all), crediting no hit.
+    pub fn can_allocate_count(
+        &self,
+        num_tokens: u64,
+        num_new_tokens: Option<u64>,
+    ) -> Result<AllocStatus> {
+        if num_tokens == 0 {
+            return Err(invalid("num_tokens must be at least 1"));
+        }
+        let n = match usize::try_from(num_tokens) {
+            Ok(n) if n <= MAX_TOKENS => n,
+            _ => {
+                if let Some(k) = num_new_tokens {
+                    if k == 0 || k > num_tokens {
+                        return Err(invalid(format!(
+                            "num_new_tokens {k} must be in 1..={num_tokens}"
+                        )));
+                    }
+                }
+                return Ok(AllocStatus::Never);
+            }
+        };
+        let k = self.check_new_tokens_of(num_new_tokens, n)?;
+        let need = cdiv(k, self.block_size());
+        Ok(self.admission_of(need, need))
+    }
+
     pub(crate) fn admission(&self, need: usize) -> AllocStatus {
+        self.admission_of(need, need)
+    }
+
+    /// NEVER when `total` blocks exceed the pool less the watermark; else OK when `need`
+    /// more blocks fit above it; else LATER.
+    pub(crate) fn admission_of(&self, total: usize, need: usize) -> AllocStatus {
         let wm = self.config.watermark_blocks();
-        if need.saturating_add(wm) > self.gpu.num_blocks() {
+        if total.saturating_add(wm) > self.gpu.num_blocks() {
             AllocStatus::Never
         } else if self.gpu.num_available() >= need + wm {
             AllocStatus::Ok
@@ -611,6 +951,10 @@ impl BlockManager {
 
     pub fn num_tokens(&self, id: u64) -> Result<usize> {
         self.with_seq(id, false, |seq| Ok(seq.tokens.len()))
+    }
+
+    pub fn num_scheduled_tokens(&self, id: u64) -> Result<usize> {
+        self.with_seq(id, false, |seq| Ok(seq.scheduled))
     }
 
     pub fn table_digest(&self, id: u64) -> Result<u64> {
@@ -655,6 +999,7 @@ impl BlockManager {
         let free = self.gpu.num_free();
         let cached = self.gpu.num_cached();
         let c = &self.counters;
+        let recent = self.recent.sums();
         Stats {
             num_blocks: self.gpu.num_blocks(),
             block_size: self.block_size(),
@@ -673,6 +1018,11 @@ impl BlockManager {
             // Relaxed: tallies (see the fields).
             reserved_slots: self.reserved_slots.load(Ordering::Relaxed),
             used_slots: self.used_slots.load(Ordering::Relaxed),
+            recent_prefix_queries: recent.0,
+            recent_prefix_hits: recent.1,
+            registered_blocks: counters::get(&c.registered_blocks),
+            unregistered_blocks: counters::get(&c.unregistered_blocks),
+            truncated_blocks: counters::get(&c.truncated_blocks),
         }
     }
 
@@ -686,6 +1036,7 @@ impl BlockManager {
                 if cleared {
                     counters::reset(&self.counters.prefix_queries);
                     counters::reset(&self.counters.prefix_hits);
+                    self.recent.clear();
                 }
                 cleared
             }))

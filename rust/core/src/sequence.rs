@@ -6,13 +6,19 @@ use std::sync::Arc;
 /// Held under the sequence's own mutex; every field is consistent whenever the lock is free.
 #[derive(Debug, Clone)]
 pub struct Sequence {
-    /// GPU block ids, logical order. Empty while swapped out. `len * block_size >= tokens.len()`.
+    /// GPU block ids, logical order. Empty while swapped out. `len * block_size >= scheduled`.
     pub blocks: Vec<u32>,
-    /// Every token of the sequence (prompt and generated).
+    /// Every known token of the sequence (the whole prompt, then generated ones).
     pub tokens: Vec<u32>,
+    /// Tokens scheduled for compute (their KV is written by the step that runs them):
+    /// `scheduled <= tokens.len()`. Only blocks full of scheduled tokens are registered.
+    pub scheduled: usize,
+    /// The leading blocks that came from the prefix cache (`hit_blocks * block_size <=
+    /// scheduled`): a retraction (`free` with fewer computed tokens) never touches them.
+    pub hit_blocks: usize,
     /// Chain digests of the full blocks (`tokens.len() / block_size` of them) when prefix
     /// caching is on; empty otherwise. A hashed block in `blocks[i]` is registered under
-    /// `digests[i]`.
+    /// `digests[i]`; only `i < scheduled / block_size` is ever registered by this sequence.
     pub digests: Vec<Digest>,
     /// Secret tags of the same blocks (`hit_tag`), one per digest, when the manager verifies
     /// hits; empty otherwise. A hashed block in `blocks[i]` is registered with `tags[i]`.
@@ -40,6 +46,8 @@ impl Sequence {
         Self {
             blocks: Vec::new(),
             tokens,
+            scheduled: 0,
+            hit_blocks: 0,
             digests: Vec::new(),
             tags: Vec::new(),
             extras,
@@ -55,14 +63,14 @@ impl Sequence {
     }
 
     /// `(reserved slots, used slots)` this sequence adds to `stats()`: its GPU blocks'
-    /// capacity and its tokens while resident, nothing while swapped out.
+    /// capacity and its scheduled tokens while resident, nothing while swapped out.
     pub fn footprint(&self, block_size: usize) -> (u64, u64) {
         if self.is_swapped() {
             (0, 0)
         } else {
             (
                 (self.blocks.len() * block_size) as u64,
-                self.tokens.len() as u64,
+                self.scheduled as u64,
             )
         }
     }
@@ -89,6 +97,14 @@ impl Sequence {
             .wrapping_sub(mix(i, self.blocks[i]))
             .wrapping_add(mix(i, block));
         self.blocks[i] = block;
+    }
+
+    /// Drop the table entries from `len` on (they are the caller's to release).
+    pub fn truncate_blocks(&mut self, len: usize) -> Vec<u32> {
+        for i in len..self.blocks.len() {
+            self.table_digest = self.table_digest.wrapping_sub(mix(i, self.blocks[i]));
+        }
+        self.blocks.split_off(len.min(self.blocks.len()))
     }
 
     pub fn clear_blocks(&mut self) -> Vec<u32> {

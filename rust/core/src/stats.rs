@@ -18,8 +18,14 @@ pub struct Stats {
     pub swapped_in_blocks: u64,
     /// Slots in the blocks that resident sequences hold (`len(blocks) * block_size`, summed).
     pub reserved_slots: u64,
-    /// Tokens of resident sequences.
+    /// Scheduled tokens of resident sequences.
     pub used_slots: u64,
+    /// `prefix_queries` and `prefix_hits` over the last `RECENT_REQUESTS` allocations.
+    pub recent_prefix_queries: u64,
+    pub recent_prefix_hits: u64,
+    pub registered_blocks: u64,
+    pub unregistered_blocks: u64,
+    pub truncated_blocks: u64,
 }
 
 /// OK: fits now above the watermark; LATER: fits once blocks are freed; NEVER: too big.

@@ -2,7 +2,9 @@
 
 use crate::counters;
 use crate::error::{Error, Result};
+use crate::events::{KvEvent, Medium};
 use crate::manager::{prefix_lock_of, BlockManager};
+use crate::sequence::Sequence;
 use crate::stats::AllocStatus;
 
 impl BlockManager {
@@ -28,6 +30,10 @@ impl BlockManager {
             self.release_blocks(&gpu, &seq.digests)?;
             counters::add(&self.counters.swapped_out_blocks, cpu.len());
             seq.cpu_blocks = Some(cpu);
+            for i in 0..self.registrable(seq) {
+                self.gpu
+                    .push_event(|| self.stored_event(seq, i, Medium::Cpu));
+            }
             Ok(Some(pairs))
         })
     }
@@ -58,12 +64,23 @@ impl BlockManager {
             gpu.iter().for_each(|&g| seq.push_block(g));
             let pairs: Vec<_> = cpu.iter().copied().zip(gpu).collect();
             self.cpu.give_back(&cpu);
-            for i in 0..seq.digests.len() {
+            self.cpu_copies_removed(seq);
+            for i in 0..self.registrable(seq) {
                 self.register(seq, i);
             }
             counters::add(&self.counters.swapped_in_blocks, cpu.len());
             Ok(Some(pairs))
         })
+    }
+
+    /// Queue `BlockRemoved(CPU)` for the blocks whose CPU copies `swap_out` announced.
+    pub(crate) fn cpu_copies_removed(&self, seq: &Sequence) {
+        for d in &seq.digests[..self.registrable(seq)] {
+            self.gpu.push_event(|| KvEvent::BlockRemoved {
+                block_hash: *d,
+                medium: Medium::Cpu,
+            });
+        }
     }
 
     pub fn can_swap_in(&self, id: u64) -> Result<AllocStatus> {

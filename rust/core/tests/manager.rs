@@ -99,7 +99,7 @@ fn free_releases_tail_first_and_eviction_takes_least_recently_released() {
     m.allocate(2, &toks(50..61), None, None, 0).unwrap();
     assert_eq!(m.block_table(2).unwrap(), vec![2, 3, 1]);
     let removed = m.drain_events();
-    let KvEvent::BlockRemoved { block_hash } = &removed[0] else {
+    let KvEvent::BlockRemoved { block_hash, .. } = &removed[0] else {
         panic!("expected a removal first, got {removed:?}")
     };
     let KvEvent::BlockStored {

@@ -518,6 +518,12 @@ pub fn maybe_seq_id(obj: &Bound<'_, PyAny>) -> Option<u64> {
     }
 }
 
+/// Whether `can_allocate`'s first argument is a count (an int, or anything that is not a
+/// sized collection: its error then names `num_tokens`) rather than the prompt's token ids.
+pub fn is_count(obj: &Bound<'_, PyAny>) -> bool {
+    scalar(obj).is_some() || !obj.hasattr("__len__").unwrap_or(false)
+}
+
 /// `can_allocate`'s token count: an int >= 1 of any size. Counts beyond `i64::MAX` need more
 /// blocks than any pool has (NEVER either way), so they are capped there: no overflow below.
 pub fn token_count(obj: &Bound<'_, PyAny>) -> PyResult<usize> {

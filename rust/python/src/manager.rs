@@ -2,8 +2,8 @@
 //! conversion and result conversion only; every decision is the core's.
 
 use crate::convert::{
-    batch_tokens, counts, flag, id_arg, int_arg, lora_arg, maybe_seq_id, opt_int_arg, opt_u64_arg,
-    seq_id, seq_ids, text, token_count, tokens, wrong_type, Given,
+    batch_tokens, counts, flag, id_arg, int_arg, is_count, lora_arg, maybe_seq_id, opt_int_arg,
+    opt_u64_arg, seq_id, seq_ids, text, token_count, tokens, wrong_type, Given,
 };
 use crate::errors::{invalid, IntoPy};
 use crate::objects;
@@ -42,6 +42,18 @@ fn run<T: Send>(
 }
 
 type Pairs = Vec<(u32, u32)>;
+
+/// `lookahead`: slots past the new tokens, `>= 0` (no bound but the pool).
+fn lookahead_arg(obj: &Given<'_>) -> PyResult<usize> {
+    Ok(opt_int_arg(obj, 0, "lookahead", 0, i64::MAX)? as usize)
+}
+
+/// `num_new_tokens` of a prompt: None (all of it) or an int `>= 1` (whether it fits the
+/// prompt is the core's check).
+fn new_tokens_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
+    obj.map(|k| int_arg(k, "num_new_tokens", 1, i64::MAX).map(|k| k as usize))
+        .transpose()
+}
 
 #[pyclass(frozen, subclass, module = "pagedkv._core", name = "BlockManager")]
 pub struct PyBlockManager {
@@ -136,14 +148,18 @@ impl PyBlockManager {
     }
 
     #[pyo3(
-        signature = (seq_id, token_ids, *, cache_salt=None, lora_id=None, lookahead=Given::Absent),
-        text_signature = "($self, seq_id, token_ids, *, cache_salt=None, lora_id=None, lookahead=0)"
+        signature = (seq_id, token_ids, *, num_new_tokens=None, cache_salt=None, lora_id=None,
+            lookahead=Given::Absent),
+        text_signature = "($self, seq_id, token_ids, *, num_new_tokens=None, cache_salt=None, \
+            lora_id=None, lookahead=0)"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn allocate(
         &self,
         py: Python<'_>,
         seq_id: &Bound<'_, PyAny>,
         token_ids: &Bound<'_, PyAny>,
+        num_new_tokens: Option<&Bound<'_, PyAny>>,
         cache_salt: Option<&Bound<'_, PyAny>>,
         lora_id: Option<&Bound<'_, PyAny>>,
         lookahead: Given<'_>,
@@ -152,26 +168,80 @@ impl PyBlockManager {
         let toks = tokens(token_ids)?;
         let salt = salt_arg(cache_salt)?;
         let lora = lora_arg(lora_id)?;
-        let lookahead = opt_int_arg(&lookahead, 0, "lookahead", 0, i64::MAX)? as usize;
+        let lookahead = lookahead_arg(&lookahead)?;
+        let new = new_tokens_arg(num_new_tokens)?;
         let detach = toks.len() >= DETACH_MIN_TOKENS;
         let mut toks = toks;
         // The converted tokens move into the core on success: no second copy of a prompt.
         run(py, detach, || {
             self.inner
-                .allocate_from(id, &mut toks, salt.as_deref(), lora, lookahead)
+                .allocate_from(id, &mut toks, salt.as_deref(), lora, new, lookahead)
         })
     }
 
+    #[pyo3(
+        signature = (seq_id, num_new_tokens, *, lookahead=Given::Absent),
+        text_signature = "($self, seq_id, num_new_tokens, *, lookahead=0)"
+    )]
+    fn extend(
+        &self,
+        py: Python<'_>,
+        seq_id: &Bound<'_, PyAny>,
+        num_new_tokens: &Bound<'_, PyAny>,
+        lookahead: Given<'_>,
+    ) -> PyResult<Option<Pairs>> {
+        let id = self::seq_id(seq_id)?;
+        let k = int_arg(num_new_tokens, "num_new_tokens", 1, i64::MAX)? as usize;
+        let lookahead = lookahead_arg(&lookahead)?;
+        run(py, false, || self.inner.extend(id, k, lookahead))
+    }
+
+    #[pyo3(
+        signature = (seq_id, token_ids, *, lookahead=Given::Absent),
+        text_signature = "($self, seq_id, token_ids, *, lookahead=0)"
+    )]
     fn append(
         &self,
         py: Python<'_>,
         seq_id: &Bound<'_, PyAny>,
         token_ids: &Bound<'_, PyAny>,
+        lookahead: Given<'_>,
     ) -> PyResult<Option<Pairs>> {
         let id = self::seq_id(seq_id)?;
         let toks = tokens(token_ids)?;
+        let lookahead = lookahead_arg(&lookahead)?;
         run(py, toks.len() >= DETACH_MIN_TOKENS, || {
-            self.inner.append(id, &toks)
+            self.inner.append_lookahead(id, &toks, lookahead)
+        })
+    }
+
+    fn truncate(
+        &self,
+        py: Python<'_>,
+        seq_id: &Bound<'_, PyAny>,
+        num_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<Pairs>> {
+        let id = self::seq_id(seq_id)?;
+        let m = int_arg(num_tokens, "num_tokens", 1, i64::MAX)? as usize;
+        run(py, false, || self.inner.truncate(id, m))
+    }
+
+    #[pyo3(
+        signature = (token_ids, *, cache_salt=None, lora_id=None),
+        text_signature = "($self, token_ids, *, cache_salt=None, lora_id=None)"
+    )]
+    fn lookup(
+        &self,
+        py: Python<'_>,
+        token_ids: &Bound<'_, PyAny>,
+        cache_salt: Option<&Bound<'_, PyAny>>,
+        lora_id: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        let toks = tokens(token_ids)?;
+        let salt = salt_arg(cache_salt)?;
+        let lora = lora_arg(lora_id)?;
+        run(py, toks.len() >= DETACH_MIN_TOKENS, || {
+            self.inner.lookup(&toks, salt.as_deref(), lora)
         })
     }
 
@@ -188,9 +258,21 @@ impl PyBlockManager {
         run(py, false, || self.inner.fork(p, c))
     }
 
-    fn free(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<()> {
+    #[pyo3(
+        signature = (seq_id, *, num_computed_tokens=None),
+        text_signature = "($self, seq_id, *, num_computed_tokens=None)"
+    )]
+    fn free(
+        &self,
+        py: Python<'_>,
+        seq_id: &Bound<'_, PyAny>,
+        num_computed_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let computed = num_computed_tokens
+            .map(|c| int_arg(c, "num_computed_tokens", 0, i64::MAX).map(|c| c as usize))
+            .transpose()?;
         let id = self::seq_id(seq_id)?;
-        run(py, false, || self.inner.free(id))
+        run(py, false, || self.inner.free_computed(id, computed))
     }
 
     fn swap_out(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<Option<Pairs>> {
@@ -203,13 +285,36 @@ impl PyBlockManager {
         run(py, false, || self.inner.swap_in(id))
     }
 
+    #[pyo3(
+        signature = (num_tokens, *, num_new_tokens=None, cache_salt=None, lora_id=None),
+        text_signature = "($self, num_tokens, *, num_new_tokens=None, cache_salt=None, \
+            lora_id=None)"
+    )]
     fn can_allocate<'py>(
         &self,
         py: Python<'py>,
         num_tokens: &Bound<'py, PyAny>,
+        num_new_tokens: Option<&Bound<'py, PyAny>>,
+        cache_salt: Option<&Bound<'py, PyAny>>,
+        lora_id: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let n = token_count(num_tokens)? as u64;
-        let status = self.inner.can_allocate(n).py(py)?;
+        // A count (an int), or the prompt itself (token ids): then its cached prefix counts.
+        let status = if is_count(num_tokens) {
+            let n = token_count(num_tokens)? as u64;
+            let new = new_tokens_arg(num_new_tokens)?.map(|k| k as u64);
+            salt_arg(cache_salt)?;
+            lora_arg(lora_id)?;
+            self.inner.can_allocate_count(n, new).py(py)?
+        } else {
+            let toks = tokens(num_tokens)?;
+            let new = new_tokens_arg(num_new_tokens)?.map(|k| k as u64);
+            let salt = salt_arg(cache_salt)?;
+            let lora = lora_arg(lora_id)?;
+            run(py, toks.len() >= DETACH_MIN_TOKENS, || {
+                self.inner
+                    .can_allocate_prompt(&toks, new, salt.as_deref(), lora)
+            })?
+        };
         objects::alloc_status(py, status)
     }
 
@@ -223,16 +328,24 @@ impl PyBlockManager {
         objects::alloc_status(py, status)
     }
 
+    #[pyo3(
+        signature = (seq_ids, token_ids, *, lookahead=Given::Absent),
+        text_signature = "($self, seq_ids, token_ids, *, lookahead=0)"
+    )]
     fn append_batch<'py>(
         &self,
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
         token_ids: &Bound<'py, PyAny>,
+        lookahead: Given<'py>,
     ) -> PyResult<Option<Bound<'py, PyArray2<i32>>>> {
         let ids = self::seq_ids(seq_ids)?;
         let toks = batch_tokens(token_ids)?;
+        let lookahead = lookahead_arg(&lookahead)?;
         let detach = ids.len() >= DETACH_MIN_BATCH;
-        let pairs = run(py, detach, || self.inner.append_batch(&ids, &toks))?;
+        let pairs = run(py, detach, || {
+            self.inner.append_batch_lookahead(&ids, &toks, lookahead)
+        })?;
         pairs.map(|p| pairs_array(py, p)).transpose()
     }
 
@@ -259,16 +372,25 @@ impl PyBlockManager {
         Ok(array.into_pyarray(py))
     }
 
+    #[pyo3(
+        signature = (seq_ids, num_new_tokens, *, lookahead=Given::Absent),
+        text_signature = "($self, seq_ids, num_new_tokens, *, lookahead=0)"
+    )]
     fn slot_mapping<'py>(
         &self,
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
         num_new_tokens: &Bound<'py, PyAny>,
+        lookahead: Given<'py>,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let ids = self::seq_ids(seq_ids)?;
         let n = counts(num_new_tokens, ids.len(), "num_new_tokens")?;
+        let lookahead = lookahead_arg(&lookahead)?;
         let detach = ids.len() >= DETACH_MIN_BATCH;
-        Ok(run(py, detach, || self.inner.slot_mapping(&ids, &n))?.into_pyarray(py))
+        let slots = run(py, detach, || {
+            self.inner.slot_mapping_lookahead(&ids, &n, lookahead)
+        })?;
+        Ok(slots.into_pyarray(py))
     }
 
     #[allow(clippy::type_complexity)]
@@ -299,6 +421,11 @@ impl PyBlockManager {
     fn num_tokens(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let id = self::seq_id(seq_id)?;
         run(py, false, || self.inner.num_tokens(id))
+    }
+
+    fn num_scheduled_tokens(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let id = self::seq_id(seq_id)?;
+        run(py, false, || self.inner.num_scheduled_tokens(id))
     }
 
     fn table_digest(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<u64> {

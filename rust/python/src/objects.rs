@@ -19,6 +19,7 @@ pub fn event<'py>(py: Python<'py>, e: &KvEvent) -> PyResult<Bound<'py, PyAny>> {
             parent_block_hash,
             token_ids,
             lora_id,
+            medium,
         } => {
             let kw = PyDict::new(py);
             kw.set_item(
@@ -32,16 +33,18 @@ pub fn event<'py>(py: Python<'py>, e: &KvEvent) -> PyResult<Bound<'py, PyAny>> {
             kw.set_item("token_ids", token_ids)?;
             kw.set_item("block_size", token_ids.len())?;
             kw.set_item("lora_id", *lora_id)?;
+            kw.set_item("medium", medium.name())?;
             STORED
                 .import(py, "pagedkv.events", "BlockStored")?
                 .call((), Some(&kw))
         }
-        KvEvent::BlockRemoved { block_hash } => {
+        KvEvent::BlockRemoved { block_hash, medium } => {
             let kw = PyDict::new(py);
             kw.set_item(
                 "block_hashes",
                 vec![PyBytes::new(py, block_hash.as_bytes())],
             )?;
+            kw.set_item("medium", medium.name())?;
             REMOVED
                 .import(py, "pagedkv.events", "BlockRemoved")?
                 .call((), Some(&kw))
@@ -70,6 +73,11 @@ pub fn stats<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyAny>> {
     kw.set_item("swapped_in_blocks", s.swapped_in_blocks)?;
     kw.set_item("reserved_slots", s.reserved_slots)?;
     kw.set_item("used_slots", s.used_slots)?;
+    kw.set_item("recent_prefix_queries", s.recent_prefix_queries)?;
+    kw.set_item("recent_prefix_hits", s.recent_prefix_hits)?;
+    kw.set_item("registered_blocks", s.registered_blocks)?;
+    kw.set_item("unregistered_blocks", s.unregistered_blocks)?;
+    kw.set_item("truncated_blocks", s.truncated_blocks)?;
     STATS
         .import(py, "pagedkv.stats", "Stats")?
         .call((), Some(&kw))
