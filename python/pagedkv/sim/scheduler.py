@@ -106,7 +106,7 @@ class ManagerLike(Protocol):
         self, seq_id: int, token_ids: Any, *, lookahead: int = 0
     ) -> list[tuple[int, int]] | None: ...
     def append_batch(self, seq_ids: Any, token_ids: Any, *, lookahead: int = 0) -> Any: ...
-    def truncate(self, seq_id: int, num_tokens: int) -> None: ...
+    def truncate(self, seq_id: int, num_tokens: int) -> list[tuple[int, int]] | None: ...
     def fork(self, parent_id: int, child_id: int) -> None: ...
     def free(self, seq_id: int, *, num_computed_tokens: int | None = None) -> None: ...
     def free_batch(self, seq_ids: Any) -> None: ...
@@ -114,7 +114,7 @@ class ManagerLike(Protocol):
     def swap_in(self, seq_id: int) -> list[tuple[int, int]] | None: ...
     def can_allocate(
         self,
-        num_tokens_or_token_ids: Any,
+        num_tokens: Any,
         *,
         num_new_tokens: int | None = None,
         cache_salt: str | bytes | None = None,
@@ -652,7 +652,10 @@ class _Scheduler:
                         self.record.append(s.seq_id, drafts)
             # The table holds the blocks of n + k tokens; keep those of the n + a tokens.
             if -(-(n + k) // bs) > -(-(n + a) // bs):
-                self.call("truncate", s.seq_id, n + a)
+                # None only if the new last block were hashed and had to be copied with no
+                # block left: never here, that block holds this step's decoded token.
+                pairs = self.call("truncate", s.seq_id, n + a)
+                res.copy_pairs += len(pairs or ())
                 res.truncate_calls += 1
         self.speculating = []
 
