@@ -189,6 +189,30 @@ def test_abort_frees_with_the_tokens_computed_before_the_step() -> None:
     assert st.unregistered_blocks == 2 * (512 // 16) and st.cached_blocks == 0
 
 
+def test_aborts_free_newest_first() -> None:
+    """Two copies of a prompt admitted in one step, the second hitting what the first
+    scheduled in that step, both aborted before it ran. Freed newest first, the hitter lets go
+    first and the registrant's free retracts the blocks: a later copy hits nothing. (Freed the
+    other way round, the manager keeps them cached, as the semantics say: the hitter still
+    held them when the registrant was freed, and a hit's blocks are never retracted.)"""
+    p = _prompt(2000, 9)
+    m = BlockManager(1024, 16)
+    r = run_workload(
+        m,
+        _workload((0, 2, p), (0, 2, p), (4, 2, p)),
+        max_num_batched_tokens=2048,
+        long_prefill_token_threshold=512,
+        abort_rate=1.0,
+        record=True,
+        check=True,
+    )
+    assert [hit for _, _, hit in _calls(r, "allocate")] == [0, 512, 0]
+    assert [(args[0], kw) for args, kw, _ in _calls(r, "free")][:2] == [
+        (1, {"num_computed_tokens": 512}),  # its hit is computed
+        (0, {"num_computed_tokens": 0}),
+    ]
+
+
 @pytest.mark.parametrize(("num_blocks", "num_cpu_blocks"), [(900, 128), (700, 0)])
 def test_check_passes_with_everything_on_and_reference_agrees(
     num_blocks: int, num_cpu_blocks: int
