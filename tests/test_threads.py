@@ -569,7 +569,7 @@ def _check_final_state(
     assert m.num_available_blocks == st.free_blocks + st.cached_blocks
     everything = {s: e for w in workers for s, e in w.mine.items()}
     assert len(m) == len(everything) == st.num_sequences
-    owners: dict[int, object] = {}
+    owners: dict[int, tuple[object, tuple[int, ...]]] = {}
     for sid, e in everything.items():
         assert sid in m
         assert m.num_tokens(sid) == len(e.tokens)
@@ -583,17 +583,20 @@ def _check_final_state(
         assert len(e.table) * B >= s, "a scheduled token without a block"
         assert e.hits * B <= s
         # A block held by several tables must hold the same content in all of them: the same
-        # tokens up to its end, under the same salt (prefix sharing or fork, nothing else).
-        # A full block's chain digest stands for its whole prefix (and its index); a partial
-        # or lookahead-only block is named by its index, the last full digest and its tokens.
+        # tokens before it (under the same salt: the chain digest of the block before it
+        # stands for all of that) and, in it, tokens of which one holder's are a prefix of
+        # the other's (prefix sharing or fork; a holder that truncated into an unhashed
+        # shared block keeps sharing it until it writes there, which copies it first).
         digests = hash_blocks(e.tokens, B, cache_salt=e.salt)
         for i, b in enumerate(e.table):
-            content: object = (
-                digests[i]
-                if i < len(digests)
-                else (i, e.salt, digests[-1] if digests else None, tuple(e.tokens[i * B :]))
-            )
-            assert owners.setdefault(b, content) == content, f"block {b} has two contents"
+            # (Past the tokens, a lookahead block holds nothing yet: only its index counts.)
+            where = (i, e.salt, digests[i - 1] if 0 < i * B < len(e.tokens) else None)
+            mine = tuple(e.tokens[i * B : (i + 1) * B])
+            prev = owners.setdefault(b, (where, mine))
+            assert prev[0] == where, f"block {b} is shared by different prefixes"
+            short, long_ = sorted((prev[1], mine), key=len)
+            assert long_[: len(short)] == short, f"block {b} has two contents"
+            owners[b] = (where, long_)
     assert st.used_blocks == len(owners), "used blocks are not exactly those in tables"
     cpu_used = sum(e.cpu_blocks for e in everything.values())
     assert m.num_free_cpu_blocks == st.num_cpu_blocks - cpu_used
@@ -686,6 +689,89 @@ def test_many_threads_with_the_gil_released() -> None:
     _run_threads(NUM_THREADS, lambda i: workers[i].run(500))
     _check_final_state(m, workers)
     assert sum(w.ooms for w in workers) > 0
+
+
+ISSUE9_WEIGHTS = {"allocate": 16, "extend": 10, "truncate": 10, "lookup": 8, "free": 10}
+
+
+def test_threads_with_an_event_audited_index_and_an_aborting_teardown() -> None:
+    """8 threads use every call (weighted towards chunked prefill, extend, truncate and
+    retraction) with events on; after each round the independent audit also checks the
+    prefix index through an event mirror. Then every thread aborts its sequences at once:
+    `free(sid, num_computed_tokens=0)`. What that may and must withdraw is determined by the
+    state before it (docs/semantics.md, `free`):
+
+    - nothing is registered by a free, and a CACHED block is never withdrawn;
+    - a withdrawn digest belonged to a block at a non-hit scheduled full index
+      (`h <= i < s // B`) of some holder, and each counts once in `unregistered_blocks`;
+    - a block that every holder got as a prefix hit stays findable (their hits cover it);
+    - an OWNED hashed block survives only if its last holder had it as a hit, so at most
+      |registered digests at hit indices| of them survive;
+    - afterwards `lookup` of every aborted prompt finds exactly what the mirror holds.
+    """
+    threads, rounds, ops = NUM_THREADS, 5, 500
+    m = BlockManager(320, B, num_cpu_blocks=96, enable_kv_events=True)
+    mirror = _Mirror()
+    shared = _shared_prompts(21)
+    workers = [
+        _Worker(m, t, 21, shared, max_seqs=12, weights=ISSUE9_WEIGHTS) for t in range(threads)
+    ]
+    for _ in range(rounds):
+        _run_threads(threads, lambda i: workers[i].run(ops))
+        _check_final_state(m, workers, mirror)
+    st = m.stats()
+    assert st.truncated_blocks > 0 and st.unregistered_blocks > 0, st
+    assert st.cow_copies > 0 and st.evictions > 0 and st.prefix_hits > 0, st
+
+    # The state before the abort (quiescent, mirror in sync).
+    everything = {s: e for w in workers for s, e in w.mine.items()}
+    held_before = set(mirror.held)
+    cached_before = m.num_cached_blocks
+    unregistered_before = st.unregistered_blocks
+    non_hit: set[bytes] = set()
+    at_hit: set[bytes] = set()
+    holders: dict[int, list[bool]] = {}  # block -> per holder: is it a pinned hit there?
+    block_digest: dict[int, bytes] = {}
+    prompts = []
+    for sid, e in everything.items():
+        digests = m.block_hashes(sid)
+        prompts.append((e.tokens, e.salt))
+        if e.swapped:
+            continue
+        at_hit.update(digests[: e.hits])
+        non_hit.update(digests[e.hits : e.sched // B])
+        for i, b in enumerate(e.table[: len(digests)]):
+            holders.setdefault(b, []).append(i < e.pinned)
+            block_digest[b] = digests[i]
+    must_stay = {block_digest[b] for b, hit in holders.items() if all(hit)}
+    assert must_stay <= held_before
+
+    def abort(i: int) -> None:
+        for sid in list(workers[i].mine):
+            m.free(sid, num_computed_tokens=0)
+            del workers[i].mine[sid]
+
+    _run_threads(threads, abort)
+    _check_final_state(m, workers, mirror)
+    st = m.stats()
+    held = mirror.held
+    withdrawn = held_before - held
+    assert held <= held_before, "a free registered something"
+    assert st.used_blocks == 0 and st.free_cpu_blocks == st.num_cpu_blocks, st
+    assert not mirror.cpu
+    assert m.num_cached_blocks == len(held)
+    assert st.unregistered_blocks - unregistered_before == len(withdrawn)
+    assert withdrawn <= non_hit, "withdrew a block that was no holder's registration"
+    assert must_stay <= held, "withdrew a block that every holder got as a hit"
+    assert len(held) - cached_before <= len(at_hit & held_before)
+    print(f"abort: {len(withdrawn)} withdrawn, {len(must_stay)} must stay, {len(held)} held")
+    for tokens, salt in prompts:
+        digests = hash_blocks(tokens, B, cache_salt=salt)
+        want = _longest_held_prefix(digests, held, (len(tokens) - 1) // B) * B
+        assert m.lookup(tokens, cache_salt=salt) == want
+    assert m.reset_prefix_cache()
+    mirror.apply(m.drain_events())
+    assert not mirror.held and m.num_free_blocks == m.num_blocks
 
 
 def test_threads_racing_for_the_last_blocks() -> None:
