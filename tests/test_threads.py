@@ -774,6 +774,86 @@ def test_threads_with_an_event_audited_index_and_an_aborting_teardown() -> None:
     assert not mirror.held and m.num_free_blocks == m.num_blocks
 
 
+def test_aborted_chunked_prefill_racing_full_allocations_and_lookups() -> None:
+    """One thread keeps allocating a prompt P with a chunk (sometimes extending it) and
+    aborting it (`free(num_computed_tokens=0)`); threads F allocate P's first K blocks fully
+    (plus their own tail) and free normally; threads L `lookup` P, `lookup_many` and
+    `can_allocate` it. F's prompts leave P after K blocks, so P's blocks past K are only
+    ever scheduled by the aborting thread, which holds them alone when it aborts: each must
+    be withdrawn, never served later.
+
+    Checked as it happens: the aborting thread's own hits never pass K blocks (its earlier
+    registrations there are gone); a lookup never hits more blocks than some call has
+    scheduled (each allocation publishes an upper bound of what it schedules before it
+    starts). At the end: lookup(P) <= K blocks, the event mirror equals the index (a
+    digest withdrawn twice or left behind would show), invariants hold, and withdrawals
+    happened (`unregistered_blocks` > 0)."""
+    k_blocks, extra = 4, 6 * B + 5
+    rng = random.Random(31)
+    p = [rng.randrange(VOCAB) for _ in range(k_blocks * B + extra)]
+    n = len(p)
+    m = BlockManager(600, B, enable_kv_events=True)
+    bound = [k_blocks]  # most blocks of P any call has scheduled (an upper bound)
+    iters, fulls, lookups = 2000, 2, 2
+    past_k = [0]  # lookups that saw the aborting thread's live registrations past K
+    errors: list[str] = []
+
+    def aborter() -> None:
+        r = random.Random(1)
+        for j in range(iters):
+            sid = 1 + j
+            chunk = n if j == 0 else r.randint(1, n)
+            bound[0] = max(bound[0], (k_blocks * B + chunk) // B)  # h <= K (asserted below)
+            hit = m.allocate(sid, p, num_new_tokens=chunk)
+            assert hit is not None, "the pool is large enough"
+            if hit > k_blocks * B:
+                errors.append(f"iteration {j}: hit {hit // B} blocks, withdrawn ones among them")
+            s = min(hit + chunk, n)
+            if s < n and r.random() < 0.5:
+                more = r.randint(1, n - s)
+                bound[0] = max(bound[0], (s + more) // B)
+                assert m.extend(sid, more) is not None
+            m.free(sid, num_computed_tokens=0)
+
+    def full(t: int) -> None:
+        r = random.Random(100 + t)
+        for j in range(iters):
+            sid = 10_000 * (t + 1) + j
+            tokens = p[: k_blocks * B] + [r.randrange(VOCAB) for _ in range(r.randint(1, 2 * B))]
+            hit = m.allocate(sid, tokens)
+            assert hit is not None and hit <= k_blocks * B
+            m.free(sid)
+
+    def looker() -> None:
+        for _ in range(iters):
+            got = m.lookup(p)
+            seen = bound[0]  # read after the lookup: covers every call that started before
+            if got // B > seen:
+                errors.append(f"lookup hit {got // B} blocks; no call scheduled more than {seen}")
+            past_k[0] += got > k_blocks * B
+            a, b = m.lookup_many([p, p[: 2 * B + 1]])
+            assert a % B == 0 and b <= 2 * B
+            assert m.can_allocate(p, num_new_tokens=B) == AllocStatus.OK
+
+    targets: list[Callable[[], None]] = [aborter]
+    targets += [lambda t=t: full(t) for t in range(fulls)]
+    targets += [looker] * lookups
+    _run_threads(len(targets), lambda i: targets[i]())
+    assert not errors, errors[:5]
+    m.check_invariants()
+    st = m.stats()
+    print(f"abort race: {past_k[0]} lookups saw live registrations past K, {st}")
+    assert len(m) == 0 and st.used_blocks == 0
+    assert st.unregistered_blocks > 0, st
+    mirror = _Mirror()
+    mirror.apply(m.drain_events())
+    assert m.num_cached_blocks == len(mirror.held)
+    digests = hash_blocks(p, B)
+    assert not set(digests[k_blocks:]) & mirror.held, "a withdrawn block of P is still cached"
+    want = _longest_held_prefix(digests, mirror.held, (n - 1) // B)
+    assert m.lookup(p) == want * B <= k_blocks * B
+
+
 def test_threads_racing_for_the_last_blocks() -> None:
     """Concurrent allocations never hand out more blocks than exist."""
     num_blocks = 200
