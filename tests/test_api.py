@@ -717,9 +717,7 @@ def test_swap_out_and_in(make):
     m.drain_events()
     assert m.swap_out(0) == [(0, 0), (1, 1)]
     # Its one registered block now also lives on the CPU (an indexer tracks the medium).
-    assert m.drain_events() == [
-        BlockStored([d[0]], None, list(toks(0, 4)), 4, None, medium="CPU")
-    ]
+    assert m.drain_events() == [BlockStored([d[0]], None, list(toks(0, 4)), 4, None, medium="CPU")]
     assert m.is_swapped(0)
     assert 0 in m and len(m) == 1
     assert m.num_tokens(0) == 6

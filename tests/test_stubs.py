@@ -59,10 +59,12 @@ def test_cli_rejects_bad_sizes() -> None:
 
 
 def test_readme_example_runs() -> None:
-    """The usage example in README.md runs as written."""
+    """The usage examples in README.md (the basic one, then the engine-fit one, which
+    continues it) run as written."""
     text = (ROOT / "README.md").read_text()
-    start = text.index("```python\n") + len("```python\n")
-    code = text[start : text.index("```", start)]
-    proc = _run("-c", code)
+    blocks = text.split("```python\n")[1:3]
+    code = "".join(b[: b.index("```")] for b in blocks)
+    assert "num_new_tokens" in code and "lookahead" in code
+    proc = _run("-c", code + "\nassert 5 not in m and m.stats().registered_blocks > 0\n")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "GPU blocks" in proc.stdout

@@ -1,8 +1,11 @@
 //! Soak: millions of operations on a few hot blocks, single-threaded, seeded.
 //!
 //! Release/revive cycles of the same hot prompts (thousands per block: past any narrow stamp
-//! or counter field), deep fork trees with copy-on-write appends into the shared tail block,
-//! and repeated resets. Along the way: `check_invariants` every `AUDIT_EVERY` cycles, and an
+//! or counter field), deep fork trees with copy-on-write appends into the shared tail block
+//! and truncations back to the prompt, aborted chunked prefills (scheduled chunk by chunk,
+//! then freed with no token computed: a prompt that was not cached must stay uncached, its
+//! blocks withdrawn, register/withdraw cycles thousands of times per hot block), and
+//! repeated resets. Along the way: `check_invariants` every `AUDIT_EVERY` cycles, and an
 //! eviction-order check against a model of the LRU queue: a "flood" (a sequence with no full
 //! block, so nothing of it is ever cached) evicts exactly the `k` least recently released hot
 //! prompts, and probing every hot prompt must show exactly those `k` gone.
@@ -66,6 +69,10 @@ struct Figures {
     floods: u64,
     resets: u64,
     audits: u64,
+    aborts: u64,
+    /// Blocks the aborts withdrew from the cache (the model's count).
+    withdrawn: u64,
+    truncations: u64,
 }
 
 struct Soak {
@@ -145,12 +152,53 @@ impl Soak {
                     self.f.cow_copies += pairs.len() as u64;
                 }
             }
+            // Roll one back to its prompt: the tail block is unhashed, so nothing is copied.
+            let sid = live[self.rng.below(live.len())];
+            self.f.operations += 1;
+            let pairs = self.m.truncate(sid, p.len()).unwrap().unwrap();
+            assert!(pairs.is_empty());
+            self.f.truncations += 1;
         }
         while !live.is_empty() {
             let sid = live.swap_remove(self.rng.below(live.len()));
             self.free(sid);
         }
         self.released(i);
+        self.f.cycles += 1;
+    }
+
+    /// An aborted request for prompt `i`: chunked prefill to the end, then the step never
+    /// ran, so it is freed with no token computed. A cached prompt was all hits (nothing of
+    /// it is withdrawn: it is released, newest in the LRU); an uncached one registered every
+    /// block and withdraws them all, so it stays uncached.
+    fn abort_cycle(&mut self, i: usize) {
+        let root = self.id();
+        let p = self.hot[i].clone();
+        let cached = self.lru.contains(&i);
+        let chunk = 1 + self.rng.below(p.len());
+        self.f.operations += 1;
+        let hit = self
+            .m
+            .allocate_chunk(root, &p, None, None, chunk, 0)
+            .unwrap()
+            .expect("the pool is large enough");
+        assert_eq!(hit, if cached { HOT_BLOCKS[i] * B } else { 0 });
+        let mut scheduled = self.m.num_scheduled_tokens(root).unwrap();
+        while scheduled < p.len() {
+            let k = (1 + self.rng.below(2 * B)).min(p.len() - scheduled);
+            self.f.operations += 1;
+            assert!(self.m.extend(root, k, 0).unwrap().unwrap().is_empty());
+            scheduled += k;
+        }
+        self.f.operations += 1;
+        self.m.free_computed(root, Some(0)).unwrap();
+        if cached {
+            self.released(i);
+        } else {
+            self.f.withdrawn += HOT_BLOCKS[i] as u64;
+            self.cycles_per_prompt[i] += 1;
+        }
+        self.f.aborts += 1;
         self.f.cycles += 1;
     }
 
@@ -227,8 +275,19 @@ fn run(cycles: u64, seed: u64) -> Figures {
         if phase < 2 {
             // A burst on one single-block prompt, then the eviction order and an audit.
             let i = [0, 1, 5][s.rng.below(3)];
-            for _ in 0..BURST {
-                s.cycle(i, false);
+            let withdrawals = s.rng.below(2) == 0;
+            if withdrawals {
+                // Uncached after the reset, the prompt's block (the free stack's top, each
+                // time) is registered and withdrawn again and again.
+                s.reset();
+            }
+            for k in 0..BURST {
+                // Else every third cycle an abort of the cached prompt: all hits.
+                if withdrawals || k % 3 == 2 {
+                    s.abort_cycle(i);
+                } else {
+                    s.cycle(i, false);
+                }
             }
             done += BURST;
             s.flood();
@@ -239,8 +298,11 @@ fn run(cycles: u64, seed: u64) -> Figures {
             // Skewed: prompt 0 hottest.
             let r = s.rng.below(64);
             let i = (r.trailing_ones() as usize).min(HOT_BLOCKS.len() - 1);
-            let tree = s.rng.below(4) == 0;
-            s.cycle(i, tree);
+            match s.rng.below(8) {
+                0 | 1 => s.cycle(i, true),
+                2 => s.abort_cycle(i),
+                _ => s.cycle(i, false),
+            }
             done += 1;
             if s.rng.below(200) == 0 {
                 s.flood();
@@ -255,6 +317,7 @@ fn run(cycles: u64, seed: u64) -> Figures {
     s.f.max_cycles_one_prompt = *s.cycles_per_prompt.iter().max().unwrap();
     let st = s.m.stats();
     assert_eq!(st.cow_copies, s.f.cow_copies);
+    assert_eq!(st.unregistered_blocks, s.f.withdrawn);
     assert_eq!(st.used_blocks, 0);
     s.f
 }
@@ -266,7 +329,8 @@ fn soak_hot_blocks() {
     let f = run(cycles, 0x5EED);
     eprintln!(
         "[soak] rust: {} operations, {} cycles, {} on the hottest prompt, {} forks, {} \
-         copy-on-write copies, {} floods, {} resets, {} audits, {:.1} s",
+         copy-on-write copies, {} floods, {} resets, {} audits, {} aborts withdrawing {} \
+         blocks, {} truncations, {:.1} s",
         f.operations,
         f.cycles,
         f.max_cycles_one_prompt,
@@ -275,8 +339,12 @@ fn soak_hot_blocks() {
         f.floods,
         f.resets,
         f.audits,
+        f.aborts,
+        f.withdrawn,
+        f.truncations,
         t0.elapsed().as_secs_f64()
     );
     assert!(f.max_cycles_one_prompt > BURST);
     assert!(f.floods > 0 && f.audits > 1 && f.cow_copies > 0);
+    assert!(f.aborts > BURST && f.withdrawn > BURST && f.truncations > 0);
 }

@@ -166,10 +166,10 @@ impl PyBlockManager {
     ) -> PyResult<Option<usize>> {
         let id = self::seq_id(seq_id)?;
         let toks = tokens(token_ids)?;
+        let new = new_tokens_arg(num_new_tokens)?;
         let salt = salt_arg(cache_salt)?;
         let lora = lora_arg(lora_id)?;
         let lookahead = lookahead_arg(&lookahead)?;
-        let new = new_tokens_arg(num_new_tokens)?;
         let detach = toks.len() >= DETACH_MIN_TOKENS;
         let mut toks = toks;
         // The converted tokens move into the core on success: no second copy of a prompt.
@@ -268,10 +268,10 @@ impl PyBlockManager {
         seq_id: &Bound<'_, PyAny>,
         num_computed_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let id = self::seq_id(seq_id)?;
         let computed = num_computed_tokens
             .map(|c| int_arg(c, "num_computed_tokens", 0, i64::MAX).map(|c| c as usize))
             .transpose()?;
-        let id = self::seq_id(seq_id)?;
         run(py, false, || self.inner.free_computed(id, computed))
     }
 

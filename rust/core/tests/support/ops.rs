@@ -5,9 +5,12 @@
 //!
 //! The model is the engine's view of KV memory: a block "holds" the prefix of the sequence that
 //! last wrote it (salt and tokens up to the block's end). The manager decides block ids; the
-//! model follows them as an engine would (prefill writes the computed blocks, copy-on-write and
-//! swap pairs are copied, decode writes the last block) and checks, after every step, that each
-//! live sequence's table points at blocks holding exactly its own prefix. So a wrong prefix hit
+//! model follows them as an engine would (prefill writes the computed blocks, chunk by chunk
+//! with extend, copy-on-write and swap pairs are copied, decode writes the last block, truncate
+//! drops tokens) and checks, after every step, that each live sequence's table points at
+//! blocks holding exactly its own scheduled prefix. An aborted step schedules tokens, writes
+//! nothing and frees the sequence with only its earlier tokens computed: a later prefix hit
+//! on a block whose KV was never written is a content mismatch. So a wrong prefix hit
 //! (including one through a digest collision), a block handed to two owners, a missed
 //! copy-on-write or a lost swap shows up as a content mismatch, on top of `check_invariants`.
 //! Every refused call (error or `None`) must leave the observable state unchanged.
@@ -58,11 +61,33 @@ pub enum Op {
         tail: u8,
         salt: bool,
         lookahead: u8,
+        /// Prompt tokens scheduled past the hit (chunked prefill); 0: all of them.
+        chunk: u8,
     },
     Append {
         seq: u64,
         count: u8,
         token: u8,
+        lookahead: u8,
+    },
+    /// Schedule the next `count` prompt tokens (`fit`: at most what is left).
+    Extend {
+        seq: u64,
+        count: u8,
+        fit: bool,
+        lookahead: u8,
+    },
+    /// Drop the last `back` tokens.
+    Truncate {
+        seq: u64,
+        back: u8,
+    },
+    /// Schedule `count` more tokens (extend, or append when the prompt is scheduled), but
+    /// the step never runs: no KV is written, and the sequence is freed with only its
+    /// earlier tokens computed.
+    Abort {
+        seq: u64,
+        count: u8,
     },
     /// One token to each sequence whose bit is set in `mask` (may name unknown ones).
     AppendBatch {
@@ -96,7 +121,7 @@ fn id(b: u8) -> u64 {
 impl Op {
     pub fn decode(b: [u8; 4]) -> Self {
         let [op, a, x, y] = b;
-        match op % 16 {
+        match op % 20 {
             0..=2 => Op::Allocate {
                 seq: id(a),
                 prompt: x % 3,
@@ -104,11 +129,36 @@ impl Op {
                 tail: y % 9,
                 salt: y & 0x80 != 0,
                 lookahead: (y >> 4) % 4,
+                chunk: 0,
+            },
+            16 => Op::Allocate {
+                seq: id(a),
+                prompt: x % 3,
+                len: x / 3 % 24,
+                tail: y % 9,
+                salt: false,
+                lookahead: 0,
+                chunk: 1 + (y >> 4) % 8,
             },
             3..=5 => Op::Append {
                 seq: id(a),
                 count: 1 + x % 6,
                 token: y,
+                lookahead: (y >> 4) % 3,
+            },
+            17 => Op::Extend {
+                seq: id(a),
+                count: 1 + x % 8,
+                fit: x & 0x80 != 0,
+                lookahead: y % 3,
+            },
+            18 => Op::Truncate {
+                seq: id(a),
+                back: x % 6,
+            },
+            19 => Op::Abort {
+                seq: id(a),
+                count: 1 + x % 6,
             },
             6 | 7 => Op::AppendBatch { mask: a, token: x },
             8 => Op::Fork {
@@ -124,6 +174,7 @@ impl Op {
                 seq: id(a),
                 count: 1,
                 token: y,
+                lookahead: 0,
             },
         }
     }
@@ -162,6 +213,8 @@ pub struct Report {
 #[derive(Debug, Clone)]
 struct SeqModel {
     tokens: Vec<u32>,
+    /// Tokens scheduled (and, in this model, computed: their KV written).
+    scheduled: usize,
     salt: bool,
     /// GPU table; empty while swapped.
     table: Vec<u32>,
@@ -170,14 +223,24 @@ struct SeqModel {
 }
 
 impl SeqModel {
+    /// What block `i` must hold: the KV of the scheduled prefix up to the block's end.
     fn content(&self, i: usize, bs: usize) -> Content {
-        let end = ((i + 1) * bs).min(self.tokens.len());
+        let end = ((i + 1) * bs).min(self.scheduled);
         (self.salt, self.tokens[..end].to_vec())
     }
-    /// Blocks that hold tokens (lookahead blocks beyond them hold nothing yet).
+    /// Blocks that hold scheduled tokens (lookahead blocks beyond them hold nothing yet).
     fn written(&self, bs: usize) -> usize {
-        self.tokens.len().div_ceil(bs)
+        self.scheduled.div_ceil(bs)
     }
+}
+
+/// Whether a block holding `held` serves `want`: the same salt and the rows `want` needs
+/// written for the same prefix. Rows past them may hold anything (a block left partial by
+/// `truncate` keeps its old rows); a full `want` therefore needs exactly `want`.
+fn serves(held: Option<&Content>, want: &Content) -> bool {
+    held.is_some_and(|(salt, t)| {
+        *salt == want.0 && t.len() >= want.1.len() && t[..want.1.len()] == want.1[..]
+    })
 }
 
 struct Runner {
@@ -193,7 +256,7 @@ struct Runner {
     report: Report,
 }
 
-type Snapshot = (Stats, Vec<(u64, usize, bool, Vec<u32>)>);
+type Snapshot = (Stats, Vec<(u64, usize, usize, bool, Vec<u32>)>);
 
 pub fn run(setup: &Setup, ops: &[Op]) -> Report {
     let mut config = Config::new(setup.num_blocks, setup.block_size);
@@ -236,13 +299,14 @@ impl Runner {
             .keys()
             .map(|&id| {
                 let n = self.m.num_tokens(id).unwrap();
+                let scheduled = self.m.num_scheduled_tokens(id).unwrap();
                 let swapped = self.m.is_swapped(id).unwrap();
                 let table = if swapped {
                     vec![]
                 } else {
                     self.m.block_table(id).unwrap()
                 };
-                (id, n, swapped, table)
+                (id, n, scheduled, swapped, table)
             })
             .collect();
         (self.m.stats(), seqs)
@@ -313,24 +377,33 @@ impl Runner {
                 tail,
                 salt,
                 lookahead,
+                chunk,
             } => {
                 let tokens = self.prompt(prompt, len, tail);
                 let salt_bytes = salt.then_some(&b"tenant"[..]);
+                let n = tokens.len();
+                let chunk = usize::from(chunk).min(n);
+                let new = (chunk > 0).then_some(chunk);
+                let mut owned = tokens.clone();
                 let out =
                     self.m
-                        .allocate(seq, tokens.as_slice(), salt_bytes, None, lookahead.into());
+                        .allocate_from(seq, &mut owned, salt_bytes, None, new, lookahead.into());
                 if self.seqs.contains_key(&seq) {
                     return self.expect_err(&before, out, &Error::DuplicateSequence(seq));
                 }
                 let Some(hit) = out.expect("allocate") else {
                     return self.refused(&before, "allocate", &None::<()>);
                 };
-                let n = tokens.len();
                 assert!(hit % bs == 0 && (hit == 0 || hit < n), "hit {hit} of {n}");
+                let scheduled = (hit + new.unwrap_or(n)).min(n);
                 let table = self.m.block_table(seq).unwrap();
-                assert_eq!(table.len(), (n + usize::from(lookahead)).div_ceil(bs));
+                assert_eq!(
+                    table.len(),
+                    (scheduled + usize::from(lookahead)).div_ceil(bs)
+                );
                 let model = SeqModel {
                     tokens,
+                    scheduled,
                     salt,
                     table,
                     cpu: None,
@@ -341,7 +414,7 @@ impl Runner {
                     assert_eq!(
                         held.as_ref(),
                         Some(&model.content(i, bs)),
-                        "prefix hit on block {} serves another prompt's KV",
+                        "prefix hit on block {} serves KV never written for this prefix",
                         model.table[i]
                     );
                 }
@@ -350,11 +423,19 @@ impl Runner {
                 self.write(seq, hit / bs..written);
                 self.report.hit_tokens += hit;
             }
-            Op::Append { seq, count, token } => {
+            Op::Append {
+                seq,
+                count,
+                token,
+                lookahead,
+            } => {
                 let tokens = vec![u32::from(token % 4); usize::from(count)];
-                let out = self.m.append(seq, &tokens);
+                let out = self.m.append_lookahead(seq, &tokens, lookahead.into());
                 if let Some(e) = self.fault(seq, true) {
                     return self.expect_err(&before, out, &e);
+                }
+                if self.unscheduled(seq) > 0 {
+                    return self.expect_err(&before, out, &Error::InvalidArgument(String::new()));
                 }
                 match out.expect("append") {
                     None => self.refused(&before, "append", &()),
@@ -368,7 +449,12 @@ impl Runner {
                     .map(|&i| (u32::from(token) + i as u32) % 4)
                     .collect();
                 let out = self.m.append_batch(&ids, &tokens);
-                if let Some(e) = ids.iter().find_map(|&i| self.fault(i, true)) {
+                let fault = ids.iter().find_map(|&i| {
+                    self.fault(i, true).or_else(|| {
+                        (self.unscheduled(i) > 0).then(|| Error::InvalidArgument(String::new()))
+                    })
+                });
+                if let Some(e) = fault {
                     // Which of several faults is reported is unspecified: any refusal will do.
                     return match out {
                         Err(_) => {
@@ -386,6 +472,84 @@ impl Runner {
                         self.appended(&each, &pairs);
                     }
                 }
+            }
+            Op::Extend {
+                seq,
+                count,
+                fit,
+                lookahead,
+            } => {
+                let left = self.unscheduled(seq);
+                let k = if fit {
+                    usize::from(count).min(left.max(1))
+                } else {
+                    usize::from(count)
+                };
+                let out = self.m.extend(seq, k, lookahead.into());
+                if let Some(e) = self.fault(seq, true) {
+                    return self.expect_err(&before, out, &e);
+                }
+                if k > left {
+                    return self.expect_err(&before, out, &Error::InvalidArgument(String::new()));
+                }
+                match out.expect("extend") {
+                    None => self.refused(&before, "extend", &()),
+                    Some(pairs) => self.scheduled_more(seq, k, &pairs, true),
+                }
+            }
+            Op::Truncate { seq, back } => {
+                let n = self.seqs.get(&seq).map_or(0, |s| s.tokens.len());
+                let m = n.saturating_sub(usize::from(back));
+                let out = self.m.truncate(seq, m);
+                if let Some(e) = self.fault(seq, true) {
+                    return self.expect_err(&before, out, &e);
+                }
+                if m == 0 {
+                    return self.expect_err(&before, out, &Error::InvalidArgument(String::new()));
+                }
+                let Some(pairs) = out.expect("truncate") else {
+                    return self.refused(&before, "truncate", &());
+                };
+                self.copy(&pairs);
+                let table = self.m.block_table(seq).unwrap();
+                let s = self.seqs.get_mut(&seq).unwrap();
+                let last = m / bs;
+                assert_eq!(table.len(), m.div_ceil(bs).min(s.table.len()));
+                for (i, (a, b)) in s.table.iter().zip(&table).enumerate() {
+                    if a != b {
+                        assert!(i == last && pairs == [(*a, *b)], "truncate moved entry {i}");
+                    }
+                }
+                s.tokens.truncate(m);
+                s.scheduled = s.scheduled.min(m);
+                s.table = table;
+            }
+            Op::Abort { seq, count } => {
+                if self.fault(seq, true).is_some() {
+                    // Not resident: the abort is only the free (retracting nothing).
+                    let out = self.m.free_computed(seq, Some(0));
+                    if let Some(e) = self.fault(seq, false) {
+                        return self.expect_err(&before, out, &e);
+                    }
+                    out.expect("free of a swapped sequence");
+                    self.seqs.remove(&seq);
+                    return;
+                }
+                let left = self.unscheduled(seq);
+                let computed = self.seqs[&seq].scheduled;
+                let out = if left > 0 {
+                    self.m.extend(seq, usize::from(count).min(left), 0)
+                } else {
+                    self.m.append(seq, &vec![3; usize::from(count)])
+                };
+                let Some(pairs) = out.expect("the aborted step's scheduling") else {
+                    return self.refused(&before, "abort's schedule", &());
+                };
+                // The pairs were copied (that is the caller's part of the call), but the
+                // step that writes the new tokens' KV never ran.
+                self.copy(&pairs);
+                self.m.free_computed(seq, Some(computed)).expect("free");
+                self.seqs.remove(&seq);
             }
             Op::Fork { parent, child } => {
                 let out = self.m.fork(parent, child);
@@ -470,13 +634,51 @@ impl Runner {
         }
     }
 
+    /// Prompt tokens of `id` not yet scheduled (0 for an unknown sequence).
+    fn unscheduled(&self, id: u64) -> usize {
+        self.seqs
+            .get(&id)
+            .map_or(0, |s| s.tokens.len() - s.scheduled)
+    }
+
+    /// Copy-on-write pairs, copied as the engine would.
+    fn copy(&mut self, pairs: &[(u32, u32)]) {
+        for &(src, dst) in pairs {
+            self.gpu[dst as usize] = self.gpu[src as usize].clone();
+        }
+    }
+
+    /// After a successful extend of `id` by `k`: copy the pairs, check that only blocks at
+    /// or past the first partly scheduled one moved, then write the new tokens' KV.
+    fn scheduled_more(&mut self, id: u64, k: usize, pairs: &[(u32, u32)], write: bool) {
+        let bs = self.bs();
+        self.copy(pairs);
+        let table = self.m.block_table(id).unwrap();
+        let s = self.seqs.get_mut(&id).unwrap();
+        let first = s.scheduled / bs;
+        let mut moved = 0;
+        for (i, (a, b)) in s.table.iter().zip(&table).enumerate() {
+            if a != b {
+                assert!(i >= first, "a scheduled full block of {id} changed");
+                assert!(pairs.contains(&(*a, *b)), "block {a} -> {b} without a pair");
+                moved += 1;
+            }
+        }
+        assert_eq!(moved, pairs.len());
+        let old = s.scheduled;
+        s.scheduled += k;
+        s.table = table;
+        let written = s.written(bs);
+        if write {
+            self.write(id, old / bs..written);
+        }
+    }
+
     /// After a successful append of `each[i].1` to `each[i].0`: copy the pairs as the engine
     /// would, check that only written, shared blocks moved, then write the new tokens.
     fn appended(&mut self, each: &[(u64, Vec<u32>)], pairs: &[(u32, u32)]) {
         let bs = self.bs();
-        for &(src, dst) in pairs {
-            self.gpu[dst as usize] = self.gpu[src as usize].clone();
-        }
+        self.copy(pairs);
         let mut moved = 0;
         for (id, tokens) in each {
             let table = self.m.block_table(*id).unwrap();
@@ -494,6 +696,7 @@ impl Runner {
             }
             let old = s.tokens.len();
             s.tokens.extend_from_slice(tokens);
+            s.scheduled = s.tokens.len();
             s.table = table;
             let written = s.written(bs);
             self.write(*id, old / bs..written);
@@ -514,6 +717,7 @@ impl Runner {
         let mut used = std::collections::BTreeSet::new();
         for (&id, s) in &self.seqs {
             assert_eq!(self.m.num_tokens(id).unwrap(), s.tokens.len());
+            assert_eq!(self.m.num_scheduled_tokens(id).unwrap(), s.scheduled);
             assert_eq!(self.m.is_swapped(id).unwrap(), s.cpu.is_some());
             let digests = if self.setup.caching {
                 let extras = pagedkv_core::encode_extras(s.salt.then_some(&b"tenant"[..]), None);
@@ -524,9 +728,8 @@ impl Runner {
             assert_eq!(self.m.block_hashes(id).unwrap(), digests, "sequence {id}");
             if let Some(cpu) = &s.cpu {
                 for (i, &c) in cpu.iter().enumerate().take(s.written(bs)) {
-                    assert_eq!(
-                        self.cpu[c as usize],
-                        Some(s.content(i, bs)),
+                    assert!(
+                        serves(self.cpu[c as usize].as_ref(), &s.content(i, bs)),
                         "CPU block {c}"
                     );
                 }
@@ -538,10 +741,10 @@ impl Runner {
                 "step {step} ({op:?})"
             );
             for (i, &b) in s.table.iter().enumerate().take(s.written(bs)) {
-                assert_eq!(
-                    self.gpu[b as usize],
-                    Some(s.content(i, bs)),
-                    "step {step} ({op:?}): block {b} of sequence {id} holds other KV"
+                assert!(
+                    serves(self.gpu[b as usize].as_ref(), &s.content(i, bs)),
+                    "step {step} ({op:?}): block {b} of sequence {id} holds other KV: {:?}",
+                    self.gpu[b as usize]
                 );
             }
             used.extend(s.table.iter().copied());
