@@ -19,10 +19,12 @@ def _build_parser() -> argparse.ArgumentParser:
         help="replay a serving workload (built-in or a real trace) through the block manager",
         description=(
             "Replay a workload through the block manager with a small continuous-batching "
-            "scheduler (admission under can_allocate and a token budget, one batched decode "
-            "step at a time, preemption by swap or recompute) and show how the KV cache "
-            "behaves: prefix hit rate, usage, evictions, preemptions, swaps, copy-on-write, "
-            "fragmentation and the time spent inside the manager. Built-in workloads are "
+            "scheduler that schedules like vLLM v1 (a per-step token budget: decodes first, "
+            "then chunked prefill, then admission under hit-aware can_allocate; optional "
+            "speculative decoding and random aborts; preemption by swap or recompute) and "
+            "show how the KV cache behaves: prefix hit rate, registrations, usage, "
+            "evictions, preemptions, swaps, copy-on-write, fragmentation and the time spent "
+            "inside the manager. Built-in workloads are "
             "seeded; --trace replays a Mooncake-format trace. Comma lists for --block-size, "
             "--num-blocks/--cache-tokens and --hash-algo sweep every combination."
         ),

@@ -14,7 +14,7 @@ from pagedkv.stats import Stats
 # arrays; a scalar int is an int or a numpy integer scalar (never a bool).
 _Int: TypeAlias = int | np.integer[Any]
 _IntArray: TypeAlias = npt.NDArray[np.integer[Any]]
-_Ints: TypeAlias = list[_Int] | tuple[_Int, ...] | range | _IntArray
+_Ints: TypeAlias = list[int] | list[_Int] | tuple[_Int, ...] | range | _IntArray
 _TokenIds: TypeAlias = _Ints
 _SeqIds: TypeAlias = _Ints
 _Salt: TypeAlias = str | bytes | None

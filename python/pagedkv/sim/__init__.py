@@ -6,7 +6,9 @@ One idea per module:
 - `workloads`: the built-in seeded workloads (shared system prompts, multi-turn chats,
   parallel sampling, beam search, long documents, Poisson arrivals);
 - `trace`: the Mooncake trace reader, and the hit count an unlimited cache would reach;
-- `scheduler`: a small continuous-batching scheduler that drives any manager;
+- `scheduler`: a small continuous-batching scheduler that drives any manager (chunked prefill
+  under a per-step token budget, speculative decoding, aborts, preemption);
+- `record`: the scheduler's own record of the blocks it scheduled, behind `--check`;
 - `calls`: the timed (and optionally recorded) manager calls, and recorded-trace replay;
 - `report`: the figures of a run, the summary and sweep tables, the JSON file;
 - `plot`: the per-step figure (matplotlib, imported only when asked for);
@@ -17,6 +19,7 @@ One idea per module:
 from __future__ import annotations
 
 from pagedkv.sim.calls import bind_trace, replay_trace, same_result
+from pagedkv.sim.record import UnscheduledHitError
 from pagedkv.sim.requests import (
     TRACE_BLOCK_TOKENS,
     VOCAB_SIZE,
@@ -36,6 +39,7 @@ __all__ = [
     "ManagerLike",
     "Request",
     "SimResult",
+    "UnscheduledHitError",
     "Workload",
     "bind_trace",
     "build_workload",

@@ -2,7 +2,10 @@
 
 `python -m pagedkv simulate` replays a built-in workload (or `--trace FILE`) through the block
 manager for each combination of `--block-size`, `--num-blocks` (or `--cache-tokens`) and
-`--hash-algo` (comma lists), and prints a summary table (one run) or a sweep table.
+`--hash-algo` (comma lists), and prints a summary table (one run) or a sweep table. The
+scheduler does chunked prefill under a per-step token budget (`--max-num-batched-tokens`), with
+optional speculative decoding (`--spec-tokens`) and random aborts (`--abort-rate`);
+`--max-batch-tokens` brings back the original whole-prompt scheduler.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from pagedkv.sim.workloads import WORKLOADS, build_workload
 
 DEFAULT_NUM_BLOCKS = 4096  # built-in workloads: 64 K tokens of 16, constant eviction
 DEFAULT_TRACE_NUM_BLOCKS = 65536  # traces: 1 M tokens of 16 (Mooncake prompts reach 190 K)
+# vLLM v1's max_num_batched_tokens for its OpenAI server (vllm/engine/arg_utils.py,
+# get_batch_defaults): 2048 on GPUs under 70 GiB and on the A100, 8192 on H100-class GPUs.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
 
 def _list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
@@ -115,10 +121,46 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     s = sim.add_argument_group("scheduler")
     s.add_argument("--max-batch", type=int, default=256, help="running sequences at most (256)")
     s.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="tokens computed per step, decodes (plus drafts) first, then prompt chunks: "
+        "chunked prefill (default 2048, vLLM v1's default for its OpenAI server on GPUs "
+        "under 70 GiB and on the A100; 8192 on H100-class GPUs)",
+    )
+    s.add_argument(
+        "--long-prefill-token-threshold",
+        type=int,
+        default=0,
+        help="chunked prefill: prompt tokens of one request per step at most, so that "
+        "several prompts prefill side by side (default 0: no cap)",
+    )
+    s.add_argument(
         "--max-batch-tokens",
         type=int,
-        default=8192,
-        help="prompt tokens computed per step (prefix hits are free; default 8192)",
+        default=None,
+        help="schedule whole prompts instead (the original scheduler, no chunked prefill): "
+        "prompt tokens computed per step, prefix hits free, decodes not counted",
+    )
+    s.add_argument(
+        "--spec-tokens",
+        type=int,
+        default=0,
+        help="speculative decoding: draft tokens per decoding sequence and step, their slots "
+        "reserved with lookahead (default 0: none)",
+    )
+    s.add_argument(
+        "--spec-acceptance",
+        type=float,
+        default=0.7,
+        help="probability that each draft is accepted, up to the first rejection (0.7)",
+    )
+    s.add_argument(
+        "--abort-rate",
+        type=float,
+        default=0.0,
+        help="per step, probability that each running request is aborted after scheduling, "
+        "before the step ran (default 0)",
     )
 
     o = sim.add_argument_group("output")
@@ -133,7 +175,8 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     o.add_argument(
         "--check",
         action="store_true",
-        help="check_invariants() after every step (slow; for debugging)",
+        help="check_invariants() after every step, and check that no prefix hit covers a "
+        "block whose tokens the simulator did not schedule (slow; for debugging)",
     )
 
 
@@ -151,6 +194,35 @@ def _workload(args: argparse.Namespace) -> Workload:
         arrival_rate=args.arrival_rate,
         doc_tokens=args.doc_tokens,
     )
+
+
+def _schedule(args: argparse.Namespace) -> dict[str, Any]:
+    """The scheduler's options for `run_workload`."""
+    if args.max_batch_tokens is not None and args.max_num_batched_tokens is not None:
+        raise ValueError(
+            "give either --max-num-batched-tokens (chunked prefill) or --max-batch-tokens "
+            "(whole prompts), not both"
+        )
+    if args.max_batch_tokens is not None:
+        if args.long_prefill_token_threshold:
+            raise ValueError("--long-prefill-token-threshold needs chunked prefill")
+        chunked: dict[str, Any] = {
+            "max_batch_tokens": args.max_batch_tokens,
+            "max_num_batched_tokens": None,
+        }
+    else:
+        budget = args.max_num_batched_tokens
+        chunked = {
+            "max_num_batched_tokens": DEFAULT_MAX_NUM_BATCHED_TOKENS if budget is None else budget
+        }
+    return {
+        "max_batch": args.max_batch,
+        **chunked,
+        "long_prefill_token_threshold": args.long_prefill_token_threshold,
+        "spec_tokens": args.spec_tokens,
+        "spec_acceptance": args.spec_acceptance,
+        "abort_rate": args.abort_rate,
+    }
 
 
 def _configs(args: argparse.Namespace) -> list[BlockManagerConfig]:
@@ -195,6 +267,7 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
     """Run the `simulate` command; returns the exit status."""
     err = sys.stderr if err is None else err
     configs = _configs(args)
+    schedule = _schedule(args)
     workload = _workload(args)
     name = "reference" if args.reference else "rust"
     title = "ReferenceBlockManager (pure Python)" if args.reference else "BlockManager (Rust core)"
@@ -209,8 +282,7 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
         result = run_workload(
             manager,
             workload,
-            max_batch=args.max_batch,
-            max_batch_tokens=args.max_batch_tokens,
+            **schedule,
             check=args.check,
             progress=bar,
         )
@@ -222,7 +294,10 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
     print(file=out)
     print(summary_table(runs[0]) if len(runs) == 1 else sweep_table(runs), file=out)
     if args.check:
-        print("invariants  OK (checked after every step)", file=out)
+        print(
+            "invariants  OK (checked after every step; no prefix hit on unscheduled tokens)",
+            file=out,
+        )
     if args.json:
         write_json(args.json, runs)
         print(f"json        {args.json}", file=out)

@@ -42,9 +42,34 @@ def figures(
         "rejected_sequences": result.rejected_sequences,
         "forks": result.forks,
         "pruned_beams": result.pruned_sequences,
+        "chunked_prefill": result.max_num_batched_tokens is not None,
+        "max_num_batched_tokens": result.max_num_batched_tokens,
+        "long_prefill_token_threshold": result.long_prefill_token_threshold,
+        "prefill_chunks": result.prefill_chunks,
+        "extend_calls": result.extend_calls,
+        "chunked_prompts": result.chunked_prompts,
+        "scheduled_tokens": result.scheduled_tokens,
+        "mean_scheduled_tokens": result.scheduled_tokens / steps if steps else 0.0,
+        "aborted_requests": result.aborted_requests,
+        "aborted_sequences": result.aborted_sequences,
+        "abort_rate": result.abort_rate,
+        "spec_tokens": result.spec_tokens,
+        "spec_acceptance": result.spec_acceptance,
+        "draft_tokens": result.draft_tokens,
+        "accepted_drafts": result.accepted_drafts,
+        "acceptance_rate": result.acceptance_rate,
+        "decode_steps": result.decode_steps,
+        "tokens_per_step": result.tokens_per_step,
+        "truncate_calls": result.truncate_calls,
         "prompt_tokens": result.prompt_tokens,
         "prefix_hit_tokens": result.prefix_hit_tokens,
         "prefix_hit_rate": result.hit_rate,
+        "recent_prefix_queries": st.recent_prefix_queries,
+        "recent_prefix_hits": st.recent_prefix_hits,
+        "recent_hit_rate": st.recent_hit_rate,
+        "registered_blocks": st.registered_blocks,
+        "unregistered_blocks": st.unregistered_blocks,
+        "truncated_blocks": st.truncated_blocks,
         "computed_prompt_tokens": result.prompt_tokens - result.prefix_hit_tokens,
         "generated_tokens": result.decode_tokens,
         "num_steps": steps,
@@ -81,6 +106,17 @@ def _us(seconds: float) -> str:
 def summary_table(f: dict[str, Any]) -> str:
     """The human-readable summary of one run."""
     tokens = f["prompt_tokens"] + f["generated_tokens"]
+    if f["chunked_prefill"]:
+        cap = f["long_prefill_token_threshold"]
+        schedule = (
+            f"chunked prefill, {f['max_num_batched_tokens']} tokens per step"
+            + (f" ({cap} per prompt)" if cap else "")
+            + f"; {f['prefill_chunks']} prefill chunks ({f['extend_calls']} extend calls), "
+            f"{f['chunked_prompts']} prompts over several steps; "
+            f"mean {f['mean_scheduled_tokens']:.0f} tokens scheduled per step"
+        )
+    else:
+        schedule = "whole prompts (--max-batch-tokens), no chunked prefill"
     rows = [
         (
             "GPU blocks",
@@ -89,8 +125,10 @@ def summary_table(f: dict[str, Any]) -> str:
         ),
         (
             "requests",
-            f"{f['requests']}: {f['finished_requests'] - f['rejected_requests']} finished, "
-            f"{f['rejected_requests']} rejected (never fit); sequences "
+            f"{f['requests']}: "
+            f"{f['finished_requests'] - f['rejected_requests'] - f['aborted_requests']} "
+            f"finished, {f['rejected_requests']} rejected (never fit), "
+            f"{f['aborted_requests']} aborted; sequences "
             f"{f['finished_sequences']} finished, {f['forks']} forks, "
             f"{f['pruned_beams']} beams pruned",
         ),
@@ -100,10 +138,17 @@ def summary_table(f: dict[str, Any]) -> str:
             f"{f['generated_tokens']} generated = {tokens}",
         ),
         ("steps", f"{f['num_steps']} executed (clock {f['clock_steps']})"),
+        ("scheduling", schedule),
         (
             "prefix hits",
             f"{f['prefix_hit_tokens']} of {f['prompt_tokens']} prompt tokens = "
-            f"{f['prefix_hit_rate']:.2%}",
+            f"{f['prefix_hit_rate']:.2%}; recent (last 1000 allocations) "
+            f"{f['recent_hit_rate']:.2%}",
+        ),
+        (
+            "registration",
+            f"{f['registered_blocks']} blocks registered, {f['unregistered_blocks']} retracted "
+            f"(scheduled, never computed), {f['truncated_blocks']} released by truncate",
         ),
         (
             "usage",
@@ -122,6 +167,27 @@ def summary_table(f: dict[str, Any]) -> str:
             f"{f['swapped_out_blocks']} blocks out, {f['swapped_in_blocks']} blocks in",
         ),
         ("copy-on-write", f"{f['cow_copies']} block copies"),
+    ]
+    if f["spec_tokens"]:
+        rows.append(
+            (
+                "speculation",
+                f"{f['spec_tokens']} drafts, p = {f['spec_acceptance']:g}: "
+                f"{f['accepted_drafts']} of {f['draft_tokens']} accepted = "
+                f"{f['acceptance_rate']:.1%}; {f['tokens_per_step']:.2f} tokens per decoding "
+                f"sequence and step; {f['truncate_calls']} truncate calls",
+            )
+        )
+    if f["abort_rate"]:
+        rows.append(
+            (
+                "aborts",
+                f"{f['aborted_requests']} requests ({f['aborted_sequences']} sequences) at "
+                f"rate {f['abort_rate']:g} per step; {f['unregistered_blocks']} blocks "
+                "retracted",
+            )
+        )
+    rows += [
         ("fragmentation", f"{f['fragmentation']:.2%} of held slots unused (mean over steps)"),
         (
             "manager time",

@@ -1,20 +1,57 @@
 """A small continuous-batching scheduler that drives any block manager, step by step.
 
-Per step (time advances one step at a time; idle stretches between arrivals are skipped):
+Two ways to schedule a step (time advances one step at a time; idle stretches between
+arrivals are skipped):
+
+**Chunked prefill** (`max_num_batched_tokens=N`, what the `simulate` command does; vLLM v1's
+scheduler): every step has a budget of `N` tokens, prefill and decode alike.
 
 1. arrivals: requests whose arrival step has come join the waiting queue (a later chat turn
    arrives `delay` steps after the turn before it finished);
 2. swap in preempted sequences, oldest first, when room returns;
-3. admit waiting requests (FIFO) while `can_allocate` allows and the step's token budget (prompt
-   tokens not served from the prefix cache) lasts; fork the samples or beams a request asks for;
-4. beam search: in each beam group, now and then prune a beam (free) and fork a survivor;
-5. decode one token for every running sequence with one `append_batch`; when it does not fit,
-   preempt the newest sequence (swap out when CPU blocks exist, else free it and recompute it
-   later) and retry;
-6. `free_batch` the finished sequences.
+3. beam search: in each beam group, now and then prune a beam (free) and fork a survivor;
+4. running sequences first: every sequence whose prompt was fully scheduled before this step
+   decodes one token (`append_batch`), taking one token of the budget, `1 + k` with
+   speculative decoding (`lookahead=k` reserves the slots of `k` draft tokens); when the
+   blocks run out, preempt the newest running sequence (swap out when CPU blocks exist, else
+   free it and recompute it later) and retry;
+5. then the partially prefilled sequences continue, in admission order: `extend(seq, chunk)`
+   with `chunk` = what is left of the budget (at most the rest of the prompt, and at most
+   `long_prefill_token_threshold` when set, so that several prompts prefill side by side); out
+   of blocks, preempt the newest sequence not yet scheduled in this step (itself if none);
+6. then, if nothing was preempted in this step, admit waiting requests (FIFO) while the budget
+   lasts: `can_allocate(prompt_token_ids, num_new_tokens=chunk, cache_salt=...)` (hit-aware;
+   LATER waits while anything runs), then `allocate(seq, prompt, num_new_tokens=chunk)`,
+   whose answer (the hit tokens) says how much of the prompt came from the prefix cache: the
+   budget pays for the `min(chunk, prompt - hit)` tokens computed. A request whose prompt is
+   not fully scheduled does not decode yet; when it is, its samples or beams are forked and it
+   decodes from the next step on;
+7. aborts (`abort_rate`): each request with a running sequence is aborted with that
+   probability; the abort comes after scheduling but before the step ran, so each sequence is
+   freed with `free(seq, num_computed_tokens=c)`, `c` = its tokens scheduled before this step
+   (the manager retracts the blocks only this step would have computed);
+8. the step runs; speculative decoding: each speculating sequence accepts each of its `k`
+   drafts with probability `spec_acceptance`, stopping at the first rejection; the `a`
+   accepted ones are appended (`append(seq, accepted)`: their KV is already in the lookahead
+   slots) and `truncate(seq, num_tokens)` gives back the blocks only rejected drafts used;
+9. `free_batch` the finished sequences.
+
+**Whole prompts** (`max_num_batched_tokens=None`, the original scheduler, kept as it was):
+admission (step 6) comes before the decode and allocates the whole prompt at once, under a
+budget of `max_batch_tokens` prompt tokens computed per step (prefix hits free, decodes not
+counted, the first admission of a step always goes ahead); `can_allocate` gets the token
+count; every running sequence, the newly admitted included, decodes in the same step.
+Speculative decoding and aborts work the same way in both.
+
+A sequence preempted in the step it was scheduled in (possible only with whole prompts) is
+freed with `num_computed_tokens` too, and recomputed rather than swapped.
 
 Every manager call is timed (`calls.TimedCalls`); per step the usage, cached blocks, queue
-lengths, running hit rate, internal fragmentation and manager time are recorded.
+lengths, running hit rate, internal fragmentation, tokens scheduled and manager time are
+recorded. `check=True` runs `check_invariants()` after every step and keeps an independent
+record of the block contents scheduled (`record.ScheduleRecord`): a prefix hit on a block
+whose tokens were never scheduled (or were retracted by an abort) raises
+`record.UnscheduledHitError`.
 """
 
 from __future__ import annotations
@@ -32,6 +69,7 @@ import numpy.typing as npt
 
 from pagedkv.alloc_status import AllocStatus
 from pagedkv.sim.calls import Call, TimedCalls
+from pagedkv.sim.record import ScheduleRecord
 from pagedkv.sim.requests import Request, Workload, decode_tokens, generated_tokens
 from pagedkv.stats import Stats
 
@@ -56,17 +94,32 @@ class ManagerLike(Protocol):
         seq_id: int,
         token_ids: Any,
         *,
+        num_new_tokens: int | None = None,
         cache_salt: str | bytes | None = None,
         lora_id: int | None = None,
         lookahead: int = 0,
     ) -> int | None: ...
-    def append_batch(self, seq_ids: Any, token_ids: Any) -> Any: ...
+    def extend(
+        self, seq_id: int, num_new_tokens: int, *, lookahead: int = 0
+    ) -> list[tuple[int, int]] | None: ...
+    def append(
+        self, seq_id: int, token_ids: Any, *, lookahead: int = 0
+    ) -> list[tuple[int, int]] | None: ...
+    def append_batch(self, seq_ids: Any, token_ids: Any, *, lookahead: int = 0) -> Any: ...
+    def truncate(self, seq_id: int, num_tokens: int) -> list[tuple[int, int]] | None: ...
     def fork(self, parent_id: int, child_id: int) -> None: ...
-    def free(self, seq_id: int) -> None: ...
+    def free(self, seq_id: int, *, num_computed_tokens: int | None = None) -> None: ...
     def free_batch(self, seq_ids: Any) -> None: ...
     def swap_out(self, seq_id: int) -> list[tuple[int, int]] | None: ...
     def swap_in(self, seq_id: int) -> list[tuple[int, int]] | None: ...
-    def can_allocate(self, num_tokens: int) -> AllocStatus: ...
+    def can_allocate(
+        self,
+        num_tokens: Any,
+        *,
+        num_new_tokens: int | None = None,
+        cache_salt: str | bytes | None = None,
+        lora_id: int | None = None,
+    ) -> AllocStatus: ...
     def can_swap_in(self, seq_id: int) -> AllocStatus: ...
     def stats(self) -> Stats: ...
     def check_invariants(self) -> None: ...
@@ -85,6 +138,7 @@ class StepSeries:
     hit_rate: list[float] = field(default_factory=list)  # prefix hits so far / prompt tokens
     fragmentation: list[float] = field(default_factory=list)  # unused slots of held blocks
     manager_ns: list[int] = field(default_factory=list)  # time inside manager calls
+    scheduled_tokens: list[int] = field(default_factory=list)  # computed this step, drafts too
 
     def as_dict(self) -> dict[str, list[int] | list[float]]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -95,12 +149,14 @@ class SimResult:
     """What happened in one replay."""
 
     requests: int = 0
-    finished_requests: int = 0
+    finished_requests: int = 0  # ended in any way: finished, rejected or aborted
     rejected_requests: int = 0  # can never fit the pool
+    aborted_requests: int = 0
     steps: int = 0  # steps executed
     clock_steps: int = 0  # simulated time, idle stretches included
     finished_sequences: int = 0
     rejected_sequences: int = 0
+    aborted_sequences: int = 0
     pruned_sequences: int = 0  # beams freed by pruning
     forks: int = 0
     preempted_recompute: int = 0
@@ -108,8 +164,21 @@ class SimResult:
     swap_ins: int = 0
     prompt_tokens: int = 0  # tokens passed to allocate (recomputes included)
     prefix_hit_tokens: int = 0  # of those, served from the prefix cache
-    decode_tokens: int = 0  # tokens appended by append_batch
-    copy_pairs: int = 0  # copy-on-write pairs returned by append_batch
+    decode_tokens: int = 0  # tokens appended (accepted drafts included)
+    copy_pairs: int = 0  # copy-on-write pairs returned by append_batch, append and extend
+    max_num_batched_tokens: int | None = None  # the per-step budget; None: whole prompts
+    long_prefill_token_threshold: int = 0  # prompt tokens per request and step (0: no cap)
+    prefill_chunks: int = 0  # allocate and extend calls that scheduled prompt tokens
+    extend_calls: int = 0
+    chunked_prompts: int = 0  # prompts whose prefill took more than one step
+    scheduled_tokens: int = 0  # tokens computed over all steps (prompt, decode, drafts)
+    spec_tokens: int = 0  # drafts per speculating sequence and step (0: no speculation)
+    spec_acceptance: float = 0.0  # probability each draft is accepted
+    decode_steps: int = 0  # (sequence, step) pairs that decoded
+    draft_tokens: int = 0  # drafts proposed (lookahead slots reserved)
+    accepted_drafts: int = 0  # drafts accepted (before the cap at max_new_tokens)
+    truncate_calls: int = 0
+    abort_rate: float = 0.0
     manager_calls: int = 0
     manager_ns: int = 0  # time spent inside manager calls
     wall_s: float = 0.0
@@ -134,12 +203,23 @@ class SimResult:
     def preemptions(self) -> int:
         return self.preempted_recompute + self.preempted_swap
 
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts over proposed drafts."""
+        return self.accepted_drafts / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens a decoding sequence gains per step (1 without speculation)."""
+        return self.decode_tokens / self.decode_steps if self.decode_steps else 0.0
+
     def summary(self) -> str:
         """A few lines of plain text (the command prints `report.summary_table` instead)."""
         return "\n".join(
             [
                 f"steps       {self.steps}; sequences finished {self.finished_sequences}, "
-                f"rejected {self.rejected_sequences}; forks {self.forks}",
+                f"rejected {self.rejected_sequences}, aborted {self.aborted_sequences}; "
+                f"forks {self.forks}",
                 f"preemptions {self.preempted_recompute} recompute, {self.preempted_swap} swap",
                 f"tokens      {self.prompt_tokens} prompt + {self.decode_tokens} decode = "
                 f"{self.tokens}; copy-on-write pairs {self.copy_pairs}",
@@ -153,11 +233,14 @@ class SimResult:
 class _Seq:
     seq_id: int
     request: Request
-    generated: int = 0
+    generated: int = 0  # tokens appended so far (the manager holds prompt + these)
     forked: bool = False  # samples and beams are forked at the first admission only
     # Who generated which tokens: (owner seq id, first position), so that a forked sequence
     # recomputed after preemption gets back exactly the tokens it held.
     segments: tuple[tuple[int, int], ...] = ()
+    scheduled: int = 0  # tokens scheduled in the manager (its num_scheduled_tokens)
+    computed: int = 0  # of those, the ones whose step ran (scheduled = computed between steps)
+    chunks: int = 0  # scheduling calls of the current prefill
 
     @property
     def num_tokens(self) -> int:
@@ -186,19 +269,41 @@ class _Scheduler:
         *,
         max_batch: int,
         max_batch_tokens: int,
+        max_num_batched_tokens: int | None,
+        long_prefill_token_threshold: int,
+        spec_tokens: int,
+        spec_acceptance: float,
+        abort_rate: float,
         record: bool,
         check: bool,
         progress: Callable[[int, int], None] | None,
     ) -> None:
         self.m = manager
         self.call = TimedCalls(manager, record)
-        self.res = SimResult(requests=len(workload.requests))
+        self.res = SimResult(
+            requests=len(workload.requests),
+            max_num_batched_tokens=max_num_batched_tokens,
+            long_prefill_token_threshold=long_prefill_token_threshold,
+            spec_tokens=spec_tokens,
+            spec_acceptance=spec_acceptance,
+            abort_rate=abort_rate,
+        )
         self.max_batch = max_batch
         self.max_batch_tokens = max_batch_tokens
+        self.budget_per_step = max_num_batched_tokens
+        self.chunked = max_num_batched_tokens is not None
+        self.chunk_cap = long_prefill_token_threshold or (1 << 62)  # per prompt and step
+        self.spec_tokens = spec_tokens
+        self.spec_acceptance = spec_acceptance
+        self.abort_rate = abort_rate
         self.check = check
+        self.record = ScheduleRecord(manager.block_size) if check else None
         self.progress = progress
         self.use_swap = manager.stats().num_cpu_blocks > 0
         self.rng = random.Random(workload.seed)
+        # Separate streams, so that turning speculation or aborts on changes nothing else.
+        self.spec_rng = random.Random(f"spec-{workload.seed}")
+        self.abort_rng = random.Random(f"abort-{workload.seed}")
         self.by_id = {r.request_id: r for r in workload.requests}
         self.arrivals: list[tuple[int, int]] = []
         self.dependents: dict[int, list[Request]] = {}
@@ -214,12 +319,17 @@ class _Scheduler:
         self.swapped: deque[_Seq] = deque()
         self.running: list[_Seq] = []
         self.clock = 0
-        self.blocked_at = -1  # available blocks when the queue's head last failed to allocate
+        # (available blocks, chunk) when the queue's head last failed to allocate
+        self.blocked_at: tuple[int, int] = (-1, 0)
+        self.budget = 0  # tokens left in this step's budget (chunked prefill)
+        self.preempted = False  # a preemption in this step: admit nothing more
+        self.speculating: list[_Seq] = []  # this step's speculating sequences
+        self.lookahead = 0  # and their drafts each
 
     # ------------------------------------------------------------------ bookkeeping
 
     def _end(self, s: _Seq) -> None:
-        """A sequence ended (finished, pruned or rejected); maybe its request too."""
+        """A sequence ended (finished, pruned, rejected or aborted); maybe its request too."""
         rid = s.request.request_id
         self.live[rid] -= 1
         if self.live[rid]:
@@ -238,6 +348,15 @@ class _Scheduler:
             res.rejected_sequences += 1
         self._end(s)
 
+    def _free(self, s: _Seq, *, always_pass_computed: bool = False) -> None:
+        """Free a resident sequence; the tokens scheduled in this step were never computed."""
+        if always_pass_computed or s.computed < s.scheduled:
+            self.call("free", s.seq_id, num_computed_tokens=s.computed)
+        else:
+            self.call("free", s.seq_id)
+        if self.record is not None:
+            self.record.free(s.seq_id)
+
     def _fork(self, parent: _Seq) -> None:
         child = _Seq(
             self.next_id,
@@ -245,19 +364,41 @@ class _Scheduler:
             parent.generated,
             True,
             (*parent.segments, (self.next_id, parent.num_tokens)),
+            parent.scheduled,
+            parent.computed,
         )
         self.next_id += 1
         self.call("fork", parent.seq_id, child.seq_id)
+        if self.record is not None:
+            self.record.fork(parent.seq_id, child.seq_id)
         self.res.forks += 1
         self.live[parent.request.request_id] += 1
         self.running.append(child)
 
+    def _prefilled(self, s: _Seq) -> None:
+        """Its prompt is fully scheduled: fork its samples or beams (first admission only)."""
+        if s.chunks > 1:
+            self.res.chunked_prompts += 1
+        s.chunks = 0
+        if not s.forked:
+            s.forked = True
+            for _ in range(s.request.sequences - 1):
+                self._fork(s)
+
     def _preempt(self, victim: _Seq) -> None:
-        if self.use_swap and self.call("swap_out", victim.seq_id) is not None:
+        self.preempted = True
+        # A sequence scheduled in this step is never swapped out: its blocks registered in
+        # this step would stay cached without their KV. Free it and recompute it instead.
+        if (
+            self.use_swap
+            and victim.computed == victim.scheduled
+            and self.call("swap_out", victim.seq_id) is not None
+        ):
             self.res.preempted_swap += 1
             self.swapped.append(victim)
             return
-        self.call("free", victim.seq_id)
+        self._free(victim)
+        victim.scheduled = victim.computed = victim.chunks = 0
         self.res.preempted_recompute += 1
         self.waiting.appendleft(victim)
 
@@ -290,82 +431,242 @@ class _Scheduler:
     def _admit(self) -> None:
         call, m, res, waiting, running = self.call, self.m, self.res, self.waiting, self.running
         if not running:
-            self.blocked_at = -1  # the whole pool is available: always try
-        budget = self.max_batch_tokens
+            self.blocked_at = (-1, 0)  # the whole pool is available: always try
+        chunked = self.chunked
+        budget = self.budget if chunked else self.max_batch_tokens
         while not self.swapped and waiting and len(running) < self.max_batch and budget > 0:
+            if chunked and self.preempted and running:
+                break  # vLLM v1 admits nothing in a step that preempted
             s = waiting[0]
             n = s.num_tokens
             if call("can_allocate", n) == AllocStatus.NEVER:
                 waiting.popleft()
                 self._reject(s)
                 continue
-            # LATER only means "not with the watermark kept free": allocate counts prefix hits
-            # and ignores the watermark, so try it (vLLM v1 admits the same way).
-            if m.num_available_blocks <= self.blocked_at:
+            chunk = min(budget, n, self.chunk_cap) if chunked else n
+            available = m.num_available_blocks
+            if available <= self.blocked_at[0] and chunk >= self.blocked_at[1]:
                 break  # it did not fit last time and nothing was released since
-            hit = call("allocate", s.seq_id, s.all_tokens(), cache_salt=s.request.cache_salt)
+            tokens = s.all_tokens()
+            salt = s.request.cache_salt
+            if chunked:
+                # Hit-aware: a prompt whose prefix is cached needs fewer new blocks. LATER
+                # keeps the watermark free while other sequences run (as vLLM v0 did).
+                status = call("can_allocate", tokens, num_new_tokens=chunk, cache_salt=salt)
+                if status != AllocStatus.OK and running:
+                    break
+                hit = call("allocate", s.seq_id, tokens, num_new_tokens=chunk, cache_salt=salt)
+            else:
+                # LATER only means "not with the watermark kept free": allocate counts prefix
+                # hits and ignores the watermark, so try it (vLLM v1 admits the same way).
+                hit = call("allocate", s.seq_id, tokens, cache_salt=salt)
             if hit is None:
-                self.blocked_at = m.num_available_blocks
+                self.blocked_at = (available, chunk if chunked else 0)
                 break
-            self.blocked_at = -1
+            self.blocked_at = (-1, 0)
             waiting.popleft()
+            computed = min(chunk, n - hit)
+            s.scheduled = hit + computed
+            s.computed = hit
+            s.chunks = 1
+            if self.record is not None:
+                self.record.allocate(s.seq_id, tokens, hit, s.scheduled, cache_salt=salt)
             res.prompt_tokens += n
             res.prefix_hit_tokens += hit
-            budget -= n - hit
+            res.prefill_chunks += 1
+            res.scheduled_tokens += computed
+            budget -= computed
             running.append(s)
-            if not s.forked:
-                s.forked = True
-                for _ in range(s.request.sequences - 1):
-                    self._fork(s)
+            if s.scheduled == n:
+                self._prefilled(s)
+        if chunked:
+            self.budget = budget
+
+    def _prefill(self) -> None:
+        """Chunked prefill: the partially prefilled sequences continue, oldest first."""
+        call, res, running = self.call, self.res, self.running
+        for s in list(running):
+            if self.budget <= 0:
+                return
+            if s.scheduled >= s.num_tokens or s.scheduled > s.computed or s not in running:
+                continue  # decoding, scheduled in this step already, or preempted meanwhile
+            chunk = min(self.budget, s.num_tokens - s.scheduled, self.chunk_cap)
+            while True:
+                pairs = call("extend", s.seq_id, chunk)
+                if pairs is not None:
+                    break
+                # Preempt the newest sequence not yet scheduled in this step; itself if none.
+                victim = next(
+                    (v for v in reversed(running) if v is not s and v.scheduled == v.computed),
+                    s,
+                )
+                running.remove(victim)
+                self._preempt(victim)
+                if victim is s:
+                    break
+            if pairs is None:
+                continue
+            s.scheduled += chunk
+            s.chunks += 1
+            if self.record is not None:
+                self.record.extend(s.seq_id, chunk)
+            res.copy_pairs += len(pairs)
+            res.extend_calls += 1
+            res.prefill_chunks += 1
+            res.scheduled_tokens += chunk
+            self.budget -= chunk
+            if s.scheduled == s.num_tokens:
+                self._prefilled(s)
 
     def _prune_beams(self) -> None:
         groups: dict[int, list[_Seq]] = {}
         for s in self.running:
-            if s.request.beam_width > 1:
+            if s.request.beam_width > 1 and s.scheduled == s.num_tokens:
                 groups.setdefault(s.request.request_id, []).append(s)
         rng = self.rng
         for members in groups.values():
             if len(members) < 2 or rng.random() >= BEAM_PRUNE_PROBABILITY:
                 continue
             victim = members.pop(rng.randrange(len(members)))
-            self.call("free", victim.seq_id)
+            self._free(victim)
             self.running.remove(victim)
             self.res.pruned_sequences += 1
             self._end(victim)
             self._fork(members[rng.randrange(len(members))])
 
     def _decode(self) -> bool:
-        """One token for every running sequence; False when nothing could run."""
+        """One token (plus drafts) for every fully scheduled sequence; False when nothing
+        could run."""
         running, res = self.running, self.res
-        ids = np.fromiter((s.seq_id for s in running), dtype=np.uint64, count=len(running))
-        pos = np.fromiter((s.num_tokens for s in running), dtype=np.uint64, count=len(running))
+        batch = [s for s in running if s.scheduled == s.num_tokens]
+        k = self.spec_tokens
+        if self.chunked and batch:
+            # Decodes come first in the budget; speculation shrinks to fit it.
+            if len(batch) > self.budget:
+                batch, k = batch[: self.budget], 0
+            else:
+                k = min(k, self.budget // len(batch) - 1)
+        self.speculating, self.lookahead = [], 0
+        if not batch:
+            return True
+        ids = np.fromiter((s.seq_id for s in batch), dtype=np.uint64, count=len(batch))
+        pos = np.fromiter((s.num_tokens for s in batch), dtype=np.uint64, count=len(batch))
         toks = decode_tokens(ids, pos)
         ids = ids.astype(np.int64)
+        kwargs = {"lookahead": k} if k else {}
         while True:
-            pairs = self.call("append_batch", ids, toks)
+            pairs = self.call("append_batch", ids, toks, **kwargs)
             if pairs is not None:
                 break
             victim = running.pop()
-            ids, toks = ids[:-1], toks[:-1]
+            if victim in batch:
+                i = batch.index(victim)
+                batch.pop(i)
+                ids, toks = np.delete(ids, i), np.delete(toks, i)
             if not running:
                 # Even alone with the whole pool it cannot grow: give up on it.
-                self.call("free", victim.seq_id)
+                self._free(victim)
                 self._reject(victim)
                 return False
             self._preempt(victim)
+            if not batch:
+                return True
         res.copy_pairs += len(pairs)
-        res.decode_tokens += len(running)
+        res.decode_tokens += len(batch)
+        res.decode_steps += len(batch)
+        res.scheduled_tokens += len(batch) * (1 + k)
+        if self.chunked:
+            self.budget -= len(batch) * (1 + k)
+        record = self.record
+        for s, tok in zip(batch, toks.tolist(), strict=True):
+            s.generated += 1
+            s.scheduled += 1
+            if record is not None:
+                record.append(s.seq_id, np.asarray([tok], dtype=np.uint32))
+        if k:
+            self.speculating, self.lookahead = batch, k
+            res.draft_tokens += len(batch) * k
         return True
 
+    def _abort(self) -> None:
+        """Requests aborted after scheduling, before the step ran (see the module docstring)."""
+        rng, rate = self.abort_rng, self.abort_rate
+        seen: set[int] = set()
+        doomed: set[int] = set()
+        for s in self.running:
+            rid = s.request.request_id
+            if rid not in seen:
+                seen.add(rid)
+                if rng.random() < rate:
+                    doomed.add(rid)
+        if not doomed:
+            return
+        res = self.res
+        # Newest first: a request that hit blocks another one registered in this step lets go
+        # of them before their registrant does, so the registrant's free retracts them.
+        for s in reversed(self.running):
+            if s.request.request_id in doomed:
+                self._free(s, always_pass_computed=True)
+                res.aborted_sequences += 1
+                self._end(s)
+        for s in self.swapped:
+            if s.request.request_id in doomed:
+                self.call("free", s.seq_id)
+                if self.record is not None:
+                    self.record.free(s.seq_id)
+                res.aborted_sequences += 1
+                self._end(s)
+        for s in self.waiting:
+            if s.request.request_id in doomed:
+                res.aborted_sequences += 1
+                self._end(s)
+        self.running = [s for s in self.running if s.request.request_id not in doomed]
+        self.swapped = deque(s for s in self.swapped if s.request.request_id not in doomed)
+        self.waiting = deque(s for s in self.waiting if s.request.request_id not in doomed)
+        self.speculating = [s for s in self.speculating if s.request.request_id not in doomed]
+        res.aborted_requests += len(doomed)
+
+    def _verify_drafts(self) -> None:
+        """The step ran: accept drafts, append the accepted, truncate the rejected."""
+        k, p, rng, res = self.lookahead, self.spec_acceptance, self.spec_rng, self.res
+        bs = self.m.block_size
+        for s in self.speculating:
+            n = s.num_tokens  # the decoded token included
+            accepted = 0
+            while accepted < k and rng.random() < p:
+                accepted += 1
+            res.accepted_drafts += accepted
+            a = min(accepted, s.request.max_new_tokens - s.generated)
+            if a > 0:
+                drafts = generated_tokens(s.seq_id, n, n + a)
+                pairs = self.call("append", s.seq_id, drafts)
+                if pairs is None:  # cannot happen: the slots were reserved
+                    a = 0
+                else:
+                    res.copy_pairs += len(pairs)
+                    s.generated += a
+                    s.scheduled += a
+                    s.computed = s.scheduled
+                    res.decode_tokens += a
+                    if self.record is not None:
+                        self.record.append(s.seq_id, drafts)
+            # The table holds the blocks of n + k tokens; keep those of the n + a tokens.
+            if -(-(n + k) // bs) > -(-(n + a) // bs):
+                # None only if the new last block were hashed and had to be copied with no
+                # block left: never here, that block holds this step's decoded token.
+                pairs = self.call("truncate", s.seq_id, n + a)
+                res.copy_pairs += len(pairs or ())
+                res.truncate_calls += 1
+        self.speculating = []
+
     def _retire(self) -> float:
-        """Count the new tokens, free the finished sequences; returns the fragmentation."""
+        """Free the finished sequences; returns the fragmentation."""
         bs = self.m.block_size
         used = reserved = 0
         done: list[_Seq] = []
         still: list[_Seq] = []
         for s in self.running:
-            s.generated += 1
-            n = s.num_tokens
+            n = s.scheduled
             used += n
             reserved += -(-n // bs) * bs
             if s.generated >= s.request.max_new_tokens:
@@ -376,31 +677,60 @@ class _Scheduler:
             self.call("free_batch", np.fromiter((s.seq_id for s in done), dtype=np.int64))
             self.res.finished_sequences += len(done)
             for s in done:
+                if self.record is not None:
+                    self.record.free(s.seq_id)
                 self._end(s)
         self.running = still
         return 1.0 - used / reserved if reserved else 0.0
 
     # ------------------------------------------------------------------ the loop
 
+    def _schedule(self) -> bool:
+        """Phases 2-6 of a step; False when nothing runs."""
+        self._swap_in()
+        if self.chunked:
+            assert self.budget_per_step is not None
+            self.budget = self.budget_per_step
+            self._prune_beams()
+            if not self._decode():
+                self.running = []
+            self._prefill()
+            self._admit()
+        else:
+            self._admit()
+            if self.running:
+                self._prune_beams()
+                if not self._decode():
+                    self.running = []
+        if not self.running and (self.waiting or self.swapped):
+            # Nothing runs and nothing could be admitted: only possible if the head of the
+            # queue can never be served; the checks above make this unreachable.
+            raise RuntimeError("scheduler made no progress")
+        return bool(self.running)
+
     def run(self) -> SimResult:
         t_start = time.perf_counter()
         m, res, call, series = self.m, self.res, self.call, self.res.series
+        record = self.record
         num_blocks = m.num_blocks
         while self.arrivals or self.waiting or self.swapped or self.running:
             self._arrive()
             res.steps += 1
             ns0 = call.ns
-            self._swap_in()
-            self._admit()
-            if not self.running:
-                if self.waiting or self.swapped:
-                    # Nothing runs and nothing could be admitted: only possible if the head of
-                    # the queue can never be served; the checks above make this unreachable.
-                    raise RuntimeError("scheduler made no progress")
-            else:
-                self._prune_beams()
-                if not self._decode():
-                    self.running = []
+            tokens0 = res.scheduled_tokens
+            self.preempted = False
+            if record is not None:
+                record.begin_step()
+            self._schedule()
+            if self.abort_rate > 0:
+                self._abort()
+            # The step runs: what was scheduled now has its KV.
+            if record is not None:
+                record.step_ran()
+            for s in self.running:
+                s.computed = s.scheduled
+            if self.speculating:
+                self._verify_drafts()
             cached = m.num_cached_blocks
             series.usage.append((num_blocks - m.num_free_blocks - cached) / num_blocks)
             series.cached_blocks.append(cached)
@@ -410,6 +740,7 @@ class _Scheduler:
             series.fragmentation.append(self._retire())
             series.hit_rate.append(res.hit_rate)
             series.manager_ns.append(call.ns - ns0)
+            series.scheduled_tokens.append(res.scheduled_tokens - tokens0)
             series.step.append(self.clock)
             if self.check:
                 m.check_invariants()
@@ -432,26 +763,54 @@ def run_workload(
     *,
     max_batch: int = 256,
     max_batch_tokens: int = 8192,
+    max_num_batched_tokens: int | None = None,
+    long_prefill_token_threshold: int = 0,
+    spec_tokens: int = 0,
+    spec_acceptance: float = 0.7,
+    abort_rate: float = 0.0,
     record: bool = False,
     check: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> SimResult:
     """Replay `workload` through `manager` (see the module docstring for one step).
 
-    `max_batch`: running sequences at most; `max_batch_tokens`: prompt tokens computed per step
-    (the first admission of a step always goes ahead, however long its prompt); `record`: keep
-    every call and answer in the result; `check`: `check_invariants()` after every step;
+    `max_batch`: running sequences at most. `max_num_batched_tokens`: the per-step token
+    budget of chunked prefill (decodes, drafts and prompt chunks alike); None (the default)
+    schedules whole prompts with `max_batch_tokens` prompt tokens computed per step (the first
+    admission of a step always goes ahead, however long its prompt).
+    `long_prefill_token_threshold`: with chunked prefill, at most this many prompt tokens of one
+    request per step (0: no cap; vLLM's option of that name), so that several prompts prefill
+    side by side. `spec_tokens`: draft
+    tokens per decoding sequence and step, each accepted with probability `spec_acceptance`.
+    `abort_rate`: per step, the probability that each running request is aborted. `record`:
+    keep every call and answer in the result; `check`: `check_invariants()` after every step,
+    and no prefix hit on a block whose tokens were not scheduled (`record.UnscheduledHitError`);
     `progress(finished_requests, requests)` is called after every step.
     """
     if max_batch < 1:
         raise ValueError("max_batch must be >= 1")
     if max_batch_tokens < 1:
         raise ValueError("max_batch_tokens must be >= 1")
+    if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
+        raise ValueError("max_num_batched_tokens must be >= 1")
+    if long_prefill_token_threshold < 0:
+        raise ValueError("long_prefill_token_threshold must be >= 0")
+    if spec_tokens < 0:
+        raise ValueError("spec_tokens must be >= 0")
+    if not 0.0 <= spec_acceptance <= 1.0:
+        raise ValueError("spec_acceptance must be in [0, 1]")
+    if not 0.0 <= abort_rate <= 1.0:
+        raise ValueError("abort_rate must be in [0, 1]")
     return _Scheduler(
         manager,
         workload,
         max_batch=max_batch,
         max_batch_tokens=max_batch_tokens,
+        max_num_batched_tokens=max_num_batched_tokens,
+        long_prefill_token_threshold=long_prefill_token_threshold,
+        spec_tokens=spec_tokens,
+        spec_acceptance=spec_acceptance,
+        abort_rate=abort_rate,
         record=record,
         check=check,
         progress=progress,

@@ -373,13 +373,23 @@ impl BlockPool {
         }
     }
 
-    /// Withdraw `block` (hashed under `digest`, held by the caller) from the prefix cache
-    /// if the caller is its only holder: it stays OWNED but unhashed, its index entry goes
-    /// and `BlockRemoved` is queued. Under the digest's stripe, so it is ordered with every
-    /// registration and claim of the digest. Returns whether it was withdrawn.
-    pub fn retract(&self, block: u32, digest: &Digest) -> bool {
+    /// Withdraw `block` (hashed under `digest`, held by the caller) from the prefix cache:
+    /// it stays OWNED by its holders but unhashed, its index entry goes and `BlockRemoved`
+    /// is queued. `sole`: only if the caller is its only holder (else it stays cached).
+    /// Under the digest's stripe, so it is ordered with every registration and claim of the
+    /// digest. Returns whether it was withdrawn.
+    pub fn retract(&self, block: u32, digest: &Digest, sole: bool) -> bool {
         let _stripe = lock(&self.stripes[stripe_of(digest)]);
-        if !self.index.holds(block, digest) || !self.state(block).unhash_if_sole() {
+        if !self.index.holds(block, digest) {
+            return false;
+        }
+        let state = self.state(block);
+        let withdrawn = if sole {
+            state.unhash_if_sole()
+        } else {
+            state.unhash_held()
+        };
+        if !withdrawn {
             return false;
         }
         self.index.remove(digest, block);

@@ -210,10 +210,22 @@ impl BlockState {
     /// flag clear (`Pin::Stale`). AcqRel on success: the clear is ordered after the pins it
     /// beat (their CAS failed on this word) and before the caller removes the index entry.
     pub fn unhash_if_sole(&self) -> bool {
+        self.unhash_if(|rc| rc == 1)
+    }
+
+    /// OWNED and hashed -> the same rc, unhashed, for a holder that withdraws a block whose
+    /// KV was never written: the other holders keep their reference to an ordinary block
+    /// (FREE, not CACHED, after the last release). Refused (false) when it is not hashed.
+    /// Ordering as for `unhash_if_sole`; a hit that pinned first keeps its reference.
+    pub fn unhash_held(&self) -> bool {
+        self.unhash_if(|rc| rc >= 1)
+    }
+
+    fn unhash_if(&self, holders_ok: impl Fn(u32) -> bool) -> bool {
         self.0
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |w| {
                 let cur = Word(w);
-                (cur.rc() == 1 && cur.hashed()).then_some(w & !HASHED)
+                (holders_ok(cur.rc()) && cur.hashed()).then_some(w & !HASHED)
             })
             .is_ok()
     }
@@ -260,6 +272,23 @@ mod tests {
         assert!(s.unhash_if_sole());
         assert_eq!(s.pin(true), Pin::Stale, "a withdrawn block cannot be hit");
         assert_eq!(s.release(), Some(Released::ToFree));
+    }
+
+    #[test]
+    fn a_held_block_is_unhashed_whatever_its_holders() {
+        let s = BlockState::new_free();
+        s.take();
+        assert!(
+            !s.unhash_held(),
+            "an unhashed block has nothing to withdraw"
+        );
+        s.set_hashed();
+        s.share().unwrap();
+        assert!(s.unhash_held());
+        assert_eq!(s.load().rc(), 2, "the holders keep their references");
+        assert_eq!(s.pin(true), Pin::Stale);
+        assert_eq!(s.release(), Some(Released::StillOwned));
+        assert_eq!(s.release(), Some(Released::ToFree), "freed, not cached");
     }
 
     #[test]

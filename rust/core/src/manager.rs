@@ -707,7 +707,7 @@ impl BlockManager {
             // A hashed partial block was full: its digest is `digests[last]`. Withdrawing it
             // is the only change before the copy's reservation, and only a refusal leads on.
             let copy = match partial {
-                Some(b) if !self.gpu.retract(b, &seq.digests[last]) => {
+                Some(b) if !self.gpu.retract(b, &seq.digests[last], true) => {
                     if !self.gpu.reserve(1) {
                         return Ok(None);
                     }
@@ -766,8 +766,8 @@ impl BlockManager {
     }
 
     /// `free` of a sequence of which only the first `num_computed_tokens` have KV (`None`:
-    /// every scheduled token): the blocks past them that it registered and holds alone
-    /// leave the prefix cache instead of staying cached.
+    /// every scheduled token): the blocks past them that it registered leave the prefix
+    /// cache (other holders keep them as ordinary blocks) instead of staying cached.
     pub fn free_computed(&self, id: u64, num_computed_tokens: Option<usize>) -> Result<()> {
         self.guarded(true, || {
             let _gate = self.enter()?;
@@ -784,6 +784,15 @@ impl BlockManager {
                     )));
                 }
                 if !seq.is_swapped() {
+                    // Under the prefix lock, so a hit or lookup of the same prefix sees the
+                    // chain before or after the whole withdrawal, never half of it.
+                    let keys = seq
+                        .digests
+                        .first()
+                        .map(prefix_lock_of)
+                        .into_iter()
+                        .collect();
+                    let _prefix = self.lock_prefixes(keys)?;
                     self.retract_uncomputed(&seq, c);
                 }
             }
@@ -792,11 +801,12 @@ impl BlockManager {
     }
 
     /// Withdraw from the cache, tail first, the blocks of `seq` past its first `c` tokens
-    /// that it registered (not hits) and holds alone.
+    /// that it registered (not hits): their KV was never written, whoever else holds them
+    /// (a fork, or a request that hit them in the same step, read nothing valid either).
     fn retract_uncomputed(&self, seq: &Sequence, c: usize) {
         let from = (c / self.block_size()).max(seq.hit_blocks);
         for i in (from..self.registrable(seq)).rev() {
-            if self.gpu.retract(seq.blocks[i], &seq.digests[i]) {
+            if self.gpu.retract(seq.blocks[i], &seq.digests[i], false) {
                 counters::add(&self.counters.unregistered_blocks, 1);
             }
         }
@@ -825,17 +835,31 @@ impl BlockManager {
     }
 
     /// The hits `allocate` would pin now for `tokens`, as read-only looks (at most
-    /// `(n - 1) / block_size`, stopping at the first miss): nothing changes.
-    fn cached_prefix(&self, tokens: &[u32], extras: &[u8]) -> Vec<crate::block_pool::Peek> {
+    /// `(n - 1) / block_size`, stopping at the first miss): nothing changes. The looks run
+    /// under the prompt's prefix lock, so they see every allocation's registrations and
+    /// every abort's withdrawals of this prefix whole (the chain is hashed first, outside).
+    fn cached_prefix(&self, tokens: &[u32], extras: &[u8]) -> Result<Vec<crate::block_pool::Peek>> {
         let bs = self.block_size();
         let mut out = Vec::new();
-        if !self.caching() {
-            return out;
+        if !self.caching() || tokens.len() <= bs {
+            return Ok(out);
         }
-        let (mut parent, mut tag) = (self.hasher.root(), self.tagger.as_ref().map(|t| t.root()));
-        for block in tokens.chunks_exact(bs).take((tokens.len() - 1) / bs) {
-            let d = self.hasher.hash_block(&parent, block, extras);
-            let Some(p) = self.gpu.peek(&d) else { break };
+        let blocks: Vec<&[u32]> = tokens
+            .chunks_exact(bs)
+            .take((tokens.len() - 1) / bs)
+            .collect();
+        let mut digests = crate::alloc::try_with_capacity(blocks.len(), "the prompt's digests")?;
+        let mut parent = self.hasher.root();
+        for block in &blocks {
+            parent = self.hasher.hash_block(&parent, block, extras);
+            digests.push(parent);
+        }
+        // Inside the gate: a reset is all before or all after.
+        let _gate = self.enter()?;
+        let _prefix = self.lock_prefixes(vec![prefix_lock_of(&digests[0])])?;
+        let mut tag = self.tagger.as_ref().map(|t| t.root());
+        for (d, block) in digests.iter().zip(&blocks) {
+            let Some(p) = self.gpu.peek(d) else { break };
             if let (Some(t), Some(prev)) = (&self.tagger, tag) {
                 let next = t.tag_block(prev, block, extras);
                 if !self.gpu.index_tag_is(p.block, Some(next)) {
@@ -844,9 +868,8 @@ impl BlockManager {
                 tag = Some(next);
             }
             out.push(p);
-            parent = d;
         }
-        out
+        Ok(out)
     }
 
     /// The number of prompt tokens `allocate` would serve from the prefix cache right now.
@@ -860,7 +883,7 @@ impl BlockManager {
         self.guarded(false, || {
             self.check_tokens(tokens, "token_ids")?;
             let extras = encode_extras(cache_salt, lora_id);
-            Ok(self.cached_prefix(tokens, &extras).len() * self.block_size())
+            Ok(self.cached_prefix(tokens, &extras)?.len() * self.block_size())
         })
     }
 
@@ -878,7 +901,7 @@ impl BlockManager {
             let n = tokens.len();
             let k = self.check_new_tokens_of(num_new_tokens, n)?;
             let extras = encode_extras(cache_salt, lora_id);
-            let peeks = self.cached_prefix(tokens, &extras);
+            let peeks = self.cached_prefix(tokens, &extras)?;
             let bs = self.block_size();
             let h = peeks.len();
             let total = cdiv((h * bs + k).min(n), bs);
