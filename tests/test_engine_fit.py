@@ -294,7 +294,7 @@ def test_truncate_of_an_unshared_full_block_then_append_writes_in_place(make):
 # ------------------------------------------------------------------ free(num_computed_tokens)
 
 
-def test_free_with_num_computed_tokens_retracts_blocks_only_this_sequence_holds(make):
+def test_free_with_num_computed_tokens_withdraws_the_blocks_never_computed(make):
     m = make(8)
     p = toks(0, 12)
     m.allocate(0, p)
@@ -308,24 +308,36 @@ def test_free_with_num_computed_tokens_retracts_blocks_only_this_sequence_holds(
     assert m.lookup([*p, 1]) == 4
 
 
-def test_free_with_num_computed_tokens_keeps_blocks_others_hold(make):
+def test_free_with_num_computed_tokens_withdraws_blocks_others_hold_too(make):
     m = make()
     p = toks(0, 12)
     m.allocate(0, p)
-    m.allocate(1, [*p[:9], 70])  # hits blocks 0 and 1
+    m.allocate(1, [*p[:9], 70])  # hits blocks 0 and 1 in the same step: read nothing valid
     m.fork(0, 2)
     d = m.block_hashes(0)
     m.drain_events()
-    m.free(0, num_computed_tokens=0)  # the fork holds every block, sequence 1 two of them
-    assert m.drain_events() == [] and m.stats().unregistered_blocks == 0
-    m.free(2, num_computed_tokens=0)  # block 2 is held by 2 alone now; 0 and 1 by 1 too
-    assert m.drain_events() == [BlockRemoved([d[2]], "GPU")]
-    assert m.stats().unregistered_blocks == 1
-    assert m.lookup([*p, 1]) == 8
-    # Sequence 1's own hits are never retracted: their KV came from the cache.
+    m.free(0, num_computed_tokens=0)
+    assert m.drain_events() == [BlockRemoved([x], "GPU") for x in reversed(d)]
+    assert m.stats().unregistered_blocks == 3
+    assert m.lookup([*p, 1]) == 0
+    # The other holders keep the blocks, unhashed: FREE after the last release.
+    assert m.block_table(2) == m.block_table(1)[:2] + m.block_table(2)[2:]
+    m.free(2, num_computed_tokens=0)
     m.free(1, num_computed_tokens=0)
-    assert m.drain_events() == [] and m.stats().unregistered_blocks == 1
-    assert m.lookup([*p, 1]) == 8
+    assert m.drain_events() == [] and m.stats().unregistered_blocks == 3
+    assert m.num_cached_blocks == 0
+
+
+def test_free_with_num_computed_tokens_keeps_its_own_hits(make):
+    m = make()
+    p = toks(0, 12)
+    m.allocate(0, p)
+    m.free(0)
+    assert m.allocate(1, [*p[:9], 70]) == 8
+    m.drain_events()
+    m.free(1, num_computed_tokens=0)  # its hits came from the cache: their KV exists
+    assert m.drain_events() == [] and m.stats().unregistered_blocks == 0
+    assert m.lookup([*p, 1]) == 12
 
 
 def test_free_defaults_to_every_scheduled_token(make):

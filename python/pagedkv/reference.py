@@ -685,8 +685,8 @@ class ReferenceBlockManager:
         self._seqs[cid] = child
 
     def free(self, seq_id: int, *, num_computed_tokens: int | None = None) -> None:
-        """Release a sequence's blocks, tail first, and forget it. Blocks registered by this
-        sequence alone past its `num_computed_tokens` are retracted, not cached."""
+        """Release a sequence's blocks, tail first, and forget it. The blocks it registered
+        past its `num_computed_tokens` are withdrawn from the prefix index first."""
         sid = _seq_id(seq_id)
         c = (
             None
@@ -708,20 +708,15 @@ class ReferenceBlockManager:
             return
         bs = self._block_size
         c = seq.scheduled if computed is None else computed
-        for i in range(len(seq.blocks) - 1, -1, -1):  # tail first
+        # Registered (by this sequence or the one it was forked from) but never computed:
+        # no holder has valid KV in it, so it must never be served as a hit again. Other
+        # holders keep it as an ordinary unhashed block.
+        for i in range(seq.scheduled // bs - 1, max(seq.hits, c // bs) - 1, -1):  # tail first
             b = seq.blocks[i]
-            if (
-                (i + 1) * bs > c
-                and seq.hits <= i < seq.scheduled // bs
-                and self._rc[b] == 1
-                and self._hashed[b] is not None
-                and self._hashed[b] == seq.digests[i]
-            ):
-                # Registered but never computed, and nobody else's computed tokens cover
-                # it: it must never be served as a hit.
+            if self._hashed[b] is not None and self._hashed[b] == seq.digests[i]:
                 self._unindex(b)
                 self._unregistered_blocks += 1
-            self._release(b)
+        self._release_all(seq.blocks)
 
     def _cpu_removed(self, seq: _Seq) -> None:
         """The CPU copies of the blocks `swap_out` stored are gone."""
