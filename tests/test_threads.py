@@ -471,8 +471,8 @@ class _Worker:
         got = m.lookup(e.tokens, cache_salt=e.salt)
         cap = (n - 1) // B
         assert got % B == 0 and got <= cap * B
-        # Its pinned hit blocks are hashed under its own digests and cannot go while held.
-        assert got >= min(e.pinned, cap) * B, (got, e.pinned)
+        # No lower bound from its own hits: a racing abort (free with num_computed_tokens)
+        # withdraws the never-computed blocks it registered even while others hold them.
         assert m.can_allocate(e.tokens, cache_salt=e.salt) != AllocStatus.NEVER or (
             m.num_blocks - _cdiv(n, B) < int(0.01 * m.num_blocks)
         )
@@ -629,10 +629,10 @@ def _check_index(m: BlockManager, everything: dict[int, _Expect], mirror: _Mirro
             cpu.update(digests[: e.sched // B])
             continue
         scheduled_full.update(digests[: e.sched // B])
-        assert all(d in held for d in digests[: e.pinned]), "a pinned hit block is not findable"
+        # (A pinned hit may have been withdrawn by a racing abort of its registrar.)
         pinned_blocks.update(e.table[: e.pinned])
     owned_hashed = len(held) - m.num_cached_blocks
-    assert len(pinned_blocks) <= owned_hashed <= len(held & scheduled_full), (
+    assert owned_hashed <= len(held & scheduled_full), (
         f"{owned_hashed} owned hashed blocks; {len(pinned_blocks)} pinned hits, "
         f"{len(held & scheduled_full)} registered digests of scheduled full blocks"
     )

@@ -174,6 +174,17 @@ impl BlockManager {
     ) -> Result<Option<Vec<(u32, u32)>>> {
         {
             let mut locked = lock_all(ids, cells, true)?;
+            // Sequence by sequence in batch order: its state, then its append checks.
+            for (i, &id) in ids.iter().enumerate() {
+                let k = locked.at[i];
+                let seq = locked.guards[k].as_deref();
+                if let Some(e) = state_error(id, locked.cells[k], seq, true) {
+                    return Err(e);
+                }
+                if let Some(seq) = seq {
+                    self.check_append_len(id, seq, 1)?;
+                }
+            }
             let mut seqs = Self::live_mut(ids, &mut locked, true)?;
             let mut need: usize = 0;
             let mut keys = Vec::new();
