@@ -67,6 +67,11 @@ pub(crate) fn prefix_lock_of(first: &Digest) -> usize {
     first.words()[2] as usize % PREFIX_LOCKS
 }
 
+/// The prefix lock of a chain with these digests (none for a chain without a full block).
+pub(crate) fn chain_lock(digests: &[Digest]) -> Vec<usize> {
+    digests.first().map(prefix_lock_of).into_iter().collect()
+}
+
 /// `num_new_tokens` of a prompt of `n` tokens: `1..=n`, `None` meaning all of them.
 fn check_new_tokens(k: Option<usize>, n: usize) -> Result<usize> {
     match k {
@@ -306,7 +311,7 @@ impl BlockManager {
                     return Ok(None);
                 }
                 let max_hits = if self.caching() { (n - 1) / bs } else { 0 };
-                let keys = digests.first().map(prefix_lock_of).into_iter().collect();
+                let keys = chain_lock(&digests);
                 let _prefix = self.lock_prefixes(keys)?;
                 let Some((blocks, hits)) =
                     self.take_prompt_blocks(&total, max_hits, &digests, &tags)?
@@ -786,12 +791,7 @@ impl BlockManager {
                 if !seq.is_swapped() {
                     // Under the prefix lock, so a hit or lookup of the same prefix sees the
                     // chain before or after the whole withdrawal, never half of it.
-                    let keys = seq
-                        .digests
-                        .first()
-                        .map(prefix_lock_of)
-                        .into_iter()
-                        .collect();
+                    let keys = chain_lock(&seq.digests);
                     let _prefix = self.lock_prefixes(keys)?;
                     self.retract_uncomputed(&seq, c);
                 }

@@ -3,7 +3,7 @@
 use crate::counters;
 use crate::error::{Error, Result};
 use crate::events::{KvEvent, Medium};
-use crate::manager::{prefix_lock_of, BlockManager};
+use crate::manager::{chain_lock, BlockManager};
 use crate::sequence::Sequence;
 use crate::stats::AllocStatus;
 
@@ -48,12 +48,7 @@ impl BlockManager {
             let Some(cpu) = seq.cpu_blocks.as_ref() else {
                 return Err(Error::NotSwapped(id));
             };
-            let keys = seq
-                .digests
-                .first()
-                .map(prefix_lock_of)
-                .into_iter()
-                .collect();
+            let keys = chain_lock(&seq.digests);
             let _prefix = self.lock_prefixes(keys)?;
             if !self.gpu.reserve(cpu.len()) {
                 return Ok(None);
