@@ -30,8 +30,9 @@ from pagedkv.errors import (
     UnknownSequenceError,
 )
 from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from pagedkv.groups import KVCacheGroup
 from pagedkv.manager import BlockManager
-from pagedkv.stats import Stats
+from pagedkv.stats import GroupStats, Stats
 
 # The GPU pool and its kernels need torch (and cupy on "cuda"): imported on first use only,
 # so that `import pagedkv` stays numpy-only.
@@ -57,9 +58,11 @@ __all__ = [
     "BlockRemoved",
     "BlockStored",
     "DuplicateSequenceError",
+    "GroupStats",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "InvariantError",
+    "KVCacheGroup",
     "KVCachePool",
     "KVEvent",
     "ManagerBrokenError",

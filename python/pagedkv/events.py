@@ -18,6 +18,7 @@ class BlockStored:
     block_size: int
     lora_id: int | None
     medium: str | None = "GPU"
+    group_idx: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,7 @@ class BlockRemoved:
 
     block_hashes: list[bytes]
     medium: str | None = "GPU"
+    group_idx: int = 0
 
 
 @dataclass(frozen=True, slots=True)

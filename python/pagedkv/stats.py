@@ -6,6 +6,19 @@ from dataclasses import asdict, dataclass
 
 
 @dataclass(frozen=True, slots=True)
+class GroupStats:
+    """One KV-cache group's share of the pool (managers built with `groups=`)."""
+
+    kind: str
+    used_blocks: int
+    cached_blocks: int
+    usage: float
+    hit_blocks: int
+    evictions: int
+    registered_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
 class Stats:
     """Block counts, prefix-cache hits (in tokens), evictions, copies, swaps, fragmentation."""
 
@@ -30,11 +43,14 @@ class Stats:
     registered_blocks: int
     unregistered_blocks: int
     truncated_blocks: int
+    groups: tuple[GroupStats, ...] = ()
 
     @property
     def usage(self) -> float:
-        """Fraction of GPU blocks held by sequences (cached blocks are not in use)."""
-        return self.used_blocks / self.num_blocks if self.num_blocks else 0.0
+        """Fraction of usable GPU blocks held by sequences (cached blocks are not in use);
+        with groups, block 0 is the null block and not usable."""
+        usable = self.num_blocks - (1 if self.groups else 0)
+        return self.used_blocks / usable if usable > 0 else 0.0
 
     @property
     def hit_rate(self) -> float:
@@ -55,9 +71,10 @@ class Stats:
             return 0.0
         return 1.0 - self.used_slots / self.reserved_slots
 
-    def as_dict(self) -> dict[str, int | float]:
-        """Every counter and derived ratio, by name."""
-        out: dict[str, int | float] = asdict(self)
+    def as_dict(self) -> dict[str, object]:
+        """Every counter and derived ratio, by name (`groups` as a list of dicts)."""
+        out: dict[str, object] = asdict(self)
+        out["groups"] = [asdict(g) for g in self.groups]
         out.update(
             usage=self.usage,
             hit_rate=self.hit_rate,
@@ -87,4 +104,4 @@ class Stats:
         )
 
 
-__all__ = ["Stats"]
+__all__ = ["GroupStats", "Stats"]
