@@ -181,6 +181,7 @@ impl BlockPool {
             log.push(KvEvent::BlockRemoved {
                 block_hash: e.digest,
                 medium: Medium::Gpu,
+                group: 0,
             });
         }
         true
@@ -397,6 +398,7 @@ impl BlockPool {
             log.push(KvEvent::BlockRemoved {
                 block_hash: *digest,
                 medium: Medium::Gpu,
+                group: 0,
             });
         }
         true
@@ -544,7 +546,8 @@ mod tests {
             events.last(),
             Some(&KvEvent::BlockRemoved {
                 block_hash: ds[1],
-                medium: Medium::Gpu
+                medium: Medium::Gpu,
+                group: 0,
             })
         );
         // Reset refuses while `b` and `c` are owned, then clears the rest.

@@ -28,10 +28,13 @@ pub enum KvEvent {
         token_ids: Vec<u32>,
         lora_id: Option<u64>,
         medium: Medium,
+        /// The KV-cache group (0 without groups): indexers key on `(group, block_hash)`.
+        group: u8,
     },
     BlockRemoved {
         block_hash: Digest,
         medium: Medium,
+        group: u8,
     },
     AllBlocksCleared,
 }

@@ -24,6 +24,8 @@ mod error;
 mod events;
 mod free_stack;
 mod gate;
+#[cfg(not(loom))]
+mod groups;
 #[cfg(all(test, not(loom)))]
 mod guard_tests;
 mod hashing;
@@ -45,6 +47,8 @@ pub use block_state::RC_MAX;
 pub use config::{Config, MAX_BLOCKS};
 pub use error::{Error, Result};
 pub use events::{KvEvent, Medium};
+#[cfg(not(loom))]
+pub use groups::{GroupKind, GroupManager, GroupStats, MAX_GROUPS, NULL};
 pub use hashing::{encode_extras, BlockHasher, Digest, HashAlgo, Tag};
 pub use manager::{BlockManager, MAX_TOKENS};
 pub use stats::{AllocStatus, Stats};

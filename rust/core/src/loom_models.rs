@@ -54,6 +54,7 @@ fn stored(d: Digest) -> KvEvent {
         token_ids: vec![],
         lora_id: None,
         medium: crate::events::Medium::Gpu,
+        group: 0,
     }
 }
 

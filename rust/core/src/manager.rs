@@ -73,7 +73,7 @@ pub(crate) fn chain_lock(digests: &[Digest]) -> Vec<usize> {
 }
 
 /// `num_new_tokens` of a prompt of `n` tokens: `1..=n`, `None` meaning all of them.
-fn check_new_tokens(k: Option<usize>, n: usize) -> Result<usize> {
+pub(crate) fn check_new_tokens(k: Option<usize>, n: usize) -> Result<usize> {
     match k {
         None => Ok(n),
         Some(k) if (1..=n).contains(&k) => Ok(k),
@@ -428,6 +428,7 @@ impl BlockManager {
             token_ids: seq.tokens[i * bs..(i + 1) * bs].to_vec(),
             lora_id: seq.lora_id,
             medium,
+            group: 0,
         }
     }
 

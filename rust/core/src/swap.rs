@@ -74,6 +74,7 @@ impl BlockManager {
             self.gpu.push_event(|| KvEvent::BlockRemoved {
                 block_hash: *d,
                 medium: Medium::Cpu,
+                group: 0,
             });
         }
     }
