@@ -1,5 +1,6 @@
 """Typed stubs of the Rust extension module `pagedkv._core` (checked by `mypy.stubtest`)."""
 
+from collections.abc import Sequence
 from typing import Any, Literal, Self, TypeAlias
 
 import numpy as np
@@ -8,6 +9,7 @@ from typing_extensions import disjoint_base
 
 from pagedkv.alloc_status import AllocStatus
 from pagedkv.events import KVEvent
+from pagedkv.groups import KVCacheGroup
 from pagedkv.stats import Stats
 
 # The accepted inputs (docs/inputs.md): exact lists and tuples of ints, ranges, 1-D integer
@@ -50,6 +52,7 @@ class BlockManager:
         hash_seed: int = 0,
         watermark: float = 0.01,
         enable_kv_events: bool = False,
+        groups: Sequence[KVCacheGroup] | None = None,
     ) -> Self: ...
 
     # -- per-sequence operations ------------------------------------------------------------
@@ -109,20 +112,28 @@ class BlockManager:
         """One token per sequence; returns the (k, 2) int32 copy pairs, or None if full."""
     def free_batch(self, seq_ids: _SeqIds) -> None:
         """Free each sequence in the given order."""
-    def block_tables(self, seq_ids: _SeqIds, pad: _Int = ...) -> npt.NDArray[np.int32]:
-        """(batch, max table length) int32 block tables, padded with `pad` (default -1)."""
+    def block_tables(
+        self, seq_ids: _SeqIds, pad: _Int = ..., *, group: _Int = 0
+    ) -> npt.NDArray[np.int32]:
+        """(batch, max table length) int32 block tables of `group`, padded with `pad`
+        (default -1)."""
     def slot_mapping(
-        self, seq_ids: _SeqIds, num_new_tokens: _Int | _Ints, *, lookahead: _Int = 0
+        self,
+        seq_ids: _SeqIds,
+        num_new_tokens: _Int | _Ints,
+        *,
+        lookahead: _Int = 0,
+        group: _Int = 0,
     ) -> npt.NDArray[np.int64]:
         """int64 slots of each sequence's last `num_new_tokens` scheduled tokens (then of
         `lookahead` draft positions), concatenated."""
     def flashinfer_page_table(
-        self, seq_ids: _SeqIds
+        self, seq_ids: _SeqIds, *, group: _Int = 0
     ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
         """(kv_indptr, kv_indices, kv_last_page_len), int32, for FlashInfer's paged wrappers."""
 
     # -- queries ----------------------------------------------------------------------------
-    def block_table(self, seq_id: _Int) -> list[int]: ...
+    def block_table(self, seq_id: _Int, *, group: _Int = 0) -> list[int]: ...
     def num_tokens(self, seq_id: _Int) -> int: ...
     def num_scheduled_tokens(self, seq_id: _Int) -> int: ...
     def table_digest(self, seq_id: _Int) -> int: ...
@@ -144,6 +155,8 @@ class BlockManager:
     def num_blocks(self) -> int: ...
     @property
     def block_size(self) -> int: ...
+    @property
+    def num_groups(self) -> int: ...
 
     # -- cache, statistics, events, audit ---------------------------------------------------
     def stats(self) -> Stats: ...

@@ -74,7 +74,7 @@ def check_groups(groups: object, block_size: int) -> tuple[KVCacheGroup, ...]:
     """The validated group list of a manager with this block size."""
     if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):
         raise InvalidArgumentError("groups must be a list of KVCacheGroup")
-    out = tuple(groups)  # type: ignore[call-overload]
+    out = tuple(groups)
     if not out:
         raise InvalidArgumentError("groups must not be empty")
     if len(out) > MAX_GROUPS:

@@ -49,7 +49,7 @@ fn a_window_sequence_holds_a_bounded_number_of_blocks() {
     let m = manager(64, 4, &[FULL, sw(8)]);
     alloc(&m, 1, 0..5).unwrap();
     for t in 0..200 {
-        m.append(1, &[t], 0).unwrap().unwrap();
+        m.append_lookahead(1, &[t], 0).unwrap().unwrap();
         let table = m.block_table(1, 1).unwrap();
         let held = table.iter().filter(|&&b| b != NULL).count();
         // Positions p-7..p and the block being written: at most ceil(8/4) + 1 blocks.
@@ -95,7 +95,7 @@ fn state_groups_hit_at_block_boundaries() {
         4,
         "a whole first chunk"
     );
-    m.append(1, &[7], 0).unwrap().unwrap();
+    m.append_lookahead(1, &[7], 0).unwrap().unwrap();
     let st = m.block_table(1, 1).unwrap();
     // Next token at 13: only the block holding the state after token 12 stays.
     assert_eq!(st[..3], [NULL, NULL, NULL]);
@@ -136,7 +136,7 @@ fn refusals_change_nothing_and_bad_groups_are_errors() {
     assert_eq!(m.stats().unwrap(), before);
     // The window moved past position 1: rolling back there is refused.
     for t in 0..8 {
-        m.append(1, &[t], 0).unwrap().unwrap();
+        m.append_lookahead(1, &[t], 0).unwrap().unwrap();
     }
     assert!(matches!(m.truncate(1, 1), Err(Error::InvalidArgument(_))));
     m.check_invariants().unwrap();
@@ -227,7 +227,7 @@ fn random_operations_keep_every_invariant() {
                 done[2] += usize::from(matches!(r, Ok(Some(_))));
             }
             (3 | 4, Some(s)) => {
-                let r = m.append(s, &[next(50) as u32], next(3) as usize);
+                let r = m.append_lookahead(s, &[next(50) as u32], next(3) as usize);
                 done[3] += usize::from(matches!(r, Ok(Some(_))));
             }
             (5, Some(s)) => {
@@ -263,7 +263,7 @@ fn random_operations_keep_every_invariant() {
                 };
                 let batch: Vec<u64> = live.iter().copied().filter(ready).take(4).collect();
                 let toks: Vec<u32> = batch.iter().map(|&b| b as u32).collect();
-                let r = m.append_batch(&batch, &toks, next(2) as usize);
+                let r = m.append_batch_lookahead(&batch, &toks, next(2) as usize);
                 done[9] += usize::from(matches!(r, Ok(Some(_))));
             }
         }

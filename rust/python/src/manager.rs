@@ -9,7 +9,10 @@ use crate::errors::{invalid, IntoPy};
 use crate::objects;
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
-use pagedkv_core::{nonblocking, BlockManager, Config, Error, HashAlgo, Result as CoreResult};
+use pagedkv_core::{
+    nonblocking, BlockManager, Config, Error, GroupKind, GroupManager, HashAlgo,
+    Result as CoreResult,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
@@ -55,9 +58,65 @@ fn new_tokens_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
         .transpose()
 }
 
+/// The manager behind a `BlockManager`: the single-group one, or one with KV-cache groups.
+/// One per Python object, so the size difference costs nothing; boxing the larger variant
+/// would add an indirection to every call of the single-group hot path.
+#[allow(clippy::large_enum_variant)]
+enum Inner {
+    Plain(BlockManager),
+    Groups(GroupManager),
+}
+
+/// `$body` with `$m` bound to whichever manager it is (the calls both share).
+macro_rules! each {
+    ($inner:expr, $m:ident => $body:expr) => {
+        match $inner {
+            Inner::Plain($m) => $body,
+            Inner::Groups($m) => $body,
+        }
+    };
+}
+
+/// A manager without groups has one group, 0.
+fn only_group_zero(group: usize) -> CoreResult<()> {
+    if group != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "group {group} out of range: the manager has 1 group"
+        )));
+    }
+    Ok(())
+}
+
+/// `group`: a non-negative int naming a group (whether it exists is the core's check).
+fn group_arg(obj: &Given<'_>) -> PyResult<usize> {
+    Ok(opt_int_arg(obj, 0, "group", 0, i64::from(u8::MAX))? as usize)
+}
+
+/// The `groups=` list, validated by `pagedkv.groups.check_groups` (one place for the rules
+/// and messages, shared with the reference model), as core group kinds.
+fn groups_arg(
+    py: Python<'_>,
+    groups: &Bound<'_, PyAny>,
+    block_size: usize,
+) -> PyResult<Vec<GroupKind>> {
+    let checked = py
+        .import("pagedkv.groups")?
+        .getattr("check_groups")?
+        .call1((groups, block_size))?;
+    let mut kinds = Vec::new();
+    for g in checked.try_iter()? {
+        let g = g?;
+        let kind: String = g.getattr("kind")?.extract()?;
+        let window: Option<usize> = g.getattr("window")?.extract()?;
+        let chunk: Option<usize> = g.getattr("chunk")?.extract()?;
+        kinds.push(GroupKind::parse(&kind, window, chunk, block_size).py(py)?);
+    }
+    Ok(kinds)
+}
+
 #[pyclass(frozen, subclass, module = "pagedkv._core", name = "BlockManager")]
 pub struct PyBlockManager {
-    inner: BlockManager,
+    inner: Inner,
 }
 
 fn salt_bytes(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u8>>> {
@@ -108,10 +167,10 @@ impl PyBlockManager {
     #[pyo3(
         signature = (num_blocks, block_size=Given::Absent, *, num_cpu_blocks=Given::Absent,
             enable_prefix_caching=Given::Absent, hash_algo=Given::Absent, hash_seed=Given::Absent,
-            watermark=Given::Absent, enable_kv_events=Given::Absent),
+            watermark=Given::Absent, enable_kv_events=Given::Absent, groups=None),
         text_signature = "(num_blocks, block_size=16, *, num_cpu_blocks=0, \
             enable_prefix_caching=True, hash_algo='sha256', hash_seed=0, watermark=0.01, \
-            enable_kv_events=False)"
+            enable_kv_events=False, groups=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -124,6 +183,7 @@ impl PyBlockManager {
         hash_seed: Given<'_>,
         watermark: Given<'_>,
         enable_kv_events: Given<'_>,
+        groups: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let max = i64::from(i32::MAX);
         // Struct fields are evaluated in order: the arguments' order (docs/inputs.md).
@@ -137,11 +197,15 @@ impl PyBlockManager {
             watermark: crate::convert::watermark(&watermark)?,
             enable_kv_events: flag(&enable_kv_events, false, "enable_kv_events")?,
         };
-        let inner = if config.num_blocks >= DETACH_MIN_BLOCKS {
-            py.detach(|| BlockManager::new(config))
-        } else {
-            BlockManager::new(config)
+        let kinds = groups
+            .map(|g| groups_arg(py, g, config.block_size))
+            .transpose()?;
+        let detach = config.num_blocks >= DETACH_MIN_BLOCKS;
+        let build = move || match kinds {
+            None => BlockManager::new(config).map(Inner::Plain),
+            Some(kinds) => GroupManager::new(config, kinds).map(Inner::Groups),
         };
+        let inner = if detach { py.detach(build) } else { build() };
         Ok(Self {
             inner: inner.py(py)?,
         })
@@ -173,10 +237,11 @@ impl PyBlockManager {
         let detach = toks.len() >= DETACH_MIN_TOKENS;
         let mut toks = toks;
         // The converted tokens move into the core on success: no second copy of a prompt.
-        run(py, detach, || {
-            self.inner
-                .allocate_from(id, &mut toks, salt.as_deref(), lora, new, lookahead)
-        })
+        run(
+            py,
+            detach,
+            || each!(&self.inner, mgr => mgr.allocate_from(id, &mut toks, salt.as_deref(), lora, new, lookahead)),
+        )
     }
 
     #[pyo3(
@@ -193,7 +258,11 @@ impl PyBlockManager {
         let id = self::seq_id(seq_id)?;
         let k = int_arg(num_new_tokens, "num_new_tokens", 1, i64::MAX)? as usize;
         let lookahead = lookahead_arg(&lookahead)?;
-        run(py, false, || self.inner.extend(id, k, lookahead))
+        run(
+            py,
+            false,
+            || each!(&self.inner, mgr => mgr.extend(id, k, lookahead)),
+        )
     }
 
     #[pyo3(
@@ -210,9 +279,11 @@ impl PyBlockManager {
         let id = self::seq_id(seq_id)?;
         let toks = tokens(token_ids)?;
         let lookahead = lookahead_arg(&lookahead)?;
-        run(py, toks.len() >= DETACH_MIN_TOKENS, || {
-            self.inner.append_lookahead(id, &toks, lookahead)
-        })
+        run(
+            py,
+            toks.len() >= DETACH_MIN_TOKENS,
+            || each!(&self.inner, mgr => mgr.append_lookahead(id, &toks, lookahead)),
+        )
     }
 
     fn truncate(
@@ -223,7 +294,7 @@ impl PyBlockManager {
     ) -> PyResult<Option<Pairs>> {
         let id = self::seq_id(seq_id)?;
         let m = int_arg(num_tokens, "num_tokens", 1, i64::MAX)? as usize;
-        run(py, false, || self.inner.truncate(id, m))
+        run(py, false, || each!(&self.inner, mgr => mgr.truncate(id, m)))
     }
 
     #[pyo3(
@@ -240,9 +311,11 @@ impl PyBlockManager {
         let toks = tokens(token_ids)?;
         let salt = salt_arg(cache_salt)?;
         let lora = lora_arg(lora_id)?;
-        run(py, toks.len() >= DETACH_MIN_TOKENS, || {
-            self.inner.lookup(&toks, salt.as_deref(), lora)
-        })
+        run(
+            py,
+            toks.len() >= DETACH_MIN_TOKENS,
+            || each!(&self.inner, mgr => mgr.lookup(&toks, salt.as_deref(), lora)),
+        )
     }
 
     fn fork(
@@ -255,7 +328,7 @@ impl PyBlockManager {
             id_arg(parent_id, "parent_id")?,
             id_arg(child_id, "child_id")?,
         );
-        run(py, false, || self.inner.fork(p, c))
+        run(py, false, || each!(&self.inner, mgr => mgr.fork(p, c)))
     }
 
     #[pyo3(
@@ -272,17 +345,21 @@ impl PyBlockManager {
         let computed = num_computed_tokens
             .map(|c| int_arg(c, "num_computed_tokens", 0, i64::MAX).map(|c| c as usize))
             .transpose()?;
-        run(py, false, || self.inner.free_computed(id, computed))
+        run(
+            py,
+            false,
+            || each!(&self.inner, mgr => mgr.free_computed(id, computed)),
+        )
     }
 
     fn swap_out(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<Option<Pairs>> {
         let id = self::seq_id(seq_id)?;
-        run(py, false, || self.inner.swap_out(id))
+        run(py, false, || each!(&self.inner, mgr => mgr.swap_out(id)))
     }
 
     fn swap_in(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<Option<Pairs>> {
         let id = self::seq_id(seq_id)?;
-        run(py, false, || self.inner.swap_in(id))
+        run(py, false, || each!(&self.inner, mgr => mgr.swap_in(id)))
     }
 
     #[pyo3(
@@ -304,16 +381,21 @@ impl PyBlockManager {
             let new = new_tokens_arg(num_new_tokens)?.map(|k| k as u64);
             salt_arg(cache_salt)?;
             lora_arg(lora_id)?;
-            self.inner.can_allocate_count(n, new).py(py)?
+            run(
+                py,
+                false,
+                || each!(&self.inner, mgr => mgr.can_allocate_count(n, new)),
+            )?
         } else {
             let toks = tokens(num_tokens)?;
             let new = new_tokens_arg(num_new_tokens)?.map(|k| k as u64);
             let salt = salt_arg(cache_salt)?;
             let lora = lora_arg(lora_id)?;
-            run(py, toks.len() >= DETACH_MIN_TOKENS, || {
-                self.inner
-                    .can_allocate_prompt(&toks, new, salt.as_deref(), lora)
-            })?
+            run(
+                py,
+                toks.len() >= DETACH_MIN_TOKENS,
+                || each!(&self.inner, mgr => mgr.can_allocate_prompt(&toks, new, salt.as_deref(), lora)),
+            )?
         };
         objects::alloc_status(py, status)
     }
@@ -324,7 +406,7 @@ impl PyBlockManager {
         seq_id: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::seq_id(seq_id)?;
-        let status = run(py, false, || self.inner.can_swap_in(id))?;
+        let status = run(py, false, || each!(&self.inner, mgr => mgr.can_swap_in(id)))?;
         objects::alloc_status(py, status)
     }
 
@@ -343,38 +425,50 @@ impl PyBlockManager {
         let toks = batch_tokens(token_ids)?;
         let lookahead = lookahead_arg(&lookahead)?;
         let detach = ids.len() >= DETACH_MIN_BATCH;
-        let pairs = run(py, detach, || {
-            self.inner.append_batch_lookahead(&ids, &toks, lookahead)
-        })?;
+        let pairs = run(
+            py,
+            detach,
+            || each!(&self.inner, mgr => mgr.append_batch_lookahead(&ids, &toks, lookahead)),
+        )?;
         pairs.map(|p| pairs_array(py, p)).transpose()
     }
 
     fn free_batch(&self, py: Python<'_>, seq_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = self::seq_ids(seq_ids)?;
-        run(py, ids.len() >= DETACH_MIN_BATCH, || {
-            self.inner.free_batch(&ids)
-        })
+        run(
+            py,
+            ids.len() >= DETACH_MIN_BATCH,
+            || each!(&self.inner, mgr => mgr.free_batch(&ids)),
+        )
     }
 
-    #[pyo3(signature = (seq_ids, pad=Given::Absent), text_signature = "($self, seq_ids, pad=-1)")]
+    #[pyo3(
+        signature = (seq_ids, pad=Given::Absent, *, group=Given::Absent),
+        text_signature = "($self, seq_ids, pad=-1, *, group=0)"
+    )]
     fn block_tables<'py>(
         &self,
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
         pad: Given<'py>,
+        group: Given<'py>,
     ) -> PyResult<Bound<'py, PyArray2<i32>>> {
         let ids = self::seq_ids(seq_ids)?;
         let pad = opt_int_arg(&pad, -1, "pad", i64::from(i32::MIN), i64::from(i32::MAX))? as i32;
+        let group = group_arg(&group)?;
         let detach = ids.len() >= DETACH_MIN_BATCH;
-        let (flat, width) = run(py, detach, || self.inner.block_tables(&ids, pad))?;
+        let (flat, width) = run(py, detach, || match &self.inner {
+            Inner::Plain(m) => only_group_zero(group).and_then(|()| m.block_tables(&ids, pad)),
+            Inner::Groups(m) => m.block_tables(&ids, pad, group),
+        })?;
         let array = Array2::from_shape_vec((ids.len(), width), flat)
             .map_err(|e| invalid(py, format!("internal shape error: {e}")))?;
         Ok(array.into_pyarray(py))
     }
 
     #[pyo3(
-        signature = (seq_ids, num_new_tokens, *, lookahead=Given::Absent),
-        text_signature = "($self, seq_ids, num_new_tokens, *, lookahead=0)"
+        signature = (seq_ids, num_new_tokens, *, lookahead=Given::Absent, group=Given::Absent),
+        text_signature = "($self, seq_ids, num_new_tokens, *, lookahead=0, group=0)"
     )]
     fn slot_mapping<'py>(
         &self,
@@ -382,22 +476,32 @@ impl PyBlockManager {
         seq_ids: &Bound<'py, PyAny>,
         num_new_tokens: &Bound<'py, PyAny>,
         lookahead: Given<'py>,
+        group: Given<'py>,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let ids = self::seq_ids(seq_ids)?;
         let n = counts(num_new_tokens, ids.len(), "num_new_tokens")?;
         let lookahead = lookahead_arg(&lookahead)?;
+        let group = group_arg(&group)?;
         let detach = ids.len() >= DETACH_MIN_BATCH;
-        let slots = run(py, detach, || {
-            self.inner.slot_mapping_lookahead(&ids, &n, lookahead)
+        let slots = run(py, detach, || match &self.inner {
+            Inner::Plain(m) => {
+                only_group_zero(group).and_then(|()| m.slot_mapping_lookahead(&ids, &n, lookahead))
+            }
+            Inner::Groups(m) => m.slot_mapping(&ids, &n, lookahead, group),
         })?;
         Ok(slots.into_pyarray(py))
     }
 
     #[allow(clippy::type_complexity)]
+    #[pyo3(
+        signature = (seq_ids, *, group=Given::Absent),
+        text_signature = "($self, seq_ids, *, group=0)"
+    )]
     fn flashinfer_page_table<'py>(
         &self,
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
+        group: Given<'py>,
     ) -> PyResult<(
         Bound<'py, PyArray1<i32>>,
         Bound<'py, PyArray1<i32>>,
@@ -405,7 +509,11 @@ impl PyBlockManager {
     )> {
         let ids = self::seq_ids(seq_ids)?;
         let detach = ids.len() >= DETACH_MIN_BATCH;
-        let (indptr, indices, last) = run(py, detach, || self.inner.flashinfer_page_table(&ids))?;
+        let group = group_arg(&group)?;
+        let (indptr, indices, last) = run(py, detach, || match &self.inner {
+            Inner::Plain(m) => only_group_zero(group).and_then(|()| m.flashinfer_page_table(&ids)),
+            Inner::Groups(m) => m.flashinfer_page_table(&ids, group),
+        })?;
         Ok((
             indptr.into_pyarray(py),
             indices.into_pyarray(py),
@@ -413,24 +521,45 @@ impl PyBlockManager {
         ))
     }
 
-    fn block_table(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    #[pyo3(
+        signature = (seq_id, *, group=Given::Absent),
+        text_signature = "($self, seq_id, *, group=0)"
+    )]
+    fn block_table(
+        &self,
+        py: Python<'_>,
+        seq_id: &Bound<'_, PyAny>,
+        group: Given<'_>,
+    ) -> PyResult<Vec<u32>> {
         let id = self::seq_id(seq_id)?;
-        run(py, false, || self.inner.block_table(id))
+        let group = group_arg(&group)?;
+        run(py, false, || match &self.inner {
+            Inner::Plain(m) => only_group_zero(group).and_then(|()| m.block_table(id)),
+            Inner::Groups(m) => m.block_table(id, group),
+        })
     }
 
     fn num_tokens(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let id = self::seq_id(seq_id)?;
-        run(py, false, || self.inner.num_tokens(id))
+        run(py, false, || each!(&self.inner, mgr => mgr.num_tokens(id)))
     }
 
     fn num_scheduled_tokens(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let id = self::seq_id(seq_id)?;
-        run(py, false, || self.inner.num_scheduled_tokens(id))
+        run(
+            py,
+            false,
+            || each!(&self.inner, mgr => mgr.num_scheduled_tokens(id)),
+        )
     }
 
     fn table_digest(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<u64> {
         let id = self::seq_id(seq_id)?;
-        run(py, false, || self.inner.table_digest(id))
+        run(
+            py,
+            false,
+            || each!(&self.inner, mgr => mgr.table_digest(id)),
+        )
     }
 
     fn block_hashes<'py>(
@@ -439,7 +568,11 @@ impl PyBlockManager {
         seq_id: &Bound<'py, PyAny>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
         let id = self::seq_id(seq_id)?;
-        let digests = run(py, false, || self.inner.block_hashes(id))?;
+        let digests = run(
+            py,
+            false,
+            || each!(&self.inner, mgr => mgr.block_hashes(id)),
+        )?;
         Ok(digests
             .iter()
             .map(|d| PyBytes::new(py, d.as_bytes()))
@@ -448,84 +581,147 @@ impl PyBlockManager {
 
     fn is_swapped(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<bool> {
         let id = self::seq_id(seq_id)?;
-        run(py, false, || self.inner.is_swapped(id))
+        run(py, false, || each!(&self.inner, mgr => mgr.is_swapped(id)))
     }
 
-    fn __contains__(&self, seq_id: &Bound<'_, PyAny>) -> bool {
-        maybe_seq_id(seq_id).is_some_and(|id| self.inner.contains(id))
+    fn __contains__(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let Some(id) = maybe_seq_id(seq_id) else {
+            return Ok(false);
+        };
+        match &self.inner {
+            Inner::Plain(m) => Ok(m.contains(id)),
+            Inner::Groups(m) => run(py, false, || m.contains(id)),
+        }
     }
 
-    fn __len__(&self) -> usize {
-        self.inner.num_sequences()
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        self.count(py, BlockManager::num_sequences, GroupManager::num_sequences)
     }
 
     #[getter]
     fn num_blocks(&self) -> usize {
-        self.inner.config().num_blocks as usize
+        each!(&self.inner, mgr => mgr.config().num_blocks as usize)
     }
 
     #[getter]
     fn block_size(&self) -> usize {
-        self.inner.block_size()
+        each!(&self.inner, mgr => mgr.block_size())
     }
 
     #[getter]
     fn num_cpu_blocks(&self) -> usize {
-        self.inner.config().num_cpu_blocks as usize
+        each!(&self.inner, mgr => mgr.config().num_cpu_blocks as usize)
     }
 
     #[getter]
-    fn num_free_blocks(&self) -> usize {
-        self.inner.num_free_blocks()
+    fn num_groups(&self) -> usize {
+        match &self.inner {
+            Inner::Plain(_) => 1,
+            Inner::Groups(m) => m.num_groups(),
+        }
     }
 
     #[getter]
-    fn num_cached_blocks(&self) -> usize {
-        self.inner.num_cached_blocks()
+    fn num_free_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.count(
+            py,
+            BlockManager::num_free_blocks,
+            GroupManager::num_free_blocks,
+        )
     }
 
     #[getter]
-    fn num_available_blocks(&self) -> usize {
-        self.inner.num_available_blocks()
+    fn num_cached_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.count(
+            py,
+            BlockManager::num_cached_blocks,
+            GroupManager::num_cached_blocks,
+        )
     }
 
     #[getter]
-    fn num_free_cpu_blocks(&self) -> usize {
-        self.inner.num_free_cpu_blocks()
+    fn num_available_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.count(
+            py,
+            BlockManager::num_available_blocks,
+            GroupManager::num_available_blocks,
+        )
+    }
+
+    #[getter]
+    fn num_free_cpu_blocks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.count(
+            py,
+            BlockManager::num_free_cpu_blocks,
+            GroupManager::num_free_cpu_blocks,
+        )
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let s = self.inner.stats();
-        objects::stats(py, &s)
+        match &self.inner {
+            Inner::Plain(m) => objects::stats(py, &m.stats(), &[]),
+            Inner::Groups(m) => {
+                let (s, groups) = run(py, false, || m.stats())?;
+                objects::stats(py, &s, &groups)
+            }
+        }
     }
 
     fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<bool> {
         // Waits for calls in flight: always without the GIL.
-        run(py, true, || self.inner.reset_prefix_cache())
+        run(
+            py,
+            true,
+            || each!(&self.inner, mgr => mgr.reset_prefix_cache()),
+        )
     }
 
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        self.inner
-            .drain_events()
-            .iter()
-            .map(|e| objects::event(py, e))
-            .collect()
+        let events = match &self.inner {
+            Inner::Plain(m) => m.drain_events(),
+            Inner::Groups(m) => run(py, false, || m.drain_events())?,
+        };
+        events.iter().map(|e| objects::event(py, e)).collect()
     }
 
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.inner.check_invariants()).py(py)
+        py.detach(|| each!(&self.inner, mgr => mgr.check_invariants()))
+            .py(py)
     }
 
-    fn __repr__(&self) -> String {
-        let c = self.inner.config();
-        format!(
-            "BlockManager(num_blocks={}, block_size={}, num_cpu_blocks={}, sequences={}, free={}, cached={})",
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let c = each!(&self.inner, mgr => mgr.config().clone());
+        let groups = match &self.inner {
+            Inner::Plain(_) => String::new(),
+            Inner::Groups(m) => {
+                let kinds: Vec<&str> = m.kinds().iter().map(|k| k.name()).collect();
+                format!(", groups=[{}]", kinds.join(", "))
+            }
+        };
+        Ok(format!(
+            "BlockManager(num_blocks={}, block_size={}, num_cpu_blocks={}{groups}, sequences={}, free={}, cached={})",
             c.num_blocks,
             c.block_size,
             c.num_cpu_blocks,
-            self.inner.num_sequences(),
-            self.inner.num_free_blocks(),
-            self.inner.num_cached_blocks()
-        )
+            self.__len__(py)?,
+            self.num_free_blocks(py)?,
+            self.num_cached_blocks(py)?
+        ))
+    }
+}
+
+impl PyBlockManager {
+    /// A count from whichever manager it is (the grouped one under its lock, without
+    /// waiting while holding the GIL).
+    fn count(
+        &self,
+        py: Python<'_>,
+        plain: fn(&BlockManager) -> usize,
+        groups: fn(&GroupManager) -> CoreResult<usize>,
+    ) -> PyResult<usize> {
+        match &self.inner {
+            Inner::Plain(m) => Ok(plain(m)),
+            Inner::Groups(m) => run(py, false, || groups(m)),
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! Core results as the Python objects of `pagedkv.events`, `pagedkv.stats` and
 //! `pagedkv.alloc_status` (plain dataclasses and an enum, shared with the reference model).
 
-use pagedkv_core::{AllocStatus, KvEvent, Stats};
+use pagedkv_core::{AllocStatus, GroupStats, KvEvent, Stats};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyType};
@@ -10,6 +10,7 @@ static STORED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static REMOVED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static CLEARED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static STATS: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static GROUP_STATS: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static STATUS: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 pub fn event<'py>(py: Python<'py>, e: &KvEvent) -> PyResult<Bound<'py, PyAny>> {
@@ -20,6 +21,7 @@ pub fn event<'py>(py: Python<'py>, e: &KvEvent) -> PyResult<Bound<'py, PyAny>> {
             token_ids,
             lora_id,
             medium,
+            group,
         } => {
             let kw = PyDict::new(py);
             kw.set_item(
@@ -34,17 +36,23 @@ pub fn event<'py>(py: Python<'py>, e: &KvEvent) -> PyResult<Bound<'py, PyAny>> {
             kw.set_item("block_size", token_ids.len())?;
             kw.set_item("lora_id", *lora_id)?;
             kw.set_item("medium", medium.name())?;
+            kw.set_item("group_idx", *group)?;
             STORED
                 .import(py, "pagedkv.events", "BlockStored")?
                 .call((), Some(&kw))
         }
-        KvEvent::BlockRemoved { block_hash, medium } => {
+        KvEvent::BlockRemoved {
+            block_hash,
+            medium,
+            group,
+        } => {
             let kw = PyDict::new(py);
             kw.set_item(
                 "block_hashes",
                 vec![PyBytes::new(py, block_hash.as_bytes())],
             )?;
             kw.set_item("medium", medium.name())?;
+            kw.set_item("group_idx", *group)?;
             REMOVED
                 .import(py, "pagedkv.events", "BlockRemoved")?
                 .call((), Some(&kw))
@@ -55,7 +63,11 @@ pub fn event<'py>(py: Python<'py>, e: &KvEvent) -> PyResult<Bound<'py, PyAny>> {
     }
 }
 
-pub fn stats<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyAny>> {
+pub fn stats<'py>(
+    py: Python<'py>,
+    s: &Stats,
+    groups: &[GroupStats],
+) -> PyResult<Bound<'py, PyAny>> {
     let kw = PyDict::new(py);
     kw.set_item("num_blocks", s.num_blocks)?;
     kw.set_item("block_size", s.block_size)?;
@@ -78,6 +90,24 @@ pub fn stats<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyAny>> {
     kw.set_item("registered_blocks", s.registered_blocks)?;
     kw.set_item("unregistered_blocks", s.unregistered_blocks)?;
     kw.set_item("truncated_blocks", s.truncated_blocks)?;
+    // With groups block 0 is the null block: usage is over the other blocks.
+    let usable = s.num_blocks.saturating_sub(1).max(1) as f64;
+    let cls = GROUP_STATS.import(py, "pagedkv.stats", "GroupStats")?;
+    let per_group = groups
+        .iter()
+        .map(|g| {
+            let kw = PyDict::new(py);
+            kw.set_item("kind", g.kind)?;
+            kw.set_item("used_blocks", g.used_blocks)?;
+            kw.set_item("cached_blocks", g.cached_blocks)?;
+            kw.set_item("usage", g.used_blocks as f64 / usable)?;
+            kw.set_item("hit_blocks", g.hit_blocks)?;
+            kw.set_item("evictions", g.evictions)?;
+            kw.set_item("registered_blocks", g.registered_blocks)?;
+            cls.call((), Some(&kw))
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    kw.set_item("groups", pyo3::types::PyTuple::new(py, per_group)?)?;
     STATS
         .import(py, "pagedkv.stats", "Stats")?
         .call((), Some(&kw))

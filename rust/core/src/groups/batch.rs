@@ -23,7 +23,7 @@ fn distinct(ids: &[u64]) -> Result<()> {
 impl GroupManager {
     /// One token to each sequence, all or nothing: every sequence's skipped entries are
     /// released first (batch order), then each is written in batch order, then registered.
-    pub fn append_batch(
+    pub fn append_batch_lookahead(
         &self,
         ids: &[u64],
         tokens: &[u32],

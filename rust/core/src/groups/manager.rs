@@ -512,7 +512,7 @@ impl GroupManager {
         Ok(())
     }
 
-    pub fn append(
+    pub fn append_lookahead(
         &self,
         id: u64,
         tokens: &[u32],
@@ -739,13 +739,14 @@ impl GroupManager {
     pub fn can_allocate_prompt(
         &self,
         tokens: &[u32],
-        num_new_tokens: Option<usize>,
+        num_new_tokens: Option<u64>,
         cache_salt: Option<&[u8]>,
         lora_id: Option<u64>,
     ) -> Result<crate::AllocStatus> {
         Self::check_tokens(tokens, "token_ids")?;
         let n = tokens.len();
-        let k = check_new_tokens(num_new_tokens, n)?;
+        let k = num_new_tokens.map(|k| usize::try_from(k).unwrap_or(usize::MAX));
+        let k = check_new_tokens(k, n)?;
         let bs = self.block_size();
         let extras = encode_extras(cache_salt, lora_id);
         let (digests, tags) = self.chain(tokens, &extras);
