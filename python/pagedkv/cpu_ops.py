@@ -78,6 +78,18 @@ def swap(src_buffer: torch.Tensor, dst_buffer: torch.Tensor, pairs: torch.Tensor
     dst_buffer[:, :, dst] = src_buffer[:, :, src].to(dst_buffer.device)
 
 
+def attention_start(seq_len: int, window: int = 0, chunk: int = 0) -> int:
+    """The first position the query at ``seq_len - 1`` attends to: the last ``window``
+    positions (FlashAttention's ``window_left = window - 1``), or its own ``chunk``-token
+    chunk; 0 means no limit (full causal attention)."""
+    lo = 0
+    if seq_len > 0 and window > 0:
+        lo = max(lo, seq_len - window)
+    if seq_len > 0 and chunk > 0:
+        lo = max(lo, (seq_len - 1) // chunk * chunk)
+    return lo
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -86,10 +98,15 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     compute_dtype: torch.dtype | None = None,
+    *,
+    window: int = 0,
+    chunk: int = 0,
 ) -> torch.Tensor:
-    """Softmax attention of each sequence's one query token over its first
-    ``seq_lens[i]`` cached tokens, GQA by repeating each KV head over its group. Computed in
-    fp32 (or ``compute_dtype``), returned in q's dtype; a sequence of length 0 gives 0."""
+    """Softmax attention of each sequence's one query token over its cached tokens
+    ``attention_start(seq_lens[i], window, chunk) .. seq_lens[i] - 1`` (all of them by
+    default), GQA by repeating each KV head over its group. Table entries before that
+    start are not read. Computed in fp32 (or ``compute_dtype``), returned in q's dtype; a
+    sequence of length 0 gives 0."""
     import torch
 
     ct = compute_dtype or torch.float32
@@ -103,7 +120,9 @@ def paged_decode_attention(
     for i, n in enumerate(seq_lens.cpu().tolist()):
         if n == 0:
             continue
-        slots = token_slots(tables[i : i + 1], torch.tensor([n]), block_size).to(kf.device)
+        pos = torch.arange(attention_start(n, window, chunk), n, dtype=torch.int64)
+        blocks = tables[i].to(torch.int64)[pos // block_size]
+        slots = (blocks * block_size + pos % block_size).to(kf.device)
         k = kf[slots].to(ct).cpu().repeat_interleave(group, dim=1)  # [n, heads, dim]
         v = vf[slots].to(ct).cpu().repeat_interleave(group, dim=1)
         s = torch.einsum("hd,nhd->hn", q[i].to(ct).cpu(), k) * scale

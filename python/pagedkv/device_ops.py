@@ -202,6 +202,16 @@ def decode_splits(
     return -(-max_len // per), per
 
 
+def attended_span(max_len: int, window: int, chunk: int) -> int:
+    """The most positions one query attends to: a window or a chunk bounds the span."""
+    span = max_len
+    if window > 0:
+        span = min(span, window)
+    if chunk > 0:
+        span = min(span, chunk)
+    return span
+
+
 def paged_decode_attention(
     launcher: Launcher,
     dtype: str,
@@ -213,7 +223,12 @@ def paged_decode_attention(
     max_len: int,
     scale: float,
     num_splits: int | None,
+    window: int = 0,
+    chunk: int = 0,
 ) -> torch.Tensor:
+    """``window`` > 0: attend to the last ``window`` positions only; ``chunk`` > 0: to the
+    query's chunk only (0: no limit). The splits cover the longest attended span, not the
+    longest sequence."""
     import torch
 
     batch, num_heads, dim = q.shape
@@ -226,7 +241,8 @@ def paged_decode_attention(
     if q.stride(-1) != 1 or q.stride(0) % vec or q.stride(1) % vec or not _aligned(q, 16):
         q = q.contiguous()
     bdx, bdz, tile, smem = decode_launch_shape(dtype, dim, group)
-    splits, per = decode_splits(batch, kv_heads, max_len, tile, launcher.num_sms, num_splits)
+    span = attended_span(max_len, window, chunk)
+    splits, per = decode_splits(batch, kv_heads, span, tile, launcher.num_sms, num_splits)
     part_o: torch.Tensor | None = None
     part_lse: torch.Tensor | None = None
     if splits > 1:
@@ -242,6 +258,8 @@ def paged_decode_attention(
         block_tables.data_ptr(),
         _i64(block_tables.stride(0)),
         seq_lens.data_ptr(),
+        _i32(window),
+        _i32(chunk),
         _i32(kv_heads),
         _i32(block_size),
         _i32(num_blocks),

@@ -20,10 +20,17 @@ still skip out-of-range ids and lengths, so nothing is read or written outside t
 Ordering: every kernel runs on the current torch stream, so work issued before on that
 stream (attention reading a block) completes before a copy that overwrites it, and a block
 freed by the manager can be reused by work issued after.
+
+With ``groups=[KVCacheGroup, ...]`` and ``layer_groups=[group of each layer]`` (the
+manager's group list) the layers of different groups share buffer rows, block 0 is the
+null block, every call that takes tables or slots for a layer takes ``group=`` (which must
+be the layer's group), decode attention applies the group's window or chunk, and state
+layers keep a state per block (:mod:`pagedkv.pool_groups`, docs/kernels.md).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
@@ -32,6 +39,8 @@ import numpy as np
 
 from pagedkv import cpu_ops, cupy_launch, device_ops, id_checks
 from pagedkv import kernel_loader as K
+from pagedkv import pool_groups as PG
+from pagedkv.attention import paged_decode_attention
 from pagedkv.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -81,8 +90,10 @@ _host_array = id_checks.host_array
 class KVCachePool:
     """Preallocated paged KV cache for all layers (see the module docstring).
 
-    ``launcher`` (tests only) replaces the device's kernel launcher, e.g. with the C++ host
-    harness that runs the CUDA sources on a CPU pool."""
+    ``groups``/``layer_groups``: a pool for a manager with KV-cache groups; ``state_shape``
+    (a tuple, or ``{group: tuple}``) and ``state_dtype`` (default ``dtype``) give the state
+    of each block of a state group. ``launcher`` (tests only) replaces the device's kernel
+    launcher, e.g. with the C++ host harness that runs the CUDA sources on a CPU pool."""
 
     def __init__(
         self,
@@ -94,6 +105,10 @@ class KVCachePool:
         dtype: Any = "bfloat16",
         device: Any = "cuda",
         *,
+        groups: Any = None,
+        layer_groups: Any = None,
+        state_shape: Any = None,
+        state_dtype: Any = None,
         pin_memory: bool = False,
         launcher: Launcher | None = None,
     ) -> None:
@@ -116,13 +131,26 @@ class KVCachePool:
         self.head_dim = int(head_dim)
         self.dtype_name = _dtype_name(dtype)
         self.dtype: torch.dtype = getattr(torch, self.dtype_name)
+        #: Where each layer keeps its pages (pagedkv.pool_groups).
+        self.layout = PG.make_layout(
+            self.num_layers, self.block_size, groups, layer_groups, state_shape
+        )
+        self.state_dtype_name = self.dtype_name if state_dtype is None else _dtype_name(state_dtype)
+        PG.check_state_fits(
+            self.layout,
+            self.block_size * self.num_kv_heads * self.head_dim * K.ITEMSIZE[self.dtype_name],
+            K.ITEMSIZE[self.state_dtype_name],
+        )
+        #: Block 0 is the null block: nothing writes it (a pool with groups; its swap pool
+        #: has no null block, as CPU block ids are all real).
+        self.null_block = self.layout.groups is not None
         dev = torch.device(device)
         index = cupy_launch.device_index(dev, torch.cuda.current_device)
         if index is not None:
             dev = torch.device("cuda", index)
         self.device: torch.device = dev
         shape = (
-            self.num_layers,
+            self.layout.num_rows,
             2,
             self.num_blocks,
             self.block_size,
@@ -131,8 +159,8 @@ class KVCachePool:
         )
         pin = pin_memory and self.device.type == "cpu"
         with self._on_device():
-            #: The one allocation: [num_layers, 2 (K, V), num_blocks, block_size, heads,
-            #: head_dim].
+            #: The one allocation: [rows, 2 (K, V), num_blocks, block_size, heads, head_dim];
+            #: one row per layer, or with groups one per layer of the largest group.
             self.buffer: torch.Tensor = torch.zeros(
                 shape, dtype=self.dtype, device=self.device, pin_memory=pin
             )
@@ -146,7 +174,8 @@ class KVCachePool:
     def block_bytes(
         num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: Any
     ) -> int:
-        """Bytes one block takes across all layers, K and V."""
+        """Bytes one block takes across all layers, K and V (with groups pass the rows,
+        the most layers of one group, as ``num_layers``: see ``pool.bytes_per_block``)."""
         return (
             2 * num_layers * block_size * num_kv_heads * head_dim * K.ITEMSIZE[_dtype_name(dtype)]
         )
@@ -154,7 +183,7 @@ class KVCachePool:
     @property
     def bytes_per_block(self) -> int:
         return self.block_bytes(
-            self.num_layers, self.block_size, self.num_kv_heads, self.head_dim, self.dtype_name
+            self.layout.num_rows, self.block_size, self.num_kv_heads, self.head_dim, self.dtype_name
         )
 
     @property
@@ -173,6 +202,10 @@ class KVCachePool:
         *,
         prealloc_ratio: float = 0.9,
         max_blocks: int | None = None,
+        groups: Any = None,
+        layer_groups: Any = None,
+        state_shape: Any = None,
+        state_dtype: Any = None,
         pin_memory: bool = False,
         launcher: Launcher | None = None,
     ) -> KVCachePool:
@@ -187,7 +220,8 @@ class KVCachePool:
             free, _total = torch.cuda.mem_get_info(dev)
         else:
             free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        per = cls.block_bytes(num_layers, block_size, num_kv_heads, head_dim, dtype)
+        rows = PG.make_layout(num_layers, block_size, groups, layer_groups, state_shape).num_rows
+        per = cls.block_bytes(rows, block_size, num_kv_heads, head_dim, dtype)
         n = int(free * prealloc_ratio) // per
         if max_blocks is not None:
             n = min(n, max_blocks)
@@ -203,13 +237,19 @@ class KVCachePool:
             head_dim,
             dtype,
             dev,
+            groups=groups,
+            layer_groups=layer_groups,
+            state_shape=state_shape,
+            state_dtype=state_dtype,
             pin_memory=pin_memory,
             launcher=launcher,
         )
 
     def swap_pool(self, num_cpu_blocks: int) -> KVCachePool:
-        """A CPU pool of the same layout for swap space (pinned when this pool is on a GPU)."""
-        return KVCachePool(
+        """A CPU pool of the same layout for swap space (pinned when this pool is on a GPU).
+        It has no null block: every CPU block id is a real block."""
+        lay = self.layout
+        pool = KVCachePool(
             self.num_layers,
             num_cpu_blocks,
             self.block_size,
@@ -217,8 +257,14 @@ class KVCachePool:
             self.head_dim,
             self.dtype_name,
             "cpu",
+            groups=lay.groups,
+            layer_groups=None if lay.groups is None else list(lay.layer_group),
+            state_shape=dict(lay.state_shapes) or None,
+            state_dtype=self.state_dtype_name,
             pin_memory=self.device.type == "cuda",
         )
+        pool.null_block = False
+        return pool
 
     def warmup(self) -> None:
         """Compile (or load from CuPy's disk cache) every kernel now, not on a request."""
@@ -232,7 +278,8 @@ class KVCachePool:
             f"KVCachePool(num_layers={self.num_layers}, num_blocks={self.num_blocks}, "
             f"block_size={self.block_size}, num_kv_heads={self.num_kv_heads}, "
             f"head_dim={self.head_dim}, dtype={self.dtype_name}, device={self.device}, "
-            f"{self.nbytes / 2**20:.1f} MiB)"
+            + ("" if self.layout.groups is None else f"{len(self.layout.groups)} groups, ")
+            + f"{self.nbytes / 2**20:.1f} MiB)"
         )
 
     # ---- views --------------------------------------------------------------------------
@@ -244,13 +291,43 @@ class KVCachePool:
             raise InvalidArgumentError(f"layer {layer!r} out of range 0..{self.num_layers - 1}")
         return int(layer)
 
+    def _kv_layer(self, layer: int) -> int:
+        """A layer that holds K and V (not a state layer): its buffer row."""
+        layer = self._check_layer(layer)
+        if self.layout.is_state(layer):
+            raise InvalidArgumentError(
+                f"{self.layout.describe(layer)} holds a state, not K/V: use pool.state({layer})"
+            )
+        return self.layout.layer_row[layer]
+
     def key(self, layer: int) -> torch.Tensor:
         """K of one layer: ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
-        return self.buffer[self._check_layer(layer), 0]
+        return self.buffer[self._kv_layer(layer), 0]
 
     def value(self, layer: int) -> torch.Tensor:
         """V of one layer: ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
-        return self.buffer[self._check_layer(layer), 1]
+        return self.buffer[self._kv_layer(layer), 1]
+
+    def group_of(self, layer: int) -> int:
+        """The group whose tables and slots this layer takes (0 in a pool without groups)."""
+        return self.layout.layer_group[self._check_layer(layer)]
+
+    def state(self, layer: int) -> torch.Tensor:
+        """The states of a state layer: ``[num_blocks, *state_shape]`` in ``state_dtype``,
+        block b's state at the start of block b's K page in the layer's row (a view: write
+        it in place; copy_blocks and swap_blocks move it with the block)."""
+        layer = self._check_layer(layer)
+        if not self.layout.is_state(layer):
+            raise InvalidArgumentError(f"{self.layout.describe(layer)} is not a state layer")
+        import torch
+
+        shape = self.layout.state_shapes[self.layout.layer_group[layer]]
+        sdt = getattr(torch, self.state_dtype_name)
+        nbytes = math.prod(shape) * K.ITEMSIZE[self.state_dtype_name]
+        page = self.buffer[self.layout.layer_row[layer], 0].view(self.num_blocks, -1)
+        raw = page.view(torch.uint8)[:, :nbytes]
+        out: torch.Tensor = raw.view(sdt).view(self.num_blocks, *shape)
+        return out
 
     # ---- helpers ------------------------------------------------------------------------
 
@@ -306,10 +383,22 @@ class KVCachePool:
 
     # ---- operations ---------------------------------------------------------------------
 
-    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: Any) -> None:
+    def write(
+        self,
+        layer: int,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        slot_mapping: Any,
+        *,
+        group: int | None = None,
+    ) -> None:
         """Store new tokens' K and V (``[tokens, num_kv_heads, head_dim]``, any token/head
-        strides) in their slots (int64 ``slot_mapping``, -1 = skip this token)."""
+        strides) in their slots (int64 ``slot_mapping``, -1 = skip this token). With groups,
+        ``group`` says whose slot mapping it is (it must be the layer's group), and no slot
+        may be in the null block."""
         layer = self._check_layer(layer)
+        self.layout.check_group_arg(layer, group)
+        self._kv_layer(layer)
         shape = (None, self.num_kv_heads, self.head_dim)
         self._check_tensor(key, "key", shape)
         self._check_tensor(value, "value", (key.shape[0], *shape[1:]))
@@ -324,6 +413,8 @@ class KVCachePool:
             valid = a[a >= 0]
             if np.unique(valid).size != valid.size:
                 raise InvalidArgumentError("slot_mapping holds a slot twice")
+            if self.null_block:
+                PG.check_slots_not_null(a, self.block_size)
         import torch
 
         with self._on_device():
@@ -339,14 +430,19 @@ class KVCachePool:
             device_ops.write(self._launcher, self.dtype_name, kc, vc, key, value, slots)
 
     def gather(
-        self, layer: int, block_tables: Any, cu_seq_lens: Any
+        self, layer: int, block_tables: Any, cu_seq_lens: Any, *, group: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Paged to contiguous: ``(key, value)``, each ``[cu_seq_lens[-1], num_kv_heads,
         head_dim]``; rows ``cu_seq_lens[i] .. cu_seq_lens[i+1]`` are sequence i's first
         tokens, read through ``block_tables[i]`` (int32 ``[batch, max_blocks]``, padding
         beyond a sequence's blocks is never read). A device ``cu_seq_lens`` costs one
-        synchronisation (its last entry sizes the output); pass it on the host to avoid it."""
+        synchronisation (its last entry sizes the output); pass it on the host to avoid it.
+        With groups, ``group`` must be the layer's group; a full-attention layer's tables
+        must not hold the null block where they are read, and the rows of a null entry
+        (positions a window or chunk released) are block 0's: zeros, as nothing writes it."""
         layer = self._check_layer(layer)
+        self.layout.check_group_arg(layer, group)
+        self._kv_layer(layer)
         import torch
 
         cu = _host_array(cu_seq_lens, "cu_seq_lens")
@@ -355,6 +451,9 @@ class KVCachePool:
             id_checks.check_cu_seq_lens(cu)
             batch = cu.size - 1
             self._check_tables(bt, block_tables, np.diff(cu), batch, "sequence lengths")
+            if bt is not None and self.null_block and self.layout.attention_limits(layer) == (0, 0):
+                what = f"gather of {self.layout.describe(layer)}"
+                PG.check_attended_not_null(bt, np.diff(cu), self.block_size, 0, 0, what)
             total = int(cu[-1])
         else:
             if cu_seq_lens.dim() != 1 or cu_seq_lens.shape[0] < 1:
@@ -404,6 +503,8 @@ class KVCachePool:
             a = a.reshape(-1, 2)
             if np.intersect1d(a[:, 0], a[:, 1]).size:
                 raise InvalidArgumentError("a block is both a source and a destination")
+            if self.null_block and (a == 0).any():
+                raise InvalidArgumentError("pairs hold the null block 0, which is never copied")
         import torch
 
         with self._on_device():
@@ -415,13 +516,12 @@ class KVCachePool:
 
 
 def _same_layout(a: KVCachePool, b: KVCachePool) -> bool:
-    return (a.num_layers, a.block_size, a.num_kv_heads, a.head_dim, a.dtype) == (
-        b.num_layers,
-        b.block_size,
-        b.num_kv_heads,
-        b.head_dim,
-        b.dtype,
-    )
+    def key(p: KVCachePool) -> tuple[Any, ...]:
+        lay = p.layout
+        groups = (lay.groups, lay.layer_group, dict(lay.state_shapes), p.state_dtype_name)
+        return (p.num_layers, p.block_size, p.num_kv_heads, p.head_dim, p.dtype, groups)
+
+    return key(a) == key(b)
 
 
 def swap_blocks(src_pool: KVCachePool, dst_pool: KVCachePool, pairs: Any) -> None:
@@ -438,6 +538,10 @@ def swap_blocks(src_pool: KVCachePool, dst_pool: KVCachePool, pairs: Any) -> Non
     src_pool._check_pairs(a, src_pool.num_blocks, dst_pool.num_blocks)
     if a is not None and a.size == 0:
         return
+    if a is not None:
+        for col, pl in enumerate((src_pool, dst_pool)):
+            if pl.null_block and (a.reshape(-1, 2)[:, col] == 0).any():
+                raise InvalidArgumentError("pairs hold the null block 0, which is never swapped")
     gpu = next((p for p in (src_pool, dst_pool) if p.device.type == "cuda"), None)
     home = gpu or src_pool
     if gpu is not None:
@@ -456,72 +560,3 @@ def swap_blocks(src_pool: KVCachePool, dst_pool: KVCachePool, pairs: Any) -> Non
             cpu_ops.swap(src_pool.buffer, dst_pool.buffer, p)
             return
         device_ops.copy_blocks(launcher, src_pool.buffer, dst_pool.buffer, p)
-
-
-def paged_decode_attention(
-    q: torch.Tensor,
-    pool: KVCachePool,
-    layer: int,
-    block_tables: Any,
-    seq_lens: Any,
-    scale: float | None = None,
-    *,
-    max_seq_len: int | None = None,
-    num_splits: int | None = None,
-) -> torch.Tensor:
-    """Attention of one query token per sequence (``q [batch, num_heads, head_dim]``,
-    num_heads a multiple of the pool's num_kv_heads) over its first ``seq_lens[i]`` tokens
-    in the pool, through ``block_tables[i]``. Softmax in fp32 with ``scale`` (default
-    ``head_dim ** -0.5``); split-KV for long sequences. Returns ``[batch, num_heads,
-    head_dim]`` in q's dtype (0 for a sequence of length 0). On a GPU, head_dim must be 64,
-    128 or 256. ``max_seq_len`` spares a synchronisation when seq_lens is a device tensor;
-    it must be at least every sequence's length: with host seq_lens a shorter one raises,
-    with device seq_lens (unread on the host) the kernel gives NaN for a sequence beyond it
-    or beyond its table. ``num_splits`` forces the split count."""
-    layer = pool._check_layer(layer)
-    pool._check_tensor(q, "q", (None, None, pool.head_dim))
-    batch, num_heads, dim = q.shape
-    if num_heads % pool.num_kv_heads:
-        raise InvalidArgumentError(
-            f"num_heads {num_heads} is not a multiple of num_kv_heads {pool.num_kv_heads}"
-        )
-    if pool._launcher is not None and dim not in K.DECODE_HEAD_DIMS:
-        raise InvalidArgumentError(f"head_dim {dim} not supported (64, 128, 256)")
-    if batch >= 65536:
-        raise InvalidArgumentError("batch must be below 65536")
-    import torch
-
-    lens = _host_array(seq_lens, "seq_lens")
-    bt = _host_array(block_tables, "block_tables")
-    if id_checks.ids_shape(lens, seq_lens) != (batch,):
-        raise InvalidArgumentError(f"seq_lens must have shape ({batch},)")
-    pool._check_tables(bt, block_tables, lens, batch, "seq_lens")
-    bound = id_checks.check_max_seq_len(max_seq_len, lens)
-    if lens is not None:
-        max_len = int(lens.max()) if lens.size else 0
-    else:
-        # A device seq_lens longer than max_seq_len cannot be seen here without a
-        # synchronisation: the kernel then writes NaN for that sequence, never a truncation.
-        max_len = bound if bound is not None else int(seq_lens.max().item())
-    if scale is None:
-        scale = cpu_ops.default_scale(dim)
-    if batch == 0:
-        return torch.empty((0, num_heads, dim), dtype=q.dtype, device=q.device)
-    with pool._on_device():
-        tables = pool._ids(bt, block_tables, torch.int32)
-        sl = pool._ids(lens, seq_lens, torch.int32)
-        kc, vc = pool.key(layer), pool.value(layer)
-        if pool._launcher is None:
-            return cpu_ops.paged_decode_attention(q, kc, vc, tables, sl, scale)
-        return device_ops.paged_decode_attention(
-            pool._launcher,
-            pool.dtype_name,
-            q,
-            kc,
-            vc,
-            tables,
-            sl,
-            max_len,
-            float(scale),
-            num_splits,
-        )

@@ -12,6 +12,12 @@
 // shared memory at the end. With one split the CTA writes the output; with several it
 // writes a normalised partial output and its log2-sum-exp, and pkv_merge_splits combines
 // them (Flash-Decoding).
+//
+// Local attention (KV-cache groups, docs/semantics.md): with window > 0 the query at
+// position seq_len - 1 attends only to the last `window` positions (FlashAttention's
+// window_left = window - 1); with chunk > 0 only to its own chunk, positions >=
+// (seq_len - 1) / chunk * chunk. The splits cover the attended span [lo, seq_len), and no
+// table entry before lo is read: a group's manager puts the null block (0) there.
 #include "common.cuh"
 
 namespace pkv {
@@ -27,7 +33,7 @@ __global__ void __launch_bounds__(1024) pkv_paged_decode(
     const T* __restrict__ q, long long q_batch_stride, long long q_head_stride,
     const T* __restrict__ k_cache, const T* __restrict__ v_cache,
     const int* __restrict__ block_tables, long long bt_stride,
-    const int* __restrict__ seq_lens, int num_kv_heads, int block_size, int num_blocks,
+    const int* __restrict__ seq_lens, int window, int chunk, int num_kv_heads, int block_size, int num_blocks,
     int max_blocks, int tokens_per_split, int tile_tokens, float scale_log2, T* __restrict__ out,
     long long out_batch_stride, long long out_head_stride, float* __restrict__ part_o,
     float* __restrict__ part_lse) {
@@ -49,14 +55,21 @@ __global__ void __launch_bounds__(1024) pkv_paged_decode(
     const unsigned warp_mask = pkv::lanes_mask(nthreads - (tid & ~31));
 
     const int seq_len = seq_lens[b];
-    // A length the launch cannot honour (negative, past the table row, or past what the
-    // splits cover: a device seq_lens longer than max_seq_len; the host rejects host ones)
-    // reads nothing and gives NaN, never a read outside the table or a silent truncation.
+    // The first position the query attends to (0 for full attention).
+    int lo = 0;
+    if (seq_len > 0) {
+        if (window > 0) lo = pkv::imax(lo, seq_len - window);
+        if (chunk > 0) lo = pkv::imax(lo, (seq_len - 1) / chunk * chunk);
+    }
+    // A length the launch cannot honour (negative, past the table row, or an attended span
+    // past what the splits cover: a device seq_lens longer than max_seq_len; the host
+    // rejects host ones) reads nothing and gives NaN, never a read outside the table or a
+    // silent truncation.
     const bool bad_len = seq_len < 0 ||
                          (long long)seq_len > (long long)max_blocks * block_size ||
-                         (long long)seq_len > (long long)tokens_per_split * num_splits;
-    const int start = split * tokens_per_split;
-    const int end = bad_len ? start : pkv::imin(seq_len, start + tokens_per_split);
+                         (long long)(seq_len - lo) > (long long)tokens_per_split * num_splits;
+    const int start = bad_len ? 0 : lo + split * tokens_per_split;
+    const int end = bad_len ? 0 : pkv::imin(seq_len, start + tokens_per_split);
 
     float qv[VEC];
     {
