@@ -4,7 +4,6 @@
 use super::manager::GroupManager;
 use super::pool::NULL;
 use crate::error::{ensure_invariant, Result};
-use crate::manager::cdiv;
 
 impl GroupManager {
     pub fn check_invariants(&self) -> Result<()> {
@@ -43,12 +42,11 @@ impl GroupManager {
                     "sequence {id}: group {g} length differs"
                 );
                 let nulls = seq.nulls(g);
+                // Nulls are only what the group skipped at some position up to `s`.
                 ensure_invariant!(
-                    nulls
-                        <= cdiv(seq.scheduled, bs)
-                            .saturating_sub(1)
-                            .max(seq.hit_blocks),
-                    "sequence {id}: group {g} has {nulls} nulls"
+                    nulls * bs <= self.kinds[g].skipped_tokens(seq.scheduled),
+                    "sequence {id}: group {g} has {nulls} nulls at {} scheduled tokens",
+                    seq.scheduled
                 );
                 for (i, &b) in table.iter().enumerate().skip(nulls) {
                     ensure_invariant!(b != NULL && (b as usize) < n, "sequence {id}: entry {i}");
