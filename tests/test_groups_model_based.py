@@ -103,8 +103,7 @@ def _observe(m: Any, n_groups: int) -> Any:
             seen.append(run(m, "slot_mapping", [sid], 1, group=g).key())
             seen.append(run(m, "flashinfer_page_table", [sid], group=g).key())
     live = [s for s in range(MAX_SEQ) if s in m]
-    for g in range(n_groups):
-        seen.append(run(m, "block_tables", live, group=g).key())
+    seen.extend(run(m, "block_tables", live, group=g).key() for g in range(n_groups))
     return seen
 
 
