@@ -10,6 +10,7 @@ the API is consuming, must leave nothing half done either.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import subprocess
 import sys
@@ -36,7 +37,18 @@ from pagedkv.reference import ReferenceBlockManager
 from pagedkv.reference import hash_blocks as ref_hash_blocks
 
 Manager = Any  # BlockManager or ReferenceBlockManager: the same API
-IMPLS = [ReferenceBlockManager, BlockManager]
+# With KV-cache groups every bad call must change nothing either (docs/semantics.md).
+GROUPS = [
+    pagedkv.KVCacheGroup("full"),
+    pagedkv.KVCacheGroup("sliding_window", window=8),
+    pagedkv.KVCacheGroup("state"),
+]
+IMPLS = [
+    ReferenceBlockManager,
+    BlockManager,
+    functools.partial(ReferenceBlockManager, groups=GROUPS),
+    functools.partial(BlockManager, groups=GROUPS),
+]
 
 B = 4
 RESIDENT, SWAPPED, FORKED, FREED, PARTIAL, NEVER = 0, 1, 2, 3, 4, 77
@@ -67,7 +79,12 @@ def _snapshot(m: Manager) -> dict[str, Any]:
                 m.num_scheduled_tokens(s),
                 swapped,
                 m.block_hashes(s),
-                None if swapped else (m.block_table(s), m.table_digest(s)),
+                None
+                if swapped
+                else (
+                    [m.block_table(s, group=g) for g in range(max(1, len(m.stats().groups)))],
+                    m.table_digest(s),
+                ),
             )
     return {
         "seqs": seqs,
@@ -386,6 +403,25 @@ CASES: list[tuple[str, type[BaseException]]] = [
     ("m.slot_mapping([NEVER], [1, 1], lookahead=1.5)", InvalidArgumentTypeError),
     ("m.slot_mapping([NEVER, 0], 1, lookahead=3)", UnknownSequenceError),
     ("m.slot_mapping([SWAPPED], 1, lookahead=99)", SequenceSwappedError),
+    # `group`: an int naming one of the manager's groups (one without `groups=`).
+    *[
+        (f"m.{call}, group={g!r})", exc)
+        for call in (
+            "block_table(RESIDENT",
+            "block_tables([RESIDENT]",
+            "slot_mapping([RESIDENT], 1",
+            "flashinfer_page_table([RESIDENT]",
+        )
+        for g, exc in [
+            (3, InvalidArgumentError),
+            (-1, InvalidArgumentError),
+            (2**70, InvalidArgumentError),
+            (1.0, InvalidArgumentTypeError),
+            ("0", InvalidArgumentTypeError),
+            (None, InvalidArgumentTypeError),
+        ]
+    ],
+    ("m.block_table(NEVER, group=3)", InvalidArgumentError),  # the group before the state
 ]
 
 
@@ -427,7 +463,7 @@ def test_bad_call_raises_and_changes_nothing(call: str, exc: type[BaseException]
         assert str(info.value), "the message must say what was wrong"
         _assert_unchanged(m, before)
         raised.append(type(info.value))
-    assert raised[0] is raised[1], f"the reference raised {raised[0]}, rust {raised[1]}"
+    assert len(set(raised)) == 1, f"reference, rust, grouped reference, grouped rust: {raised}"
 
 
 @pytest.mark.parametrize("impl", IMPLS)

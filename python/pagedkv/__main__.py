@@ -26,7 +26,9 @@ def _build_parser() -> argparse.ArgumentParser:
             "evictions, preemptions, swaps, copy-on-write, fragmentation and the time spent "
             "inside the manager. Built-in workloads are "
             "seeded; --trace replays a Mooncake-format trace. Comma lists for --block-size, "
-            "--num-blocks/--cache-tokens and --hash-algo sweep every combination."
+            "--num-blocks/--cache-tokens and --hash-algo sweep every combination. --model "
+            "NAME compares a model's KV-cache groups (sliding window, chunked local, "
+            "recurrent state) with all-full attention on the same memory."
         ),
     )
     add_arguments(sim)

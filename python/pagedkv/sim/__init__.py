@@ -13,6 +13,9 @@ One idea per module:
 - `report`: the figures of a run, the summary and sweep tables, the JSON file;
 - `plot`: the per-step figure (matplotlib, imported only when asked for);
 - `progress`: a tiny progress bar;
+- `models`: built-in model shapes, vLLM's KV-cache groups for them, bytes per block;
+- `factory`: the one place a manager is built (Rust or reference, with or without groups);
+- `model_run`: `--model`: the model's groups against all-full attention, per group;
 - `cli`: the `simulate` command's options and main loop.
 """
 

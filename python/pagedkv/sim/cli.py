@@ -5,7 +5,9 @@ manager for each combination of `--block-size`, `--num-blocks` (or `--cache-toke
 `--hash-algo` (comma lists), and prints a summary table (one run) or a sweep table. The
 scheduler does chunked prefill under a per-step token budget (`--max-num-batched-tokens`), with
 optional speculative decoding (`--spec-tokens`) and random aborts (`--abort-rate`);
-`--max-batch-tokens` brings back the original whole-prompt scheduler.
+`--max-batch-tokens` brings back the original whole-prompt scheduler. `--model NAME` runs the
+workload twice on the same pool bytes, with the model's KV-cache groups and as all-full
+attention, and shows the figures per group side by side (`sim.model_run`).
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from pagedkv.config import HASH_ALGOS, BlockManagerConfig
+from pagedkv.sim.factory import make_manager
+from pagedkv.sim.model_run import compare, comparison_table
+from pagedkv.sim.models import GIB, MODELS, full_layout, get_model, model_layout
 from pagedkv.sim.progress import ProgressBar
 from pagedkv.sim.report import figures, summary_table, sweep_table, write_json
 from pagedkv.sim.requests import Workload
-from pagedkv.sim.scheduler import ManagerLike, run_workload
+from pagedkv.sim.scheduler import run_workload
 from pagedkv.sim.trace import read_trace
 from pagedkv.sim.workloads import WORKLOADS, build_workload
 
@@ -117,6 +122,24 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
         help="CPU swap blocks; 0 preempts by freeing and recomputing (default 512)",
     )
     c.add_argument("--watermark", type=float, default=0.01, help="can_allocate watermark (0.01)")
+
+    m = sim.add_argument_group("model (KV-cache groups)")
+    m.add_argument(
+        "--model",
+        choices=tuple(MODELS),
+        default=None,
+        metavar="NAME",
+        help="run the workload with this model's KV-cache groups (as vLLM forms them) and "
+        "again as all-full attention on the same pool bytes (the all-full run's --num-blocks "
+        "or --cache-tokens at --block-size), and show per group the blocks and GiB at the "
+        "peak, KV bytes per live token, hit blocks and the reconciled hit rate; one value "
+        f"each for the cache options. Models: {', '.join(MODELS)}",
+    )
+    m.add_argument(
+        "--list-models",
+        action="store_true",
+        help="list the built-in models (layers, groups, bytes per block) and exit",
+    )
 
     s = sim.add_argument_group("scheduler")
     s.add_argument("--max-batch", type=int, default=256, help="running sequences at most (256)")
@@ -249,23 +272,84 @@ def _configs(args: argparse.Namespace) -> list[BlockManagerConfig]:
     return sorted(out, key=lambda c: (c.block_size, c.num_blocks, c.hash_algo))
 
 
-def _manager(config: BlockManagerConfig, reference: bool) -> ManagerLike:
-    if reference:
-        from pagedkv.reference import ReferenceBlockManager
-
-        return ReferenceBlockManager(
-            config.num_blocks,
-            config.block_size,
-            **config.constructor_kwargs(),
+def list_models(out: TextIO) -> None:
+    """`--list-models`: each preset, its groups and what a block weighs at 16 tokens."""
+    for name, model in MODELS.items():
+        layout = model_layout(model)
+        print(model.describe(), file=out)
+        print(f"  groups    {layout.describe()}", file=out)
+        print(
+            f"  all-full  {model.full_kv_bytes_per_token} bytes per token; "
+            f"{full_layout(model).bytes_per_block} bytes per block of 16",
+            file=out,
         )
-    from pagedkv.manager import BlockManager
+        print(f"  source    {model.source}", file=out)
+        if name != list(MODELS)[-1]:
+            print(file=out)
 
-    return BlockManager.from_config(config)
+
+def _bar(args: argparse.Namespace, err: TextIO) -> Callable[[str], ProgressBar | None]:
+    """A progress bar per run, on a terminal unless --no-progress."""
+    show = not args.no_progress and err.isatty()
+    return lambda label: ProgressBar(label, stream=err) if show else None
+
+
+def _simulate_model(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    configs = _configs(args)
+    if len(configs) != 1:
+        raise ValueError(
+            "--model compares one configuration: give one value each for --block-size, "
+            "--num-blocks or --cache-tokens, and --hash-algo"
+        )
+    model = get_model(args.model)
+    layout = model_layout(model, configs[0].block_size)  # a bad block size fails here, early
+    schedule = _schedule(args)
+    workload = _workload(args)
+    title = "ReferenceBlockManager (pure Python)" if args.reference else "BlockManager (Rust core)"
+    print(f"pagedkv simulate: {title}", file=out)
+    print(f"workload    {workload.describe()}", file=out)
+    print(f"model       {model.describe()}", file=out)
+    print(f"groups      {layout.describe()}", file=out)
+    config = configs[0]
+    budget = config.num_blocks * full_layout(model, config.block_size).bytes_per_block
+    print(
+        f"budget      {budget / GIB:.3f} GiB: the all-full run's {config.num_blocks} blocks x "
+        f"{config.block_size} tokens x {model.full_kv_bytes_per_token} bytes per token",
+        file=out,
+    )
+    section, runs = compare(
+        model,
+        workload,
+        config,
+        schedule,
+        reference=args.reference,
+        check=args.check,
+        make=make_manager,
+        progress=_bar(args, err),
+    )
+    print(file=out)
+    print(comparison_table(section, runs), file=out)
+    if args.check:
+        print("invariants  OK (both runs, checked after every step)", file=out)
+    if args.json:
+        write_json(args.json, runs, extra={"model": section})
+        print(f"json        {args.json}", file=out)
+    if args.plot:
+        from pagedkv.sim.plot import plot_runs
+
+        plot_runs(args.plot, runs)
+        print(f"plot        {args.plot}", file=out)
+    return 0
 
 
 def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -> int:
     """Run the `simulate` command; returns the exit status."""
     err = sys.stderr if err is None else err
+    if args.list_models:
+        list_models(out)
+        return 0
+    if args.model is not None:
+        return _simulate_model(args, out, err)
     configs = _configs(args)
     schedule = _schedule(args)
     workload = _workload(args)
@@ -273,12 +357,12 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
     title = "ReferenceBlockManager (pure Python)" if args.reference else "BlockManager (Rust core)"
     print(f"pagedkv simulate: {title}", file=out)
     print(f"workload    {workload.describe()}", file=out)
-    show = not args.no_progress and err.isatty()
+    make_bar = _bar(args, err)
     runs: list[dict[str, Any]] = []
     for config in configs:
-        manager = _manager(config, args.reference)
+        manager = make_manager(config, reference=args.reference)
         label = f"B={config.block_size} blocks={config.num_blocks} {config.hash_algo}"
-        bar = ProgressBar(label, stream=err) if show else None
+        bar = make_bar(label)
         result = run_workload(
             manager,
             workload,

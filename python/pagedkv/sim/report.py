@@ -241,9 +241,13 @@ def sweep_table(runs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: str | Path, runs: Sequence[dict[str, Any]]) -> None:
-    """One run: its figures at the top level; a sweep: `{"runs": [...]}`."""
+def write_json(
+    path: str | Path, runs: Sequence[dict[str, Any]], *, extra: dict[str, Any] | None = None
+) -> None:
+    """One run: its figures at the top level; a sweep: `{"runs": [...]}`; `extra` adds
+    sections (`--model`: `{"model": ..., "runs": [model run, all-full run]}`)."""
     doc: dict[str, Any] = dict(runs[0]) if len(runs) == 1 else {"runs": list(runs)}
+    doc.update(extra or {})
     Path(path).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 

@@ -139,6 +139,7 @@ class StepSeries:
     fragmentation: list[float] = field(default_factory=list)  # unused slots of held blocks
     manager_ns: list[int] = field(default_factory=list)  # time inside manager calls
     scheduled_tokens: list[int] = field(default_factory=list)  # computed this step, drafts too
+    live_tokens: list[int] = field(default_factory=list)  # tokens the running sequences hold
 
     def as_dict(self) -> dict[str, list[int] | list[float]]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -277,8 +278,10 @@ class _Scheduler:
         record: bool,
         check: bool,
         progress: Callable[[int, int], None] | None,
+        observe: Callable[[], None] | None = None,
     ) -> None:
         self.m = manager
+        self.observe = observe
         self.call = TimedCalls(manager, record)
         self.res = SimResult(
             requests=len(workload.requests),
@@ -737,6 +740,9 @@ class _Scheduler:
             series.running.append(len(self.running))
             series.waiting.append(len(self.waiting))
             series.swapped.append(len(self.swapped))
+            series.live_tokens.append(sum(s.scheduled for s in self.running))
+            if self.observe is not None:
+                self.observe()  # sees the same moment as the samples above
             series.fragmentation.append(self._retire())
             series.hit_rate.append(res.hit_rate)
             series.manager_ns.append(call.ns - ns0)
@@ -771,6 +777,7 @@ def run_workload(
     record: bool = False,
     check: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    observe: Callable[[], None] | None = None,
 ) -> SimResult:
     """Replay `workload` through `manager` (see the module docstring for one step).
 
@@ -785,7 +792,10 @@ def run_workload(
     `abort_rate`: per step, the probability that each running request is aborted. `record`:
     keep every call and answer in the result; `check`: `check_invariants()` after every step,
     and no prefix hit on a block whose tokens were not scheduled (`record.UnscheduledHitError`);
-    `progress(finished_requests, requests)` is called after every step.
+    `progress(finished_requests, requests)` is called after every step; `observe()` once per
+    executed step when the other per-step figures are sampled (after the decode, before the
+    finished sequences leave), outside the timed calls: a caller samples more of the manager
+    there (the per-group figures of `sim.model_run`).
     """
     if max_batch < 1:
         raise ValueError("max_batch must be >= 1")
@@ -814,6 +824,7 @@ def run_workload(
         record=record,
         check=check,
         progress=progress,
+        observe=observe,
     ).run()
 
 

@@ -17,6 +17,7 @@ mod audit;
 mod batch;
 mod block_pool;
 mod block_state;
+mod broken;
 mod config;
 mod counters;
 mod cpu_pool;

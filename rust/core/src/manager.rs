@@ -8,6 +8,7 @@
 //! queue's (one push or pop) and a digest stripe's (one registration or eviction).
 
 use crate::block_pool::{refcount_overflow, BlockPool, Hit};
+use crate::broken::BrokenGuard;
 use crate::config::Config;
 use crate::counters::{self, Counters, RecentHits};
 use crate::cpu_pool::CpuPool;
@@ -19,8 +20,7 @@ use crate::hit_tag::HitTagger;
 use crate::seq_map::{lock_cell, SeqMap};
 use crate::sequence::Sequence;
 use crate::stats::{AllocStatus, Stats};
-use crate::sync::{lock, may_wait, try_lock, AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use crate::sync::{lock, may_wait, try_lock, AtomicU64, Mutex, MutexGuard, Ordering};
 use std::sync::Arc;
 
 /// The most tokens one sequence may hold (positions fit an `i32`, as attention kernels and
@@ -54,10 +54,8 @@ pub struct BlockManager {
     /// later of two identical prompts hits what the earlier registered. Taken after the
     /// sequence locks and before the LRU and stripe locks; holders wait for nothing else.
     prefix_locks: Box<[Mutex<()>]>,
-    /// Set when an internal invariant failed mid-operation; never cleared. Relaxed: a flag
-    /// checked on its own; the message is under its own lock.
-    broken: AtomicBool,
-    broken_reason: Mutex<String>,
+    /// Set when an internal invariant failed mid-operation (see `broken`).
+    broken: BrokenGuard,
 }
 
 /// Number of prefix locks (see the field).
@@ -103,8 +101,7 @@ impl BlockManager {
             reserved_slots: AtomicU64::new(0),
             used_slots: AtomicU64::new(0),
             prefix_locks: crate::alloc::try_boxed(PREFIX_LOCKS, |_| Mutex::new(()), "locks")?,
-            broken: AtomicBool::new(false),
-            broken_reason: Mutex::new(String::new()),
+            broken: BrokenGuard::default(),
             config,
         })
     }
@@ -125,33 +122,12 @@ impl BlockManager {
     /// may be half changed) and comes back as `Error::Broken`; a broken manager refuses
     /// every later call that changes state (`mutating`), before doing anything.
     pub(crate) fn guarded<T>(&self, mutating: bool, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        if mutating && self.broken.load(Ordering::Relaxed) {
-            return Err(Error::Broken(lock(&self.broken_reason).clone()));
-        }
-        let out = match catch_unwind(AssertUnwindSafe(f)) {
-            Ok(out) => out,
-            Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic".to_owned());
-                Err(Error::Broken(format!("internal error: {what}")))
-            }
-        };
-        if let Err(Error::Broken(reason)) = &out {
-            let mut slot = lock(&self.broken_reason);
-            if slot.is_empty() {
-                slot.clone_from(reason);
-            }
-            self.broken.store(true, Ordering::Relaxed);
-        }
-        out
+        self.broken.guarded(mutating, f)
     }
 
     /// Whether an internal invariant failed (see `guarded`).
     pub fn is_broken(&self) -> bool {
-        self.broken.load(Ordering::Relaxed)
+        self.broken.is_broken()
     }
 
     /// Enter the reset gate shared (see `gate`), or `WouldBlock` in non-blocking mode while a

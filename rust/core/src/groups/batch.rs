@@ -29,48 +29,50 @@ impl GroupManager {
         tokens: &[u32],
         lookahead: usize,
     ) -> Result<Option<Vec<(u32, u32)>>> {
-        if ids.len() != tokens.len() {
-            return Err(invalid(format!(
-                "seq_ids has {} entries but token_ids has {}",
-                ids.len(),
-                tokens.len()
-            )));
-        }
-        distinct(ids)?;
-        let mut guard = self.lock()?;
-        let st = &mut *guard;
-        for &id in ids {
-            let seq = st.seqs.get(&id).ok_or(Error::UnknownSequence(id))?;
-            if seq.cpu.is_some() {
-                return Err(Error::Swapped(id));
+        self.broken.guarded(true, || {
+            if ids.len() != tokens.len() {
+                return Err(invalid(format!(
+                    "seq_ids has {} entries but token_ids has {}",
+                    ids.len(),
+                    tokens.len()
+                )));
             }
-            Self::check_append(id, seq, 1)?;
-        }
-        let mut need = 0usize;
-        let mut drops: HashMap<u32, u32> = HashMap::new();
-        let mut plans = Vec::with_capacity(ids.len());
-        for &id in ids {
-            let seq = &st.seqs[&id];
-            let p = seq.scheduled;
-            let plan = self.plan_step(&st.pool, seq, p, (p + 1).saturating_add(lookahead));
-            for &(g, i) in &plan.skipped {
-                *drops.entry(seq.tables[g][i]).or_insert(0) += 1;
+            distinct(ids)?;
+            let mut guard = self.lock()?;
+            let st = &mut *guard;
+            for &id in ids {
+                let seq = st.seqs.get(&id).ok_or(Error::UnknownSequence(id))?;
+                if seq.cpu.is_some() {
+                    return Err(Error::Swapped(id));
+                }
+                Self::check_append(id, seq, 1)?;
             }
-            need = need.saturating_add(plan.need);
-            plans.push(plan);
-        }
-        if need > st.pool.available() + Self::freed_by(&st.pool, &drops) {
-            return Ok(None);
-        }
-        // Take the sequences out so each can be changed beside the pool; they go back below
-        // whatever happens.
-        let mut seqs: Vec<(u64, GroupSeq)> = ids
-            .iter()
-            .filter_map(|id| st.seqs.remove_entry(id))
-            .collect();
-        let out = self.append_taken(st, &mut seqs, &plans, tokens, lookahead);
-        st.seqs.extend(seqs);
-        out.map(Some)
+            let mut need = 0usize;
+            let mut drops: HashMap<u32, u32> = HashMap::new();
+            let mut plans = Vec::with_capacity(ids.len());
+            for &id in ids {
+                let seq = &st.seqs[&id];
+                let p = seq.scheduled;
+                let plan = self.plan_step(&st.pool, seq, p, (p + 1).saturating_add(lookahead));
+                for &(g, i) in &plan.skipped {
+                    *drops.entry(seq.tables[g][i]).or_insert(0) += 1;
+                }
+                need = need.saturating_add(plan.need);
+                plans.push(plan);
+            }
+            if need > st.pool.available() + Self::freed_by(&st.pool, &drops) {
+                return Ok(None);
+            }
+            // Take the sequences out so each can be changed beside the pool; they go back below
+            // whatever happens.
+            let mut seqs: Vec<(u64, GroupSeq)> = ids
+                .iter()
+                .filter_map(|id| st.seqs.remove_entry(id))
+                .collect();
+            let out = self.append_taken(st, &mut seqs, &plans, tokens, lookahead);
+            st.seqs.extend(seqs);
+            out.map(Some)
+        })
     }
 
     fn append_taken(
@@ -112,18 +114,20 @@ impl GroupManager {
 
     /// Free every sequence in order, all or nothing.
     pub fn free_batch(&self, ids: &[u64]) -> Result<()> {
-        distinct(ids)?;
-        let mut guard = self.lock()?;
-        let st = &mut *guard;
-        if let Some(&id) = ids.iter().find(|id| !st.seqs.contains_key(id)) {
-            return Err(Error::UnknownSequence(id));
-        }
-        for id in ids {
-            if let Some(seq) = st.seqs.remove(id) {
-                self.drop_seq(st, &seq, None);
+        self.broken.guarded(true, || {
+            distinct(ids)?;
+            let mut guard = self.lock()?;
+            let st = &mut *guard;
+            if let Some(&id) = ids.iter().find(|id| !st.seqs.contains_key(id)) {
+                return Err(Error::UnknownSequence(id));
             }
-        }
-        Ok(())
+            for id in ids {
+                if let Some(seq) = st.seqs.remove(id) {
+                    self.drop_seq(st, &seq, None);
+                }
+            }
+            Ok(())
+        })
     }
 
     /// The resident sequences of a read-only batch (repeats allowed), in batch order, each
@@ -151,25 +155,27 @@ impl GroupManager {
 
     /// Row-major `(ids.len(), width)` int32 tables of `group`, padded with `pad`.
     pub fn block_tables(&self, ids: &[u64], pad: i32, group: usize) -> Result<(Vec<i32>, usize)> {
-        self.read_all(
-            ids,
-            group,
-            |_, _| Ok(()),
-            |seqs| {
-                let width = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
-                let size = ids
-                    .len()
-                    .checked_mul(width)
-                    .ok_or_else(|| Error::OutOfMemory("block tables too large".into()))?;
-                let mut out = try_filled(size, pad, "the block tables")?;
-                for (row, seq) in seqs.iter().enumerate() {
-                    for (o, &b) in out[row * width..].iter_mut().zip(&seq.tables[group]) {
-                        *o = b as i32;
+        self.broken.guarded(false, || {
+            self.read_all(
+                ids,
+                group,
+                |_, _| Ok(()),
+                |seqs| {
+                    let width = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
+                    let size = ids
+                        .len()
+                        .checked_mul(width)
+                        .ok_or_else(|| Error::OutOfMemory("block tables too large".into()))?;
+                    let mut out = try_filled(size, pad, "the block tables")?;
+                    for (row, seq) in seqs.iter().enumerate() {
+                        for (o, &b) in out[row * width..].iter_mut().zip(&seq.tables[group]) {
+                            *o = b as i32;
+                        }
                     }
-                }
-                Ok((out, width))
-            },
-        )
+                    Ok((out, width))
+                },
+            )
+        })
     }
 
     /// Slots of each sequence's last `counts[i]` scheduled tokens, then of `lookahead`
@@ -181,44 +187,46 @@ impl GroupManager {
         lookahead: usize,
         group: usize,
     ) -> Result<Vec<i64>> {
-        if ids.len() != counts.len() {
-            return Err(invalid(format!(
-                "seq_ids has {} entries but num_new_tokens has {}",
-                ids.len(),
-                counts.len()
-            )));
-        }
-        let bs = self.block_size();
-        let check = |i: usize, seq: &GroupSeq| {
-            let (s, c) = (seq.scheduled, counts[i]);
-            if c == 0 || c > s {
+        self.broken.guarded(false, || {
+            if ids.len() != counts.len() {
                 return Err(invalid(format!(
-                    "num_new_tokens {c} for sequence {} must be in 1..={s}",
-                    ids[i]
+                    "seq_ids has {} entries but num_new_tokens has {}",
+                    ids.len(),
+                    counts.len()
                 )));
             }
-            let room = seq.len() * bs - s;
-            if lookahead > room {
-                return Err(invalid(format!(
-                    "lookahead {lookahead} for sequence {}: its blocks hold only {room} slots \
+            let bs = self.block_size();
+            let check = |i: usize, seq: &GroupSeq| {
+                let (s, c) = (seq.scheduled, counts[i]);
+                if c == 0 || c > s {
+                    return Err(invalid(format!(
+                        "num_new_tokens {c} for sequence {} must be in 1..={s}",
+                        ids[i]
+                    )));
+                }
+                let room = seq.len() * bs - s;
+                if lookahead > room {
+                    return Err(invalid(format!(
+                        "lookahead {lookahead} for sequence {}: its blocks hold only {room} slots \
                      past its scheduled tokens",
-                    ids[i]
-                )));
-            }
-            Ok(())
-        };
-        self.read_all(ids, group, check, |seqs| {
-            let total = counts.iter().sum::<usize>() + lookahead * ids.len();
-            let mut out = try_with_capacity(total, "the slot mapping")?;
-            for (seq, &c) in seqs.iter().zip(counts) {
-                let s = seq.scheduled;
-                let table = &seq.tables[group];
-                out.extend(
-                    (s - c..s + lookahead)
-                        .map(|p| i64::from(table[p / bs]) * bs as i64 + (p % bs) as i64),
-                );
-            }
-            Ok(out)
+                        ids[i]
+                    )));
+                }
+                Ok(())
+            };
+            self.read_all(ids, group, check, |seqs| {
+                let total = counts.iter().sum::<usize>() + lookahead * ids.len();
+                let mut out = try_with_capacity(total, "the slot mapping")?;
+                for (seq, &c) in seqs.iter().zip(counts) {
+                    let s = seq.scheduled;
+                    let table = &seq.tables[group];
+                    out.extend(
+                        (s - c..s + lookahead)
+                            .map(|p| i64::from(table[p / bs]) * bs as i64 + (p % bs) as i64),
+                    );
+                }
+                Ok(out)
+            })
         })
     }
 
@@ -229,31 +237,33 @@ impl GroupManager {
         ids: &[u64],
         group: usize,
     ) -> Result<(Vec<i32>, Vec<i32>, Vec<i32>)> {
-        let bs = self.block_size();
-        self.read_all(
-            ids,
-            group,
-            |_, _| Ok(()),
-            |seqs| {
-                let pages: usize = seqs.iter().map(|s| cdiv(s.scheduled, bs)).sum();
-                if pages > i32::MAX as usize {
-                    return Err(invalid(format!(
-                        "the batch spans {pages} pages, more than an int32 kv_indptr can index"
-                    )));
-                }
-                let mut indptr = try_with_capacity(ids.len() + 1, "kv_indptr")?;
-                let mut indices = try_with_capacity(pages, "kv_indices")?;
-                let mut last = try_with_capacity(ids.len(), "kv_last_page_len")?;
-                indptr.push(0i32);
-                for seq in seqs {
-                    let n = seq.scheduled;
-                    let p = cdiv(n, bs);
-                    indices.extend(seq.tables[group][..p].iter().map(|&b| b as i32));
-                    indptr.push(indices.len() as i32);
-                    last.push((n - (p - 1) * bs) as i32);
-                }
-                Ok((indptr, indices, last))
-            },
-        )
+        self.broken.guarded(false, || {
+            let bs = self.block_size();
+            self.read_all(
+                ids,
+                group,
+                |_, _| Ok(()),
+                |seqs| {
+                    let pages: usize = seqs.iter().map(|s| cdiv(s.scheduled, bs)).sum();
+                    if pages > i32::MAX as usize {
+                        return Err(invalid(format!(
+                            "the batch spans {pages} pages, more than an int32 kv_indptr can index"
+                        )));
+                    }
+                    let mut indptr = try_with_capacity(ids.len() + 1, "kv_indptr")?;
+                    let mut indices = try_with_capacity(pages, "kv_indices")?;
+                    let mut last = try_with_capacity(ids.len(), "kv_last_page_len")?;
+                    indptr.push(0i32);
+                    for seq in seqs {
+                        let n = seq.scheduled;
+                        let p = cdiv(n, bs);
+                        indices.extend(seq.tables[group][..p].iter().map(|&b| b as i32));
+                        indptr.push(indices.len() as i32);
+                        last.push((n - (p - 1) * bs) as i32);
+                    }
+                    Ok((indptr, indices, last))
+                },
+            )
+        })
     }
 }

@@ -7,6 +7,7 @@ use super::kind::GroupKind;
 use super::pool::{GroupPool, Key, NULL};
 use super::table::GroupSeq;
 use crate::alloc::try_grow;
+use crate::broken::BrokenGuard;
 use crate::config::Config;
 use crate::counters::RecentHits;
 use crate::error::{invalid, Error, Result};
@@ -49,6 +50,9 @@ pub struct GroupManager {
     hasher: BlockHasher,
     tagger: Option<HitTagger>,
     pub(crate) state: Mutex<State>,
+    /// Set when a call failed mid-change (a panic or `Error::Broken`): later changes are
+    /// refused (docs/concurrency.md, the broken-manager guard).
+    pub(crate) broken: BrokenGuard,
 }
 
 /// What one scheduling step of one sequence does, planned before anything changes.
@@ -92,6 +96,7 @@ impl GroupManager {
                 t: Tallies::default(),
                 recent: RecentHits::default(),
             }),
+            broken: BrokenGuard::default(),
             config,
         })
     }
@@ -101,6 +106,10 @@ impl GroupManager {
     }
     pub fn block_size(&self) -> usize {
         self.config.block_size
+    }
+    /// Whether a call failed mid-change (see `broken`).
+    pub fn is_broken(&self) -> bool {
+        self.broken.is_broken()
     }
     pub fn num_groups(&self) -> usize {
         self.kinds.len()
@@ -207,69 +216,71 @@ impl GroupManager {
         num_new_tokens: Option<usize>,
         lookahead: usize,
     ) -> Result<Option<usize>> {
-        Self::check_tokens(tokens, "token_ids")?;
-        let n = tokens.len();
-        let k = check_new_tokens(num_new_tokens, n)?;
-        let bs = self.block_size();
-        let extras: Arc<[u8]> = encode_extras(cache_salt, lora_id).into();
-        let (digests, tags) = self.chain(tokens, &extras);
-        let mut guard = self.lock()?;
-        let st = &mut *guard;
-        if st.seqs.contains_key(&id) {
-            return Err(Error::DuplicateSequence(id));
-        }
-        st.seqs
-            .try_reserve(1)
-            .map_err(|_| Error::OutOfMemory("cannot grow the sequence map".into()))?;
-        let h = self.hit_of(&st.pool, &digests, &tags, (n - 1) / bs);
-        let hits = self.hit_blocks(&st.pool, &digests, &tags, h);
-        for &b in hits.iter().flatten().filter(|&&b| b != NULL) {
-            st.pool.check_share(b)?;
-        }
-        let s = (h * bs + k).min(n);
-        let total = cdiv(s.saturating_add(lookahead), bs);
-        let g_count = self.kinds.len();
-        let cached_hits = hits
-            .iter()
-            .flatten()
-            .filter(|&&b| b != NULL && st.pool.rc(b) == 0)
-            .count();
-        let new = (total - h).saturating_mul(g_count);
-        if new.saturating_add(cached_hits) > st.pool.available() {
-            return Ok(None);
-        }
-        let mut tables = hits;
-        for (g, table) in tables.iter_mut().enumerate() {
-            for &b in table.iter().filter(|&&b| b != NULL) {
-                st.pool.share(b);
-                st.pool.tally[g].hit_blocks += 1;
+        self.broken.guarded(true, || {
+            Self::check_tokens(tokens, "token_ids")?;
+            let n = tokens.len();
+            let k = check_new_tokens(num_new_tokens, n)?;
+            let bs = self.block_size();
+            let extras: Arc<[u8]> = encode_extras(cache_salt, lora_id).into();
+            let (digests, tags) = self.chain(tokens, &extras);
+            let mut guard = self.lock()?;
+            let st = &mut *guard;
+            if st.seqs.contains_key(&id) {
+                return Err(Error::DuplicateSequence(id));
             }
-        }
-        for (g, table) in tables.iter_mut().enumerate() {
-            try_grow(table, total - h, "a block table")?;
-            for _ in h..total {
-                table.push(st.pool.take(g as u8)?);
+            st.seqs
+                .try_reserve(1)
+                .map_err(|_| Error::OutOfMemory("cannot grow the sequence map".into()))?;
+            let h = self.hit_of(&st.pool, &digests, &tags, (n - 1) / bs);
+            let hits = self.hit_blocks(&st.pool, &digests, &tags, h);
+            for &b in hits.iter().flatten().filter(|&&b| b != NULL) {
+                st.pool.check_share(b)?;
             }
-        }
-        let mut seq = GroupSeq {
-            tokens: std::mem::take(tokens),
-            scheduled: s,
-            hit_blocks: h,
-            digests,
-            tags,
-            extras,
-            lora_id,
-            tables,
-            cpu: None,
-        };
-        self.register_range(st, &mut seq, h)?;
-        if self.caching() {
-            st.t.prefix_queries += n as u64;
-            st.t.prefix_hits += (h * bs) as u64;
-            st.recent.record(n, h * bs);
-        }
-        st.seqs.insert(id, seq);
-        Ok(Some(h * bs))
+            let s = (h * bs + k).min(n);
+            let total = cdiv(s.saturating_add(lookahead), bs);
+            let g_count = self.kinds.len();
+            let cached_hits = hits
+                .iter()
+                .flatten()
+                .filter(|&&b| b != NULL && st.pool.rc(b) == 0)
+                .count();
+            let new = (total - h).saturating_mul(g_count);
+            if new.saturating_add(cached_hits) > st.pool.available() {
+                return Ok(None);
+            }
+            let mut tables = hits;
+            for (g, table) in tables.iter_mut().enumerate() {
+                for &b in table.iter().filter(|&&b| b != NULL) {
+                    st.pool.share(b);
+                    st.pool.tally[g].hit_blocks += 1;
+                }
+            }
+            for (g, table) in tables.iter_mut().enumerate() {
+                try_grow(table, total - h, "a block table")?;
+                for _ in h..total {
+                    table.push(st.pool.take(g as u8)?);
+                }
+            }
+            let mut seq = GroupSeq {
+                tokens: std::mem::take(tokens),
+                scheduled: s,
+                hit_blocks: h,
+                digests,
+                tags,
+                extras,
+                lora_id,
+                tables,
+                cpu: None,
+            };
+            self.register_range(st, &mut seq, h)?;
+            if self.caching() {
+                st.t.prefix_queries += n as u64;
+                st.t.prefix_hits += (h * bs) as u64;
+                st.recent.record(n, h * bs);
+            }
+            st.seqs.insert(id, seq);
+            Ok(Some(h * bs))
+        })
     }
 
     /// Register every group's blocks at positions `from .. registrable` (group order, then
@@ -451,21 +462,23 @@ impl GroupManager {
     }
 
     pub fn extend(&self, id: u64, k: usize, lookahead: usize) -> Result<Option<Vec<(u32, u32)>>> {
-        self.with_resident(id, |st, seq| {
-            let left = seq.tokens.len() - seq.scheduled;
-            if left == 0 {
-                return Err(invalid(format!(
-                    "sequence {id} has no prompt tokens left to schedule (append adds tokens)"
-                )));
-            }
-            if k == 0 || k > left {
-                return Err(invalid(format!(
-                    "num_new_tokens {k} for sequence {id} must be in 1..={left} (its prompt \
+        self.broken.guarded(true, || {
+            self.with_resident(id, |st, seq| {
+                let left = seq.tokens.len() - seq.scheduled;
+                if left == 0 {
+                    return Err(invalid(format!(
+                        "sequence {id} has no prompt tokens left to schedule (append adds tokens)"
+                    )));
+                }
+                if k == 0 || k > left {
+                    return Err(invalid(format!(
+                        "num_new_tokens {k} for sequence {id} must be in 1..={left} (its prompt \
                      tokens not yet scheduled)"
-                )));
-            }
-            let m = seq.scheduled + k;
-            self.schedule(st, seq, m, lookahead)
+                    )));
+                }
+                let m = seq.scheduled + k;
+                self.schedule(st, seq, m, lookahead)
+            })
         })
     }
 
@@ -518,136 +531,144 @@ impl GroupManager {
         tokens: &[u32],
         lookahead: usize,
     ) -> Result<Option<Vec<(u32, u32)>>> {
-        Self::check_tokens(tokens, "token_ids")?;
-        self.with_resident(id, |st, seq| {
-            Self::check_append(id, seq, tokens.len())?;
-            let m = seq.tokens.len() + tokens.len();
-            let p = seq.scheduled;
-            let to = m.saturating_add(lookahead);
-            let plan = self.plan_step(&st.pool, seq, p, to);
-            let mut drops = HashMap::new();
-            for &(g, i) in &plan.skipped {
-                *drops.entry(seq.tables[g][i]).or_insert(0) += 1;
-            }
-            if plan.need > st.pool.available() + Self::freed_by(&st.pool, &drops) {
-                return Ok(None);
-            }
-            self.add_tokens(seq, tokens)?;
-            self.schedule(st, seq, m, lookahead)
+        self.broken.guarded(true, || {
+            Self::check_tokens(tokens, "token_ids")?;
+            self.with_resident(id, |st, seq| {
+                Self::check_append(id, seq, tokens.len())?;
+                let m = seq.tokens.len() + tokens.len();
+                let p = seq.scheduled;
+                let to = m.saturating_add(lookahead);
+                let plan = self.plan_step(&st.pool, seq, p, to);
+                let mut drops = HashMap::new();
+                for &(g, i) in &plan.skipped {
+                    *drops.entry(seq.tables[g][i]).or_insert(0) += 1;
+                }
+                if plan.need > st.pool.available() + Self::freed_by(&st.pool, &drops) {
+                    return Ok(None);
+                }
+                self.add_tokens(seq, tokens)?;
+                self.schedule(st, seq, m, lookahead)
+            })
         })
     }
 
     /// Drop the tokens past `m`; see docs/semantics.md for the checks groups add.
     pub fn truncate(&self, id: u64, m: usize) -> Result<Option<Vec<(u32, u32)>>> {
-        let bs = self.block_size();
-        self.with_resident(id, |st, seq| {
-            let n = seq.tokens.len();
-            if m == 0 || m > n {
-                return Err(invalid(format!(
-                    "num_tokens {m} for sequence {id} must be in 1..={n}"
-                )));
-            }
-            for (g, kind) in self.kinds.iter().enumerate() {
-                let nulls = seq.nulls(g);
-                if nulls * bs > kind.skipped_tokens(m) {
+        self.broken.guarded(true, || {
+            let bs = self.block_size();
+            self.with_resident(id, |st, seq| {
+                let n = seq.tokens.len();
+                if m == 0 || m > n {
                     return Err(invalid(format!(
-                        "cannot truncate sequence {id} to {m} tokens: group {g} ({}) already \
-                         released the blocks position {m} needs",
-                        kind.name()
+                        "num_tokens {m} for sequence {id} must be in 1..={n}"
                     )));
                 }
-                if *kind == GroupKind::State && m < seq.scheduled && m % bs != 0 {
-                    return Err(invalid(format!(
-                        "cannot truncate sequence {id} to {m} tokens: group {g} keeps a state \
+                for (g, kind) in self.kinds.iter().enumerate() {
+                    let nulls = seq.nulls(g);
+                    if nulls * bs > kind.skipped_tokens(m) {
+                        return Err(invalid(format!(
+                            "cannot truncate sequence {id} to {m} tokens: group {g} ({}) already \
+                         released the blocks position {m} needs",
+                            kind.name()
+                        )));
+                    }
+                    if *kind == GroupKind::State && m < seq.scheduled && m % bs != 0 {
+                        return Err(invalid(format!(
+                            "cannot truncate sequence {id} to {m} tokens: group {g} keeps a state \
                          only at block boundaries (multiples of {bs}) below its {} scheduled \
                          tokens",
-                        seq.scheduled
-                    )));
-                }
-            }
-            let i = m / bs;
-            let keep = cdiv(m, bs);
-            // The hashed block each group would leave partial at position `i`.
-            let partial: Vec<Option<u32>> = (0..self.kinds.len())
-                .map(|g| {
-                    let b = *seq.tables[g].get(i)?;
-                    (m % bs != 0 && b != NULL && st.pool.key(b).is_some()).then_some(b)
-                })
-                .collect();
-            let copies = partial
-                .iter()
-                .filter(|b| b.is_some_and(|b| st.pool.rc(b) > 1))
-                .count();
-            if copies > st.pool.available() {
-                return Ok(None);
-            }
-            let mut pairs = Vec::new();
-            for (g, &hashed) in partial.iter().enumerate() {
-                if let Some(b) = hashed.filter(|&b| st.pool.rc(b) == 1) {
-                    st.pool.unhash(b);
-                }
-                while seq.tables[g].len() > keep {
-                    let b = seq.tables[g].pop().unwrap_or(NULL);
-                    if b != NULL {
-                        st.pool.release(b);
-                        st.t.truncated += 1;
+                            seq.scheduled
+                        )));
                     }
                 }
-                if let Some(src) = hashed.filter(|&b| st.pool.rc(b) > 1) {
-                    let dst = st.pool.take(g as u8)?;
-                    st.pool.release(src);
-                    seq.tables[g][i] = dst;
-                    pairs.push((src, dst));
-                    st.t.cow_copies += 1;
+                let i = m / bs;
+                let keep = cdiv(m, bs);
+                // The hashed block each group would leave partial at position `i`.
+                let partial: Vec<Option<u32>> = (0..self.kinds.len())
+                    .map(|g| {
+                        let b = *seq.tables[g].get(i)?;
+                        (m % bs != 0 && b != NULL && st.pool.key(b).is_some()).then_some(b)
+                    })
+                    .collect();
+                let copies = partial
+                    .iter()
+                    .filter(|b| b.is_some_and(|b| st.pool.rc(b) > 1))
+                    .count();
+                if copies > st.pool.available() {
+                    return Ok(None);
                 }
-            }
-            seq.tokens.truncate(m);
-            seq.digests.truncate(m / bs);
-            seq.tags.truncate(m / bs);
-            seq.scheduled = seq.scheduled.min(m);
-            seq.hit_blocks = seq.hit_blocks.min(m / bs);
-            Ok(Some(pairs))
+                let mut pairs = Vec::new();
+                for (g, &hashed) in partial.iter().enumerate() {
+                    if let Some(b) = hashed.filter(|&b| st.pool.rc(b) == 1) {
+                        st.pool.unhash(b);
+                    }
+                    while seq.tables[g].len() > keep {
+                        let b = seq.tables[g].pop().unwrap_or(NULL);
+                        if b != NULL {
+                            st.pool.release(b);
+                            st.t.truncated += 1;
+                        }
+                    }
+                    if let Some(src) = hashed.filter(|&b| st.pool.rc(b) > 1) {
+                        let dst = st.pool.take(g as u8)?;
+                        st.pool.release(src);
+                        seq.tables[g][i] = dst;
+                        pairs.push((src, dst));
+                        st.t.cow_copies += 1;
+                    }
+                }
+                seq.tokens.truncate(m);
+                seq.digests.truncate(m / bs);
+                seq.tags.truncate(m / bs);
+                seq.scheduled = seq.scheduled.min(m);
+                seq.hit_blocks = seq.hit_blocks.min(m / bs);
+                Ok(Some(pairs))
+            })
         })
     }
 
     pub fn fork(&self, parent: u64, child: u64) -> Result<()> {
-        let mut guard = self.lock()?;
-        let st = &mut *guard;
-        Self::resident(&mut st.seqs, parent)?;
-        if st.seqs.contains_key(&child) {
-            return Err(Error::DuplicateSequence(child));
-        }
-        let copy = st.seqs[&parent].clone();
-        for &b in copy.tables.iter().flatten().filter(|&&b| b != NULL) {
-            st.pool.check_share(b)?;
-        }
-        st.seqs
-            .try_reserve(1)
-            .map_err(|_| Error::OutOfMemory("cannot grow the sequence map".into()))?;
-        for &b in copy.tables.iter().flatten().filter(|&&b| b != NULL) {
-            st.pool.share(b);
-        }
-        st.seqs.insert(child, copy);
-        Ok(())
+        self.broken.guarded(true, || {
+            let mut guard = self.lock()?;
+            let st = &mut *guard;
+            Self::resident(&mut st.seqs, parent)?;
+            if st.seqs.contains_key(&child) {
+                return Err(Error::DuplicateSequence(child));
+            }
+            let copy = st.seqs[&parent].clone();
+            for &b in copy.tables.iter().flatten().filter(|&&b| b != NULL) {
+                st.pool.check_share(b)?;
+            }
+            st.seqs
+                .try_reserve(1)
+                .map_err(|_| Error::OutOfMemory("cannot grow the sequence map".into()))?;
+            for &b in copy.tables.iter().flatten().filter(|&&b| b != NULL) {
+                st.pool.share(b);
+            }
+            st.seqs.insert(child, copy);
+            Ok(())
+        })
     }
 
     /// Release a sequence's blocks (withdrawing the uncomputed ones it registered, as
     /// without groups) and forget it.
     pub fn free_computed(&self, id: u64, num_computed_tokens: Option<usize>) -> Result<()> {
-        let mut guard = self.lock()?;
-        let st = &mut *guard;
-        let seq = st.seqs.get(&id).ok_or(Error::UnknownSequence(id))?;
-        if let Some(c) = num_computed_tokens {
-            let n = seq.tokens.len();
-            if c > n {
-                return Err(invalid(format!(
-                    "num_computed_tokens {c} for sequence {id} must be in 0..={n}"
-                )));
+        self.broken.guarded(true, || {
+            let mut guard = self.lock()?;
+            let st = &mut *guard;
+            let seq = st.seqs.get(&id).ok_or(Error::UnknownSequence(id))?;
+            if let Some(c) = num_computed_tokens {
+                let n = seq.tokens.len();
+                if c > n {
+                    return Err(invalid(format!(
+                        "num_computed_tokens {c} for sequence {id} must be in 0..={n}"
+                    )));
+                }
             }
-        }
-        let seq = st.seqs.remove(&id).ok_or(Error::UnknownSequence(id))?;
-        self.drop_seq(st, &seq, num_computed_tokens);
-        Ok(())
+            let seq = st.seqs.remove(&id).ok_or(Error::UnknownSequence(id))?;
+            self.drop_seq(st, &seq, num_computed_tokens);
+            Ok(())
+        })
     }
 
     pub(crate) fn drop_seq(&self, st: &mut State, seq: &GroupSeq, computed: Option<usize>) {
@@ -686,12 +707,14 @@ impl GroupManager {
         cache_salt: Option<&[u8]>,
         lora_id: Option<u64>,
     ) -> Result<usize> {
-        Self::check_tokens(tokens, "token_ids")?;
-        let extras = encode_extras(cache_salt, lora_id);
-        let (digests, tags) = self.chain(tokens, &extras);
-        let st = self.lock()?;
-        let bs = self.block_size();
-        Ok(self.hit_of(&st.pool, &digests, &tags, (tokens.len() - 1) / bs) * bs)
+        self.broken.guarded(false, || {
+            Self::check_tokens(tokens, "token_ids")?;
+            let extras = encode_extras(cache_salt, lora_id);
+            let (digests, tags) = self.chain(tokens, &extras);
+            let st = self.lock()?;
+            let bs = self.block_size();
+            Ok(self.hit_of(&st.pool, &digests, &tags, (tokens.len() - 1) / bs) * bs)
+        })
     }
 
     /// Admission of `total` held blocks of which `need` come from the available ones.
@@ -713,26 +736,28 @@ impl GroupManager {
         num_tokens: u64,
         num_new_tokens: Option<u64>,
     ) -> Result<crate::AllocStatus> {
-        if num_tokens == 0 {
-            return Err(invalid("num_tokens must be at least 1"));
-        }
-        if let Some(k) = num_new_tokens {
-            if k == 0 || k > num_tokens {
-                return Err(invalid(format!(
-                    "num_new_tokens {k} must be in 1..={num_tokens}"
-                )));
+        self.broken.guarded(false, || {
+            if num_tokens == 0 {
+                return Err(invalid("num_tokens must be at least 1"));
             }
-        }
-        let k = num_new_tokens.unwrap_or(num_tokens);
-        let st = self.lock()?;
-        let Ok(k) = usize::try_from(k) else {
-            return Ok(crate::AllocStatus::Never);
-        };
-        if num_tokens > MAX_TOKENS as u64 {
-            return Ok(crate::AllocStatus::Never);
-        }
-        let total = cdiv(k, self.block_size()).saturating_mul(self.kinds.len());
-        Ok(self.admission(&st.pool, total, total))
+            if let Some(k) = num_new_tokens {
+                if k == 0 || k > num_tokens {
+                    return Err(invalid(format!(
+                        "num_new_tokens {k} must be in 1..={num_tokens}"
+                    )));
+                }
+            }
+            let k = num_new_tokens.unwrap_or(num_tokens);
+            let st = self.lock()?;
+            let Ok(k) = usize::try_from(k) else {
+                return Ok(crate::AllocStatus::Never);
+            };
+            if num_tokens > MAX_TOKENS as u64 {
+                return Ok(crate::AllocStatus::Never);
+            }
+            let total = cdiv(k, self.block_size()).saturating_mul(self.kinds.len());
+            Ok(self.admission(&st.pool, total, total))
+        })
     }
 
     /// `can_allocate` of a prompt given by its tokens: the hybrid hit is credited.
@@ -743,56 +768,63 @@ impl GroupManager {
         cache_salt: Option<&[u8]>,
         lora_id: Option<u64>,
     ) -> Result<crate::AllocStatus> {
-        Self::check_tokens(tokens, "token_ids")?;
-        let n = tokens.len();
-        let k = num_new_tokens.map(|k| usize::try_from(k).unwrap_or(usize::MAX));
-        let k = check_new_tokens(k, n)?;
-        let bs = self.block_size();
-        let extras = encode_extras(cache_salt, lora_id);
-        let (digests, tags) = self.chain(tokens, &extras);
-        let st = self.lock()?;
-        let h = self.hit_of(&st.pool, &digests, &tags, (n - 1) / bs);
-        let hits = self.hit_blocks(&st.pool, &digests, &tags, h);
-        let len = cdiv((h * bs + k).min(n), bs);
-        let held: usize = hits
-            .iter()
-            .map(|t| t.iter().filter(|&&b| b != NULL).count())
-            .sum();
-        let g = self.kinds.len();
-        let total = (len - h) * g + held;
-        let cached = hits
-            .iter()
-            .flatten()
-            .filter(|&&b| b != NULL && st.pool.rc(b) == 0)
-            .count();
-        Ok(self.admission(&st.pool, total, (len - h) * g + cached))
+        self.broken.guarded(false, || {
+            Self::check_tokens(tokens, "token_ids")?;
+            let n = tokens.len();
+            let k = num_new_tokens.map(|k| usize::try_from(k).unwrap_or(usize::MAX));
+            let k = check_new_tokens(k, n)?;
+            let bs = self.block_size();
+            let extras = encode_extras(cache_salt, lora_id);
+            let (digests, tags) = self.chain(tokens, &extras);
+            let st = self.lock()?;
+            let h = self.hit_of(&st.pool, &digests, &tags, (n - 1) / bs);
+            let hits = self.hit_blocks(&st.pool, &digests, &tags, h);
+            let len = cdiv((h * bs + k).min(n), bs);
+            let held: usize = hits
+                .iter()
+                .map(|t| t.iter().filter(|&&b| b != NULL).count())
+                .sum();
+            let g = self.kinds.len();
+            let total = (len - h) * g + held;
+            let cached = hits
+                .iter()
+                .flatten()
+                .filter(|&&b| b != NULL && st.pool.rc(b) == 0)
+                .count();
+            Ok(self.admission(&st.pool, total, (len - h) * g + cached))
+        })
     }
 
     pub fn can_swap_in(&self, id: u64) -> Result<crate::AllocStatus> {
-        let st = self.lock()?;
-        let seq = st.seqs.get(&id).ok_or(Error::UnknownSequence(id))?;
-        let cpu = seq.cpu.as_ref().ok_or(Error::NotSwapped(id))?;
-        let need = cpu
-            .iter()
-            .flatten()
-            .filter(|&&c| c != super::table::SWAPPED_NULL)
-            .count();
-        Ok(self.admission(&st.pool, need, need))
+        self.broken.guarded(false, || {
+            let st = self.lock()?;
+            let seq = st.seqs.get(&id).ok_or(Error::UnknownSequence(id))?;
+            let cpu = seq.cpu.as_ref().ok_or(Error::NotSwapped(id))?;
+            let need = cpu
+                .iter()
+                .flatten()
+                .filter(|&&c| c != super::table::SWAPPED_NULL)
+                .count();
+            Ok(self.admission(&st.pool, need, need))
+        })
     }
 
     pub fn reset_prefix_cache(&self) -> Result<bool> {
-        let mut st = self.lock()?;
-        if st.pool.tally.iter().any(|t| t.used > 0) {
-            return Ok(false);
-        }
-        st.pool.clear_cached();
-        st.t.prefix_queries = 0;
-        st.t.prefix_hits = 0;
-        st.recent.clear();
-        Ok(true)
+        self.broken.guarded(true, || {
+            let mut st = self.lock()?;
+            if st.pool.tally.iter().any(|t| t.used > 0) {
+                return Ok(false);
+            }
+            st.pool.clear_cached();
+            st.t.prefix_queries = 0;
+            st.t.prefix_hits = 0;
+            st.recent.clear();
+            Ok(true)
+        })
     }
 
     pub fn drain_events(&self) -> Result<Vec<KvEvent>> {
-        Ok(self.lock()?.pool.drain_events())
+        self.broken
+            .guarded(false, || Ok(self.lock()?.pool.drain_events()))
     }
 }

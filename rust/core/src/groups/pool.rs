@@ -141,7 +141,7 @@ impl GroupPool {
             None => {
                 let b = self.next[NULL as usize];
                 if b == NULL {
-                    return Err(Error::Invariant("took a block from an empty pool".into()));
+                    return Err(Error::Broken("took a block from an empty pool".into()));
                 }
                 self.unlink(b);
                 let g = self.group[b as usize] as usize;
