@@ -383,11 +383,13 @@ def test_full_and_state_hit_needs_the_states_last_block(make):
     assert m.lookup([*p, 7]) == 0
 
 
-def test_single_full_group_hits_as_without_groups(impl):
+@pytest.mark.parametrize("caching", [True, False])
+def test_single_full_group_hits_as_without_groups(impl, caching):
     """`groups=[KVCacheGroup("full")]` is the manager without groups, block ids shifted by
     the null block: same hits, copies, statuses, counters, and the same events per call
     (as a multiset: a batch may order its evictions and registrations differently)."""
     kw: dict[str, Any] = {"num_cpu_blocks": 8, "watermark": 0.0, "enable_kv_events": True}
+    kw["enable_prefix_caching"] = caching
     plain = impl(24, 4, **kw)
     grouped = impl(25, 4, groups=[FULL], **kw)
     rng = random.Random(10)
@@ -462,7 +464,8 @@ def test_single_full_group_hits_as_without_groups(impl):
         ignore = {"num_blocks": 0, "groups": []}  # the null block; the group figures
         assert plain.stats().as_dict() | ignore == grouped.stats().as_dict() | ignore
     st = plain.stats()
-    assert min(st.prefix_hits, st.evictions, st.cow_copies, st.swapped_in_blocks) > 0
+    assert min(st.cow_copies, st.swapped_in_blocks, st.truncated_blocks) > 0
+    assert min(st.prefix_hits, st.evictions, st.unregistered_blocks) > 0 or not caching
     plain.check_invariants()
     grouped.check_invariants()
 
@@ -847,6 +850,94 @@ def test_reset_prefix_cache_with_groups(make):
     assert m.reset_prefix_cache() is True
     assert (m.num_free_blocks, m.num_cached_blocks) == (19, 0)
     assert m.lookup(toks(0, 33)) == 0
+
+
+# ------------------------------------------------------------------ a random workload
+
+MIXES = {
+    "full+window+state": [FULL, sw(6), STATE],
+    "window": [sw(4)],
+    "chunk+full": [chunked(8), FULL],
+    "state": [STATE],
+    "five": [FULL, sw(9), sw(4), chunked(4), STATE],
+}
+
+
+def _check_shapes(m: Manager, groups: list[KVCacheGroup], sid: int) -> None:
+    """Every table as long as the others; nulls a leading run the group may skip."""
+    ts = tables(m, sid)
+    assert len({len(t) for t in ts}) == 1
+    s = m.num_scheduled_tokens(sid)
+    for group, t in zip(groups, ts, strict=True):
+        nulls = next((i for i, b in enumerate(t) if b != 0), len(t))
+        assert 0 not in t[nulls:]
+        assert nulls * 4 <= group.skipped_tokens(s)
+
+
+@pytest.mark.parametrize("mix", list(MIXES))
+@pytest.mark.parametrize("caching", [True, False])
+def test_random_workload_keeps_the_contract(make, mix, caching):
+    """Every call of a mixed workload: invariants audited, `allocate` hits what `lookup`
+    said, tables shaped as the spec says, group figures adding up to the pool's."""
+    groups = MIXES[mix]
+    rng = random.Random(f"{mix}{caching}")
+    num_blocks = 30
+    m = make(num_blocks, 4, num_cpu_blocks=12, groups=groups, enable_prefix_caching=caching)
+    prompts = [toks(0, 20), toks(100, 30)]
+    live: list[int] = []
+    next_id = 0
+    for _ in range(250):
+        op = rng.random()
+        try:
+            if op < 0.25 or not live:
+                p = rng.choice(prompts)[: rng.randint(1, 20)] + [rng.randint(0, 9)] * 3
+                hit = m.lookup(p)
+                k = rng.choice([None, 2])
+                r = m.allocate(next_id, p, num_new_tokens=k, lookahead=rng.choice([0, 0, 2]))
+                if r is not None:
+                    assert r == hit
+                    live.append(next_id)
+                next_id += 1
+                continue
+            sid = rng.choice(live)
+            if m.is_swapped(sid):
+                m.swap_in(sid)
+                continue
+            s, n = m.num_scheduled_tokens(sid), m.num_tokens(sid)
+            if s < n:
+                m.extend(sid, rng.randint(1, n - s), lookahead=rng.choice([0, 3]))
+            elif op < 0.5:
+                m.append(sid, [rng.randint(0, 9)] * rng.randint(1, 5))
+            elif op < 0.6:
+                batch = rng.sample(live, min(3, len(live)))
+                m.append_batch(batch, [1] * len(batch))
+            elif op < 0.7:
+                m.truncate(sid, rng.randint(1, n))
+            elif op < 0.78:
+                m.fork(sid, next_id)
+                live.append(next_id)
+                next_id += 1
+            elif op < 0.86:
+                m.swap_out(sid)
+            elif op < 0.88:
+                m.reset_prefix_cache()
+            else:
+                live.remove(sid)
+                m.free(sid, num_computed_tokens=rng.choice([None, rng.randint(0, n)]))
+        except (InvalidArgumentError, pagedkv.SequenceSwappedError):
+            pass  # a truncate the window refuses; a batch with a swapped member
+        m.check_invariants()
+        for x in live:
+            if not m.is_swapped(x):
+                _check_shapes(m, groups, x)
+        st = m.stats()
+        assert st.free_blocks + st.used_blocks + st.cached_blocks == num_blocks - 1
+        assert sum(g.used_blocks for g in st.groups) == st.used_blocks
+        assert sum(g.cached_blocks for g in st.groups) == st.cached_blocks
+        assert sum(g.registered_blocks for g in st.groups) == st.registered_blocks
+        assert sum(g.evictions for g in st.groups) == st.evictions
+        m.drain_events()
+    assert len(live) > 0
 
 
 # ------------------------------------------------------------------ the hit, as a function

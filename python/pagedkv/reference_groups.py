@@ -396,9 +396,9 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         # withdrawn, group by group, tail first; entries already released are not held.
         for table in seq.tables:
             for i in range(seq.scheduled // bs - 1, lo - 1, -1):
-                b = table[i]
-                if b != NULL and self._hashed[b] == seq.digests[i]:
-                    self._unindex(b)
+                d = self._hashed[table[i]]  # None for the null block, and without caching
+                if d is not None and d == seq.digests[i]:
+                    self._unindex(table[i])
                     self._unregistered_blocks += 1
         for table in seq.tables:
             self._release_table(table)
