@@ -798,14 +798,14 @@ def test_append_batch_registers_every_group(make):
 # ------------------------------------------------------------------ events and stats
 
 
-def test_events_carry_the_group_one_per_group_per_block(make):
+def test_events_carry_the_group_one_per_group_per_block(make, impl):
     groups = [FULL, sw(32), STATE]
     m = make(40, 16, groups=groups)
     assert m.allocate(1, toks(0, 33)) == 0
     ev = m.drain_events()
     d = m.block_hashes(1)
     assert stored(ev) == [(g, x) for g in range(3) for x in d[:2]], "group order, then index"
-    plain = ReferenceBlockManager(40, 16, enable_kv_events=True)
+    plain = impl(40, 16, enable_kv_events=True)
     plain.allocate(1, toks(0, 33))
     first = [e for e in ev if e.group_idx == 0]
     assert [(e.parent_block_hash, e.token_ids) for e in first] == [
