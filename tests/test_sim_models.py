@@ -1,8 +1,7 @@
 """`simulate --model NAME` end to end, every preset, with the real managers.
 
-The hybrid presets need `BlockManager(..., groups=)` (issue 10, docs/semantics.md "KV-cache
-groups"): until the Rust manager takes `groups=` they fail with "does not take groups= yet";
-llama-3-8b (one full group, the plain manager) runs today.
+The hybrid presets run with `BlockManager(..., groups=)` (docs/semantics.md "KV-cache
+groups"); llama-3-8b (one full group) runs on the plain manager.
 """
 
 from __future__ import annotations

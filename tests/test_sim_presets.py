@@ -341,13 +341,10 @@ def test_model_json_with_a_stand_in(
     assert len(doc["runs"][0]["steps"]["live_tokens"]) == doc["runs"][0]["num_steps"]
 
 
-def test_groups_build_fails_clearly_or_works(capsys: pytest.CaptureFixture[str]) -> None:
-    # Until BlockManager takes groups= (issue 10) the factory says so; afterwards it builds.
+def test_the_factory_builds_grouped_managers_of_both_kinds() -> None:
     config = BlockManagerConfig(num_blocks=64)
     groups = model_layout(get_model("gpt-oss-20b")).groups
-    try:
-        m = make_manager(config, groups=groups)
-    except RuntimeError as exc:
-        assert "does not take groups= yet" in str(exc)
-    else:
-        assert len(m.stats().groups) == 2
+    for reference in (False, True):
+        m = make_manager(config, groups=groups, reference=reference)
+        assert [g.kind for g in m.stats().groups] == ["sliding_window", "full"]
+        assert m.allocate(0, list(range(40))) == 0

@@ -7,10 +7,11 @@ checked before a manager is built: `BlockManager.from_config(BlockManagerConfig(
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from pagedkv.errors import InvalidArgumentError
+from pagedkv.groups import KVCacheGroup, check_groups
 
 HashAlgo = Literal["sha256", "xxh3_128"]
 HASH_ALGOS: tuple[HashAlgo, ...] = ("sha256", "xxh3_128")
@@ -39,7 +40,8 @@ class BlockManagerConfig:
 
     Fields mirror `BlockManager(num_blocks, block_size=16, *, num_cpu_blocks=0,
     enable_prefix_caching=True, hash_algo="sha256", hash_seed=0, watermark=0.01,
-    enable_kv_events=False)`. Invalid values raise `InvalidArgumentError` (a `ValueError`).
+    enable_kv_events=False, groups=None)`. Invalid values raise `InvalidArgumentError` (a
+    `ValueError`); `groups` is kept as a tuple.
     """
 
     num_blocks: int
@@ -50,6 +52,7 @@ class BlockManagerConfig:
     hash_seed: int = 0
     watermark: float = 0.01
     enable_kv_events: bool = False
+    groups: tuple[KVCacheGroup, ...] | None = None
 
     def __post_init__(self) -> None:
         _require_int("num_blocks", self.num_blocks, 1)
@@ -67,12 +70,14 @@ class BlockManagerConfig:
             raise InvalidArgumentError(f"watermark must be a float, got {type(w).__name__}")
         if not (math.isfinite(w) and 0.0 <= w < 1.0):
             raise InvalidArgumentError(f"watermark must be in [0, 1), got {w}")
+        if self.groups is not None:
+            # Frozen: set the validated tuple through object.__setattr__.
+            object.__setattr__(self, "groups", check_groups(self.groups, self.block_size))
 
     def constructor_kwargs(self) -> dict[str, Any]:
         """The keyword arguments (all but `num_blocks` and `block_size`) for the constructor."""
-        kwargs = asdict(self)
-        del kwargs["num_blocks"], kwargs["block_size"]
-        return kwargs
+        skip = ("num_blocks", "block_size")
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
 
 
 __all__ = ["HASH_ALGOS", "BlockManagerConfig", "HashAlgo"]

@@ -43,6 +43,7 @@ class BlockManager(_core.BlockManager):
             hash_seed=config.hash_seed,
             watermark=config.watermark,
             enable_kv_events=config.enable_kv_events,
+            groups=None if config.groups is None else list(config.groups),
         )
 
     def lookup_many(

@@ -32,6 +32,7 @@ from pagedkv.errors import (
     UnknownSequenceError,
 )
 from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from pagedkv.groups import KVCacheGroup, check_groups
 from pagedkv.stats import Stats
 
 __all__ = ["MAX_BLOCK_SIZE", "MAX_LEN", "MAX_REFCOUNT", "ReferenceBlockManager", "hash_blocks"]
@@ -329,7 +330,18 @@ class _Seq:
 
 
 class ReferenceBlockManager:
-    """Paged KV-cache block manager, pure Python; see docs/semantics.md."""
+    """Paged KV-cache block manager, pure Python; see docs/semantics.md.
+
+    With `groups=[KVCacheGroup(...), ...]` the constructor builds the hybrid-model manager of
+    `pagedkv.reference_groups` (a subclass: one block table per group, block 0 the null block).
+    """
+
+    def __new__(cls, *args: Any, groups: object = None, **kwargs: Any) -> ReferenceBlockManager:
+        if groups is not None and cls is ReferenceBlockManager:
+            from pagedkv.reference_groups import GroupedReferenceBlockManager
+
+            return super().__new__(GroupedReferenceBlockManager)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -342,6 +354,7 @@ class ReferenceBlockManager:
         hash_seed: int = 0,
         watermark: float = 0.01,
         enable_kv_events: bool = False,
+        groups: Iterable[KVCacheGroup] | None = None,
     ) -> None:
         # Arguments in signature order (docs/inputs.md).
         self._num_blocks = _check_int(num_blocks, "num_blocks", 1, _I32_MAX + 1)
@@ -352,6 +365,7 @@ class ReferenceBlockManager:
         self._root = _root(self._hash, _check_int(hash_seed, "hash_seed", 0, _U64))
         self._watermark_blocks = int(_watermark(watermark) * self._num_blocks)
         self._events_on = _check_bool(enable_kv_events, "enable_kv_events")
+        self._groups = () if groups is None else check_groups(groups, self._block_size)
 
         n = self._num_blocks
         self._free: list[int] = list(range(n - 1, -1, -1))  # LIFO: pops 0, 1, 2, ...
@@ -548,14 +562,20 @@ class ReferenceBlockManager:
         k = _fits_prompt(k, n)
         if sid in self._seqs:
             raise DuplicateSequenceError(f"sequence id {sid} already exists")
-
-        bs = self._block_size
-        seq = _Seq(salt, lora)
+        seq = self._new_seq(salt, lora)
         seq.tokens = toks
-        hits: list[int] = []
         if self._caching:
             self._extend_digests(seq)
-            hits = self._hits(seq)
+        return self._admit(sid, seq, k, la)
+
+    def _new_seq(self, salt: bytes | None, lora: int | None) -> _Seq:
+        return _Seq(salt, lora)
+
+    def _admit(self, sid: int, seq: _Seq, k: int, la: int) -> int | None:
+        """`allocate` once its checks passed: pin the hits, take the new blocks, register."""
+        bs = self._block_size
+        n = seq.num_tokens
+        hits = self._hits(seq) if self._caching else []
         h = len(hits)
         s = min(h * bs + k, n)
         total = _cdiv(s + la, bs)
@@ -575,12 +595,16 @@ class ReferenceBlockManager:
         seq.hits = h
         seq.scheduled = h * bs
         self._schedule(seq, s)
-        if self._caching:
-            self._prefix_queries += n
-            self._prefix_hits += h * bs
-            self._recent.append((n, h * bs))
-        self._seqs[sid] = seq
+        self._admitted(sid, seq, h)
         return h * bs
+
+    def _admitted(self, sid: int, seq: _Seq, h: int) -> None:
+        """Count the prompt's lookup and its hit of `h` blocks; keep the sequence."""
+        if self._caching:
+            self._prefix_queries += seq.num_tokens
+            self._prefix_hits += h * self._block_size
+            self._recent.append((seq.num_tokens, h * self._block_size))
+        self._seqs[sid] = seq
 
     def extend(
         self, seq_id: int, num_new_tokens: int, *, lookahead: int = 0
@@ -597,7 +621,10 @@ class ReferenceBlockManager:
                 f"num_new_tokens {k} out of range [1, {left}] for sequence {sid} "
                 f"({left} prompt tokens left to schedule)"
             )
-        m = seq.scheduled + k
+        return self._extend_to(seq, seq.scheduled + k, la)
+
+    def _extend_to(self, seq: _Seq, m: int, la: int) -> list[tuple[int, int]] | None:
+        """`extend` once its checks passed: schedule the prompt up to `m`."""
         cow, new = self._write_need(seq, m, la)
         if len(cow) + new > self._available():
             return None
@@ -620,6 +647,10 @@ class ReferenceBlockManager:
         seq = self._appendable(sid)
         if seq.num_tokens + len(toks) > MAX_LEN:
             raise InvalidArgumentError(f"sequence {sid} would hold more than {MAX_LEN} tokens")
+        return self._append_tokens(seq, toks, la)
+
+    def _append_tokens(self, seq: _Seq, toks: list[int], la: int) -> list[tuple[int, int]] | None:
+        """`append` once its checks passed."""
         cow, new = self._write_need(seq, seq.num_tokens + len(toks), la)
         if len(cow) + new > self._available():
             return None
@@ -645,6 +676,10 @@ class ReferenceBlockManager:
             raise InvalidArgumentError(
                 f"num_tokens {m} out of range [1, {seq.num_tokens}] for sequence {sid}"
             )
+        return self._truncate_to(seq, m)
+
+    def _truncate_to(self, seq: _Seq, m: int) -> list[tuple[int, int]] | None:
+        """`truncate` once its checks passed."""
         bs = self._block_size
         i = m // bs
         # A hashed block left partial would be written next: no hashed block may sit there.
@@ -676,13 +711,17 @@ class ReferenceBlockManager:
         _, parent = self._resident(pid)
         if cid in self._seqs:
             raise DuplicateSequenceError(f"sequence id {cid} already exists")
-        for b in parent.blocks:
+        for b in self._held(parent):
             if self._rc[b] >= MAX_REFCOUNT:
                 raise RefcountOverflowError(f"block {b} already has {MAX_REFCOUNT} holders")
         child = parent.copy()
-        for b in child.blocks:
+        for b in self._held(child):
             self._rc[b] += 1
         self._seqs[cid] = child
+
+    def _held(self, seq: _Seq) -> list[int]:
+        """The GPU blocks a resident sequence holds a reference to."""
+        return seq.blocks
 
     def free(self, seq_id: int, *, num_computed_tokens: int | None = None) -> None:
         """Release a sequence's blocks, tail first, and forget it. The blocks it registered
@@ -771,6 +810,9 @@ class ReferenceBlockManager:
         toks = _tokens(token_ids)
         salt = _salt_bytes(cache_salt)
         lora = _lora(lora_id)
+        return self._hit_tokens(toks, salt, lora)
+
+    def _hit_tokens(self, toks: list[int], salt: bytes | None, lora: int | None) -> int:
         return len(self._probe(toks, salt, lora)) * self._block_size
 
     def lookup_many(
@@ -815,6 +857,12 @@ class ReferenceBlockManager:
         salt = _salt_bytes(cache_salt)
         lora = _lora(lora_id)
         k = _fits_prompt(k, n)
+        return self._alloc_status(toks, n, k, salt, lora)
+
+    def _alloc_status(
+        self, toks: list[int] | None, n: int, k: int, salt: bytes | None, lora: int | None
+    ) -> AllocStatus:
+        """`can_allocate` once its checks passed (`toks` None: a count, no hit credited)."""
         bs = self._block_size
         if toks is None:
             total = _cdiv(k, bs)
@@ -850,6 +898,12 @@ class ReferenceBlockManager:
             )
         _distinct(ids)
         seqs = [self._appendable(s) for s in ids]  # per sequence, in batch order
+        return self._append_each(seqs, toks, la)
+
+    def _append_each(
+        self, seqs: list[_Seq], toks: list[int], la: int
+    ) -> npt.NDArray[np.int32] | None:
+        """`append_batch` once its checks passed."""
         need = 0
         for seq in seqs:
             cow, new = self._write_need(seq, seq.num_tokens + 1, la)
@@ -872,20 +926,31 @@ class ReferenceBlockManager:
         for s in ids:
             self._free_one(s)
 
-    def _resident_batch(self, seq_ids: object) -> list[_Seq]:
-        return [self._resident(s)[1] for s in _seq_ids(seq_ids)]
+    def _group_arg(self, group: object) -> int:
+        """A group index in `[0, len(groups))` (only `0` without groups)."""
+        return _check_int(group, "group", 0, max(1, len(self._groups)))
+
+    def _table(self, seq: _Seq, group: int) -> list[int]:
+        """The GPU table of a resident sequence in that group."""
+        return seq.blocks
 
     def block_tables(
-        self, seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]], pad: int = -1
+        self,
+        seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        pad: int = -1,
+        *,
+        group: int = 0,
     ) -> npt.NDArray[np.int32]:
-        """The GPU tables as an int32 (batch, max blocks) array, padded with `pad`."""
+        """The GPU tables (of `group`) as an int32 (batch, max blocks) array, padded with
+        `pad`."""
         ids = _seq_ids(seq_ids)
         p = _check_int(pad, "pad", _I32_MIN, _I32_MAX + 1)
-        seqs = [self._resident(s)[1] for s in ids]
-        width = max((len(s.blocks) for s in seqs), default=0)
-        out = np.full((len(seqs), width), p, dtype=np.int32)
-        for r, s in enumerate(seqs):
-            out[r, : len(s.blocks)] = s.blocks
+        g = self._group_arg(group)
+        tables = [self._table(self._resident(s)[1], g) for s in ids]
+        width = max((len(t) for t in tables), default=0)
+        out = np.full((len(tables), width), p, dtype=np.int32)
+        for r, t in enumerate(tables):
+            out[r, : len(t)] = t
         return out
 
     def slot_mapping(
@@ -894,12 +959,14 @@ class ReferenceBlockManager:
         num_new_tokens: int | Sequence[int] | npt.NDArray[np.integer[Any]],
         *,
         lookahead: int = 0,
+        group: int = 0,
     ) -> npt.NDArray[np.int64]:
-        """The int64 slots of each sequence's last `num_new_tokens` scheduled tokens, then
-        of its `lookahead` draft positions past them, concatenated."""
+        """The int64 slots (in `group`'s table) of each sequence's last `num_new_tokens`
+        scheduled tokens, then of its `lookahead` draft positions past them, concatenated."""
         ids = _seq_ids(seq_ids)
         counts = _counts(num_new_tokens, len(ids))
         la = _check_int(lookahead, "lookahead", 0, _I64_MAX + 1)
+        g = self._group_arg(group)
         if len(counts) != len(ids):
             raise InvalidArgumentError(
                 f"num_new_tokens has {len(counts)} entries for {len(ids)} sequences"
@@ -912,32 +979,34 @@ class ReferenceBlockManager:
                 raise InvalidArgumentError(
                     f"num_new_tokens {k} out of range [1, {s.scheduled}] for sequence {sid}"
                 )
-            if s.scheduled + la > len(s.blocks) * bs:
+            room = len(self._table(s, g)) * bs - s.scheduled
+            if la > room:
                 raise InvalidArgumentError(
                     f"lookahead {la}: sequence {sid} has room for "
-                    f"{len(s.blocks) * bs - s.scheduled} slots past its scheduled tokens"
+                    f"{room} slots past its scheduled tokens"
                 )
             seqs.append(s)
         slots: list[int] = []
         for s, k in zip(seqs, counts, strict=True):
-            slots.extend(
-                s.blocks[p // bs] * bs + p % bs for p in range(s.scheduled - k, s.scheduled + la)
-            )
+            t = self._table(s, g)
+            slots.extend(t[p // bs] * bs + p % bs for p in range(s.scheduled - k, s.scheduled + la))
         return np.array(slots, dtype=np.int64)
 
     def flashinfer_page_table(
-        self, seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]]
+        self, seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]], *, group: int = 0
     ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
-        """(kv_indptr, kv_indices, kv_last_page_len) of the scheduled tokens, int32, in
-        FlashInfer's paged layout."""
-        seqs = self._resident_batch(seq_ids)
+        """(kv_indptr, kv_indices, kv_last_page_len) of the scheduled tokens (in `group`'s
+        table), int32, in FlashInfer's paged layout."""
+        ids = _seq_ids(seq_ids)
+        g = self._group_arg(group)
+        seqs = [self._resident(s)[1] for s in ids]
         bs = self._block_size
         indptr = [0]
         indices: list[int] = []
         last: list[int] = []
         for s in seqs:
             pages = _cdiv(s.scheduled, bs)
-            indices.extend(s.blocks[:pages])
+            indices.extend(self._table(s, g)[:pages])
             indptr.append(len(indices))
             last.append(s.scheduled - (pages - 1) * bs)
         return (
@@ -948,9 +1017,11 @@ class ReferenceBlockManager:
 
     # ---------------------------------------------------------------- queries
 
-    def block_table(self, seq_id: int) -> list[int]:
-        """The GPU block ids of a resident sequence."""
-        return list(self._resident(seq_id)[1].blocks)
+    def block_table(self, seq_id: int, *, group: int = 0) -> list[int]:
+        """The GPU block ids of a resident sequence (its table in `group`)."""
+        sid = _seq_id(seq_id)
+        g = self._group_arg(group)
+        return list(self._table(self._resident(sid)[1], g))
 
     def num_tokens(self, seq_id: int) -> int:
         return self._get(seq_id)[1].num_tokens

@@ -35,19 +35,9 @@ def make_manager(
             return BlockManager.from_config(config)
         cls = BlockManager
     kwargs = config.constructor_kwargs()
-    if groups is None:
-        manager: ManagerLike = cls(config.num_blocks, config.block_size, **kwargs)
-        return manager
-    try:
-        manager = cls(config.num_blocks, config.block_size, groups=list(groups), **kwargs)
-    except TypeError as exc:
-        # A build from before `groups=` (issue 10): say so instead of a bare TypeError.
-        if "groups" not in str(exc):
-            raise
-        raise RuntimeError(
-            f"this build's {cls.__name__} does not take groups= yet (KV-cache groups, "
-            "docs/semantics.md); hybrid models cannot be simulated with it"
-        ) from exc
+    if groups is not None:
+        kwargs["groups"] = list(groups)
+    manager: ManagerLike = cls(config.num_blocks, config.block_size, **kwargs)
     return manager
 
 

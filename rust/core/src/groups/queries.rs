@@ -93,9 +93,14 @@ impl GroupManager {
             let st = self.lock()?;
             let bs = self.block_size();
             let (mut reserved, mut used) = (0u64, 0u64);
+            // Per group: the non-null entries reserve slots, the scheduled tokens in them
+            // use them (a window's released entries are neither).
             for seq in st.seqs.values().filter(|s| s.cpu.is_none()) {
-                reserved += (seq.len() * bs) as u64;
-                used += seq.scheduled as u64;
+                for g in 0..seq.tables.len() {
+                    let nulls = seq.nulls(g);
+                    reserved += ((seq.len() - nulls) * bs) as u64;
+                    used += (seq.scheduled - nulls * bs) as u64;
+                }
             }
             let (rq, rh) = st.recent.sums();
             let groups: Vec<GroupStats> = self
