@@ -143,14 +143,36 @@ def test_group_argument_is_checked(where):
     with pytest.raises(InvalidArgumentError, match="group must be an int"):
         paged_decode_attention(q, pool, 0, tables, lens, group=True)
     before = pool.buffer.clone()
-    with pytest.raises(InvalidArgumentError, match=r"slot_mapping\[1\] = 7 is in the null block"):
-        pool.write(0, *kv(2), np.array([8, 7]), group=0)
     with pytest.raises(InvalidArgumentError, match="null block 0, which is never copied"):
         pool.copy_blocks(np.array([[0, 5]]))
     with pytest.raises(InvalidArgumentError, match="null block 0, which is never copied"):
         pool.copy_blocks(np.array([[5, 0]]))
     assert torch.equal(pool.buffer, before)
     assert paged_decode_attention(q, pool, 2, tables, lens, group=np.int64(0)).shape == q.shape
+
+
+@pytest.mark.parametrize("where", ["cpu", "host"])
+def test_slots_in_the_null_block_are_skipped(where):
+    """The manager maps positions a group released into block 0 (docs/semantics.md); a
+    write skips them like -1 (several may share a slot there), and writes the rest. The
+    kernel skips them in device ids too (device_ops.write's first_slot)."""
+    pool = make(where)
+    k, v = kv(4, seed=3)
+    pool.write(1, k, v, np.array([2, 10, 2, 11]), group=1)  # slot 2 twice: both released
+    assert (pool.buffer[:, :, 0] == 0).all()
+    assert torch.equal(pool.key(1)[1, 2:4], k[[1, 3]]) and torch.equal(pool.value(1)[1, 3], v[3])
+    if where == "host":
+        from pagedkv import device_ops
+
+        dev_slots = torch.tensor([5, 12], dtype=torch.int64)  # as a device tensor would hold
+        before = pool.buffer.clone()
+        device_ops.write(
+            pool._launcher, "float32", pool.key(0), pool.value(0), k[:2], v[:2], dev_slots, BS
+        )
+        assert (pool.buffer[:, :, 0] == 0).all()
+        assert torch.equal(pool.key(0)[1, 4], k[1])
+        before[0, :, 1, 4] = pool.buffer[0, :, 1, 4]
+        assert torch.equal(pool.buffer, before)
 
 
 @pytest.mark.parametrize("where", ["cpu", "host"])

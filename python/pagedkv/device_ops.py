@@ -47,7 +47,9 @@ def write(
     key: torch.Tensor,
     value: torch.Tensor,
     slot_mapping: torch.Tensor,
+    first_slot: int = 0,
 ) -> None:
+    """Slots below ``first_slot`` (the null block of a pool with groups) are skipped."""
     tokens, heads, dim = key.shape
     if tokens == 0:
         return
@@ -77,6 +79,7 @@ def write(
         _i64(value.stride(0)),
         _i64(value.stride(1)),
         _i64(num_slots),
+        _i64(first_slot),
     )
     launcher.kernel(K.write_kv_name(dtype, vec))(grid, block, args, stream=launcher.stream())
 

@@ -394,8 +394,9 @@ class KVCachePool:
     ) -> None:
         """Store new tokens' K and V (``[tokens, num_kv_heads, head_dim]``, any token/head
         strides) in their slots (int64 ``slot_mapping``, -1 = skip this token). With groups,
-        ``group`` says whose slot mapping it is (it must be the layer's group), and no slot
-        may be in the null block."""
+        ``group`` says whose slot mapping it is (it must be the layer's group), and a slot in
+        the null block (a position the group released: the manager maps it there) is skipped
+        as well: nothing writes the null block."""
         layer = self._check_layer(layer)
         self.layout.check_group_arg(layer, group)
         self._kv_layer(layer)
@@ -404,17 +405,18 @@ class KVCachePool:
         self._check_tensor(value, "value", (key.shape[0], *shape[1:]))
         a = _host_array(slot_mapping, "slot_mapping")
         n = key.shape[0]
+        first_slot = self.block_size if self.null_block else 0
         if a is not None:
             if a.shape != (n,):
                 raise InvalidArgumentError(f"slot_mapping must have shape ({n},)")
             num_slots = self.num_blocks * self.block_size
             if a.size and (a.min() < -1 or a.max() >= num_slots):
                 raise InvalidArgumentError(f"slots must be -1 or in 0..{num_slots - 1}")
+            if first_slot:  # released positions share the null block's slots: not a clash
+                a = np.where(a < first_slot, -1, a)
             valid = a[a >= 0]
             if np.unique(valid).size != valid.size:
                 raise InvalidArgumentError("slot_mapping holds a slot twice")
-            if self.null_block:
-                PG.check_slots_not_null(a, self.block_size)
         import torch
 
         with self._on_device():
@@ -427,7 +429,7 @@ class KVCachePool:
                 key = key.contiguous()
             if value.stride(-1) != 1:
                 value = value.contiguous()
-            device_ops.write(self._launcher, self.dtype_name, kc, vc, key, value, slots)
+            device_ops.write(self._launcher, self.dtype_name, kc, vc, key, value, slots, first_slot)
 
     def gather(
         self, layer: int, block_tables: Any, cu_seq_lens: Any, *, group: int | None = None

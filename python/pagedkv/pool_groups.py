@@ -205,20 +205,9 @@ def check_attended_not_null(
         )
 
 
-def check_slots_not_null(slots: np.ndarray, block_size: int) -> None:
-    """Nothing writes the null block: a slot in block 0 is not a slot of any group."""
-    hit = np.flatnonzero((slots >= 0) & (slots < block_size))
-    if hit.size:
-        i = int(hit[0])
-        raise InvalidArgumentError(
-            f"slot_mapping[{i}] = {int(slots[i])} is in the null block 0, which nothing writes"
-        )
-
-
 __all__ = [
     "PoolLayout",
     "check_attended_not_null",
-    "check_slots_not_null",
     "check_state_fits",
     "make_layout",
 ]

@@ -8,7 +8,9 @@
 
 // write: key/value [num_tokens, num_heads, head_dim] with arbitrary token and head strides
 // (last dim contiguous) into k_cache/v_cache at slot_mapping[token]; slot -1 (any negative
-// slot) skips the token, slots >= num_slots are ignored (the host rejects them first).
+// slot) skips the token, slots >= num_slots are ignored (the host rejects them first), and
+// so are slots below first_slot: block_size in a pool with KV-cache groups, whose block 0 is
+// the null block (a position the group released maps there, and nothing may write it).
 // One CTA per token in a grid-stride loop; the threads cover the row in VEC-element units.
 template <typename T, int VEC>
 __global__ void __launch_bounds__(256) pkv_write_kv(
@@ -16,13 +18,13 @@ __global__ void __launch_bounds__(256) pkv_write_kv(
     const long long* __restrict__ slot_mapping, T* __restrict__ k_cache,
     T* __restrict__ v_cache, int num_tokens, int num_heads, int head_dim,
     long long key_token_stride, long long key_head_stride, long long value_token_stride,
-    long long value_head_stride, long long num_slots) {
+    long long value_head_stride, long long num_slots, long long first_slot) {
     const int units_per_head = head_dim / VEC;
     const int units = num_heads * units_per_head;
     const long long row = (long long)num_heads * head_dim;
     for (int tok = blockIdx.x; tok < num_tokens; tok += gridDim.x) {
         const long long slot = slot_mapping[tok];
-        if (slot < 0 || slot >= num_slots) continue;
+        if (slot < first_slot || slot < 0 || slot >= num_slots) continue;
         T* kdst = k_cache + slot * row;
         T* vdst = v_cache + slot * row;
         const T* ksrc = key + tok * key_token_stride;
