@@ -1,0 +1,20 @@
+"""Tiers below the GPU: host memory, compressed host memory and a shared Redis-protocol
+store (docs/tiers.md). The core says which blocks leave the GPU (evictions) and where hits
+are; these stores keep the bytes, keyed by the block's chain digest and its group, inside a
+namespace, each entry framed with a checksum so that a wrong or damaged entry is a miss.
+"""
+
+from __future__ import annotations
+
+from pagedkv.tiers.base import TierKey, TierStats, TierStore
+from pagedkv.tiers.entry import EntryError, Namespace, decode_entry, encode_entry
+
+__all__ = [
+    "EntryError",
+    "Namespace",
+    "TierKey",
+    "TierStats",
+    "TierStore",
+    "decode_entry",
+    "encode_entry",
+]
