@@ -1,0 +1,456 @@
+"""The remote tier on real servers: Redis and Valkey started by the tests, and a three-node
+Redis Cluster (tests/redis_fixtures.py). No mock stands in for a server here.
+
+Fault tests kill (SIGKILL), stall (SIGSTOP) and restart servers mid-run and bound the wall
+time of every call that meets the fault.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+import zlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from pagedkv.tiers import Namespace, TierKey, decode_entry, encode_entry
+from pagedkv.tiers.remote import RemoteTier
+from redis_fixtures import (
+    Cluster,
+    ServerProcess,
+    free_port,
+    running_cluster,
+    running_server,
+    server_binary,
+)
+
+NS = Namespace("test-model", "L2xKV2xH4xD64", "float16", 16, "tenant-a")
+
+# Fault-test settings, and the slack allowed on top of them for a loaded 2-core machine.
+TIMEOUT = 0.3
+RETRY_AFTER = 0.5
+SLACK = 0.3
+
+
+def tkey(i: int, group: int = 0) -> TierKey:
+    return TierKey(group, hashlib.blake2b(f"block {i}".encode(), digest_size=32).digest())
+
+
+def block(i: int, size: int = 4096) -> bytes:
+    return random.Random(i).randbytes(size)
+
+
+def fault_tier(url: str, **kwargs: object) -> RemoteTier:
+    return RemoteTier(
+        url,
+        NS,
+        timeout=TIMEOUT,
+        connect_timeout=TIMEOUT,
+        retry_after=RETRY_AFTER,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture(params=["redis", "valkey"])
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServerProcess]:
+    with running_server(server_binary(request.param), tmp_path / "server") as s:
+        yield s
+
+
+@pytest.fixture(params=["redis", "valkey"])
+def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+    with running_cluster(server_binary(request.param), tmp_path / "cluster") as c:
+        yield c
+
+
+def timed(fn, *args: object) -> tuple[object, float]:
+    t0 = time.monotonic()
+    out = fn(*args)
+    return out, time.monotonic() - t0
+
+
+# --- round trips ---------------------------------------------------------------------------
+
+
+def test_round_trip_and_key_layout(server):
+    tier = RemoteTier(server.url, NS)
+    assert tier.medium == "REMOTE"
+    sizes = [0, 1, 4096, 100_000, 1 << 20]
+    keys = [tkey(i, group=i % 2) for i in range(len(sizes))]
+    for i, (k, n) in enumerate(zip(keys, sizes, strict=True)):
+        assert tier.put(k, block(i, n))
+    for i, (k, n) in enumerate(zip(keys, sizes, strict=True)):
+        assert tier.get(k) == block(i, n)
+    assert tier.get(tkey(99)) is None
+    # The group is part of the key: the same digest in the other group is another block.
+    assert tier.get(TierKey(1, keys[0].digest)) is None
+
+    raw = server.client()
+    for k in keys:
+        name = f"pagedkv:{NS.ident().hex()}:{k.group}:{k.digest.hex()}"
+        assert tier.key_name(k) == name
+        assert "{" not in name  # no hash tag (docs/tiers.md, "Remote tier")
+        entry = decode_entry(raw.get(name), NS.ident(), k.group, k.digest)
+        assert entry.codec == 0
+    assert raw.dbsize() == len(keys)
+    assert raw.ttl(tier.key_name(keys[0])) == -1  # no TTL unless asked
+
+    st = tier.stats()
+    assert (st.puts, st.dropped_puts, st.gets, st.hits, st.misses) == (5, 0, 7, 5, 2)
+    assert st.raw_bytes_in == st.raw_bytes_out == sum(sizes)
+    assert (st.errors, st.corrupt) == (0, 0)
+    assert st.compression_ratio < 1.0  # framing only: stored bytes exceed raw bytes
+
+
+def test_count_present_prefix_and_batches(server):
+    tier = RemoteTier(server.url, NS, pipeline_batch=4)
+    keys = [tkey(i) for i in range(12)]
+    for i, k in enumerate(keys):
+        if i != 6:
+            assert tier.put(k, block(i, 64))
+    raw = server.client()
+
+    def exists_calls() -> int:
+        return int(raw.info("commandstats").get("cmdstat_exists", {}).get("calls", 0))
+
+    before = exists_calls()
+    assert tier.count_present(keys) == 6
+    # Batches of 4: [0..3] all present, [4..7] stops at 6, [8..11] is never sent.
+    assert exists_calls() - before == 8
+    assert tier.count_present(keys[:6]) == 6
+    assert tier.count_present(keys[7:]) == 5
+    assert tier.count_present([]) == 0
+    assert tier.count_present([tkey(6), *keys[:6]]) == 0
+    assert tier.count_present([TierKey(1, keys[0].digest)]) == 0
+
+    one_batch = RemoteTier(server.url, NS)  # default batch: one round trip for all 12
+    before = exists_calls()
+    assert one_batch.count_present(keys) == 6
+    assert exists_calls() - before == 12
+
+
+def test_discard_and_drain_removed(server):
+    tier = RemoteTier(server.url, NS)
+    a, b = tkey(1), tkey(2)
+    assert tier.put(a, block(1))
+    assert tier.put(b, block(2))
+    tier.discard(a)
+    tier.discard(tkey(3))  # absent: a no-op, not reported
+    assert tier.get(a) is None
+    assert tier.get(b) == block(2)
+    assert tier.count_present([a, b]) == 0
+    assert tier.drain_removed() == [a]
+    assert tier.drain_removed() == []
+    assert server.client().exists(tier.key_name(a)) == 0
+
+
+def test_foreign_damaged_and_misplaced_values_are_misses(server):
+    tier = RemoteTier(server.url, NS)
+    raw = server.client()
+    good = [tkey(i) for i in range(8)]
+    for i, k in enumerate(good):
+        assert tier.put(k, block(i))
+    entries = {k: raw.get(tier.key_name(k)) for k in good}
+
+    other_ns = Namespace("other-model", NS.layout, NS.dtype, NS.block_size, NS.tenant)
+    k0, k1, k2, k3, k4, k5, k6, k7 = good
+    # A value of another namespace under our key (same group and digest).
+    raw.set(
+        tier.key_name(k0),
+        encode_entry(other_ns.ident(), k0.group, k0.digest, 0, 1, 4096, block(0)),
+    )
+    # Truncated by one byte, and cut inside the header.
+    raw.set(tier.key_name(k1), entries[k1][:-1])
+    raw.set(tier.key_name(k2), entries[k2][:40])
+    # One flipped bit in the payload; one in the header's raw length.
+    flipped = bytearray(entries[k3])
+    flipped[len(flipped) // 2] ^= 0x01
+    raw.set(tier.key_name(k3), bytes(flipped))
+    flipped = bytearray(entries[k4])
+    flipped[60] ^= 0x01
+    raw.set(tier.key_name(k4), bytes(flipped))
+    # Another block's whole, valid entry stored under this key.
+    raw.set(tier.key_name(k5), entries[k7])
+    # Not an entry at all; and not even a string (WRONGTYPE on GET).
+    raw.set(tier.key_name(k6), b"hello")
+    raw.delete(tier.key_name(k7))
+    raw.rpush(tier.key_name(k7), b"x")
+
+    for k in good:
+        assert tier.get(k) is None, k
+    st = tier.stats()
+    assert st.corrupt == 8
+    assert st.hits == 0
+    assert st.errors == 0
+    # The misplaced entry is intact under its own key.
+    raw.set(tier.key_name(k7), entries[k7])
+    assert tier.get(k7) == block(7)
+
+
+def test_codec_hook_put_entry_and_decode_payload(server):
+    raw_block = bytes(range(256)) * 64
+    payload = zlib.compress(raw_block)
+    k = tkey(1)
+    entry = encode_entry(NS.ident(), k.group, k.digest, 7, 2, len(raw_block), payload)
+
+    plain = RemoteTier(server.url, NS)
+    assert plain.put_entry(k, entry)
+    assert server.client().get(plain.key_name(k)) == entry  # stored as given
+    got = plain.get_entry(k)
+    assert got is not None
+    assert (got.codec, got.item_size, got.raw_len) == (7, 2, len(raw_block))
+    assert plain.get(k) is None  # codec 7 is unknown here: a miss, not a wrong hit
+    assert plain.stats().extra["unknown_codec"] == 1
+    assert plain.stats().raw_bytes_in == len(raw_block)
+    assert plain.stats().compression_ratio > 10
+
+    def decode(codec: int, item_size: int, data: memoryview, raw_len: int) -> bytes | None:
+        return zlib.decompress(data) if (codec, item_size) == (7, 2) else None
+
+    hooked = RemoteTier(server.url, NS, decode_payload=decode)
+    assert hooked.get(k) == raw_block
+
+    def wrong_length(codec: int, item_size: int, data: memoryview, raw_len: int) -> bytes:
+        return b"short"
+
+    def raising(codec: int, item_size: int, data: memoryview, raw_len: int) -> bytes:
+        raise RuntimeError("broken codec")
+
+    for bad in (wrong_length, raising):
+        tier = RemoteTier(server.url, NS, decode_payload=bad)
+        assert tier.get(k) is None
+        assert tier.stats().corrupt == 1
+
+
+def test_ttl(server):
+    tier = RemoteTier(server.url, NS, ttl=0.3)
+    k = tkey(1)
+    assert tier.put(k, block(1))
+    pttl = server.client().pttl(tier.key_name(k))
+    assert 0 < pttl <= 300
+    assert tier.get(k) == block(1)
+    time.sleep(0.45)
+    assert tier.get(k) is None
+
+
+# --- faults ----------------------------------------------------------------------------------
+
+
+def test_server_killed_then_restarted(server):
+    tier = fault_tier(server.url)
+    keys = [tkey(i) for i in range(8)]
+    for i, k in enumerate(keys):
+        assert tier.put(k, block(i))
+    assert tier.count_present(keys) == 8
+
+    server.kill()
+    got, dt = timed(tier.get, keys[0])
+    assert got is None
+    assert dt < TIMEOUT + SLACK
+    assert tier.stats().errors == 1
+    assert tier.stats().extra["servers_down"] == 1
+
+    # The server rests for retry_after: every call misses at once, nothing is tried.
+    t0 = time.monotonic()
+    for i, k in enumerate(keys):
+        assert tier.get(k) is None
+        assert tier.put(k, block(i)) is False
+        assert tier.count_present(keys) == 0
+        tier.discard(k)
+    assert time.monotonic() - t0 < SLACK
+    st = tier.stats()
+    assert st.errors == 1
+    assert st.extra["skipped"] == 32
+    assert st.dropped_puts == 8
+
+    # Past retry_after one call probes again: still down, one more error, still bounded.
+    time.sleep(RETRY_AFTER + 0.05)
+    got, dt = timed(tier.put, keys[0], block(0))
+    assert got is False
+    assert dt < TIMEOUT + SLACK
+    assert tier.stats().errors == 2
+
+    server.restart()
+    deadline = time.monotonic() + RETRY_AFTER + 2.0
+    while not tier.put(keys[0], block(0)):
+        assert time.monotonic() < deadline, "the tier did not recover"
+        time.sleep(0.02)
+    # The data went with the server (no persistence); what is stored again reads back.
+    assert tier.count_present(keys) == 1
+    for i, k in enumerate(keys[1:], 1):
+        assert tier.put(k, block(i))
+    assert all(tier.get(k) == block(i) for i, k in enumerate(keys))
+    assert tier.stats().extra["servers_down"] == 0
+
+
+def test_stalled_server_is_a_bounded_miss(server):
+    tier = fault_tier(server.url)
+    keys = [tkey(i) for i in range(4)]
+    for i, k in enumerate(keys):
+        assert tier.put(k, block(i))
+    server.pause()
+    try:
+        got, dt = timed(tier.get, keys[0])
+        assert got is None
+        assert TIMEOUT * 0.8 <= dt < TIMEOUT + SLACK  # it waited for the reply, then gave up
+        t0 = time.monotonic()
+        for i, k in enumerate(keys):
+            assert tier.get(k) is None
+            assert tier.put(k, block(i)) is False
+            assert tier.count_present(keys) == 0
+        assert time.monotonic() - t0 < SLACK  # resting: no call waits
+        time.sleep(RETRY_AFTER + 0.05)
+        got, dt = timed(tier.count_present, keys)
+        assert got == 0
+        assert dt < TIMEOUT + SLACK
+        got, dt = timed(tier.put, tkey(9), block(9, 1 << 20))
+        assert got is False
+        assert dt < SLACK  # resting again after the probe
+    finally:
+        server.resume()
+    deadline = time.monotonic() + RETRY_AFTER + 2.0
+    while tier.get(keys[1]) is None:
+        assert time.monotonic() < deadline, "the tier did not recover"
+        time.sleep(0.02)
+    # No late reply of a timed-out request is taken for another one's.
+    assert [tier.get(k) for k in keys] == [block(i) for i in range(4)]
+    assert tier.count_present(keys) == 4
+    st = tier.stats()
+    assert st.corrupt == 0
+    assert st.errors == 2
+
+
+def test_unreachable_from_the_start():
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    for tier in (fault_tier(url), fault_tier(url, cluster=True)):
+        t0 = time.monotonic()
+        assert tier.get(tkey(1)) is None
+        assert tier.put(tkey(1), block(1)) is False
+        assert tier.count_present([tkey(1), tkey(2)]) == 0
+        tier.discard(tkey(1))
+        assert tier.drain_removed() == []
+        assert time.monotonic() - t0 < 2 * TIMEOUT + SLACK
+        assert tier.stats().errors >= 1
+        tier.close()
+
+
+# --- threads ---------------------------------------------------------------------------------
+
+
+def test_threads_put_get_concurrently(server):
+    tier = RemoteTier(server.url, NS, timeout=10.0)
+    n_threads, per, shared = 8, 40, 10
+
+    def shared_block(j: int) -> bytes:
+        return block(100_000 + j, 3000)
+
+    def work(t: int) -> None:
+        rng = random.Random(t)
+        own = [tkey(t * per + j) for j in range(per)]
+        for j, k in enumerate(own):
+            data = block(t * per + j, rng.randint(1, 64 * 1024))
+            assert tier.put(k, data)
+            assert tier.get(k) == data
+            s = tkey(10_000 + j % shared)
+            assert tier.put(s, shared_block(j % shared))  # same key, same bytes from all threads
+            assert tier.get(s) == shared_block(j % shared)
+            assert tier.count_present(own[: j + 1]) == j + 1
+
+    with ThreadPoolExecutor(n_threads) as pool:
+        for f in [pool.submit(work, t) for t in range(n_threads)]:
+            f.result()
+
+    st = tier.stats()
+    assert st.puts == st.gets == st.hits == n_threads * per * 2
+    assert (st.dropped_puts, st.errors, st.corrupt, st.misses) == (0, 0, 0, 0)
+    assert st.extra["lookups"] == n_threads * per
+    # Every stored block reads back exactly, through a fresh tier and a raw client.
+    fresh = RemoteTier(server.url, NS)
+    raw = server.client()
+    for t in range(n_threads):
+        rng = random.Random(t)
+        for j in range(per):
+            k = tkey(t * per + j)
+            data = block(t * per + j, rng.randint(1, 64 * 1024))
+            assert fresh.get(k) == data
+            entry = decode_entry(raw.get(fresh.key_name(k)), NS.ident(), 0, k.digest)
+            assert bytes(entry.payload) == data
+    assert all(fresh.get(tkey(10_000 + j)) == shared_block(j) for j in range(shared))
+    assert raw.dbsize() == n_threads * per + shared
+
+
+# --- cluster ---------------------------------------------------------------------------------
+
+
+def test_cluster_round_trip_spreads_keys(cluster):
+    tier = RemoteTier(cluster.url, NS, cluster=True, timeout=2.0, pipeline_batch=50)
+    keys = [tkey(i) for i in range(300)]
+    for i, k in enumerate(keys):
+        assert tier.put(k, block(i, 1024))
+    sizes = [node.client().dbsize() for node in cluster.nodes]
+    assert sum(sizes) == 300
+    assert min(sizes) > 0, sizes  # no hash tag: blocks spread over the nodes
+    for k in keys[:30]:
+        owner = cluster.nodes[cluster.owner(tier.key_name(k))]
+        assert owner.client().exists(tier.key_name(k)) == 1
+    assert all(tier.get(k) == block(i, 1024) for i, k in enumerate(keys))
+
+    def exists_calls() -> int:
+        stats = [n.client().info("commandstats") for n in cluster.nodes]
+        return sum(int(s.get("cmdstat_exists", {}).get("calls", 0)) for s in stats)
+
+    before = exists_calls()
+    assert tier.count_present(keys) == 300
+    assert tier.count_present([*keys[:120], tkey(999), *keys[120:]]) == 120
+    # Batches of 50: the second lookup ends with its third batch (keys 100..149, the
+    # absent one at 120), the rest is never sent: 300 + 150 EXISTS in all.
+    assert exists_calls() - before == 300 + 150
+    tier.discard(keys[0])
+    assert tier.get(keys[0]) is None
+    assert tier.drain_removed() == [keys[0]]
+    st = tier.stats()
+    assert (st.errors, st.corrupt, st.dropped_puts) == (0, 0, 0)
+
+
+def test_cluster_node_killed_only_its_keys_miss(cluster):
+    tier = fault_tier(cluster.url, cluster=True)
+    keys = [tkey(i) for i in range(200)]
+    for i, k in enumerate(keys):
+        assert tier.put(k, block(i, 512))
+    owners = [cluster.owner(tier.key_name(k)) for k in keys]
+    dead = 0  # the node the URL names: the tier must find the others by itself
+    assert owners.count(dead) > 0
+
+    cluster.nodes[dead].kill()
+
+    def check(tag: str) -> None:
+        t0 = time.monotonic()
+        for i, k in enumerate(keys):
+            want = None if owners[i] == dead else block(i, 512)
+            assert tier.get(k) == want, (tag, i, owners[i])
+        assert tier.count_present(keys) == owners.index(dead)
+        alive = [k for k, o in zip(keys, owners, strict=True) if o != dead]
+        assert tier.count_present(alive) == len(alive)
+        for i, k in enumerate(keys[:20]):
+            assert tier.put(k, block(i, 512)) is (owners[i] != dead)
+        # One refused connect and at most one topology refresh; the rest rests or hits.
+        assert time.monotonic() - t0 < 2 * TIMEOUT + 2.0, tag
+
+    check("just killed")
+    time.sleep(2.5)  # past cluster-node-timeout: the others mark the node failed
+    check("marked failed")
+    assert tier.stats().extra["servers_down"] == 1
+
+    cluster.nodes[dead].restart()
+    cluster.wait_ok()
+    victim = owners.index(dead)
+    deadline = time.monotonic() + RETRY_AFTER + 5.0
+    while not tier.put(keys[victim], block(victim, 512)):
+        assert time.monotonic() < deadline, "the tier did not recover"
+        time.sleep(0.05)
+    assert tier.get(keys[victim]) == block(victim, 512)
+    assert tier.stats().extra["servers_down"] == 0
