@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import random
+import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -67,10 +68,27 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]
         yield c
 
 
-def timed(fn, *args: object) -> tuple[object, float]:
+def timed(fn, *args: object, limit: float = 10.0) -> tuple[object, float]:
+    """`fn(*args)` and its wall time, run in a thread so that a hang fails the test (after
+    `limit` seconds) instead of stalling the run."""
+    box: list[object] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            box.append(fn(*args))
+        except BaseException as exc:
+            errors.append(exc)
+
+    th = threading.Thread(target=run, daemon=True)
     t0 = time.monotonic()
-    out = fn(*args)
-    return out, time.monotonic() - t0
+    th.start()
+    th.join(limit)
+    dt = time.monotonic() - t0
+    assert not th.is_alive(), f"{fn.__name__} still blocked after {limit} s"
+    if errors:
+        raise errors[0]
+    return box[0], dt
 
 
 # --- round trips ---------------------------------------------------------------------------
@@ -285,6 +303,57 @@ def test_server_killed_then_restarted(server):
         assert tier.put(k, block(i))
     assert all(tier.get(k) == block(i) for i, k in enumerate(keys))
     assert tier.stats().extra["servers_down"] == 0
+
+
+def test_server_killed_and_restarted_under_concurrent_load(server):
+    tier = fault_tier(server.url)
+    stop = threading.Event()
+    restarted_at: list[float] = []
+    slowest = [0.0] * 4
+    wrong: list[tuple[int, int]] = []
+    stored_after_restart = [0] * 4
+
+    def work(t: int) -> None:
+        i = 0
+        while not stop.is_set():
+            k, data = tkey(t * 100_000 + i), block(t * 100_000 + i, 8192)
+            calls: list[tuple[Callable[..., object], tuple[object, ...]]] = [
+                (tier.put, (k, data)),
+                (tier.get, (k,)),
+                (tier.count_present, ([k, tkey(t * 100_000 + i - 1)],)),
+            ]
+            for call, args in calls:
+                t0 = time.monotonic()
+                out = call(*args)
+                slowest[t] = max(slowest[t], time.monotonic() - t0)
+                if isinstance(out, bytes) and out != data:
+                    wrong.append((t, i))
+                if out is True and restarted_at and t0 > restarted_at[0]:
+                    stored_after_restart[t] += 1
+            i += 1
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    try:
+        time.sleep(0.5)
+        server.kill()
+        time.sleep(1.0)
+        server.restart()
+        restarted_at.append(time.monotonic())
+        time.sleep(RETRY_AFTER + 1.0)
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(10)
+    assert not any(th.is_alive() for th in threads)  # no call hung, none raised
+    assert not wrong
+    assert max(slowest) < TIMEOUT + SLACK, slowest
+    assert all(n > 0 for n in stored_after_restart), stored_after_restart  # recovered
+    st = tier.stats()
+    assert st.errors >= 1
+    assert st.dropped_puts >= 1
+    assert st.corrupt == 0
 
 
 def test_stalled_server_is_a_bounded_miss(server):
