@@ -161,7 +161,8 @@ class RemoteTier:
             self._seeds: list[tuple[str, int]] = [(host, port)]
             self._refresh_lock = threading.Lock()
             self._next_refresh = 0.0
-            self._refresh_topology()
+            self._refresh_lock.acquire()
+            self._refresh_locked()  # the first read in the constructor: bounded, never raises
         else:
             client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **self._client_kwargs)
             self._single = _Node(url, client)
@@ -382,11 +383,9 @@ class RemoteTier:
         if self._single is not None:
             return self._single
         rc = self._cluster
-        if rc is None:
-            self._refresh_topology()
-            rc = self._cluster
-            if rc is None:
-                return None
+        if rc is None:  # no seed has answered yet
+            self._want_refresh()
+            return None
         try:
             cnode = cast(Any, rc).get_node_from_key(name)
             if cnode is None:
@@ -445,16 +444,21 @@ class RemoteTier:
             self._want_refresh()
 
     def _want_refresh(self) -> None:
-        """Refresh the cluster's slot map now unless one ran in the last `retry_after`
-        seconds; only one caller refreshes, the others do not wait for it."""
-        if time.monotonic() >= self._next_refresh:
-            self._refresh_topology()
-
-    def _refresh_topology(self) -> None:
-        """Read the cluster's slot map from the first seed that answers (every known node
-        is a seed). Each seed costs at most one connect and one reply timeout."""
-        if not self._refresh_lock.acquire(blocking=False):
+        """Have the cluster's slot map read again, in a background thread, unless a read
+        ran in the last `retry_after` seconds or one is running: no caller waits for it."""
+        if time.monotonic() < self._next_refresh or not self._refresh_lock.acquire(blocking=False):
             return
+        try:
+            threading.Thread(
+                target=self._refresh_locked, name="pagedkv-remote-slots", daemon=True
+            ).start()
+        except Exception:
+            self._refresh_lock.release()
+
+    def _refresh_locked(self) -> None:
+        """Read the cluster's slot map from the first seed that answers (every node seen so
+        far is a seed: the one in the URL may be the dead one); each seed tried costs at
+        most one connect and one reply timeout. Runs holding `_refresh_lock`, releases it."""
         try:
             now = time.monotonic()
             if now < self._next_refresh:
@@ -466,8 +470,7 @@ class RemoteTier:
                     startup_nodes=[_ClusterNode(h, p) for h, p in seeds],
                     require_full_coverage=False,
                     retry=Retry(NoBackoff(), 0),
-                    **self._cluster_opts,
-                    **self._client_kwargs,
+                    **{**self._cluster_opts, **self._client_kwargs},
                 )
             except Exception:
                 with self._lock:
