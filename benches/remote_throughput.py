@@ -108,7 +108,7 @@ def main() -> None:
                 t_put, t_tget, t_cp = best(r, put_all), best(r, tget_all), best(r, lookup)
                 print(
                     f"{args.server} {transport:4}: RemoteTier put {rate(total, t_put)}, "
-                    f"get {rate(total, t_tget)}; redis-py SET {rate(total, t_set)}, "
+                    f"get {rate(total, t_tget)}; redis-py (its defaults) SET {rate(total, t_set)}, "
                     f"GET {rate(total, t_get)}; count_present({len(keys)}) "
                     f"{t_cp * 1e3:.2f} ms"
                 )
