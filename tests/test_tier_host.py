@@ -426,11 +426,13 @@ def test_codec_round_trip(name: str, kind: str, n: int) -> None:
 
 @pytest.mark.parametrize("item", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 1000, 1001])
-def test_shuffle_is_a_permutation(item: int, n: int) -> None:
+@pytest.mark.parametrize("offset", [0, 1])
+def test_shuffle_is_a_permutation(item: int, n: int, offset: int) -> None:
     data = random_bytes(n, 7)
-    s = C.shuffle(data, item)
+    s = C.shuffle(memoryview(b"x" * offset + data)[offset:], item)  # unaligned too
     assert sorted(s.tobytes()) == sorted(data)
     assert C.unshuffle(s.tobytes(), item) == data
+    assert C.unshuffle(memoryview(b"x" * offset + s.tobytes())[offset:], item) == data
     body = n - n % item
     if item > 1 and body:
         # byte k of every element, then the next k; the tail stays at the end

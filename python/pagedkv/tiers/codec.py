@@ -170,8 +170,16 @@ def shuffle(data: Buffer, item_size: int) -> np.ndarray:
     if item_size == 1:
         return a
     body = a.size - a.size % item_size
+    m = body // item_size
     out = np.empty(a.size, np.uint8)
-    out[:body].reshape(item_size, -1)[...] = a[:body].reshape(-1, item_size).T
+    if item_size == 2:  # fp16/bf16: two passes over 16-bit words, no strided byte copies
+        v = a[:body].view("<u2")
+        out[:m] = v  # the low bytes (the assignment keeps the low 8 bits)
+        np.right_shift(v, 8, out=out[m:body], casting="unsafe")
+    else:
+        r = a[:body].reshape(m, item_size)
+        for k in range(item_size):
+            out[k * m : (k + 1) * m] = r[:, k]
     out[body:] = a[body:]
     return out
 
@@ -182,8 +190,16 @@ def unshuffle(data: Buffer, item_size: int) -> bytes:
     if item_size == 1:
         return a.tobytes()
     body = a.size - a.size % item_size
+    m = body // item_size
     out = np.empty(a.size, np.uint8)
-    out[:body].reshape(-1, item_size)[...] = a[:body].reshape(item_size, -1).T
+    if item_size == 2:
+        o = out[:body].view("<u2")
+        np.left_shift(a[m:body], 8, out=o, dtype="<u2")
+        o |= a[:m]
+    else:
+        o2 = out[:body].reshape(m, item_size)
+        for k in range(item_size):
+            o2[:, k] = a[k * m : (k + 1) * m]
     out[body:] = a[body:]
     return out.tobytes()
 
