@@ -91,7 +91,11 @@ def _call(rng: random.Random, n_groups: int) -> tuple[str, tuple[Any, ...], dict
 
 def _observe(m: Any, n_groups: int) -> Any:
     """Everything a caller can see, per sequence and per group."""
-    seen: list[Any] = [normalize(m.stats()), normalize(m.drain_events())]
+    seen: list[Any] = [
+        normalize(m.stats()),
+        normalize(m.drain_events()),
+        normalize(m.drain_evictions()),
+    ]
     for sid in range(MAX_SEQ):
         if sid not in m:
             continue
@@ -114,7 +118,12 @@ def test_rust_matches_the_reference(config: str, seed: int) -> None:
     n_groups = len(groups)
     rng = random.Random(f"{config}-{seed}")
     num_blocks = rng.randint(2 + n_groups, 6 + 3 * n_groups)
-    kw = {"num_cpu_blocks": rng.randint(0, 8), "enable_kv_events": True, "groups": groups}
+    kw = {
+        "num_cpu_blocks": rng.randint(0, 8),
+        "enable_kv_events": True,
+        "record_evictions": True,
+        "groups": groups,
+    }
     if seed % 3 == 2:
         kw["enable_prefix_caching"] = False
     rust = pagedkv.BlockManager(num_blocks, block_size, **kw)

@@ -40,8 +40,8 @@ class BlockManagerConfig:
 
     Fields mirror `BlockManager(num_blocks, block_size=16, *, num_cpu_blocks=0,
     enable_prefix_caching=True, hash_algo="sha256", hash_seed=0, watermark=0.01,
-    enable_kv_events=False, groups=None)`. Invalid values raise `InvalidArgumentError` (a
-    `ValueError`); `groups` is kept as a tuple.
+    enable_kv_events=False, record_evictions=False, groups=None)`. Invalid values raise
+    `InvalidArgumentError` (a `ValueError`); `groups` is kept as a tuple.
     """
 
     num_blocks: int
@@ -52,6 +52,7 @@ class BlockManagerConfig:
     hash_seed: int = 0
     watermark: float = 0.01
     enable_kv_events: bool = False
+    record_evictions: bool = False
     groups: tuple[KVCacheGroup, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -60,6 +61,7 @@ class BlockManagerConfig:
         _require_int("num_cpu_blocks", self.num_cpu_blocks, 0)
         _require_bool("enable_prefix_caching", self.enable_prefix_caching)
         _require_bool("enable_kv_events", self.enable_kv_events)
+        _require_bool("record_evictions", self.record_evictions)
         if self.hash_algo not in HASH_ALGOS:
             raise InvalidArgumentError(
                 f"hash_algo must be one of {', '.join(HASH_ALGOS)}, got {self.hash_algo!r}"

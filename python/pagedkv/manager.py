@@ -23,7 +23,8 @@ class BlockManager(_core.BlockManager):
     """Paged KV-cache block manager (see `docs/semantics.md` for the full contract).
 
     `BlockManager(num_blocks, block_size=16, *, num_cpu_blocks=0, enable_prefix_caching=True,
-    hash_algo="sha256", hash_seed=0, watermark=0.01, enable_kv_events=False, groups=None)`.
+    hash_algo="sha256", hash_seed=0, watermark=0.01, enable_kv_events=False, record_evictions=False,
+    groups=None)`.
     With `groups=[KVCacheGroup(...), ...]` each sequence holds one block table per group
     (hybrid models; docs/semantics.md, "KV-cache groups").
     Every method is safe to call from many threads at once.
@@ -43,6 +44,7 @@ class BlockManager(_core.BlockManager):
             hash_seed=config.hash_seed,
             watermark=config.watermark,
             enable_kv_events=config.enable_kv_events,
+            record_evictions=config.record_evictions,
             groups=None if config.groups is None else list(config.groups),
         )
 

@@ -354,6 +354,7 @@ class ReferenceBlockManager:
         hash_seed: int = 0,
         watermark: float = 0.01,
         enable_kv_events: bool = False,
+        record_evictions: bool = False,
         groups: Iterable[KVCacheGroup] | None = None,
     ) -> None:
         # Arguments in signature order (docs/inputs.md).
@@ -365,6 +366,9 @@ class ReferenceBlockManager:
         self._root = _root(self._hash, _check_int(hash_seed, "hash_seed", 0, _U64))
         self._watermark_blocks = int(_watermark(watermark) * self._num_blocks)
         self._events_on = _check_bool(enable_kv_events, "enable_kv_events")
+        self._record_evictions = _check_bool(record_evictions, "record_evictions")
+        # (block, group, digest) of each eviction while `record_evictions` (docs/tiers.md)
+        self._evicted: list[tuple[int, int, bytes]] = []
         self._groups = () if groups is None else check_groups(groups, self._block_size)
 
         n = self._num_blocks
@@ -409,10 +413,17 @@ class ReferenceBlockManager:
             b = self._free.pop()
         else:
             b, _ = self._lru.popitem(last=False)
+            self._log_eviction(b, 0)
             self._unindex(b)
             self._evictions += 1
         self._rc[b] = 1
         return b
+
+    def _log_eviction(self, b: int, group: int) -> None:
+        """Log an eviction (before the block leaves the index) when `record_evictions`."""
+        digest = self._hashed[b]
+        if self._record_evictions and digest is not None:
+            self._evicted.append((b, group, digest))
 
     def _release(self, b: int) -> None:
         self._rc[b] -= 1
@@ -1126,6 +1137,11 @@ class ReferenceBlockManager:
 
     def drain_events(self) -> list[KVEvent]:
         out, self._events = self._events, []
+        return out
+
+    def drain_evictions(self) -> list[tuple[int, int, bytes]]:
+        """`(block, group, digest)` of each cached block evicted since the last call."""
+        out, self._evicted = self._evicted, []
         return out
 
     # ---------------------------------------------------------------- audit

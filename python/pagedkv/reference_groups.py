@@ -105,6 +105,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         else:
             b, _ = self._lru.popitem(last=False)
             self._group_evictions[self._owner[b]] += 1
+            self._log_eviction(b, self._owner[b])
             self._unindex(b)
             self._evictions += 1
         self._rc[b] = 1

@@ -7,11 +7,19 @@ namespace, each entry framed with a checksum so that a wrong or damaged entry is
 from __future__ import annotations
 
 from pagedkv.tiers.base import TierKey, TierStats, TierStore
+from pagedkv.tiers.codec import Codec, Lz4Codec, RawCodec, ShuffleLz4Codec
 from pagedkv.tiers.entry import EntryError, Namespace, decode_entry, encode_entry
+from pagedkv.tiers.host import CompressedHostTier, HostTier
 
 __all__ = [
+    "Codec",
+    "CompressedHostTier",
     "EntryError",
+    "HostTier",
+    "Lz4Codec",
     "Namespace",
+    "RawCodec",
+    "ShuffleLz4Codec",
     "TierKey",
     "TierStats",
     "TierStore",

@@ -67,6 +67,9 @@ pub struct BlockPool {
     /// lock, then a stripe, then the event log.
     stripes: Box<[Mutex<()>]>,
     events: Option<EventLog>,
+    /// `(block, digest)` of every eviction, in eviction order, while the log is on (tiers
+    /// copy the block out before its new owner writes it); `None` otherwise.
+    evicted: Option<Mutex<Vec<(u32, Digest)>>>,
     /// Cached blocks evicted so far (a tally: Relaxed everywhere).
     evictions: AtomicU64,
 }
@@ -90,8 +93,23 @@ impl BlockPool {
             index: PrefixIndex::new(n, tagged)?,
             stripes: try_boxed(STRIPES, |_| Mutex::new(()), "the digest stripes")?,
             events: events.then(EventLog::new),
+            evicted: None,
             evictions: AtomicU64::new(0),
         })
+    }
+
+    /// The same pool, logging its evictions (see `evicted`).
+    pub fn with_eviction_log(mut self) -> Self {
+        self.evicted = Some(Mutex::new(Vec::new()));
+        self
+    }
+
+    /// The evictions logged since the last call, oldest first.
+    pub fn drain_evicted(&self) -> Vec<(u32, Digest)> {
+        self.evicted
+            .as_ref()
+            .map(|log| std::mem::take(&mut *lock(log)))
+            .unwrap_or_default()
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -190,6 +208,9 @@ impl BlockPool {
     /// Evict up to `n` cached blocks, oldest first, into `out`; returns how many.
     fn evict_into(&self, n: usize, out: &mut Vec<u32>) -> usize {
         let claimed = self.lru.pop_claimed(n, |e| self.claim_record(e, 1, true));
+        if let Some(log) = &self.evicted {
+            lock(log).extend(claimed.iter().map(|e| (e.block, e.digest)));
+        }
         for e in &claimed {
             // Relaxed: tallies (see the fields).
             self.cached.fetch_sub(1, Ordering::Relaxed);

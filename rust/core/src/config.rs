@@ -14,6 +14,8 @@ pub struct Config {
     /// Fraction of `num_blocks` that `can_allocate` keeps back for running sequences.
     pub watermark: f64,
     pub enable_kv_events: bool,
+    /// Keep a log of evicted cached blocks (`drain_evictions`) for tiers below the GPU.
+    pub record_evictions: bool,
 }
 
 /// Block ids must fit in a `u32` with one value spare, and in an `i32` for the int32 tables.
@@ -30,6 +32,7 @@ impl Config {
             hash_seed: 0,
             watermark: 0.01,
             enable_kv_events: false,
+            record_evictions: false,
         }
     }
 

@@ -92,7 +92,14 @@ impl BlockManager {
         Ok(Self {
             hasher: BlockHasher::new(config.hash_algo, config.hash_seed),
             tagger: tagged.then(HitTagger::random),
-            gpu: BlockPool::new(config.num_blocks, config.enable_kv_events, tagged)?,
+            gpu: {
+                let pool = BlockPool::new(config.num_blocks, config.enable_kv_events, tagged)?;
+                if config.record_evictions {
+                    pool.with_eviction_log()
+                } else {
+                    pool
+                }
+            },
             cpu: CpuPool::new(config.num_cpu_blocks)?,
             seqs: SeqMap::new(),
             counters: Counters::default(),
@@ -1041,6 +1048,17 @@ impl BlockManager {
                 cleared
             }))
         })
+    }
+
+    /// `(block, group, digest)` of the cached blocks evicted since the last call, oldest
+    /// first (empty unless `record_evictions`). Each block already has a new owner: copy it
+    /// out before any device work that writes it (docs/tiers.md).
+    pub fn drain_evictions(&self) -> Vec<(u32, u8, Digest)> {
+        self.gpu
+            .drain_evicted()
+            .into_iter()
+            .map(|(b, d)| (b, 0, d))
+            .collect()
     }
 
     pub fn drain_events(&self) -> Vec<KvEvent> {

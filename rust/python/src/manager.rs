@@ -167,10 +167,11 @@ impl PyBlockManager {
     #[pyo3(
         signature = (num_blocks, block_size=Given::Absent, *, num_cpu_blocks=Given::Absent,
             enable_prefix_caching=Given::Absent, hash_algo=Given::Absent, hash_seed=Given::Absent,
-            watermark=Given::Absent, enable_kv_events=Given::Absent, groups=None),
+            watermark=Given::Absent, enable_kv_events=Given::Absent,
+            record_evictions=Given::Absent, groups=None),
         text_signature = "(num_blocks, block_size=16, *, num_cpu_blocks=0, \
             enable_prefix_caching=True, hash_algo='sha256', hash_seed=0, watermark=0.01, \
-            enable_kv_events=False, groups=None)"
+            enable_kv_events=False, record_evictions=False, groups=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -183,6 +184,7 @@ impl PyBlockManager {
         hash_seed: Given<'_>,
         watermark: Given<'_>,
         enable_kv_events: Given<'_>,
+        record_evictions: Given<'_>,
         groups: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let max = i64::from(i32::MAX);
@@ -196,6 +198,7 @@ impl PyBlockManager {
             hash_seed: opt_u64_arg(&hash_seed, 0, "hash_seed")?,
             watermark: crate::convert::watermark(&watermark)?,
             enable_kv_events: flag(&enable_kv_events, false, "enable_kv_events")?,
+            record_evictions: flag(&record_evictions, false, "record_evictions")?,
         };
         let kinds = groups
             .map(|g| groups_arg(py, g, config.block_size))
@@ -674,6 +677,22 @@ impl PyBlockManager {
             true,
             || each!(&self.inner, mgr => mgr.reset_prefix_cache()),
         )
+    }
+
+    /// `(block, group, digest)` of each cached block evicted since the last call (with
+    /// `record_evictions=True`): copy each out before device work writes the block.
+    fn drain_evictions<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Vec<(u32, u8, Bound<'py, PyBytes>)>> {
+        let evicted = match &self.inner {
+            Inner::Plain(m) => m.drain_evictions(),
+            Inner::Groups(m) => run(py, false, || m.drain_evictions())?,
+        };
+        Ok(evicted
+            .iter()
+            .map(|(b, g, d)| (*b, *g, PyBytes::new(py, d.as_bytes())))
+            .collect())
     }
 
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {

@@ -77,7 +77,12 @@ impl GroupManager {
                 "num_blocks must be at least 2 with groups (block 0 is the null block)",
             ));
         }
-        let pool = GroupPool::new(config.num_blocks, kinds.len(), config.enable_kv_events)?;
+        let pool = GroupPool::new(
+            config.num_blocks,
+            kinds.len(),
+            config.enable_kv_events,
+            config.record_evictions,
+        )?;
         let mut cpu_free =
             crate::alloc::try_with_capacity(config.num_cpu_blocks as usize, "the CPU free list")?;
         cpu_free.extend((0..config.num_cpu_blocks).rev());
@@ -821,6 +826,12 @@ impl GroupManager {
             st.recent.clear();
             Ok(true)
         })
+    }
+
+    /// `(block, group, digest)` of the cached blocks evicted since the last call.
+    pub fn drain_evictions(&self) -> Result<Vec<(u32, u8, Digest)>> {
+        self.broken
+            .guarded(false, || Ok(self.lock()?.pool.drain_evicted()))
     }
 
     pub fn drain_events(&self) -> Result<Vec<KvEvent>> {

@@ -48,11 +48,13 @@ pub struct GroupPool {
     num_cached: usize,
     index: HashMap<(u8, Digest), u32>,
     events: Option<Vec<KvEvent>>,
+    /// `(block, group, digest)` of every eviction while the log is on (`record_evictions`).
+    evicted: Option<Vec<(u32, u8, Digest)>>,
     pub tally: Vec<GroupTally>,
 }
 
 impl GroupPool {
-    pub fn new(num_blocks: u32, num_groups: usize, events: bool) -> Result<Self> {
+    pub fn new(num_blocks: u32, num_groups: usize, events: bool, evictions: bool) -> Result<Self> {
         let n = num_blocks as usize;
         let mut free = try_with_capacity(n, "the free block list")?;
         free.extend((1..num_blocks).rev());
@@ -66,6 +68,7 @@ impl GroupPool {
             num_cached: 0,
             index: HashMap::new(),
             events: events.then(Vec::new),
+            evicted: evictions.then(Vec::new),
             tally: vec![GroupTally::default(); num_groups],
         })
     }
@@ -147,6 +150,9 @@ impl GroupPool {
                 let g = self.group[b as usize] as usize;
                 self.tally[g].cached -= 1;
                 self.tally[g].evictions += 1;
+                if let (Some(log), Some(k)) = (&mut self.evicted, self.key[b as usize]) {
+                    log.push((b, k.group, k.digest));
+                }
                 self.unhash(b);
                 b
             }
@@ -208,6 +214,13 @@ impl GroupPool {
         if let Some(log) = &mut self.events {
             log.push(event());
         }
+    }
+
+    pub fn drain_evicted(&mut self) -> Vec<(u32, u8, Digest)> {
+        self.evicted
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     pub fn drain_events(&mut self) -> Vec<KvEvent> {
