@@ -11,14 +11,16 @@ import hashlib
 import random
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from pagedkv.tiers import Namespace, TierKey, decode_entry, encode_entry
+from pagedkv.tiers.codec import LZ4, RAW, SHUFFLE_LZ4, Lz4Codec, ShuffleLz4Codec
 from pagedkv.tiers.remote import RemoteTier
 from redis_fixtures import (
     Cluster,
@@ -209,39 +211,64 @@ def test_foreign_damaged_and_misplaced_values_are_misses(server):
     assert tier.get(k7) == block(7)
 
 
-def test_codec_hook_put_entry_and_decode_payload(server):
-    raw_block = bytes(range(256)) * 64
-    payload = zlib.compress(raw_block)
-    k = tkey(1)
-    entry = encode_entry(NS.ident(), k.group, k.digest, 7, 2, len(raw_block), payload)
+def bf16_like(i: int, n: int = 64 * 1024) -> bytes:
+    """Bytes shaped like bf16 KV: random low bytes, high bytes from a few values (sign and
+    exponent), so the byte shuffle + lz4 compresses them and plain lz4 barely does."""
+    rng = random.Random(i)
+    lo = rng.randbytes(n // 2)
+    hi = bytes(rng.choice((0x3E, 0x3F, 0xBE, 0xBF)) for _ in range(n // 2))
+    return bytes(b for pair in zip(lo, hi, strict=True) for b in pair)
 
-    plain = RemoteTier(server.url, NS)
-    assert plain.put_entry(k, entry)
-    assert server.client().get(plain.key_name(k)) == entry  # stored as given
-    got = plain.get_entry(k)
+
+def test_codec_round_trip_and_foreign_codecs(server):
+    raw = server.client()
+    shuffled = RemoteTier(server.url, NS, codec=ShuffleLz4Codec(2))
+    plain = RemoteTier(server.url, NS)  # no codec: reads any known codec all the same
+    k1, k2, k3, k4, k5 = (tkey(i) for i in range(1, 6))
+
+    assert shuffled.put(k1, bf16_like(1))
+    e1 = decode_entry(raw.get(shuffled.key_name(k1)), NS.ident(), 0, k1.digest)
+    assert (e1.codec, e1.item_size, e1.raw_len) == (SHUFFLE_LZ4, 2, 64 * 1024)
+    assert len(e1.payload) < 0.85 * 64 * 1024
+    assert shuffled.get(k1) == bf16_like(1)
+    assert plain.get(k1) == bf16_like(1)
+    st = shuffled.stats()
+    assert st.compression_ratio > 1.15
+    # Random bytes do not compress: stored raw (codec 0), counted as a fallback.
+    assert shuffled.put(k2, block(2, 65536))
+    assert decode_entry(raw.get(shuffled.key_name(k2)), NS.ident(), 0, k2.digest).codec == RAW
+    assert shuffled.get(k2) == block(2, 65536)
+    assert shuffled.stats().extra["raw_fallbacks"] == 1
+
+    # put_entry stores a caller's entry as it is (here lz4, made outside the tier).
+    enc = Lz4Codec().encode(bytes(65536))
+    assert enc.codec_id == LZ4
+    e3 = encode_entry(NS.ident(), 0, k3.digest, enc.codec_id, 1, 65536, enc.payload)
+    assert plain.put_entry(k3, e3)
+    assert raw.get(plain.key_name(k3)) == e3
+    got = plain.get_entry(k3)
     assert got is not None
-    assert (got.codec, got.item_size, got.raw_len) == (7, 2, len(raw_block))
-    assert plain.get(k) is None  # codec 7 is unknown here: a miss, not a wrong hit
-    assert plain.stats().extra["unknown_codec"] == 1
-    assert plain.stats().raw_bytes_in == len(raw_block)
-    assert plain.stats().compression_ratio > 10
+    assert (got.codec, got.raw_len) == (LZ4, 65536)
+    assert plain.get(k3) == bytes(65536)
 
-    def decode(codec: int, item_size: int, data: memoryview, raw_len: int) -> bytes | None:
-        return zlib.decompress(data) if (codec, item_size) == (7, 2) else None
+    # An unknown codec, and an lz4 payload that is garbage under a valid checksum: misses.
+    plain.put_entry(k4, encode_entry(NS.ident(), 0, k4.digest, 7, 1, 100, b"x" * 50))
+    plain.put_entry(k5, encode_entry(NS.ident(), 0, k5.digest, LZ4, 1, 65536, b"\xff" * 64))
+    before = plain.stats().corrupt
+    assert plain.get(k4) is None
+    assert plain.get(k5) is None
+    assert plain.stats().corrupt == before + 2
 
-    hooked = RemoteTier(server.url, NS, decode_payload=decode)
-    assert hooked.get(k) == raw_block
+    class Broken(Lz4Codec):
+        def _compress(self, data):
+            raise RuntimeError("broken codec")
 
-    def wrong_length(codec: int, item_size: int, data: memoryview, raw_len: int) -> bytes:
-        return b"short"
-
-    def raising(codec: int, item_size: int, data: memoryview, raw_len: int) -> bytes:
-        raise RuntimeError("broken codec")
-
-    for bad in (wrong_length, raising):
-        tier = RemoteTier(server.url, NS, decode_payload=bad)
-        assert tier.get(k) is None
-        assert tier.stats().corrupt == 1
+    broken = RemoteTier(server.url, NS, codec=Broken())
+    assert broken.put(tkey(9), bf16_like(9)) is False  # dropped, nothing stored
+    assert raw.exists(broken.key_name(tkey(9))) == 0
+    assert (broken.stats().dropped_puts, broken.stats().errors) == (1, 1)
+    with pytest.raises(TypeError):
+        RemoteTier(server.url, NS, codec="lz4")  # type: ignore[arg-type]
 
 
 def test_ttl(server):
@@ -548,3 +575,92 @@ def test_cluster_tier_built_while_its_seed_is_down(cluster):
     assert tier.get(tkey(1)) == block(1)
     assert all(tier.put(tkey(i), block(i)) for i in range(2, 50))
     assert tier.count_present([tkey(i) for i in range(1, 50)]) == 49
+
+
+# --- with the tier manager: two serving nodes share one server ---------------------------
+
+
+def _node(url: str) -> tuple[Any, Any, Any]:
+    """One serving node: a manager, a CPU pool and a `TieredCache` over the remote tier."""
+    from pagedkv import BlockManager
+    from pagedkv.pool import KVCachePool
+    from pagedkv.tiers.cache import TieredCache
+
+    m = BlockManager(E2E_BLOCKS, E2E_BS, record_evictions=True)
+    pool = KVCachePool(2, E2E_BLOCKS, E2E_BS, 2, 8, dtype="float16", device="cpu")
+    tier = RemoteTier(url, E2E_NS, timeout=TIMEOUT, connect_timeout=TIMEOUT, retry_after=0.2)
+    return m, pool, TieredCache(m, pool, [tier])
+
+
+E2E_BS, E2E_BLOCKS = 4, 16
+E2E_NS = Namespace("e2e-model", "2x2x8", "float16", E2E_BS)
+
+
+def _kv(prefix: list[int]) -> np.ndarray:
+    """K and V of the last token of `prefix`, a function of the whole prefix."""
+    seed = hashlib.blake2b(np.asarray(prefix, dtype=np.int64).tobytes(), digest_size=8)
+    rng = np.random.default_rng(int.from_bytes(seed.digest(), "little"))
+    return rng.standard_normal((2, 2, 2, 8)).astype(np.float16)
+
+
+def _admit(node: tuple[Any, Any, Any], sid: int, tokens: list[int]) -> int:
+    """Allocate, demote, load, check what was loaded, compute the rest; the tokens loaded."""
+    torch = pytest.importorskip("torch")
+    m, pool, tc = node
+    alloc = tc.allocate(sid, tokens)
+    assert alloc is not None
+    tc.demote()
+    cached = tc.load(alloc)
+    table = m.block_table(sid)
+    for p in range(len(tokens)):
+        b, o = table[p // E2E_BS], p % E2E_BS
+        if p < cached:
+            got = pool.buffer[:, :, b, o].numpy()
+            np.testing.assert_array_equal(got, _kv(tokens[: p + 1]), err_msg=f"position {p}")
+        else:
+            pool.buffer[:, :, b, o] = torch.from_numpy(_kv(tokens[: p + 1]))
+    return cached
+
+
+def _evict_all(node: tuple[Any, Any, Any], first_sid: int) -> None:
+    m, _, tc = node
+    for i in range(5):
+        _admit(node, first_sid + i, [1000 * (first_sid + i) + t for t in range(20)])
+        m.free(first_sid + i)
+    tc.flush()
+
+
+def test_two_nodes_share_blocks_through_the_server(server):
+    pytest.importorskip("torch")
+    a, b = _node(server.url), _node(server.url)
+    prompt = list(range(1, 23))  # 5 full blocks and 2 tokens
+    assert _admit(a, 0, prompt) == 0
+    a[0].free(0)
+    _evict_all(a, 1)  # node A's cached prompt blocks go to the server
+    stored = [e for e in a[2].drain_events() if type(e).__name__ == "BlockStored"]
+    assert stored and {e.medium for e in stored} == {"REMOTE"}
+    # Node B never saw the prompt: its 5 full blocks come from the server, exact.
+    assert b[2].lookup(prompt) == (0, (20,))
+    assert _admit(b, 0, prompt) == 20
+    s = b[2].stats()
+    assert (s.tier_hit_tokens, s.blocks_promoted, s.failed_loads) == ([20], 5, 0)
+    for node in (a, b):
+        node[2].close()
+
+
+def test_tier_manager_with_the_server_down(server):
+    pytest.importorskip("torch")
+    a = _node(server.url)
+    prompt = list(range(1, 23))
+    _admit(a, 0, prompt)
+    a[0].free(0)
+    server.kill()
+    t0 = time.monotonic()
+    _evict_all(a, 1)  # demotions are dropped, nothing raises
+    assert a[2].lookup(prompt) == (0, (0,))
+    assert _admit(a, 9, prompt) == 0  # computed again
+    assert time.monotonic() - t0 < 5 * (TIMEOUT + SLACK)
+    st = a[2].stats().stores[0]
+    assert st.dropped_puts >= 5
+    assert st.errors >= 1
+    a[2].close()

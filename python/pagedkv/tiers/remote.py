@@ -43,6 +43,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from pagedkv.tiers import codec as C
 from pagedkv.tiers.base import TierKey, TierStats
 from pagedkv.tiers.entry import (
     HEADER_BYTES,
@@ -52,11 +53,6 @@ from pagedkv.tiers.entry import (
     decode_entry,
     encode_entry,
 )
-
-#: ``decode_payload(codec, item_size, payload, raw_len) -> raw bytes`` for entries whose
-#: codec is not 0 (raw), e.g. lz4 entries written by a compressing producer. None, an
-#: exception or a wrong length: the entry is counted corrupt and is a miss.
-PayloadDecoder = Callable[[int, int, memoryview, int], bytes | None]
 
 # redis-py leaves these unannotated.
 _parse_url = cast(Callable[[str], dict[str, Any]], parse_url)
@@ -109,8 +105,8 @@ class RemoteTier:
     `ttl`: seconds each stored entry lives (None: until the server evicts it; give the server
     a ``maxmemory`` and ``maxmemory-policy allkeys-lru``).
     `pipeline_batch`: EXISTS commands per pipelined round trip in `count_present`.
-    `decode_payload`: decodes entries of other codecs (see `PayloadDecoder`); without it an
-    entry whose codec is not raw is a miss.
+    `codec`: a `pagedkv.tiers.codec.Codec` that `put` encodes with (None: raw). `get` reads
+    an entry of any codec known to `pagedkv.tiers.codec.decode`, whatever `codec` is.
 
     Statistics: `puts` counts calls, `dropped_puts` those not stored; `entries` and
     `stored_bytes` are not known for a shared server and stay 0. `drain_removed` reports
@@ -130,7 +126,7 @@ class RemoteTier:
         ttl: float | None = None,
         cluster: bool = False,
         pipeline_batch: int = 1024,
-        decode_payload: PayloadDecoder | None = None,
+        codec: C.Codec | None = None,
         name: str = "remote",
     ) -> None:
         if timeout <= 0 or connect_timeout <= 0:
@@ -148,7 +144,9 @@ class RemoteTier:
         self._retry_after = retry_after
         self._ttl_ms = None if ttl is None else max(1, round(ttl * 1000))
         self._batch = pipeline_batch
-        self._decode_payload = decode_payload
+        if codec is not None and not isinstance(codec, C.Codec):
+            raise TypeError("codec must be a pagedkv.tiers.codec.Codec")
+        self.codec = codec
         self._lock = threading.Lock()  # stats, breakers, the node table, removed keys
         self._stats = TierStats(name)
         self._removed: list[TierKey] = []
@@ -194,15 +192,43 @@ class RemoteTier:
     # --- the store --------------------------------------------------------------------
 
     def put(self, key: TierKey, data: bytes | memoryview) -> bool:
-        """Store `data` raw (codec 0) under `key`: one SET; False when it was dropped."""
-        entry = encode_entry(self._ns_id, key.group, key.digest, 0, 1, len(data), data)
-        return self.put_entry(key, entry)
+        """Store `data` under `key`, through the tier's codec if it has one: one SET of the
+        whole entry; False when it was dropped (unreachable, refused, or the codec failed)."""
+        t0 = time.perf_counter()
+        try:
+            enc = C.Encoded(C.RAW, 1, data) if self.codec is None else self.codec.encode(data)
+            codec_id, item_size, payload = enc
+            entry = encode_entry(
+                self._ns_id,
+                key.group,
+                key.digest,
+                codec_id,
+                item_size,
+                len(data),
+                memoryview(payload),
+            )
+        except Exception:
+            with self._lock:
+                self._stats.puts += 1
+                self._stats.dropped_puts += 1
+                self._stats.errors += 1
+                self._stats.seconds_put += time.perf_counter() - t0
+            return False
+        fallback = (
+            self.codec is not None
+            and self.codec.codec_id != C.RAW
+            and codec_id == C.RAW
+            and len(data) > 0
+        )
+        return self._store(key, entry, t0, fallback)
 
     def put_entry(self, key: TierKey, entry: bytes | memoryview) -> bool:
-        """Store an already framed entry (`encode_entry` with this tier's namespace id and
-        `key`, any codec): the hook for producers that compress before the network. One SET
-        of the whole value; False (and nothing stored) when it was dropped."""
-        t0 = time.perf_counter()
+        """Store an entry framed by the caller (`encode_entry` with this tier's namespace id
+        and `key`, any codec) as it is: one SET of the whole value; False (and nothing
+        stored) when it was dropped."""
+        return self._store(key, entry, time.perf_counter(), False)
+
+    def _store(self, key: TierKey, entry: bytes | memoryview, t0: float, fallback: bool) -> bool:
         name = self.key_name(key)
         node = self._route(name)
         ok = False
@@ -224,6 +250,8 @@ class RemoteTier:
             if ok:
                 st.raw_bytes_in += raw_len
                 st.extra["stored_bytes_in"] = st.extra.get("stored_bytes_in", 0.0) + len(entry)
+                if fallback:
+                    st.extra["raw_fallbacks"] = st.extra.get("raw_fallbacks", 0.0) + 1
             else:
                 st.dropped_puts += 1
             st.seconds_put += time.perf_counter() - t0
@@ -333,21 +361,12 @@ class RemoteTier:
                     self._stats.corrupt += 1
                 return None
             return bytes(entry.payload)
-        if self._decode_payload is not None:
-            try:
-                data = self._decode_payload(
-                    entry.codec, entry.item_size, entry.payload, entry.raw_len
-                )
-            except Exception:
-                data = None
-            if data is not None and len(data) == entry.raw_len:
-                return data
+        try:
+            return C.decode(entry.codec, entry.item_size, entry.payload, entry.raw_len)
+        except Exception:  # EntryError: unknown codec, library missing, damaged payload
             with self._lock:
                 self._stats.corrupt += 1
             return None
-        with self._lock:
-            self._stats.extra["unknown_codec"] = self._stats.extra.get("unknown_codec", 0.0) + 1
-        return None
 
     def _present_prefix(self, names: list[str]) -> int:
         """The number of `names`, from the first, that exist (one pipeline per node)."""
@@ -509,4 +528,4 @@ class RemoteTier:
             self._refresh_lock.release()
 
 
-__all__ = ["PayloadDecoder", "RemoteTier"]
+__all__ = ["RemoteTier"]
