@@ -117,7 +117,18 @@ class ServerProcess:
         """A plain client for the tests' own writes and checks."""
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5.0, **kwargs)  # type: ignore[arg-type]
 
-    def start(self, timeout: float = 15.0) -> None:
+    def start(self, timeout: float = 15.0, *, new_port_on_conflict: bool = False) -> None:
+        """Start and wait for PING from this very process. A port taken meanwhile by
+        someone else (free_port can race) is replaced if `new_port_on_conflict`."""
+        for _ in range(5):
+            if self._launch(timeout):
+                return
+            if not (new_port_on_conflict and "Address already in use" in self.log_tail()):
+                break
+            self.port = free_port(cluster_bus="--cluster-enabled" in self.args)
+        pytest.fail(f"{self.binary} did not start:\n{self.log_tail()}", pytrace=False)
+
+    def _launch(self, timeout: float) -> bool:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         cmd = [
             self.binary,
@@ -138,24 +149,25 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"{cmd[0]} exited at start:\n{self.log_tail()}", pytrace=False)
+        while self.proc.poll() is None:
             if self.ping():
-                return
+                return True
             if time.monotonic() > deadline:
                 self.kill()
-                pytest.fail(f"{cmd[0]} did not answer PING:\n{self.log_tail()}", pytrace=False)
+                return False
             time.sleep(0.02)
+        return False
 
     def ping(self) -> bool:
+        """Whether this process (not another one on the port) answers."""
         try:
             with contextlib.closing(
                 redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5)
             ) as c:
-                return bool(c.ping())
+                pid = int(c.info("server")["process_id"])
         except redis.RedisError:
             return False
+        return self.proc is not None and pid == self.proc.pid
 
     def log_tail(self, n: int = 30) -> str:
         try:
@@ -202,7 +214,7 @@ class ServerProcess:
 @contextlib.contextmanager
 def running_server(binary: str, workdir: Path, args: Sequence[str] = ()) -> Iterator[ServerProcess]:
     server = ServerProcess(binary, workdir, args=args)
-    server.start()
+    server.start(new_port_on_conflict=True)
     try:
         yield server
     finally:
@@ -231,7 +243,7 @@ class Cluster:
 
     def start(self, timeout: float = 60.0) -> None:
         for node in self.nodes:
-            node.start()
+            node.start(new_port_on_conflict=True)
         addrs = [f"127.0.0.1:{node.port}" for node in self.nodes]
         cmd = [self.cli, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"]
         done = subprocess.run(cmd, capture_output=True, timeout=timeout, check=False)
