@@ -124,6 +124,8 @@ def test_round_trip_and_key_layout(server):
     assert st.raw_bytes_in == st.raw_bytes_out == sum(sizes)
     assert (st.errors, st.corrupt) == (0, 0)
     assert st.compression_ratio < 1.0  # framing only: stored bytes exceed raw bytes
+    tier.close()  # closes the connections; later calls reconnect
+    assert tier.get(keys[2]) == block(2, sizes[2])
 
 
 def test_count_present_prefix_and_batches(server):
@@ -508,6 +510,8 @@ def test_cluster_round_trip_spreads_keys(cluster):
     tier.discard(keys[0])
     assert tier.get(keys[0]) is None
     assert tier.drain_removed() == [keys[0]]
+    tier.close()  # closes the connections; later calls reconnect
+    assert tier.get(keys[1]) == block(1, 1024)
     st = tier.stats()
     assert (st.errors, st.corrupt, st.dropped_puts) == (0, 0, 0)
 

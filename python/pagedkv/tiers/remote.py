@@ -140,7 +140,6 @@ class RemoteTier:
         self.namespace = namespace
         self._ns_id = namespace.ident()
         self._prefix = f"pagedkv:{self._ns_id.hex()}:"
-        self._timeout = timeout
         self._retry_after = retry_after
         self._ttl_ms = None if ttl is None else max(1, round(ttl * 1000))
         self._batch = pipeline_batch
@@ -181,7 +180,7 @@ class RemoteTier:
             self._refresh_locked()  # the first read in the constructor: bounded, never raises
         else:
             pool = ConnectionPool.from_url(url, **self._conn_kwargs)
-            self._single = _Node(url, redis.Redis(connection_pool=pool))
+            self._single = _Node("server", redis.Redis(connection_pool=pool))
 
     # --- keys -------------------------------------------------------------------------
 
@@ -345,6 +344,9 @@ class RemoteTier:
         for node in nodes:
             with contextlib.suppress(Exception):  # closing is best effort
                 node.client.connection_pool.disconnect()
+        if self._cluster is not None:
+            with contextlib.suppress(Exception):
+                self._cluster.close()
 
     def __enter__(self) -> RemoteTier:
         return self
