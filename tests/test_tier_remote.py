@@ -128,6 +128,19 @@ def test_round_trip_and_key_layout(server):
     assert tier.get(keys[2]) == block(2, sizes[2])
 
 
+@pytest.mark.parametrize("kind", ["redis", "valkey"])
+def test_unix_socket(kind, tmp_path):
+    sock = tmp_path / "s.sock"
+    with running_server(server_binary(kind), tmp_path / "srv", ["--unixsocket", str(sock)]):
+        tier = RemoteTier(f"unix://{sock}", NS)
+        keys = [tkey(i) for i in range(4)]
+        assert all(tier.put(k, block(i, 70_000)) for i, k in enumerate(keys))
+        assert [tier.get(k) for k in keys] == [block(i, 70_000) for i in range(4)]
+        assert tier.count_present(keys) == 4
+    assert tier.get(keys[0]) is None  # the server is gone: a miss
+    assert tier.stats().errors == 1
+
+
 def test_count_present_prefix_and_batches(server):
     tier = RemoteTier(server.url, NS, pipeline_batch=4)
     keys = [tkey(i) for i in range(12)]
