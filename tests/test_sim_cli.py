@@ -43,7 +43,8 @@ def test_summary_json_plot_and_check(capsys: pytest.CaptureFixture[str], tmp_pat
     for needle in (
         "GPU blocks",
         "prefix hits",
-        "usage",
+        "held ",
+        "cached ",
         "evictions",
         "preemptions",
         "swaps",

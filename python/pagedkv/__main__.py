@@ -1,35 +1,49 @@
-"""Command-line tool: `python -m pagedkv simulate [options]` (see `pagedkv.sim`)."""
+"""Command-line tool: `pagedkv simulate [options]`, also `python -m pagedkv` (see `pagedkv.sim`)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
+from pagedkv import __version__
 from pagedkv.sim.cli import add_arguments, simulate
+from pagedkv.sim.glossary import GLOSSARY
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def _prog() -> str:
+    """`pagedkv` when run as the installed script, `python -m pagedkv` when run as a module."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return "python -m pagedkv" if name in ("", "__main__.py", "-c") else "pagedkv"
+
+
+def _build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m pagedkv", description="pagedkv: paged KV-cache block manager tools"
+        prog=prog or _prog(), description="pagedkv: paged KV-cache block manager tools"
     )
+    parser.add_argument("--version", action="version", version=f"pagedkv {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sim = sub.add_parser(
         "simulate",
         help="replay a serving workload (built-in or a real trace) through the block manager",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
-            "Replay a workload through the block manager with a small continuous-batching "
-            "scheduler that schedules like vLLM v1 (a per-step token budget: decodes first, "
-            "then chunked prefill, then admission under hit-aware can_allocate; optional "
-            "speculative decoding and random aborts; preemption by swap or recompute) and "
-            "show how the KV cache behaves: prefix hit rate, registrations, usage, "
-            "evictions, preemptions, swaps, copy-on-write, fragmentation and the time spent "
-            "inside the manager. Built-in workloads are "
-            "seeded; --trace replays a Mooncake-format trace. Comma lists for --block-size, "
-            "--num-blocks/--cache-tokens and --hash-algo sweep every combination. --model "
-            "NAME compares a model's KV-cache groups (sliding window, chunked local, "
+            "Replay a workload through the block manager with a small continuous-batching\n"
+            "scheduler that schedules like vLLM v1 (a per-step token budget: decodes first,\n"
+            "then chunked prefill, then admission under hit-aware can_allocate; optional\n"
+            "speculative decoding and random aborts; preemption by swap or recompute) and\n"
+            "show how the KV cache behaves: prefix hit rate, registrations, usage, evictions,\n"
+            "preemptions, swaps, copy-on-write, fragmentation and the time spent inside the\n"
+            "manager. Built-in workloads are seeded; --trace replays a Mooncake-format trace.\n"
+            "Comma lists for --block-size, --num-blocks/--cache-tokens and --hash-algo sweep\n"
+            "every combination. --mrc answers the sizing question: the hit rate of every\n"
+            "cache size, and the smallest cache reaching a target hit rate without\n"
+            "preemption (in GiB with --kv-bytes-per-token or a one-group --model). --model\n"
+            "NAME alone compares a model's KV-cache groups (sliding window, chunked local,\n"
             "recurrent state) with all-full attention on the same memory."
         ),
+        epilog=GLOSSARY,
     )
     add_arguments(sim)
     return parser
@@ -38,15 +52,24 @@ def _build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m pagedkv` and of the `pagedkv` script."""
     args = _build_parser().parse_args(argv)
-    if args.command == "simulate":
-        try:
-            return simulate(args, sys.stdout)
-        except (ValueError, OSError, RuntimeError) as exc:
-            # bad sizes (InvalidArgumentError is a ValueError), a bad or missing trace file,
-            # matplotlib missing for --plot
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    raise AssertionError(f"unknown command {args.command!r}")  # argparse prevents this
+    try:
+        if args.command == "simulate":
+            try:
+                return simulate(args, sys.stdout)
+            except (ValueError, OSError, RuntimeError) as exc:
+                if isinstance(exc, BrokenPipeError):
+                    raise
+                # bad sizes (InvalidArgumentError is a ValueError), a bad or missing trace
+                # file, an output that cannot be written, matplotlib missing for --plot
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+        raise AssertionError(f"unknown command {args.command!r}")  # argparse prevents this
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly. Point stdout at /dev/null so that
+        # the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # what a shell reports for a process ended by SIGPIPE
 
 
 if __name__ == "__main__":

@@ -8,14 +8,22 @@ One idea per module:
 - `trace`: the Mooncake trace reader, and the hit count an unlimited cache would reach;
 - `scheduler`: a small continuous-batching scheduler that drives any manager (chunked prefill
   under a per-step token budget, speculative decoding, aborts, preemption);
+- `observer`: what the scheduler tells an observer of what it schedules;
 - `record`: the scheduler's own record of the blocks it scheduled, behind `--check`;
 - `calls`: the timed (and optionally recorded) manager calls, and recorded-trace replay;
 - `report`: the figures of a run, the summary and sweep tables, the JSON file;
-- `plot`: the per-step figure (matplotlib, imported only when asked for);
+- `glossary`: every term the output prints, explained (the epilog of `simulate --help`);
+- `plot`, `plot_mrc`: the figure (matplotlib, imported only when asked for);
 - `progress`: a tiny progress bar;
+- `outputs`: `--json` and `--plot` checked before the run;
 - `models`: built-in model shapes, vLLM's KV-cache groups for them, bytes per block;
+- `kv_bytes`: what a block weighs, so that block counts print as GiB;
 - `factory`: the one place a manager is built (Rust or reference, with or without groups);
 - `model_run`: `--model`: the model's groups against all-full attention, per group;
+- `block_keys`, `stack`, `mrc`: `--mrc`: content keys of blocks, exact LRU stack distances,
+  the miss-ratio curve of a replay;
+- `sizing`, `sizing_report`, `sizing_cli`: the smallest cache for a target hit rate, checked
+  by full runs; its output; its options;
 - `cli`: the `simulate` command's options and main loop.
 """
 

@@ -7,7 +7,9 @@ scheduler does chunked prefill under a per-step token budget (`--max-num-batched
 optional speculative decoding (`--spec-tokens`) and random aborts (`--abort-rate`);
 `--max-batch-tokens` brings back the original whole-prompt scheduler. `--model NAME` runs the
 workload twice on the same pool bytes, with the model's KV-cache groups and as all-full
-attention, and shows the figures per group side by side (`sim.model_run`).
+attention, and shows the figures per group side by side (`sim.model_run`). `--mrc` sizes the
+cache instead (`sim.sizing_cli`): the hit rate of every size, and the smallest size for a
+target hit rate. Output options are checked before any run (`sim.outputs`).
 """
 
 from __future__ import annotations
@@ -15,18 +17,25 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any, TextIO
 
 from pagedkv.config import HASH_ALGOS, BlockManagerConfig
 from pagedkv.sim.factory import make_manager
+from pagedkv.sim.kv_bytes import KVBytes, kv_bytes
 from pagedkv.sim.model_run import compare, comparison_table
 from pagedkv.sim.models import GIB, MODELS, full_layout, get_model, model_layout
+from pagedkv.sim.mrc_curve import MissRatioCurve
+from pagedkv.sim.observer import ScheduleObserver
+from pagedkv.sim.outputs import check_outputs
 from pagedkv.sim.progress import ProgressBar
-from pagedkv.sim.report import figures, summary_table, sweep_table, write_json
-from pagedkv.sim.requests import Workload
+from pagedkv.sim.report import add_memory, figures, summary_table, sweep_table, write_json
+from pagedkv.sim.requests import TRACE_BLOCK_TOKENS, Workload
 from pagedkv.sim.scheduler import run_workload
-from pagedkv.sim.trace import read_trace
+from pagedkv.sim.sizing_cli import add_sizing_arguments, recorder, size_cache, wants_mrc
+from pagedkv.sim.sizing_report import curve_json
+from pagedkv.sim.trace import TraceOrderWarning, read_trace
 from pagedkv.sim.workloads import WORKLOADS, build_workload
 
 DEFAULT_NUM_BLOCKS = 4096  # built-in workloads: 64 K tokens of 16, constant eviction
@@ -83,10 +92,14 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     w.add_argument(
         "--trace",
         metavar="FILE",
-        help="replay a Mooncake-format trace (JSON lines: timestamp, input_length, "
-        "output_length, hash_ids) instead of a built-in workload",
+        help="replay a Mooncake-format trace instead of a built-in workload: JSON lines "
+        '{"timestamp": ms, "input_length": tokens, "output_length": tokens, "hash_ids": '
+        f"[...]}}, one hash id per {TRACE_BLOCK_TOKENS} prompt tokens (the last block "
+        "possibly partial), equal ids meaning equal tokens",
     )
-    w.add_argument("--limit", type=int, default=None, help="trace: replay the first N requests")
+    w.add_argument(
+        "--limit", type=int, default=None, help="trace: replay the first N requests (N >= 1)"
+    )
     w.add_argument(
         "--ms-per-step",
         type=float,
@@ -186,9 +199,18 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
         "before the step ran (default 0)",
     )
 
+    add_sizing_arguments(sim)
+
     o = sim.add_argument_group("output")
-    o.add_argument("--json", metavar="FILE", help="write every figure and the per-step series")
-    o.add_argument("--plot", metavar="FILE.png", help="draw the per-step series (matplotlib)")
+    o.add_argument(
+        "--json", metavar="FILE", help="write every figure and the per-step series (and 'mrc')"
+    )
+    o.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="draw the per-step series, and with --mrc the curve (matplotlib; .png, .pdf, "
+        ".svg, ... pick the format)",
+    )
     o.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     o.add_argument(
         "--reference",
@@ -203,13 +225,22 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     )
 
 
-def _workload(args: argparse.Namespace) -> Workload:
+def _workload(args: argparse.Namespace, err: TextIO) -> Workload:
     if args.trace is not None:
         if args.workload is not None:
             raise ValueError("give either --trace or --workload, not both")
-        return read_trace(args.trace, limit=args.limit, ms_per_step=args.ms_per_step)
+        if args.limit is not None and args.limit < 1:
+            raise ValueError(f"--limit must be >= 1, got {args.limit}")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TraceOrderWarning)
+            workload = read_trace(args.trace, limit=args.limit, ms_per_step=args.ms_per_step)
+        for w in caught:
+            print(f"warning: {w.message}", file=err)
+        return workload
     if args.limit is not None:
         raise ValueError("--limit applies to --trace only (use --requests)")
+    if args.requests < 1:
+        raise ValueError(f"--requests must be >= 1, got {args.requests}")
     return build_workload(
         args.workload or "mixed",
         args.requests,
@@ -254,6 +285,12 @@ def _configs(args: argparse.Namespace) -> list[BlockManagerConfig]:
     out = []
     for bs, algo in itertools.product(args.block_size, args.hash_algo):
         if args.cache_tokens is not None:
+            for t in args.cache_tokens:
+                if bs > 0 and t < bs:
+                    raise ValueError(
+                        f"--cache-tokens {t} is smaller than one block of {bs} tokens "
+                        f"(--block-size): give at least {bs}"
+                    )
             sizes = [t // bs if bs > 0 else t for t in args.cache_tokens]
         elif args.num_blocks is not None:
             sizes = args.num_blocks
@@ -304,7 +341,7 @@ def _simulate_model(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     model = get_model(args.model)
     layout = model_layout(model, configs[0].block_size)  # a bad block size fails here, early
     schedule = _schedule(args)
-    workload = _workload(args)
+    workload = _workload(args, err)
     title = "ReferenceBlockManager (pure Python)" if args.reference else "BlockManager (Rust core)"
     print(f"pagedkv simulate: {title}", file=out)
     print(f"workload    {workload.describe()}", file=out)
@@ -342,39 +379,78 @@ def _simulate_model(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
-def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -> int:
-    """Run the `simulate` command; returns the exit status."""
-    err = sys.stderr if err is None else err
-    if args.list_models:
-        list_models(out)
-        return 0
-    if args.model is not None:
-        return _simulate_model(args, out, err)
-    configs = _configs(args)
-    schedule = _schedule(args)
-    workload = _workload(args)
-    name = "reference" if args.reference else "rust"
-    title = "ReferenceBlockManager (pure Python)" if args.reference else "BlockManager (Rust core)"
-    print(f"pagedkv simulate: {title}", file=out)
-    print(f"workload    {workload.describe()}", file=out)
-    make_bar = _bar(args, err)
-    runs: list[dict[str, Any]] = []
-    for config in configs:
+class _Runner:
+    """One full run of the workload per call, with the command's options (the configured runs
+    and the sizing runs alike)."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        workload: Workload,
+        kv: KVBytes | None,
+        make_bar: Callable[[str], ProgressBar | None],
+    ) -> None:
+        self.args = args
+        self.workload = workload
+        self.kv = kv
+        self.schedule = _schedule(args)
+        self.make_bar = make_bar
+
+    def __call__(
+        self, config: BlockManagerConfig, label: str, watch: ScheduleObserver | None = None
+    ) -> dict[str, Any]:
+        args = self.args
         manager = make_manager(config, reference=args.reference)
-        label = f"B={config.block_size} blocks={config.num_blocks} {config.hash_algo}"
-        bar = make_bar(label)
+        bar = self.make_bar(label)
         result = run_workload(
-            manager,
-            workload,
-            **schedule,
-            check=args.check,
-            progress=bar,
+            manager, self.workload, **self.schedule, check=args.check, progress=bar, watch=watch
         )
         if bar is not None:
             bar.close()
-        runs.append(figures(result, config, manager=name, workload=workload.describe()))
         if args.check:
             manager.check_invariants()
+        f = figures(
+            result,
+            config,
+            manager="reference" if args.reference else "rust",
+            workload=self.workload.describe(),
+            ms_per_step=self.workload.ms_per_step,
+        )
+        add_memory(f, self.kv)
+        return f
+
+
+def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -> int:
+    """Run the `simulate` command; returns the exit status."""
+    err = sys.stderr if err is None else err
+    check_outputs(args.json, args.plot)
+    if args.list_models:
+        list_models(out)
+        return 0
+    mrc = wants_mrc(args)
+    if args.model is not None and not mrc:
+        if args.kv_bytes_per_token is not None:
+            raise ValueError("give either --model or --kv-bytes-per-token, not both")
+        return _simulate_model(args, out, err)
+    kv = kv_bytes(args.model, args.kv_bytes_per_token)
+    configs = _configs(args)
+    run = _Runner(args, _workload(args, err), kv, _bar(args, err))
+    title = "ReferenceBlockManager (pure Python)" if args.reference else "BlockManager (Rust core)"
+    print(f"pagedkv simulate: {title}", file=out)
+    print(f"workload    {run.workload.describe()}", file=out)
+    if kv is not None:
+        print(f"memory      {kv.describe(sorted({c.block_size for c in configs}))}", file=out)
+    runs: list[dict[str, Any]] = []
+    curves: list[tuple[BlockManagerConfig, MissRatioCurve]] = []
+    for config in configs:
+        label = f"B={config.block_size} blocks={config.num_blocks} {config.hash_algo}"
+        watch = recorder(args, run.workload, config.block_size) if mrc else None
+        f = run(config, label, watch)
+        if watch is not None:
+            curve = watch.curve()
+            curves.append((config, curve))
+            f.update(curve_json(curve))
+        runs.append(f)
     print(file=out)
     print(summary_table(runs[0]) if len(runs) == 1 else sweep_table(runs), file=out)
     if args.check:
@@ -382,13 +458,16 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
             "invariants  OK (checked after every step; no prefix hit on unscheduled tokens)",
             file=out,
         )
+    extra: dict[str, Any] = {}
+    if mrc:
+        extra["sizing"] = size_cache(args, curves, run, kv, out)
     if args.json:
-        write_json(args.json, runs)
+        write_json(args.json, runs, extra=extra)
         print(f"json        {args.json}", file=out)
     if args.plot:
         from pagedkv.sim.plot import plot_runs
 
-        plot_runs(args.plot, runs)
+        plot_runs(args.plot, runs, sizing=extra.get("sizing"))
         print(f"plot        {args.plot}", file=out)
     return 0
 

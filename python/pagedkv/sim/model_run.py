@@ -176,7 +176,13 @@ def compare(
             bar.close()
         if check:
             manager.check_invariants()
-        f = figures(result, run_config, manager=name, workload=workload.describe())
+        f = figures(
+            result,
+            run_config,
+            manager=name,
+            workload=workload.describe(),
+            ms_per_step=workload.ms_per_step,
+        )
         f["label"] = label
         runs.append(f)
         section[label] = {

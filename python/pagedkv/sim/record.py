@@ -153,11 +153,21 @@ class ScheduleRecord:
     def append(self, seq_id: int, token_ids: npt.NDArray[np.uint32]) -> None:
         self._feed(self.seqs[seq_id], token_ids)
 
+    def decode(self, seq_ids: list[int], token_ids: npt.NDArray[np.uint32]) -> None:
+        for i, seq_id in enumerate(seq_ids):
+            self.append(seq_id, token_ids[i : i + 1])
+
     def fork(self, parent_id: int, child_id: int) -> None:
         rec = self.seqs[parent_id].copy()
         for key in rec.keys:
             self._hold(key)
         self.seqs[child_id] = rec
+
+    def swap_out(self, seq_id: int) -> None:
+        """Swapping moves KV, it computes none: the record is unchanged."""
+
+    def swap_in(self, seq_id: int) -> None:
+        """As `swap_out`."""
 
     def free(self, seq_id: int) -> None:
         """The sequence left (finished, preempted, pruned or aborted).

@@ -3,6 +3,9 @@
 Usage, cached blocks, queue lengths and fragmentation are sampled once per executed step after
 the decode (the fullest moment of a step); means are over executed steps. The manager time is
 the time spent inside the scheduler's manager calls (observations for the report excluded).
+Blocks *held* are referenced by sequences; *cached* blocks are held by none and still serve
+prefix hits (evicted when a free block is needed); the rest are free. With bytes per token
+known (`add_memory`), block counts also print as GiB.
 """
 
 from __future__ import annotations
@@ -15,18 +18,28 @@ from typing import Any
 import numpy as np
 
 from pagedkv.config import BlockManagerConfig
+from pagedkv.sim.kv_bytes import KVBytes
 from pagedkv.sim.scheduler import SimResult
 
 
 def figures(
-    result: SimResult, config: BlockManagerConfig, *, manager: str, workload: str
+    result: SimResult,
+    config: BlockManagerConfig,
+    *,
+    manager: str,
+    workload: str,
+    ms_per_step: float | None = None,
 ) -> dict[str, Any]:
-    """Every figure of one run, by name, with the per-step series under `steps`."""
+    """Every figure of one run, by name, with the per-step series under `steps`.
+
+    `ms_per_step`: a trace's arrival milliseconds per step (the clock in seconds), else None.
+    """
     st = result.final_stats
     assert st is not None
     s = result.series
     step_ns = np.asarray(s.manager_ns, dtype=np.float64)
     steps = result.steps
+    used = np.asarray(s.usage, dtype=np.float64) * config.num_blocks
     return {
         "manager": manager,
         "workload": workload,
@@ -64,6 +77,10 @@ def figures(
         "prompt_tokens": result.prompt_tokens,
         "prefix_hit_tokens": result.prefix_hit_tokens,
         "prefix_hit_rate": result.hit_rate,
+        "workload_prompt_tokens": result.workload_prompt_tokens,
+        "workload_hit_rate": result.workload_hit_rate,
+        "recomputed_tokens": result.recomputed_tokens,
+        "recomputed_hit_tokens": result.recomputed_hit_tokens,
         "recent_prefix_queries": st.recent_prefix_queries,
         "recent_prefix_hits": st.recent_prefix_hits,
         "recent_hit_rate": st.recent_hit_rate,
@@ -71,11 +88,15 @@ def figures(
         "unregistered_blocks": st.unregistered_blocks,
         "truncated_blocks": st.truncated_blocks,
         "computed_prompt_tokens": result.prompt_tokens - result.prefix_hit_tokens,
-        "generated_tokens": result.decode_tokens,
+        "generated_tokens": result.output_tokens,
+        "appended_tokens": result.decode_tokens,
         "num_steps": steps,
         "clock_steps": result.clock_steps,
+        "ms_per_step": ms_per_step,
         "peak_usage": max(s.usage, default=0.0),
         "mean_usage": float(np.mean(s.usage)) if steps else 0.0,
+        "peak_used_blocks": round(float(used.max())) if steps else 0,
+        "mean_used_blocks": float(used.mean()) if steps else 0.0,
         "peak_cached_blocks": max(s.cached_blocks, default=0),
         "mean_cached_blocks": float(np.mean(s.cached_blocks)) if steps else 0.0,
         "peak_running": max(s.running, default=0),
@@ -99,13 +120,41 @@ def figures(
     }
 
 
+def add_memory(f: dict[str, Any], kv: KVBytes | None) -> None:
+    """Add the GiB figures of a run (None where the bytes per token are unknown)."""
+    bs = f["block_size"]
+
+    def gib(blocks: float) -> float | None:
+        return kv.gib(blocks, bs) if kv else None
+
+    f["kv_bytes_per_token"] = kv.bytes_per_token if kv else None
+    f["bytes_per_block"] = kv.per_block(bs) if kv else None
+    f["pool_gib"] = gib(f["num_blocks"])
+    for key in ("peak_used", "mean_used", "peak_cached", "mean_cached"):
+        f[f"{key}_gib"] = gib(f[f"{key}_blocks"])
+
+
 def _us(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} us"
 
 
+def _blocks(f: dict[str, Any], key: str) -> str:
+    """`N blocks (= X GiB, P% of the pool)` for `peak_used`, `mean_cached`, ..."""
+    n = f[f"{key}_blocks"]
+    gib = f.get(f"{key}_gib")
+    size = f" = {gib:.2f} GiB" if gib is not None else ""
+    return f"{n:.0f} blocks{size} ({n / f['num_blocks']:.1%})"
+
+
+def _clock(f: dict[str, Any]) -> str:
+    ms = f.get("ms_per_step")
+    secs = f" = {f['clock_steps'] * ms / 1000:.1f} s of trace time" if ms else ""
+    return f"clock {f['clock_steps']} steps{secs}, idle stretches between arrivals included"
+
+
 def summary_table(f: dict[str, Any]) -> str:
     """The human-readable summary of one run."""
-    tokens = f["prompt_tokens"] + f["generated_tokens"]
+    tokens = f["workload_prompt_tokens"] + f["generated_tokens"]
     if f["chunked_prefill"]:
         cap = f["long_prefill_token_threshold"]
         schedule = (
@@ -117,11 +166,13 @@ def summary_table(f: dict[str, Any]) -> str:
         )
     else:
         schedule = "whole prompts (--max-batch-tokens), no chunked prefill"
+    pool_gib = f.get("pool_gib")
     rows = [
         (
             "GPU blocks",
-            f"{f['num_blocks']} x {f['block_size']} tokens = {f['cache_tokens']} tokens; "
-            f"CPU blocks {f['num_cpu_blocks']}; hash {f['hash_algo']}",
+            f"{f['num_blocks']} x {f['block_size']} tokens = {f['cache_tokens']} tokens"
+            + (f" = {pool_gib:.2f} GiB" if pool_gib is not None else "")
+            + f"; CPU blocks {f['num_cpu_blocks']}; hash {f['hash_algo']}",
         ),
         (
             "requests",
@@ -134,16 +185,29 @@ def summary_table(f: dict[str, Any]) -> str:
         ),
         (
             "tokens",
-            f"{f['prompt_tokens']} prompt ({f['computed_prompt_tokens']} computed) + "
-            f"{f['generated_tokens']} generated = {tokens}",
+            f"{f['workload_prompt_tokens']} prompt + {f['generated_tokens']} generated "
+            f"(finished sequences' outputs) = {tokens}; decode steps appended "
+            f"{f['appended_tokens']} (pruned beams included, forks' shared tokens once)",
         ),
-        ("steps", f"{f['num_steps']} executed (clock {f['clock_steps']})"),
+        (
+            "allocated",
+            f"{f['prompt_tokens']} prompt tokens: {f['workload_prompt_tokens']} of the "
+            f"workload + {f['recomputed_tokens']} recomputed after preemption; "
+            f"{f['prefix_hit_tokens']} from the prefix cache, {f['computed_prompt_tokens']} "
+            "computed",
+        ),
+        ("steps", f"{f['num_steps']} executed; {_clock(f)}"),
         ("scheduling", schedule),
         (
             "prefix hits",
-            f"{f['prefix_hit_tokens']} of {f['prompt_tokens']} prompt tokens = "
-            f"{f['prefix_hit_rate']:.2%}; recent (last 1000 allocations) "
-            f"{f['recent_hit_rate']:.2%}",
+            f"{f['prefix_hit_tokens']} of {f['prompt_tokens']} allocated tokens = "
+            f"{f['prefix_hit_rate']:.2%}"
+            + (
+                f" (the workload's prompts alone: {f['workload_hit_rate']:.2%})"
+                if f["recomputed_tokens"]
+                else ""
+            )
+            + f"; recent (last 1000 allocations) {f['recent_hit_rate']:.2%}",
         ),
         (
             "registration",
@@ -151,10 +215,13 @@ def summary_table(f: dict[str, Any]) -> str:
             f"(scheduled, never computed), {f['truncated_blocks']} released by truncate",
         ),
         (
-            "usage",
-            f"peak {f['peak_usage']:.1%}, mean {f['mean_usage']:.1%}; cached blocks peak "
-            f"{f['peak_cached_blocks']}, mean {f['mean_cached_blocks']:.0f}; "
-            f"running peak {f['peak_running']}",
+            "held",
+            f"by sequences: peak {_blocks(f, 'peak_used')}, mean {_blocks(f, 'mean_used')}",
+        ),
+        (
+            "cached",
+            f"evictable: peak {_blocks(f, 'peak_cached')}, mean {_blocks(f, 'mean_cached')}; "
+            f"running sequences peak {f['peak_running']}",
         ),
         ("evictions", f"{f['evictions']} blocks"),
         (
@@ -212,6 +279,7 @@ _SWEEP_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("hash", "hash_algo", "s"),
     ("hit rate", "prefix_hit_rate", ".2%"),
     ("peak use", "peak_usage", ".1%"),
+    ("peak held", "peak_used_blocks", "d"),
     ("mean use", "mean_usage", ".1%"),
     ("frag", "fragmentation", ".2%"),
     ("evictions", "evictions", "d"),
@@ -225,17 +293,27 @@ _SWEEP_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+_GIB_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("GiB", "pool_gib", ".2f"),
+    ("peak GiB", "peak_used_gib", ".2f"),
+)
+
+
 def sweep_table(runs: Sequence[dict[str, Any]]) -> str:
-    """One row per run of a sweep, the columns that differ between options side by side."""
+    """One row per run of a sweep, the columns that differ between options side by side
+    (with the pool's and the peak's GiB when the bytes per token are known)."""
 
     def cell(f: dict[str, Any], key: str, fmt: str) -> str:
         if fmt == "us":
             return f"{f[key] * 1e6:.1f}"
         return format(f[key], fmt)
 
-    table = [[h for h, _, _ in _SWEEP_COLUMNS]]
-    table += [[cell(f, k, fmt) for _, k, fmt in _SWEEP_COLUMNS] for f in runs]
-    widths = [max(len(row[i]) for row in table) for i in range(len(_SWEEP_COLUMNS))]
+    columns = _SWEEP_COLUMNS
+    if runs and runs[0].get("pool_gib") is not None:
+        columns = (*columns[:3], *_GIB_COLUMNS, *columns[3:])
+    table = [[h for h, _, _ in columns]]
+    table += [[cell(f, k, fmt) for _, k, fmt in columns] for f in runs]
+    widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
@@ -251,4 +329,4 @@ def write_json(
     Path(path).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 
-__all__ = ["figures", "summary_table", "sweep_table", "write_json"]
+__all__ = ["add_memory", "figures", "summary_table", "sweep_table", "write_json"]

@@ -95,6 +95,8 @@ class Workload:
     seed: int
     system_prompt_lengths: tuple[int, ...] = ()
     name: str = "shared-prefix"
+    # A trace replay: milliseconds of arrival time per step. None: a built-in, seeded workload.
+    ms_per_step: float | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -111,10 +113,14 @@ class Workload:
         mix = ", ".join(f"{k} {v}" for k, v in kinds.items())
         samples = sum(r.sequences for r in self.requests)
         last = max((r.arrival_step for r in self.requests), default=0)
+        if self.ms_per_step is None:
+            origin = f"seed {self.seed}"
+        else:
+            origin = f"{self.ms_per_step:g} ms per step = {last * self.ms_per_step / 1000:.1f} s"
         return (
             f"{self.name}: {len(self.requests)} requests ({mix}; {samples} sequences), "
-            f"{self.prompt_tokens} prompt tokens, up to {self.max_new_tokens} generated, "
-            f"arrivals over {last} steps, seed {self.seed}"
+            f"{self.prompt_tokens} prompt tokens, {self.max_new_tokens} to generate, "
+            f"arrivals over {last} steps ({origin})"
         )
 
 

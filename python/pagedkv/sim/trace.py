@@ -5,6 +5,10 @@ One JSON object a line: `timestamp` (arrival, ms), `input_length`, `output_lengt
 512 deterministic pseudo-tokens (`requests.hash_id_tokens`), so equal id prefixes are equal
 token prefixes and hit the prefix cache exactly where the trace says they would.
 
+A trace with no request is an error. Timestamps should not go backwards: a line that does
+arrives in timestamp order anyway (the scheduler orders arrivals by step), not in file order,
+so `read_trace` warns (`TraceOrderWarning`, naming the first such line).
+
 `expected_hit_tokens` counts, from the hash ids alone and without any manager, the prompt
 tokens a cache that never evicts would serve: the independent check of the simulator's hit rate.
 """
@@ -12,12 +16,17 @@ tokens a cache that never evicts would serve: the independent check of the simul
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
 from pagedkv.sim.requests import TRACE_BLOCK_TOKENS, Request, Workload
+
+
+class TraceOrderWarning(UserWarning):
+    """A trace's timestamps go backwards."""
 
 
 def _field(obj: dict[str, object], key: str, where: str) -> int:
@@ -37,10 +46,12 @@ def read_trace(
     """
     if ms_per_step <= 0:
         raise ValueError("ms_per_step must be > 0")
-    if limit is not None and limit < 0:
-        raise ValueError("limit must be >= 0")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1 (the requests to replay), got {limit}")
     requests: list[Request] = []
     t0: int | None = None
+    last_ts = -1
+    backwards: list[tuple[int, int, int]] = []  # (line, timestamp, the previous line's)
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if limit is not None and len(requests) >= limit:
@@ -70,6 +81,9 @@ def read_trace(
                     f"of {TRACE_BLOCK_TOKENS} tokens"
                 )
             t0 = ts if t0 is None else t0
+            if ts < last_ts:
+                backwards.append((lineno, ts, last_ts))
+            last_ts = ts
             requests.append(
                 Request(
                     request_id=len(requests),
@@ -80,7 +94,19 @@ def read_trace(
                     hash_ids=np.asarray(ids, dtype=np.int64),
                 )
             )
-    return Workload(tuple(requests), 0, name=f"trace {Path(path).name}")
+    if not requests:
+        raise ValueError(f"{path}: the trace has no requests")
+    if backwards:
+        first, ts, before = backwards[0]
+        more = f" ({len(backwards)} lines in all)" if len(backwards) > 1 else ""
+        warnings.warn(
+            f"{path}:{first}: timestamp {ts} is earlier than the line before it ({before}){more}: "
+            "requests are replayed in timestamp order, not in file order (any before the "
+            "first line's at step 0)",
+            TraceOrderWarning,
+            stacklevel=2,
+        )
+    return Workload(tuple(requests), 0, name=f"trace {Path(path).name}", ms_per_step=ms_per_step)
 
 
 def expected_hit_tokens(requests: Iterable[Request], block_size: int) -> tuple[int, int]:
@@ -116,4 +142,4 @@ def expected_hit_tokens(requests: Iterable[Request], block_size: int) -> tuple[i
     return hits, total
 
 
-__all__ = ["expected_hit_tokens", "read_trace"]
+__all__ = ["TraceOrderWarning", "expected_hit_tokens", "read_trace"]

@@ -114,6 +114,10 @@ fn groups_arg(
     Ok(kinds)
 }
 
+/// Paged KV-cache block manager (the Rust core): `num_blocks` GPU blocks of `block_size`
+/// tokens, `num_cpu_blocks` CPU swap blocks, a hashed prefix cache; `groups=` for hybrid
+/// models (one block table per KV-cache group). Safe to call from many threads at once.
+/// The contract: docs/semantics.md.
 #[pyclass(frozen, subclass, module = "pagedkv._core", name = "BlockManager")]
 pub struct PyBlockManager {
     inner: Inner,
@@ -214,6 +218,13 @@ impl PyBlockManager {
         })
     }
 
+    /// Give a new sequence its blocks: the cached prefix it hits plus `num_new_tokens`
+    /// prompt tokens (default all of them), and `lookahead` draft slots past those.
+    ///
+    /// Returns the prompt tokens served from the prefix cache (a multiple of `block_size`, at
+    /// most `len(token_ids) - 1`), or None if the blocks do not fit (nothing changed). Full
+    /// blocks are registered in the prefix cache once scheduled. Tokens: a list, tuple, range or
+    /// 1-D integer array. `cache_salt` (str or bytes) and `lora_id` keep prefixes apart.
     #[pyo3(
         signature = (seq_id, token_ids, *, num_new_tokens=None, cache_salt=None, lora_id=None,
             lookahead=Given::Absent),
@@ -247,6 +258,10 @@ impl PyBlockManager {
         )
     }
 
+    /// Schedule the next `num_new_tokens` tokens of the prompt (chunked prefill).
+    ///
+    /// Returns the copy-on-write `(src, dst)` block pairs to copy before the step, or None if
+    /// the blocks do not fit (nothing changed).
     #[pyo3(
         signature = (seq_id, num_new_tokens, *, lookahead=Given::Absent),
         text_signature = "($self, seq_id, num_new_tokens, *, lookahead=0)"
@@ -268,6 +283,11 @@ impl PyBlockManager {
         )
     }
 
+    /// Append generated tokens to a fully scheduled sequence, and reserve `lookahead`
+    /// draft slots past them (speculative decoding).
+    ///
+    /// Returns the copy-on-write `(src, dst)` block pairs to copy before the step, or None if
+    /// the blocks do not fit (nothing changed). Blocks that become full are registered.
     #[pyo3(
         signature = (seq_id, token_ids, *, lookahead=Given::Absent),
         text_signature = "($self, seq_id, token_ids, *, lookahead=0)"
@@ -289,6 +309,11 @@ impl PyBlockManager {
         )
     }
 
+    /// Drop every token past `num_tokens` (rejected drafts, roll-back) and give back
+    /// the blocks only they used.
+    ///
+    /// Returns the copy-on-write `(src, dst)` pairs (a shared partial last block is copied), or
+    /// None if that copy does not fit (nothing changed).
     fn truncate(
         &self,
         py: Python<'_>,
@@ -300,6 +325,9 @@ impl PyBlockManager {
         run(py, false, || each!(&self.inner, mgr => mgr.truncate(id, m)))
     }
 
+    /// Prompt tokens `allocate` would serve from the prefix cache now.
+    ///
+    /// Changes nothing: no LRU order, statistics or events.
     #[pyo3(
         signature = (token_ids, *, cache_salt=None, lora_id=None),
         text_signature = "($self, token_ids, *, cache_salt=None, lora_id=None)"
@@ -321,6 +349,9 @@ impl PyBlockManager {
         )
     }
 
+    /// Make `child_id` a copy of `parent_id` sharing every block (parallel sampling,
+    /// beam search); later writes to a shared block are copied on write. Never runs out of
+    /// blocks.
     fn fork(
         &self,
         py: Python<'_>,
@@ -334,6 +365,11 @@ impl PyBlockManager {
         run(py, false, || each!(&self.inner, mgr => mgr.fork(p, c)))
     }
 
+    /// Release the sequence's blocks, tail first, and forget it. Registered blocks stay
+    /// cached for later prefix hits.
+    ///
+    /// `num_computed_tokens`: how many tokens really have KV (a scheduled step that never ran);
+    /// blocks past it that this sequence registered leave the prefix cache.
     #[pyo3(
         signature = (seq_id, *, num_computed_tokens=None),
         text_signature = "($self, seq_id, *, num_computed_tokens=None)"
@@ -355,16 +391,29 @@ impl PyBlockManager {
         )
     }
 
+    /// Move a sequence to CPU swap blocks.
+    ///
+    /// Returns the `(gpu, cpu)` block pairs to copy before any later device work, or None if the
+    /// swap space is full (nothing changed).
     fn swap_out(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<Option<Pairs>> {
         let id = self::seq_id(seq_id)?;
         run(py, false, || each!(&self.inner, mgr => mgr.swap_out(id)))
     }
 
+    /// Move a swapped-out sequence back to GPU blocks.
+    ///
+    /// Returns the `(cpu, gpu)` block pairs to copy, or None if the GPU blocks do not fit
+    /// (nothing changed).
     fn swap_in(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<Option<Pairs>> {
         let id = self::seq_id(seq_id)?;
         run(py, false, || each!(&self.inner, mgr => mgr.swap_in(id)))
     }
 
+    /// Whether a prompt fits now: `AllocStatus.OK`, `LATER` (not now, keeping the
+    /// watermark free) or `NEVER` (not even in an empty pool).
+    ///
+    /// `num_tokens`: the prompt's length, or its token ids (then its cached prefix counts, with
+    /// `cache_salt` and `lora_id`). `num_new_tokens`: the first chunk only. Changes nothing.
     #[pyo3(
         signature = (num_tokens, *, num_new_tokens=None, cache_salt=None, lora_id=None),
         text_signature = "($self, num_tokens, *, num_new_tokens=None, cache_salt=None, \
@@ -403,6 +452,8 @@ impl PyBlockManager {
         objects::alloc_status(py, status)
     }
 
+    /// Whether a swapped-out sequence fits back now: `AllocStatus.OK`, `LATER` or
+    /// `NEVER`. Changes nothing.
     fn can_swap_in<'py>(
         &self,
         py: Python<'py>,
@@ -413,6 +464,11 @@ impl PyBlockManager {
         objects::alloc_status(py, status)
     }
 
+    /// One new token per sequence (a decode step for the whole batch), plus
+    /// `lookahead` draft slots each.
+    ///
+    /// Returns the copy-on-write pairs as an int32 `(k, 2)` array, or None if the batch does not
+    /// fit (nothing changed). Ids must be distinct, resident and fully scheduled.
     #[pyo3(
         signature = (seq_ids, token_ids, *, lookahead=Given::Absent),
         text_signature = "($self, seq_ids, token_ids, *, lookahead=0)"
@@ -436,6 +492,7 @@ impl PyBlockManager {
         pairs.map(|p| pairs_array(py, p)).transpose()
     }
 
+    /// `free` each sequence, in the given order; all or nothing.
     fn free_batch(&self, py: Python<'_>, seq_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = self::seq_ids(seq_ids)?;
         run(
@@ -445,6 +502,8 @@ impl PyBlockManager {
         )
     }
 
+    /// The block tables of `group` as one int32 `(batch, longest table)` array,
+    /// padded with `pad`.
     #[pyo3(
         signature = (seq_ids, pad=Given::Absent, *, group=Given::Absent),
         text_signature = "($self, seq_ids, pad=-1, *, group=0)"
@@ -469,6 +528,9 @@ impl PyBlockManager {
         Ok(array.into_pyarray(py))
     }
 
+    /// int64 cache slots (`block * block_size + offset`) of each sequence's last
+    /// `num_new_tokens` scheduled tokens (an int, or one per sequence), then of `lookahead` draft
+    /// positions; concatenated in batch order.
     #[pyo3(
         signature = (seq_ids, num_new_tokens, *, lookahead=Given::Absent, group=Given::Absent),
         text_signature = "($self, seq_ids, num_new_tokens, *, lookahead=0, group=0)"
@@ -495,6 +557,8 @@ impl PyBlockManager {
         Ok(slots.into_pyarray(py))
     }
 
+    /// `(kv_indptr, kv_indices, kv_last_page_len)`, int32, over the
+    /// scheduled tokens of each sequence: the page table FlashInfer's paged wrappers take.
     #[allow(clippy::type_complexity)]
     #[pyo3(
         signature = (seq_ids, *, group=Given::Absent),
@@ -524,6 +588,8 @@ impl PyBlockManager {
         ))
     }
 
+    /// The sequence's GPU block ids in `group`, in token order (0 is the null block
+    /// with groups).
     #[pyo3(
         signature = (seq_id, *, group=Given::Absent),
         text_signature = "($self, seq_id, *, group=0)"
@@ -542,11 +608,14 @@ impl PyBlockManager {
         })
     }
 
+    /// Tokens the sequence holds: its prompt plus appended tokens.
     fn num_tokens(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let id = self::seq_id(seq_id)?;
         run(py, false, || each!(&self.inner, mgr => mgr.num_tokens(id)))
     }
 
+    /// Tokens scheduled for compute so far (less than `num_tokens` while
+    /// a chunked prefill is under way).
     fn num_scheduled_tokens(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let id = self::seq_id(seq_id)?;
         run(
@@ -556,6 +625,8 @@ impl PyBlockManager {
         )
     }
 
+    /// A 64-bit digest of the sequence's block tables: equal tables, equal
+    /// digests.
     fn table_digest(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<u64> {
         let id = self::seq_id(seq_id)?;
         run(
@@ -565,6 +636,7 @@ impl PyBlockManager {
         )
     }
 
+    /// The chain digests of the sequence's full blocks (docs/hashing.md).
     fn block_hashes<'py>(
         &self,
         py: Python<'py>,
@@ -582,6 +654,7 @@ impl PyBlockManager {
             .collect())
     }
 
+    /// Whether the sequence is swapped out to CPU blocks.
     fn is_swapped(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<bool> {
         let id = self::seq_id(seq_id)?;
         run(py, false, || each!(&self.inner, mgr => mgr.is_swapped(id)))
@@ -601,21 +674,25 @@ impl PyBlockManager {
         self.count(py, BlockManager::num_sequences, GroupManager::num_sequences)
     }
 
+    /// GPU blocks in the pool.
     #[getter]
     fn num_blocks(&self) -> usize {
         each!(&self.inner, mgr => mgr.config().num_blocks as usize)
     }
 
+    /// Tokens per block.
     #[getter]
     fn block_size(&self) -> usize {
         each!(&self.inner, mgr => mgr.block_size())
     }
 
+    /// CPU swap blocks.
     #[getter]
     fn num_cpu_blocks(&self) -> usize {
         each!(&self.inner, mgr => mgr.config().num_cpu_blocks as usize)
     }
 
+    /// KV-cache groups (1 without `groups=`).
     #[getter]
     fn num_groups(&self) -> usize {
         match &self.inner {
@@ -624,6 +701,7 @@ impl PyBlockManager {
         }
     }
 
+    /// GPU blocks held by nobody and not cached.
     #[getter]
     fn num_free_blocks(&self, py: Python<'_>) -> PyResult<usize> {
         self.count(
@@ -633,6 +711,8 @@ impl PyBlockManager {
         )
     }
 
+    /// GPU blocks held by nobody that still serve prefix hits (evicted
+    /// least recently released first when a free block is needed).
     #[getter]
     fn num_cached_blocks(&self, py: Python<'_>) -> PyResult<usize> {
         self.count(
@@ -642,6 +722,7 @@ impl PyBlockManager {
         )
     }
 
+    /// GPU blocks that can be handed out now: free plus cached.
     #[getter]
     fn num_available_blocks(&self, py: Python<'_>) -> PyResult<usize> {
         self.count(
@@ -651,6 +732,7 @@ impl PyBlockManager {
         )
     }
 
+    /// CPU swap blocks not in use.
     #[getter]
     fn num_free_cpu_blocks(&self, py: Python<'_>) -> PyResult<usize> {
         self.count(
@@ -660,6 +742,8 @@ impl PyBlockManager {
         )
     }
 
+    /// A `Stats` snapshot: usage, prefix hits (overall and over the last 1,000
+    /// allocations), evictions, copies, swaps, registrations, per-group figures.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         match &self.inner {
             Inner::Plain(m) => objects::stats(py, &m.stats(), &[]),
@@ -670,6 +754,9 @@ impl PyBlockManager {
         }
     }
 
+    /// Forget every cached block (the hit-rate counters restart).
+    ///
+    /// Returns False, changing nothing, while any resident sequence holds a block.
     fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<bool> {
         // Waits for calls in flight: always without the GIL.
         run(
@@ -695,6 +782,8 @@ impl PyBlockManager {
             .collect())
     }
 
+    /// The KV events (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`) since the
+    /// last call, in order (needs `enable_kv_events=True`).
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
         let events = match &self.inner {
             Inner::Plain(m) => m.drain_events(),
@@ -703,6 +792,8 @@ impl PyBlockManager {
         events.iter().map(|e| objects::event(py, e)).collect()
     }
 
+    /// Audit the manager's internal invariants; raises `InvariantError` with the
+    /// first violation. Exact only when no other call is in flight.
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| each!(&self.inner, mgr => mgr.check_invariants()))
             .py(py)
