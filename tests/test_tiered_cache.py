@@ -174,4 +174,5 @@ def test_refuses_what_it_cannot_serve() -> None:
     tc = TieredCache(BlockManager(BLOCKS, BS), pool, [store], hash_algo="xxh3_128")
     with pytest.raises(InvalidArgumentError, match="hash"):
         tc.allocate(0, list(range(9)))
+    assert 0 not in tc.manager, "the allocation was undone"
     tc.close()

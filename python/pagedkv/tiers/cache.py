@@ -165,15 +165,23 @@ class TieredCache:
         runs = [store.count_present(keys) for store in self.stores]
         return [next(t for t, n in enumerate(runs) if n > i) for i in range(max(runs, default=0))]
 
+    def _match(
+        self, token_ids: Any, cache_salt: Any, lora_id: Any
+    ) -> tuple[int, list[bytes], list[int]]:
+        """The GPU hit (blocks), the prompt's digests (hashed once) and the tier of each block
+        past the GPU hit that the tiers hold."""
+        bs: int = self.manager.block_size
+        gpu = self.manager.lookup(token_ids, cache_salt=cache_salt, lora_id=lora_id) // bs
+        digests = self._digests(token_ids, cache_salt, lora_id)
+        cap = (len(token_ids) - 1) // bs  # at least one token computed, as on the GPU
+        return gpu, digests, self._below([TierKey(0, d) for d in digests[gpu:cap]])
+
     def lookup(
         self, token_ids: Any, *, cache_salt: str | bytes | None = None, lora_id: int | None = None
     ) -> tuple[int, tuple[int, ...]]:
         """`(gpu hit tokens, tokens each tier would add)`; changes nothing."""
         bs: int = self.manager.block_size
-        gpu = self.manager.lookup(token_ids, cache_salt=cache_salt, lora_id=lora_id) // bs
-        digests = self._digests(token_ids, cache_salt, lora_id)
-        cap = (len(token_ids) - 1) // bs  # at least one token computed, as on the GPU
-        sources = self._below([TierKey(0, d) for d in digests[gpu:cap]])
+        gpu, _, sources = self._match(token_ids, cache_salt, lora_id)
         return gpu * bs, tuple(sources.count(t) * bs for t in range(len(self.stores)))
 
     def allocate(
@@ -191,11 +199,7 @@ class TieredCache:
         fit (nothing changed)."""
         bs: int = self.manager.block_size
         n = len(token_ids)
-        gpu_tokens, _ = self.lookup(token_ids, cache_salt=cache_salt, lora_id=lora_id)
-        digests = self._digests(token_ids, cache_salt, lora_id)
-        g = gpu_tokens // bs
-        cap = (n - 1) // bs
-        sources = self._below([TierKey(0, d) for d in digests[g:cap]])
+        g, digests, sources = self._match(token_ids, cache_salt, lora_id)
         k = n if num_new_tokens is None else num_new_tokens
         new = min(len(sources) * bs + k, n - g * bs)
         hit = self.manager.allocate(
@@ -209,6 +213,8 @@ class TieredCache:
         if hit is None:
             return None
         if self.manager.block_hashes(seq_id)[: len(digests)] != digests:
+            # A configuration error: undo the allocation before saying so.
+            self.manager.free(seq_id)
             raise InvalidArgumentError(
                 "the TieredCache's hash_algo/hash_seed are not the manager's"
             )

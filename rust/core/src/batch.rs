@@ -8,6 +8,7 @@
 
 use crate::alloc::{try_filled, try_with_capacity};
 use crate::error::{invalid, Error, Result};
+use crate::manager::check_append;
 use crate::manager::{cdiv, BlockManager};
 use crate::seq_map::SeqCell;
 use crate::sequence::Sequence;
@@ -182,14 +183,14 @@ impl BlockManager {
                     return Err(e);
                 }
                 if let Some(seq) = seq {
-                    self.check_append_len(id, seq, 1)?;
+                    check_append(id, seq.tokens.len(), seq.scheduled, 1)?;
                 }
             }
             let mut seqs = Self::live_mut(ids, &mut locked, true)?;
             let mut need: usize = 0;
             let mut keys = Vec::new();
             for (((_, seq), &id), t) in seqs.iter_mut().zip(ids).zip(tokens) {
-                self.check_append_len(id, seq, 1)?;
+                check_append(id, seq.tokens.len(), seq.scheduled, 1)?;
                 self.reserve_tokens(seq, 1)?;
                 let upto = seq.tokens.len() + 1;
                 keys.extend(self.schedule_prefix_key(seq, upto, std::slice::from_ref(t)));

@@ -81,6 +81,38 @@ pub(crate) fn check_new_tokens(k: Option<usize>, n: usize) -> Result<usize> {
     }
 }
 
+/// A prompt or appended tokens: not empty, and at most `MAX_TOKENS`.
+pub(crate) fn check_tokens(tokens: &[u32], what: &str) -> Result<()> {
+    if tokens.is_empty() {
+        return Err(invalid(format!("{what} must not be empty")));
+    }
+    if tokens.len() > MAX_TOKENS {
+        return Err(invalid(format!(
+            "{what} has {} tokens, more than the {MAX_TOKENS} a sequence may hold",
+            tokens.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Appending `k` tokens to sequence `id` of `n` tokens, `scheduled` of them scheduled: its
+/// prompt must be fully scheduled and the result within `MAX_TOKENS`.
+pub(crate) fn check_append(id: u64, n: usize, scheduled: usize, k: usize) -> Result<()> {
+    if scheduled < n {
+        return Err(invalid(format!(
+            "sequence {id} has {} prompt tokens not yet scheduled: extend it before appending",
+            n - scheduled
+        )));
+    }
+    match n.checked_add(k) {
+        Some(total) if total <= MAX_TOKENS => Ok(()),
+        _ => Err(invalid(format!(
+            "appending {k} tokens to sequence {id} ({n} tokens) exceeds the {MAX_TOKENS} a \
+             sequence may hold"
+        ))),
+    }
+}
+
 pub(crate) fn cdiv(a: usize, b: usize) -> usize {
     a.div_ceil(b)
 }
@@ -200,20 +232,6 @@ impl BlockManager {
         })
     }
 
-    /// Argument checks shared by the calls that take tokens.
-    pub(crate) fn check_tokens(&self, tokens: &[u32], what: &str) -> Result<()> {
-        if tokens.is_empty() {
-            return Err(invalid(format!("{what} must not be empty")));
-        }
-        if tokens.len() > MAX_TOKENS {
-            return Err(invalid(format!(
-                "{what} has {} tokens, more than the {MAX_TOKENS} a sequence may hold",
-                tokens.len()
-            )));
-        }
-        Ok(())
-    }
-
     /// Create a sequence for a prompt, reusing cached prefix blocks. Returns the number of
     /// prompt tokens already cached, or `None` (nothing changed) when the blocks do not fit.
     pub fn allocate(
@@ -269,7 +287,7 @@ impl BlockManager {
         lookahead: usize,
     ) -> Result<Option<usize>> {
         self.guarded(true, || {
-            self.check_tokens(tokens, "token_ids")?;
+            check_tokens(tokens, "token_ids")?;
             let n = tokens.len();
             let k = check_new_tokens(num_new_tokens, n)?;
             let bs = self.block_size();
@@ -446,26 +464,6 @@ impl BlockManager {
         self.write_need(seq, n, (n + k).saturating_add(lookahead))
     }
 
-    /// Argument check of an append of `k` tokens to `seq` (`id`): its prompt is scheduled
-    /// whole, and the sequence stays within `MAX_TOKENS`.
-    pub(crate) fn check_append_len(&self, id: u64, seq: &Sequence, k: usize) -> Result<()> {
-        let n = seq.tokens.len();
-        if seq.scheduled < n {
-            return Err(invalid(format!(
-                "sequence {id} has {} prompt tokens not yet scheduled: extend it before \
-                 appending",
-                n - seq.scheduled
-            )));
-        }
-        match n.checked_add(k) {
-            Some(total) if total <= MAX_TOKENS => Ok(()),
-            _ => Err(invalid(format!(
-                "appending {k} tokens to sequence {id} ({n} tokens) exceeds the {MAX_TOKENS} a \
-                 sequence may hold"
-            ))),
-        }
-    }
-
     /// Room for `k` more tokens in `seq`, reserved before an append changes anything, so that
     /// running out of memory is an error that changed nothing.
     pub(crate) fn reserve_tokens(&self, seq: &mut Sequence, k: usize) -> Result<()> {
@@ -610,7 +608,7 @@ impl BlockManager {
             if seq.is_swapped() {
                 return Err(Error::Swapped(id));
             }
-            self.check_append_len(id, seq, tokens.len())?;
+            check_append(id, seq.tokens.len(), seq.scheduled, tokens.len())?;
             self.reserve_tokens(seq, tokens.len())?;
             let upto = seq.tokens.len() + tokens.len();
             let keys = self
@@ -865,7 +863,7 @@ impl BlockManager {
         lora_id: Option<u64>,
     ) -> Result<usize> {
         self.guarded(false, || {
-            self.check_tokens(tokens, "token_ids")?;
+            check_tokens(tokens, "token_ids")?;
             let extras = encode_extras(cache_salt, lora_id);
             Ok(self.cached_prefix(tokens, &extras)?.len() * self.block_size())
         })
@@ -881,7 +879,7 @@ impl BlockManager {
         lora_id: Option<u64>,
     ) -> Result<AllocStatus> {
         self.guarded(false, || {
-            self.check_tokens(tokens, "token_ids")?;
+            check_tokens(tokens, "token_ids")?;
             let n = tokens.len();
             let k = self.check_new_tokens_of(num_new_tokens, n)?;
             let extras = encode_extras(cache_salt, lora_id);

@@ -5,7 +5,7 @@ use super::manager::{GroupManager, State};
 use super::table::GroupSeq;
 use crate::alloc::{try_filled, try_grow, try_with_capacity};
 use crate::error::{invalid, Error, Result};
-use crate::manager::cdiv;
+use crate::manager::{cdiv, check_append};
 use std::collections::{HashMap, HashSet};
 
 fn distinct(ids: &[u64]) -> Result<()> {
@@ -45,7 +45,7 @@ impl GroupManager {
                 if seq.cpu.is_some() {
                     return Err(Error::Swapped(id));
                 }
-                Self::check_append(id, seq, 1)?;
+                check_append(id, seq.tokens.len(), seq.scheduled, 1)?;
             }
             let mut need = 0usize;
             let mut drops: HashMap<u32, u32> = HashMap::new();
@@ -94,6 +94,9 @@ impl GroupManager {
                 let more = end.saturating_sub(table.len());
                 try_grow(table, more, "a block table")?;
             }
+            let positions = end.saturating_sub(seq.scheduled / bs);
+            st.pool
+                .reserve_index(self.num_groups().saturating_mul(positions))?;
         }
         for ((_, seq), plan) in seqs.iter_mut().zip(plans) {
             Self::release_skipped(st, seq, &plan.skipped);

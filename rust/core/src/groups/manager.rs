@@ -14,7 +14,7 @@ use crate::error::{invalid, Error, Result};
 use crate::events::{KvEvent, Medium};
 use crate::hashing::{encode_extras, BlockHasher, Digest, Tag};
 use crate::hit_tag::HitTagger;
-use crate::manager::{cdiv, check_new_tokens, MAX_TOKENS};
+use crate::manager::{cdiv, check_append, check_new_tokens, check_tokens, MAX_TOKENS};
 use crate::sync::{lock, Mutex};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -145,19 +145,6 @@ impl GroupManager {
         Ok(())
     }
 
-    pub(crate) fn check_tokens(tokens: &[u32], what: &str) -> Result<()> {
-        if tokens.is_empty() {
-            return Err(invalid(format!("{what} must not be empty")));
-        }
-        if tokens.len() > MAX_TOKENS {
-            return Err(invalid(format!(
-                "{what} has {} tokens, more than the {MAX_TOKENS} a sequence may hold",
-                tokens.len()
-            )));
-        }
-        Ok(())
-    }
-
     fn chain(&self, tokens: &[u32], extras: &[u8]) -> (Vec<Digest>, Vec<Tag>) {
         if !self.caching() {
             return (Vec::new(), Vec::new());
@@ -222,7 +209,7 @@ impl GroupManager {
         lookahead: usize,
     ) -> Result<Option<usize>> {
         self.broken.guarded(true, || {
-            Self::check_tokens(tokens, "token_ids")?;
+            check_tokens(tokens, "token_ids")?;
             let n = tokens.len();
             let k = check_new_tokens(num_new_tokens, n)?;
             let bs = self.block_size();
@@ -253,7 +240,13 @@ impl GroupManager {
             if new.saturating_add(cached_hits) > st.pool.available() {
                 return Ok(None);
             }
+            // Every allocation before the first change: a MemoryError changes nothing.
             let mut tables = hits;
+            for table in &mut tables {
+                try_grow(table, total - h, "a block table")?;
+            }
+            st.pool
+                .reserve_index(g_count.saturating_mul((s / bs).saturating_sub(h)))?;
             for (g, table) in tables.iter_mut().enumerate() {
                 for &b in table.iter().filter(|&&b| b != NULL) {
                     st.pool.share(b);
@@ -261,7 +254,6 @@ impl GroupManager {
                 }
             }
             for (g, table) in tables.iter_mut().enumerate() {
-                try_grow(table, total - h, "a block table")?;
                 for _ in h..total {
                     table.push(st.pool.take(g as u8)?);
                 }
@@ -414,32 +406,53 @@ impl GroupManager {
         Ok(())
     }
 
-    /// Schedule `p .. m` of a resident sequence (plus `lookahead` slots) as one step.
-    fn schedule(
+    /// The plan of scheduling positions `p .. to` if it fits, with room reserved for every
+    /// table entry and index entry it adds; `None` (nothing changed) if it does not fit.
+    fn plan_fitting(
         &self,
         st: &mut State,
         seq: &mut GroupSeq,
-        m: usize,
-        lookahead: usize,
-    ) -> Result<Option<Vec<(u32, u32)>>> {
+        to: usize,
+    ) -> Result<Option<StepPlan>> {
+        let bs = self.block_size();
         let p = seq.scheduled;
-        let to = m.saturating_add(lookahead);
         let plan = self.plan_step(&st.pool, seq, p, to);
         let mut drops = HashMap::new();
         for &(g, i) in &plan.skipped {
             *drops.entry(seq.tables[g][i]).or_insert(0) += 1;
         }
-        let freed = Self::freed_by(&st.pool, &drops);
-        if plan.need > st.pool.available() + freed {
+        if plan.need > st.pool.available() + Self::freed_by(&st.pool, &drops) {
             return Ok(None);
         }
+        let end = cdiv(to, bs);
+        for table in &mut seq.tables {
+            let more = end.saturating_sub(table.len());
+            try_grow(table, more, "a block table")?;
+        }
+        let positions = cdiv(to, bs).saturating_sub(p / bs);
+        st.pool
+            .reserve_index(self.kinds.len().saturating_mul(positions))?;
+        Ok(Some(plan))
+    }
+
+    /// Carry out a fitting plan: release the skipped entries, write `p .. to`, schedule up
+    /// to `m` and register the blocks that became full.
+    fn apply_step(
+        &self,
+        st: &mut State,
+        seq: &mut GroupSeq,
+        plan: &StepPlan,
+        m: usize,
+        to: usize,
+    ) -> Result<Vec<(u32, u32)>> {
+        let p = seq.scheduled;
         Self::release_skipped(st, seq, &plan.skipped);
         let mut pairs = Vec::new();
         self.write_step(st, seq, p, to, &mut pairs)?;
         let from = seq.registrable(self.block_size());
         seq.scheduled = m;
         self.register_range(st, seq, from)?;
-        Ok(Some(pairs))
+        Ok(pairs)
     }
 
     fn resident(seqs: &mut HashMap<u64, GroupSeq>, id: u64) -> Result<&mut GroupSeq> {
@@ -482,39 +495,32 @@ impl GroupManager {
                     )));
                 }
                 let m = seq.scheduled + k;
-                self.schedule(st, seq, m, lookahead)
+                let to = m.saturating_add(lookahead);
+                let Some(plan) = self.plan_fitting(st, seq, to)? else {
+                    return Ok(None);
+                };
+                self.apply_step(st, seq, &plan, m, to).map(Some)
             })
         })
-    }
-
-    pub(crate) fn check_append(id: u64, seq: &GroupSeq, k: usize) -> Result<()> {
-        let n = seq.tokens.len();
-        if seq.scheduled < n {
-            return Err(invalid(format!(
-                "sequence {id} has {} prompt tokens not yet scheduled: extend it before \
-                 appending",
-                n - seq.scheduled
-            )));
-        }
-        match n.checked_add(k) {
-            Some(total) if total <= MAX_TOKENS => Ok(()),
-            _ => Err(invalid(format!(
-                "appending {k} tokens to sequence {id} ({n} tokens) exceeds the {MAX_TOKENS} a \
-                 sequence may hold"
-            ))),
-        }
     }
 
     /// Add `tokens` to the sequence and the digests of the blocks they fill. Reserves
     /// first, so running out of memory changes nothing.
     pub(crate) fn add_tokens(&self, seq: &mut GroupSeq, tokens: &[u32]) -> Result<()> {
+        let bs = self.block_size();
+        let full = (seq.tokens.len() + tokens.len()) / bs;
+        let more = full.saturating_sub(seq.digests.len());
         try_grow(&mut seq.tokens, tokens.len(), "a sequence's tokens")?;
+        if self.caching() {
+            try_grow(&mut seq.digests, more, "a sequence's digests")?;
+            if self.tagger.is_some() {
+                try_grow(&mut seq.tags, more, "a sequence's tags")?;
+            }
+        }
         seq.tokens.extend_from_slice(tokens);
         if !self.caching() {
             return Ok(());
         }
-        let bs = self.block_size();
-        let full = seq.tokens.len() / bs;
         for i in seq.digests.len()..full {
             let block = &seq.tokens[i * bs..(i + 1) * bs];
             let parent = i
@@ -537,22 +543,16 @@ impl GroupManager {
         lookahead: usize,
     ) -> Result<Option<Vec<(u32, u32)>>> {
         self.broken.guarded(true, || {
-            Self::check_tokens(tokens, "token_ids")?;
+            check_tokens(tokens, "token_ids")?;
             self.with_resident(id, |st, seq| {
-                Self::check_append(id, seq, tokens.len())?;
+                check_append(id, seq.tokens.len(), seq.scheduled, tokens.len())?;
                 let m = seq.tokens.len() + tokens.len();
-                let p = seq.scheduled;
                 let to = m.saturating_add(lookahead);
-                let plan = self.plan_step(&st.pool, seq, p, to);
-                let mut drops = HashMap::new();
-                for &(g, i) in &plan.skipped {
-                    *drops.entry(seq.tables[g][i]).or_insert(0) += 1;
-                }
-                if plan.need > st.pool.available() + Self::freed_by(&st.pool, &drops) {
+                let Some(plan) = self.plan_fitting(st, seq, to)? else {
                     return Ok(None);
-                }
+                };
                 self.add_tokens(seq, tokens)?;
-                self.schedule(st, seq, m, lookahead)
+                self.apply_step(st, seq, &plan, m, to).map(Some)
             })
         })
     }
@@ -713,7 +713,7 @@ impl GroupManager {
         lora_id: Option<u64>,
     ) -> Result<usize> {
         self.broken.guarded(false, || {
-            Self::check_tokens(tokens, "token_ids")?;
+            check_tokens(tokens, "token_ids")?;
             let extras = encode_extras(cache_salt, lora_id);
             let (digests, tags) = self.chain(tokens, &extras);
             let st = self.lock()?;
@@ -774,7 +774,7 @@ impl GroupManager {
         lora_id: Option<u64>,
     ) -> Result<crate::AllocStatus> {
         self.broken.guarded(false, || {
-            Self::check_tokens(tokens, "token_ids")?;
+            check_tokens(tokens, "token_ids")?;
             let n = tokens.len();
             let k = num_new_tokens.map(|k| usize::try_from(k).unwrap_or(usize::MAX));
             let k = check_new_tokens(k, n)?;

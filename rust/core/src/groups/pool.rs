@@ -180,11 +180,17 @@ impl GroupPool {
         }
     }
 
+    /// Room for `n` more index entries, so that registrations after a call's first change
+    /// cannot fail for memory (the call reserves before it changes anything).
+    pub fn reserve_index(&mut self, n: usize) -> Result<()> {
+        self.index
+            .try_reserve(n)
+            .map_err(|_| Error::OutOfMemory("cannot grow the prefix index".into()))
+    }
+
     /// Register an OWNED block unless its key is taken; emits `BlockStored`.
     pub fn register(&mut self, b: u32, key: Key, stored: impl FnOnce() -> KvEvent) -> Result<bool> {
-        self.index
-            .try_reserve(1)
-            .map_err(|_| Error::OutOfMemory("cannot grow the prefix index".into()))?;
+        self.reserve_index(1)?;
         let slot = self.index.entry((key.group, key.digest));
         if let std::collections::hash_map::Entry::Vacant(v) = slot {
             v.insert(b);

@@ -66,6 +66,7 @@ impl GroupManager {
             if count > st.pool.available() {
                 return Ok(None);
             }
+            st.pool.reserve_index(count)?;
             let mut seq = st.seqs.remove(&id).ok_or(Error::UnknownSequence(id))?;
             let cpu = seq.cpu.take().unwrap_or_default();
             let mut pairs = Vec::with_capacity(count);
