@@ -38,11 +38,19 @@ fn vllm_hybrid_prefill_hits_the_window_only() {
     // 55 tokens: 3 full blocks; a 55-token prompt with the same start hits all 3.
     assert_eq!(alloc(&m, 2, 0..55), Some(48));
     let full = m.block_table(2, 0).unwrap();
-    assert_eq!(&full[..3], &first[0][..3], "full attention hits all 3 cached blocks");
+    assert_eq!(
+        &full[..3],
+        &first[0][..3],
+        "full attention hits all 3 cached blocks"
+    );
     for (g, cached) in first.iter().enumerate().skip(1) {
         let w = m.block_table(2, g).unwrap();
         assert_eq!(w[0], NULL, "the window of position 48 starts in block 1");
-        assert_eq!(&w[1..3], &cached[1..3], "group {g} hits its window's cached blocks");
+        assert_eq!(
+            &w[1..3],
+            &cached[1..3],
+            "group {g} hits its window's cached blocks"
+        );
     }
     m.check_invariants().unwrap();
 }
