@@ -1,11 +1,14 @@
 """`TieredCache`: a `BlockManager` and its `KVCachePool` with tiers below the GPU
 (docs/tiers.md).
 
-Demotion: every GPU eviction the manager logs (`record_evictions=True`) is copied out of the
-pool at once (the block already has a new owner, who writes it in the next step), then
-stored in every tier in the background, so an allocation never waits for a codec or the
-network. Each tier keeps what its own budget and LRU allow (tiers are inclusive, as
-LMCache's local and remote backends are).
+Demotion: the GPU evictions the manager logged (`record_evictions=True`) since the last call
+are copied out of the pool in one batch (`blocks.copy_out`: on a GPU pool, on a stream of
+its own, which the compute stream then waits for, so the next step's writes into a reused
+block land after the copy read it), then stored in every tier by a background thread, so
+an allocation never waits for a codec or the network. The copies in flight hold at most
+`max_pending_bytes`; a batch that would exceed it is dropped (counted), never half-stored.
+Each tier keeps what its own budget and LRU allow (tiers are inclusive, as LMCache's local
+and remote backends are).
 
 Promotion: `allocate` continues the prefix match below the GPU. Block `i` past the GPU hit
 comes from the first tier that holds blocks up to `i` (each tier answers with the length of
@@ -28,7 +31,7 @@ from typing import Any
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events import BlockRemoved, BlockStored, KVEvent
 from pagedkv.tiers.base import TierKey, TierStats, TierStore
-from pagedkv.tiers.blocks import block_nbytes, read_block, write_block
+from pagedkv.tiers.blocks import BlockCopy, block_nbytes, copy_in, copy_out
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,7 @@ class TieredStats:
     blocks_promoted: int = 0
     bytes_promoted: int = 0
     failed_loads: int = 0
+    dropped_demotions: int = 0  # blocks not copied out: the copies in flight were too many
     seconds_demote_copy: float = 0.0
     seconds_load: float = 0.0
     stores: list[TierStats] = field(default_factory=list)
@@ -73,6 +77,7 @@ class TieredCache:
         hash_algo: str = "sha256",
         hash_seed: int = 0,
         workers: int = 2,
+        max_pending_bytes: int = 1 << 30,
     ) -> None:
         if not stores:
             raise InvalidArgumentError("a TieredCache needs at least one tier store")
@@ -91,6 +96,10 @@ class TieredCache:
         self._lock = threading.Lock()
         self._events: list[KVEvent] = []
         self._stats = TieredStats(tier_hit_tokens=[0] * len(self.stores))
+        if max_pending_bytes < 0:
+            raise InvalidArgumentError("max_pending_bytes must be >= 0")
+        self._max_pending = max_pending_bytes
+        self._pending_bytes = 0
         self._pending: set[Future[None]] = set()
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pagedkv-tier")
 
@@ -99,34 +108,54 @@ class TieredCache:
     def demote(self) -> int:
         """Copy out every block the manager evicted since the last call and store it below
         (in the background). Call it after the scheduling calls of a step and before the
-        step's device work. Returns the number of blocks demoted."""
+        step's device work (`load` calls it too). Returns the number of blocks copied out."""
         evicted = self.manager.drain_evictions()
-        t0 = time.perf_counter()
-        copies = [(TierKey(g, d), read_block(self.pool, b)) for b, g, d in evicted]
+        if not evicted:
+            return 0
+        nbytes = len(evicted) * self._block_bytes
         with self._lock:
-            self._stats.blocks_demoted += len(copies)
-            self._stats.bytes_demoted += len(copies) * self._block_bytes
+            if self._pending_bytes + nbytes > self._max_pending:
+                self._stats.dropped_demotions += len(evicted)
+                return 0
+            self._pending_bytes += nbytes
+        t0 = time.perf_counter()
+        copy = copy_out(self.pool, [b for b, _, _ in evicted])
+        keys = [TierKey(g, d) for _, g, d in evicted]
+        with self._lock:
+            self._stats.blocks_demoted += len(keys)
+            self._stats.bytes_demoted += nbytes
             self._stats.seconds_demote_copy += time.perf_counter() - t0
-        for key, data in copies:
-            fut = self._executor.submit(self._store_below, key, data)
-            with self._lock:
-                self._pending.add(fut)
-            fut.add_done_callback(self._forget)
-        return len(copies)
+            fut = self._executor.submit(self._store_below, keys, copy)
+            self._pending.add(fut)
+        fut.add_done_callback(self._forget)
+        return len(keys)
 
     def _forget(self, fut: Future[None]) -> None:
         with self._lock:
             self._pending.discard(fut)
 
-    def _store_below(self, key: TierKey, data: bytes) -> None:
-        for store in self.stores:
-            if store.put(key, data):
-                self._event(
-                    BlockStored(
-                        [key.digest], None, [], self.pool.block_size, None, store.medium, key.group
-                    )
-                )
-            self._removed(store)
+    def _store_below(self, keys: list[TierKey], copy: BlockCopy) -> None:
+        try:
+            copy.wait()
+            for i, key in enumerate(keys):
+                data = copy.block(i)
+                for store in self.stores:
+                    if store.put(key, data):
+                        self._event(
+                            BlockStored(
+                                [key.digest],
+                                None,
+                                [],
+                                self.pool.block_size,
+                                None,
+                                store.medium,
+                                key.group,
+                            )
+                        )
+                    self._removed(store)
+        finally:
+            with self._lock:
+                self._pending_bytes -= copy.nbytes
 
     def _removed(self, store: TierStore) -> None:
         for key in store.drain_removed():
@@ -234,19 +263,26 @@ class TieredCache:
         """Copy the plan's tier entries into their GPU blocks, in order, stopping at the first
         that cannot be read. Returns the prompt tokens the engine need not compute."""
         bs: int = self.manager.block_size
+        # The plan's blocks may be ones just evicted: their KV goes out before this writes.
+        self.demote()
         t0 = time.perf_counter()
-        loaded = 0
+        blocks: list[int] = []
+        found: list[bytes] = []
+        per_tier = [0] * len(self.stores)
         for t, key, block in alloc.plan:
             data = self.stores[t].get(key)
             if data is None or len(data) != self._block_bytes:
                 with self._lock:
                     self._stats.failed_loads += 1
                 break
-            write_block(self.pool, block, data)
-            loaded += 1
-            with self._lock:
-                self._stats.tier_hit_tokens[t] += bs
+            blocks.append(block)
+            found.append(data)
+            per_tier[t] += bs
+        copy_in(self.pool, blocks, found)
+        loaded = len(blocks)
         with self._lock:
+            for t, n in enumerate(per_tier):
+                self._stats.tier_hit_tokens[t] += n
             self._stats.blocks_promoted += loaded
             self._stats.bytes_promoted += loaded * self._block_bytes
             self._stats.seconds_load += time.perf_counter() - t0
@@ -272,6 +308,7 @@ class TieredCache:
                 blocks_promoted=s.blocks_promoted,
                 bytes_promoted=s.bytes_promoted,
                 failed_loads=s.failed_loads,
+                dropped_demotions=s.dropped_demotions,
                 seconds_demote_copy=s.seconds_demote_copy,
                 seconds_load=s.seconds_load,
                 stores=[store.stats() for store in self.stores],
