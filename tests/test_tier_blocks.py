@@ -94,7 +94,7 @@ def test_bad_batches_raise_and_change_nothing() -> None:
         DIM,
         dtype="bfloat16",
         device="cpu",
-        groups=[KVCacheGroup("full")],
+        groups=[KVCacheGroup("full", num_layers=LAYERS)],
         layer_groups=[0] * LAYERS,
     )
     with pytest.raises(InvalidArgumentError, match="null block"):
