@@ -60,6 +60,7 @@ class TieredStats:
     bytes_promoted: int = 0
     failed_loads: int = 0
     dropped_demotions: int = 0  # blocks not copied out: the copies in flight were too many
+    pending_bytes: int = 0  # copied out, not yet stored below
     seconds_demote_copy: float = 0.0
     seconds_load: float = 0.0
     stores: list[TierStats] = field(default_factory=list)
@@ -309,6 +310,7 @@ class TieredCache:
                 bytes_promoted=s.bytes_promoted,
                 failed_loads=s.failed_loads,
                 dropped_demotions=s.dropped_demotions,
+                pending_bytes=self._pending_bytes,
                 seconds_demote_copy=s.seconds_demote_copy,
                 seconds_load=s.seconds_load,
                 stores=[store.stats() for store in self.stores],
