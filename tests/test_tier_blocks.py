@@ -130,7 +130,7 @@ def _evict_two(m: BlockManager) -> None:
 
 
 def test_demotions_past_the_budget_are_dropped_whole() -> None:
-    m, _pool_, store, tc = _tiered(max_pending_bytes=0)
+    m, _p, store, tc = _tiered(max_pending_bytes=0)
     _evict_two(m)
     assert tc.demote() == 0
     tc.flush()
@@ -156,7 +156,7 @@ def test_demotions_within_the_budget_reach_the_tier() -> None:
 
 
 def test_the_pending_bytes_return_to_zero() -> None:
-    m, _pool_, _store, tc = _tiered(max_pending_bytes=1 << 20)
+    m, _p, _store, tc = _tiered(max_pending_bytes=1 << 20)
     _evict_two(m)
     tc.demote()
     tc.flush()
