@@ -35,6 +35,8 @@ from pagedkv.sim.requests import TRACE_BLOCK_TOKENS, Workload
 from pagedkv.sim.scheduler import run_workload
 from pagedkv.sim.sizing_cli import add_sizing_arguments, recorder, size_cache, wants_mrc
 from pagedkv.sim.sizing_report import curve_json
+from pagedkv.sim.tier_cli import add_tier_arguments, simulate_tiers, wants_tiers
+from pagedkv.sim.tier_run import TierDriver, TierOptions
 from pagedkv.sim.trace import TraceOrderWarning, read_trace
 from pagedkv.sim.workloads import WORKLOADS, build_workload
 
@@ -200,6 +202,7 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     )
 
     add_sizing_arguments(sim)
+    add_tier_arguments(sim)
 
     o = sim.add_argument_group("output")
     o.add_argument(
@@ -397,14 +400,36 @@ class _Runner:
         self.make_bar = make_bar
 
     def __call__(
-        self, config: BlockManagerConfig, label: str, watch: ScheduleObserver | None = None
+        self,
+        config: BlockManagerConfig,
+        label: str,
+        watch: ScheduleObserver | None = None,
+        tiers: TierOptions | None = None,
     ) -> dict[str, Any]:
         args = self.args
         manager = make_manager(config, reference=args.reference)
+        driver = None
+        if tiers is not None:
+            driver = TierDriver(
+                manager,
+                tiers,
+                num_cpu_blocks=config.num_cpu_blocks,
+                hash_algo=config.hash_algo,
+                check=args.check,
+            )
         bar = self.make_bar(label)
-        result = run_workload(
-            manager, self.workload, **self.schedule, check=args.check, progress=bar, watch=watch
-        )
+        try:
+            result = run_workload(
+                manager,
+                self.workload,
+                **self.schedule,
+                check=args.check,
+                progress=bar,
+                watch=watch,
+                tiers=driver,
+            )
+        finally:
+            tier_figures = driver.close() if driver is not None else None
         if bar is not None:
             bar.close()
         if args.check:
@@ -417,6 +442,12 @@ class _Runner:
             ms_per_step=self.workload.ms_per_step,
         )
         add_memory(f, self.kv)
+        if tier_figures is not None:
+            f.update(tier_figures)
+            below = sum(tier_figures["tier_hit_tokens"].values())
+            gpu = f["prefix_hit_tokens"] - below
+            f["gpu_hit_tokens"] = gpu
+            f["gpu_hit_rate"] = gpu / f["prompt_tokens"] if f["prompt_tokens"] else 0.0
         return f
 
 
@@ -428,10 +459,15 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
         list_models(out)
         return 0
     mrc = wants_mrc(args)
-    if args.model is not None and not mrc:
+    tiers = wants_tiers(args)
+    if tiers and mrc:
+        raise ValueError("give either tiers (--host-tier-bytes, --remote) or --mrc, not both")
+    if args.model is not None and not mrc and not tiers:
         if args.kv_bytes_per_token is not None:
             raise ValueError("give either --model or --kv-bytes-per-token, not both")
         return _simulate_model(args, out, err)
+    if args.compress is not None and not tiers:
+        raise ValueError("--compress needs --host-tier-bytes or --remote")
     kv = kv_bytes(args.model, args.kv_bytes_per_token)
     configs = _configs(args)
     run = _Runner(args, _workload(args, err), kv, _bar(args, err))
@@ -440,6 +476,17 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
     print(f"workload    {run.workload.describe()}", file=out)
     if kv is not None:
         print(f"memory      {kv.describe(sorted({c.block_size for c in configs}))}", file=out)
+    if tiers:
+        doc = simulate_tiers(args, configs, run, out)
+        if args.json:
+            write_json(args.json, doc["runs"], extra=doc)
+            print(f"json        {args.json}", file=out)
+        if args.plot:
+            from pagedkv.sim.plot import plot_runs
+
+            plot_runs(args.plot, doc["runs"])
+            print(f"plot        {args.plot}", file=out)
+        return 0
     runs: list[dict[str, Any]] = []
     curves: list[tuple[BlockManagerConfig, MissRatioCurve]] = []
     for config in configs:

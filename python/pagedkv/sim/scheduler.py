@@ -64,7 +64,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -75,6 +75,9 @@ from pagedkv.sim.observer import ScheduleObserver
 from pagedkv.sim.record import ScheduleRecord
 from pagedkv.sim.requests import Request, Workload, decode_tokens, generated_tokens
 from pagedkv.stats import Stats
+
+if TYPE_CHECKING:
+    from pagedkv.sim.tier_run import TierDriver
 
 BEAM_PRUNE_PROBABILITY = 0.3  # per step and beam group: free one beam, fork a survivor
 
@@ -280,6 +283,21 @@ class _Seq:
                 parts.append(generated_tokens(owner, start, stop))
         return np.concatenate(parts)
 
+    def token_range(self, start: int, stop: int) -> npt.NDArray[np.uint32]:
+        """Tokens `start..stop` of `all_tokens()`, without building the rest."""
+        prompt = self.request.prompt
+        plen = len(prompt)
+        if stop <= plen:
+            return prompt[start:stop]
+        parts = [prompt[start:plen]] if start < plen else []
+        segs = self.segments
+        for i, (owner, first) in enumerate(segs):
+            last = segs[i + 1][1] if i + 1 < len(segs) else stop
+            a, b = max(first, start), min(last, stop)
+            if b > a:
+                parts.append(generated_tokens(owner, a, b))
+        return np.concatenate(parts) if parts else prompt[:0]
+
 
 class _Scheduler:
     def __init__(
@@ -299,8 +317,10 @@ class _Scheduler:
         progress: Callable[[int, int], None] | None,
         observe: Callable[[], None] | None = None,
         watch: ScheduleObserver | None = None,
+        tiers: TierDriver | None = None,
     ) -> None:
         self.m = manager
+        self.tiers = tiers
         self.observe = observe
         self.call = TimedCalls(manager, record)
         self.res = SimResult(
@@ -352,6 +372,7 @@ class _Scheduler:
         self.preempted = False  # a preemption in this step: admit nothing more
         self.speculating: list[_Seq] = []  # this step's speculating sequences
         self.lookahead = 0  # and their drafts each
+        self.scheduled: int | None = None  # tokens the tiers' last allocate scheduled
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -420,8 +441,10 @@ class _Scheduler:
         if (
             self.use_swap
             and victim.computed == victim.scheduled
-            and self.call("swap_out", victim.seq_id) is not None
+            and (pairs := self.call("swap_out", victim.seq_id)) is not None
         ):
+            if self.tiers is not None:
+                self.tiers.swapped(pairs, out=True)
             self.res.preempted_swap += 1
             self.swapped.append(victim)
             for o in self.observers:
@@ -452,8 +475,11 @@ class _Scheduler:
             # and nothing else running: swap_in itself ignores the watermark, so try it.
             if status == AllocStatus.LATER or (status == AllocStatus.NEVER and running):
                 break
-            if call("swap_in", s.seq_id) is None:
+            pairs = call("swap_in", s.seq_id)
+            if pairs is None:
                 break
+            if self.tiers is not None:
+                self.tiers.swapped(pairs, out=False)
             swapped.popleft()
             running.append(s)
             self.res.swap_ins += 1
@@ -487,18 +513,20 @@ class _Scheduler:
                 status = call("can_allocate", tokens, num_new_tokens=chunk, cache_salt=salt)
                 if status != AllocStatus.OK and running:
                     break
-                hit = call("allocate", s.seq_id, tokens, num_new_tokens=chunk, cache_salt=salt)
+                hit = self._allocate(s.seq_id, tokens, chunk, salt)
             else:
                 # LATER only means "not with the watermark kept free": allocate counts prefix
                 # hits and ignores the watermark, so try it (vLLM v1 admits the same way).
-                hit = call("allocate", s.seq_id, tokens, cache_salt=salt)
+                hit = self._allocate(s.seq_id, tokens, None, salt)
             if hit is None:
                 self.blocked_at = (available, chunk if chunked else 0)
                 break
             self.blocked_at = (-1, 0)
             waiting.popleft()
-            computed = min(chunk, n - hit)
-            s.scheduled = hit + computed
+            # Tiers schedule the blocks they load too (and recompute one that fails to load).
+            scheduled = hit + min(chunk, n - hit) if self.scheduled is None else self.scheduled
+            computed = scheduled - hit
+            s.scheduled = scheduled
             s.computed = hit
             s.chunks = 1
             for o in self.observers:
@@ -517,6 +545,40 @@ class _Scheduler:
                 self._prefilled(s)
         if chunked:
             self.budget = budget
+
+    def _allocate(
+        self, seq_id: int, tokens: npt.NDArray[np.uint32], chunk: int | None, salt: Any
+    ) -> int | None:
+        """`allocate` (through the tiers if any): the prefix hit, or None."""
+        self.scheduled = None
+        if self.tiers is None:
+            kw: dict[str, Any] = {} if chunk is None else {"num_new_tokens": chunk}
+            out: int | None = self.call("allocate", seq_id, tokens, cache_salt=salt, **kw)
+            return out
+        got: tuple[int, int] | None = self.call.timed(
+            self.tiers.allocate, seq_id, tokens, num_new_tokens=chunk, cache_salt=salt
+        )
+        if got is None:
+            return None
+        hit, self.scheduled = got
+        return hit
+
+    def _copies(self, pairs: Any) -> None:
+        self.res.copy_pairs += len(pairs)
+        if self.tiers is not None:
+            self.tiers.copy(pairs)
+
+    def _step_runs(self) -> None:
+        """The step runs: the tiers' pool gets the KV of every token scheduled in it."""
+        if self.tiers is None:
+            return
+        self.tiers.write(
+            [
+                (s.seq_id, s.computed, s.token_range(s.computed, s.scheduled))
+                for s in self.running
+                if s.scheduled > s.computed
+            ]
+        )
 
     def _prefill(self) -> None:
         """Chunked prefill: the partially prefilled sequences continue, oldest first."""
@@ -546,7 +608,7 @@ class _Scheduler:
             s.chunks += 1
             for o in self.observers:
                 o.extend(s.seq_id, chunk)
-            res.copy_pairs += len(pairs)
+            self._copies(pairs)
             res.extend_calls += 1
             res.prefill_chunks += 1
             res.scheduled_tokens += chunk
@@ -607,7 +669,7 @@ class _Scheduler:
             self._preempt(victim)
             if not batch:
                 return True
-        res.copy_pairs += len(pairs)
+        self._copies(pairs)
         res.decode_tokens += len(batch)
         res.decode_steps += len(batch)
         res.scheduled_tokens += len(batch) * (1 + k)
@@ -680,7 +742,9 @@ class _Scheduler:
                 if pairs is None:  # cannot happen: the slots were reserved
                     a = 0
                 else:
-                    res.copy_pairs += len(pairs)
+                    self._copies(pairs)
+                    if self.tiers is not None:  # their KV was computed in the draft slots
+                        self.tiers.write([(s.seq_id, n, drafts)])
                     s.generated += a
                     s.scheduled += a
                     s.computed = s.scheduled
@@ -692,7 +756,7 @@ class _Scheduler:
                 # None only if the new last block were hashed and had to be copied with no
                 # block left: never here, that block holds this step's decoded token.
                 pairs = self.call("truncate", s.seq_id, n + a)
-                res.copy_pairs += len(pairs or ())
+                self._copies(pairs or [])
                 res.truncate_calls += 1
         self.speculating = []
 
@@ -764,6 +828,7 @@ class _Scheduler:
             if self.abort_rate > 0:
                 self._abort()
             # The step runs: what was scheduled now has its KV.
+            self._step_runs()
             if record is not None:
                 record.step_ran()
             for s in self.running:
@@ -816,6 +881,7 @@ def run_workload(
     progress: Callable[[int, int], None] | None = None,
     observe: Callable[[], None] | None = None,
     watch: ScheduleObserver | None = None,
+    tiers: TierDriver | None = None,
 ) -> SimResult:
     """Replay `workload` through `manager` (see the module docstring for one step).
 
@@ -866,6 +932,7 @@ def run_workload(
         progress=progress,
         observe=observe,
         watch=watch,
+        tiers=tiers,
     ).run()
 
 

@@ -1,0 +1,294 @@
+"""Tiers below the GPU in the simulator (`--host-tier-bytes`, `--compress`, `--remote`).
+
+The tiered run drives a `pagedkv.tiers.TieredCache` over the run's manager and a CPU
+`KVCachePool` that stands in for the GPU's: one layer of 2 KV heads x 64 in bfloat16 (256
+bytes per token, 4 KiB per block of 16), into which every step writes the KV of the tokens
+it computed (`sim.tier_kv`: layer 0 of a random-weight decoder), through the manager's slot
+mapping, as an engine would. Evicted blocks are demoted from it, loaded blocks written back
+into it, copy-on-write pairs and swaps applied to it: the tiers move, compress and check
+real bytes. With `--check` every prefix hit (GPU or tier) is read back from the pool and
+compared, token by token, with the KV its tokens and positions give.
+
+Budgets are given in the bytes of the model's KV (`--kv-bytes-per-token`, or a `--model`
+whose KV is one full-attention group; llama-3-8b's 128 KiB per token when neither is
+given): a tier of N bytes holds `N // (model bytes per block)` raw blocks. Its store gets
+the budget that holds exactly that many of the data pool's blocks (entry header included),
+so the hit rates are those of the model's sizes, and a compressed tier holds as many more
+blocks as the data pool's KV compresses. Bytes demoted and promoted are reported in the
+model's bytes (`bytes_demoted`), and in the data pool's (`data_bytes_demoted`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from pagedkv.sim.kv_bytes import KVBytes
+from pagedkv.sim.tier_kv import LayerZeroKV
+
+DATA_LAYERS, DATA_HEADS, DATA_DIM, DATA_DTYPE = 1, 2, 64, "bfloat16"
+DEFAULT_MODEL = "llama-3-8b"
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """``1073741824``, ``64GiB``, ``64G``, ``512MiB``, ``1.5T``: binary units; >= 1."""
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    unit = t[-1] if t and t[-1] in "kmgt" else ""
+    try:
+        value = float(t[: len(t) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        raise ValueError(f"bad byte size {text!r} (e.g. 1073741824, 64GiB, 512M)") from None
+    if not value >= 1:
+        raise ValueError(f"a byte size must be >= 1, got {text!r}")
+    return int(value)
+
+
+@dataclass(frozen=True, slots=True)
+class TierOptions:
+    """The tiers of a tiered run, from the command line."""
+
+    kv: KVBytes
+    host_bytes: int | None = None
+    compress: str | None = None  # a codec name: the host tier (and the remote) compress
+    remote: str | None = None
+    remote_cluster: bool = False
+
+    def describe(self, block_size: int) -> str:
+        per = self.kv.per_block(block_size)
+        parts = []
+        if self.host_bytes is not None:
+            kind = f"compressed ({self.compress})" if self.compress else "raw"
+            parts.append(
+                f"host {self.host_bytes / (1 << 30):g} GiB {kind} = "
+                f"{self.host_bytes // per} raw blocks"
+            )
+        if self.remote is not None:
+            cluster = " cluster" if self.remote_cluster else ""
+            parts.append(f"remote{cluster} {self.remote} ({self.compress or 'raw'})")
+        return (
+            "; ".join(parts) + f"; budgets in {self.kv.bytes_per_token} bytes of KV per token "
+            f"({self.kv.source}); data pool {DATA_LAYERS} layer x {DATA_HEADS} heads x "
+            f"{DATA_DIM} {DATA_DTYPE}"
+        )
+
+
+class TierCheckError(AssertionError):
+    """A prefix hit whose KV in the pool is not what its tokens give (`--check`)."""
+
+
+class TierDriver:
+    """The scheduler's handle on the tiers (`sim.scheduler` calls it at each moment a real
+    engine would touch the KV): allocate through the tiers, apply copies and swaps, write
+    each step's KV, and finally report."""
+
+    def __init__(
+        self,
+        manager: Any,
+        options: TierOptions,
+        *,
+        num_cpu_blocks: int,
+        hash_algo: str,
+        check: bool = False,
+    ) -> None:
+        from pagedkv.pool import KVCachePool
+        from pagedkv.tiers.blocks import block_nbytes
+        from pagedkv.tiers.cache import TieredCache
+
+        bs = manager.block_size
+        self.m = manager
+        self.options = options
+        self.check = check
+        self.pool = KVCachePool(
+            DATA_LAYERS, manager.num_blocks, bs, DATA_HEADS, DATA_DIM, DATA_DTYPE, "cpu"
+        )
+        self.swap = self.pool.swap_pool(num_cpu_blocks) if num_cpu_blocks else None
+        self.kv = LayerZeroKV(DATA_HEADS, DATA_DIM)
+        self.data_block = block_nbytes(self.pool)
+        self.model_block = options.kv.per_block(bs)
+        self.stores = self._stores(bs)
+        self.tc = TieredCache(manager, self.pool, self.stores, hash_algo=hash_algo)
+        self.checked_tokens = 0
+        self.pending_checks: dict[int, npt.NDArray[np.uint32]] = {}
+
+    def _stores(self, bs: int) -> list[Any]:
+        from pagedkv.tiers import codec as C
+        from pagedkv.tiers.entry import HEADER_BYTES, Namespace
+        from pagedkv.tiers.host import CompressedHostTier, HostTier
+
+        o = self.options
+        # A fresh tenant per run: a shared server's entries of another run never hit here.
+        ns = Namespace(
+            "pagedkv-sim",
+            f"{DATA_LAYERS}x{DATA_HEADS}x{DATA_DIM}",
+            DATA_DTYPE,
+            bs,
+            tenant=f"run-{uuid.uuid4().hex}",
+        )
+        codec = C.codec_by_name(o.compress) if o.compress else None
+        stores: list[Any] = []
+        if o.host_bytes is not None:
+            budget = (o.host_bytes // self.model_block) * (self.data_block + HEADER_BYTES)
+            if codec is None:
+                stores.append(HostTier(budget, ns))
+            else:
+                stores.append(CompressedHostTier(budget, ns, codec))
+        if o.remote is not None:
+            from pagedkv.tiers.remote import RemoteTier
+
+            stores.append(
+                RemoteTier(o.remote, ns, cluster=o.remote_cluster, codec=codec, ttl=3600.0)
+            )
+        if not stores:
+            raise ValueError("give --host-tier-bytes or --remote (or both)")
+        return stores
+
+    # ---- the scheduler's calls ---------------------------------------------------------
+
+    def allocate(
+        self,
+        seq_id: int,
+        tokens: npt.NDArray[np.uint32],
+        *,
+        num_new_tokens: int | None,
+        cache_salt: str | bytes | None,
+    ) -> tuple[int, int] | None:
+        """Allocate through the tiers and load what they hold: `(tokens cached, tokens
+        scheduled)`, or None (nothing changed)."""
+        alloc = self.tc.allocate(
+            seq_id, tokens, num_new_tokens=num_new_tokens, cache_salt=cache_salt
+        )
+        if alloc is None:
+            return None
+        hit = self.tc.load(alloc)
+        if self.check and hit:
+            # Read back once the step ran: a hit may be on blocks another sequence of the
+            # same step computes (its KV is written before attention reads it, as in vLLM).
+            self.pending_checks[seq_id] = tokens[:hit]
+        return hit, int(self.m.num_scheduled_tokens(seq_id))
+
+    def copy(self, pairs: Any) -> None:
+        """Copy-on-write pairs `(src, dst)` the manager returned: copy the KV now."""
+        if len(pairs):
+            self.tc.demote()  # a destination may be a block just evicted
+            self.pool.copy_blocks(np.asarray(pairs, dtype=np.int64).reshape(-1, 2))
+
+    def swapped(self, pairs: Any, *, out: bool) -> None:
+        """`swap_out` pairs `(gpu, cpu)` or `swap_in` pairs `(cpu, gpu)`: move the KV."""
+        from pagedkv.pool import swap_blocks
+
+        if self.swap is None or not len(pairs):
+            return
+        self.tc.demote()
+        a = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+        if out:
+            swap_blocks(self.pool, self.swap, a)
+        else:
+            swap_blocks(self.swap, self.pool, a)
+
+    def write(self, items: list[tuple[int, int, npt.NDArray[np.uint32]]]) -> None:
+        """The step ran: `(seq_id, first position, tokens)` had their KV computed, the last
+        scheduled tokens of each sequence."""
+        self.tc.demote()  # before the step overwrites the blocks its scheduling evicted
+        if items:
+            self._write(items)
+        checks, self.pending_checks = self.pending_checks, {}
+        for seq_id, tokens in checks.items():
+            self._check_hit(seq_id, tokens)
+
+    def _write(self, items: list[tuple[int, int, npt.NDArray[np.uint32]]]) -> None:
+        import torch
+
+        ids = np.fromiter((s for s, _, _ in items), dtype=np.int64, count=len(items))
+        counts = np.fromiter((len(t) for _, _, t in items), dtype=np.int64, count=len(items))
+        slots = self.m.slot_mapping(ids, counts)
+        tokens = np.concatenate([t for _, _, t in items])
+        pos = np.concatenate([np.arange(p, p + len(t)) for _, p, t in items])
+        # A fork shares its parent's blocks: write each slot once (both give the same KV).
+        slots, first = np.unique(slots, return_index=True)
+        k, v = self.kv(tokens[first], pos[first])
+        dt = self.pool.dtype
+        self.pool.write(0, torch.from_numpy(k).to(dt), torch.from_numpy(v).to(dt), slots)
+
+    def _check_hit(self, seq_id: int, tokens: npt.NDArray[np.uint32]) -> None:
+        import torch
+
+        from pagedkv.errors import PagedKVError
+
+        bs = self.m.block_size
+        try:
+            table = np.asarray(self.m.block_table(seq_id), dtype=np.int64)
+        except PagedKVError:
+            return  # it left (aborted, preempted) or was swapped out before the step ran
+        pos = np.arange(len(tokens))
+        blocks, offsets = table[pos // bs], pos % bs
+        k, v = self.kv(tokens, pos)
+        dt = self.pool.dtype
+        for what, want in ((0, k), (1, v)):
+            got = self.pool.buffer[0, what][torch.from_numpy(blocks), torch.from_numpy(offsets)]
+            bad = ~(got == torch.from_numpy(want).to(dt)).reshape(len(tokens), -1).all(dim=1)
+            if bool(bad.any()):
+                p = int(torch.nonzero(bad)[0, 0])
+                raise TierCheckError(
+                    f"sequence {seq_id}: the cached {'KV'[what]} at position {p} (block "
+                    f"{int(blocks[p])}) is not the one its tokens give"
+                )
+        self.checked_tokens += len(tokens)
+
+    # ---- the end -----------------------------------------------------------------------
+
+    def close(self) -> dict[str, Any]:
+        """Wait for the stores, close them, and return the tier figures."""
+        self.tc.flush()
+        s = self.tc.stats()
+        self.tc.close()
+        for store in self.stores:
+            closer = getattr(store, "close", None)
+            if closer is not None:
+                closer()
+        raw = sum(t.raw_bytes_in for t in s.stores)
+        stored = sum(t.extra.get("stored_bytes_in", 0.0) for t in s.stores)
+        per_tier = []
+        for store, st, hit in zip(self.stores, s.stores, s.tier_hit_tokens, strict=True):
+            per_tier.append(
+                {
+                    "name": st.name,
+                    "medium": store.medium,
+                    "hit_tokens": hit,
+                    "compression_ratio": st.compression_ratio,
+                    "puts": st.puts,
+                    "dropped_puts": st.dropped_puts,
+                    "evictions": st.evictions,
+                    "entries": st.entries,
+                    "gets": st.gets,
+                    "hits": st.hits,
+                    "misses": st.misses,
+                    "corrupt": st.corrupt,
+                    "errors": st.errors,
+                    "seconds_put": st.seconds_put,
+                    "seconds_get": st.seconds_get,
+                }
+            )
+        return {
+            "tier_hit_tokens": {t["medium"]: t["hit_tokens"] for t in per_tier},
+            "compression_ratio": raw / stored if stored else 1.0,
+            "bytes_demoted": s.blocks_demoted * self.model_block,
+            "bytes_promoted": s.blocks_promoted * self.model_block,
+            "data_bytes_demoted": s.bytes_demoted,
+            "data_bytes_promoted": s.bytes_promoted,
+            "blocks_demoted": s.blocks_demoted,
+            "blocks_promoted": s.blocks_promoted,
+            "failed_loads": s.failed_loads,
+            "dropped_demotions": s.dropped_demotions,
+            "seconds_demote_copy": s.seconds_demote_copy,
+            "seconds_load": s.seconds_load,
+            "checked_hit_tokens": self.checked_tokens,
+            "tiers": per_tier,
+        }
+
+
+__all__ = ["DEFAULT_MODEL", "TierCheckError", "TierDriver", "TierOptions", "parse_bytes"]
