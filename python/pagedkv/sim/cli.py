@@ -468,6 +468,8 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
         return _simulate_model(args, out, err)
     if args.compress is not None and not tiers:
         raise ValueError("--compress needs --host-tier-bytes or --remote")
+    if args.remote_cluster and args.remote is None:
+        raise ValueError("--remote-cluster needs --remote")
     kv = kv_bytes(args.model, args.kv_bytes_per_token)
     configs = _configs(args)
     run = _Runner(args, _workload(args, err), kv, _bar(args, err))

@@ -775,6 +775,8 @@ class _Scheduler:
             else:
                 still.append(s)
         if done:
+            if self.tiers is not None:
+                self.tiers.finished([(s.seq_id, s.token_range(0, s.scheduled)) for s in done])
             self.call("free_batch", np.fromiter((s.seq_id for s in done), dtype=np.int64))
             self.res.finished_sequences += len(done)
             for s in done:

@@ -18,11 +18,18 @@ from pagedkv.sim.tier_run import DEFAULT_MODEL, TierOptions, parse_bytes
 CODECS = ("lz4", "shuffle+lz4", "raw")
 
 
+def _byte_size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_tier_arguments(sim: argparse.ArgumentParser) -> None:
     t = sim.add_argument_group("tiers below the GPU (docs/tiers.md)")
     t.add_argument(
         "--host-tier-bytes",
-        type=parse_bytes,
+        type=_byte_size,
         default=None,
         metavar="N",
         help="a host-memory tier of N bytes of the model's KV (64GiB, 512M, ...): evicted "
@@ -152,8 +159,8 @@ def simulate_tiers(
     print(comparison_table(base, tiered), file=out)
     if args.check:
         print(
-            f"check       every prefix hit read back from the pool: "
-            f"{tiered['checked_hit_tokens']} tokens, all equal to the KV their tokens give",
+            f"check       every prefix hit and every finished sequence read back from the "
+            f"pool: {tiered['checked_tokens']} tokens, all equal to the KV their tokens give",
             file=out,
         )
     keys = ("tier_hit_tokens", "compression_ratio", "bytes_demoted", "bytes_promoted")

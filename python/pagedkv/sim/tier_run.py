@@ -6,8 +6,9 @@ bytes per token, 4 KiB per block of 16), into which every step writes the KV of 
 it computed (`sim.tier_kv`: layer 0 of a random-weight decoder), through the manager's slot
 mapping, as an engine would. Evicted blocks are demoted from it, loaded blocks written back
 into it, copy-on-write pairs and swaps applied to it: the tiers move, compress and check
-real bytes. With `--check` every prefix hit (GPU or tier) is read back from the pool and
-compared, token by token, with the KV its tokens and positions give.
+real bytes. With `--check`, every prefix hit (GPU or tier) is read back from the pool once
+the step ran, and every finished sequence's whole KV before it is freed, and compared, token
+by token, with the KV its tokens and positions give.
 
 Budgets are given in the bytes of the model's KV (`--kv-bytes-per-token`, or a `--model`
 whose KV is one full-attention group; llama-3-8b's 128 KiB per token when neither is
@@ -43,8 +44,8 @@ def parse_bytes(text: str) -> int:
         value = float(t[: len(t) - len(unit)]) * _UNITS[unit]
     except ValueError:
         raise ValueError(f"bad byte size {text!r} (e.g. 1073741824, 64GiB, 512M)") from None
-    if not value >= 1:
-        raise ValueError(f"a byte size must be >= 1, got {text!r}")
+    if not 1 <= value < 2**63:
+        raise ValueError(f"a byte size must be in [1, 2**63), got {text!r}")
     return int(value)
 
 
@@ -214,6 +215,13 @@ class TierDriver:
         dt = self.pool.dtype
         self.pool.write(0, torch.from_numpy(k).to(dt), torch.from_numpy(v).to(dt), slots)
 
+    def finished(self, items: list[tuple[int, npt.NDArray[np.uint32]]]) -> None:
+        """`(seq_id, tokens)` of sequences about to be freed after their last step: with
+        `--check`, every position must hold its KV (lost copies or swaps show here)."""
+        if self.check:
+            for seq_id, tokens in items:
+                self._check_hit(seq_id, tokens)
+
     def _check_hit(self, seq_id: int, tokens: npt.NDArray[np.uint32]) -> None:
         import torch
 
@@ -234,7 +242,7 @@ class TierDriver:
             if bool(bad.any()):
                 p = int(torch.nonzero(bad)[0, 0])
                 raise TierCheckError(
-                    f"sequence {seq_id}: the cached {'KV'[what]} at position {p} (block "
+                    f"sequence {seq_id}: the {'KV'[what]} at position {p} (block "
                     f"{int(blocks[p])}) is not the one its tokens give"
                 )
         self.checked_tokens += len(tokens)
@@ -286,7 +294,7 @@ class TierDriver:
             "dropped_demotions": s.dropped_demotions,
             "seconds_demote_copy": s.seconds_demote_copy,
             "seconds_load": s.seconds_load,
-            "checked_hit_tokens": self.checked_tokens,
+            "checked_tokens": self.checked_tokens,
             "tiers": per_tier,
         }
 
