@@ -96,6 +96,12 @@ class TierDriver:
         hash_algo: str,
         check: bool = False,
     ) -> None:
+        try:
+            import torch  # noqa: F401 (the data pool is a torch tensor)
+        except ImportError:
+            raise RuntimeError(
+                "the tier run keeps its KV in a torch CPU pool: pip install torch"
+            ) from None
         from pagedkv.pool import KVCachePool
         from pagedkv.tiers.blocks import block_nbytes
         from pagedkv.tiers.cache import TieredCache
