@@ -56,11 +56,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "simulate":
             try:
                 return simulate(args, sys.stdout)
-            except (ValueError, OSError, RuntimeError) as exc:
+            except (ValueError, OSError, RuntimeError, ImportError) as exc:
                 if isinstance(exc, BrokenPipeError):
                     raise
                 # bad sizes (InvalidArgumentError is a ValueError), a bad or missing trace
-                # file, an output that cannot be written, matplotlib missing for --plot
+                # file, an output that cannot be written, matplotlib missing for --plot, an
+                # optional package missing (lz4 or redis for the tiers)
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
         raise AssertionError(f"unknown command {args.command!r}")  # argparse prevents this
