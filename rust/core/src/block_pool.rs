@@ -235,31 +235,33 @@ impl BlockPool {
     /// the caller's table disagreed with the block states (a bug): the manager breaks.
     pub fn release_table(&self, blocks: &[u32], digests: &[Digest]) -> Result<()> {
         let mut cached: Vec<Entry> = Vec::new();
+        let mut freed: Vec<u32> = Vec::new();
         let mut broken = None;
         for (i, &block) in blocks.iter().enumerate().rev() {
             match self.state(block).release() {
                 Some(Released::StillOwned) => {}
-                Some(Released::ToFree) => {
-                    self.free.push(block);
-                    // Release: a reserver that takes this unit sees the push (see `reserve`).
-                    self.available.fetch_add(1, Ordering::Release);
-                }
+                Some(Released::ToFree) => freed.push(block),
                 Some(Released::ToCached { generation }) => match digests.get(i) {
-                    Some(&digest) => {
-                        // Relaxed: a tally, raised before the record can be claimed.
-                        self.cached.fetch_add(1, Ordering::Relaxed);
-                        cached.push(Entry {
-                            block,
-                            generation,
-                            digest,
-                        });
-                    }
+                    Some(&digest) => cached.push(Entry {
+                        block,
+                        generation,
+                        digest,
+                    }),
                     None => broken = Some(format!("hashed block {block} released without digest")),
                 },
                 None => broken = Some(format!("released block {block}, which has no holder")),
             }
         }
+        // One update of each shared word per call, not per block: the tail-first order is
+        // kept (the chain goes on the stack as if pushed one by one).
+        if !freed.is_empty() {
+            self.free.push_all(&freed);
+            // Release: a reserver that takes these units sees the push (see `reserve`).
+            self.available.fetch_add(freed.len(), Ordering::Release);
+        }
         if !cached.is_empty() {
+            // Relaxed: a tally, raised before the records can be claimed.
+            self.cached.fetch_add(cached.len(), Ordering::Relaxed);
             let bound = 2 * self.states.len() + 64;
             self.lru.push_all(&cached, bound, |e| self.is_live(e));
             // Release: a reserver that takes these units sees the queued records.

@@ -101,6 +101,34 @@ impl FreeStack {
         }
     }
 
+    /// Push `ids` in order (the last ends on top) with one CAS: the chain is linked while
+    /// no other thread can reach it, then published whole.
+    pub fn push_all(&self, ids: &[u32]) {
+        let (Some(&first), Some(&last)) = (ids.first(), ids.last()) else {
+            return;
+        };
+        self.len.fetch_add(ids.len(), Ordering::Relaxed);
+        for pair in ids.windows(2) {
+            // Relaxed: published by the Release CAS below, like `push`'s store.
+            self.next[pair[1] as usize].store(pair[0], Ordering::Relaxed);
+        }
+        let mut cur = self.head.load(Ordering::Relaxed);
+        loop {
+            let (tag, top) = unpack(cur);
+            // Relaxed: published by the Release CAS below.
+            self.next[first as usize].store(top, Ordering::Relaxed);
+            match self.head.compare_exchange_weak(
+                cur,
+                pack(tag.wrapping_add(1), last),
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)
     }
@@ -139,6 +167,25 @@ mod tests {
     }
 
     #[test]
+    fn push_all_is_pushes_in_order() {
+        let a = FreeStack::full(6).unwrap();
+        let b = FreeStack::full(6).unwrap();
+        for s in [&a, &b] {
+            for _ in 0..5 {
+                s.pop().unwrap();
+            }
+        }
+        for id in [3, 0, 4] {
+            a.push(id);
+        }
+        b.push_all(&[3, 0, 4]);
+        b.push_all(&[]);
+        assert_eq!(a.snapshot(10), b.snapshot(10));
+        assert_eq!(b.snapshot(10), vec![4, 0, 3, 5]);
+        assert_eq!(b.len(), 4);
+    }
+
+    #[test]
     fn threads_never_lose_or_duplicate_ids() {
         let s = std::sync::Arc::new(FreeStack::full(64).unwrap());
         let handles: Vec<_> = (0..4)
@@ -152,7 +199,11 @@ mod tests {
                                 held.push(id);
                             }
                         }
-                        held.into_iter().for_each(|id| s.push(id));
+                        if held.len() == 3 {
+                            s.push_all(&held);
+                        } else {
+                            held.into_iter().for_each(|id| s.push(id));
+                        }
                     }
                 })
             })

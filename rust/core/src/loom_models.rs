@@ -123,6 +123,30 @@ fn free_stack_pop_push_never_loses_or_duplicates() {
 }
 
 #[test]
+fn free_stack_chain_push_races_pops_without_loss() {
+    // One thread pops two ids and gives both back with one chain push while another pops
+    // and pushes one: no id is lost or duplicated, and the chain stays linked.
+    loom::model(|| {
+        let s = Arc::new(FreeStack::full(3).unwrap());
+        let chain = {
+            let s = s.clone();
+            thread::spawn(move || {
+                let held: Vec<u32> = [s.pop(), s.pop()].into_iter().flatten().collect();
+                s.push_all(&held);
+            })
+        };
+        if let Some(b) = s.pop() {
+            s.push(b);
+        }
+        chain.join().unwrap();
+        let mut ids = s.snapshot(8);
+        ids.sort_unstable();
+        assert_eq!(ids, vec![0, 1, 2]);
+        assert_eq!(s.len(), 3);
+    });
+}
+
+#[test]
 fn free_stack_concurrent_pops_get_distinct_ids() {
     loom::model(|| {
         let s = Arc::new(FreeStack::full(2).unwrap());
