@@ -15,7 +15,7 @@ use crate::free_stack::FreeStack;
 use crate::hashing::{Digest, Tag};
 use crate::lru_queue::{Entry, LruQueue};
 use crate::prefix_index::PrefixIndex;
-use crate::sync::{backoff, lock, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::sync::{backoff, lock, AtomicU64, AtomicUsize, Mutex, Ordering, Padded};
 
 /// Number of digest stripes (a power of two).
 const STRIPES: usize = 256;
@@ -54,24 +54,24 @@ pub struct BlockPool {
     /// FREE + CACHED blocks not promised to any caller; see the module docs. Increments are
     /// Release and successful reservations Acquire (see `reserve`); reads for `can_allocate`
     /// and statistics are Relaxed snapshots.
-    available: AtomicUsize,
+    available: Padded<AtomicUsize>,
     /// Number of CACHED blocks; raised before the LRU record is queued and lowered after a
     /// claim or revival, so it never underflows; exact at quiescence. Relaxed everywhere: a
     /// tally for statistics and `reset`'s idle check, never used to order memory.
-    cached: AtomicUsize,
+    cached: Padded<AtomicUsize>,
     index: PrefixIndex,
     /// `stripes[d]` serialises every change of the index entries whose digest falls in
     /// stripe `d` together with its event: register (check, insert, `BlockStored`) and
     /// claim (state, removal, `BlockRemoved`). So a digest is registered at most once, and
     /// per digest the events are queued in the order the index changed. Lock order: the LRU
     /// lock, then a stripe, then the event log.
-    stripes: Box<[Mutex<()>]>,
+    stripes: Box<[Padded<Mutex<()>>]>,
     events: Option<EventLog>,
     /// `(block, digest)` of every eviction, in eviction order, while the log is on (tiers
     /// copy the block out before its new owner writes it); `None` otherwise.
     evicted: Option<Mutex<Vec<(u32, Digest)>>>,
     /// Cached blocks evicted so far (a tally: Relaxed everywhere).
-    evictions: AtomicU64,
+    evictions: Padded<AtomicU64>,
 }
 
 fn stripe_of(digest: &Digest) -> usize {
@@ -88,13 +88,13 @@ impl BlockPool {
             states: try_boxed(n, |_| BlockState::new_free(), "the block states")?,
             free: FreeStack::full(num_blocks)?,
             lru: LruQueue::new(n)?,
-            available: AtomicUsize::new(n),
-            cached: AtomicUsize::new(0),
+            available: Padded(AtomicUsize::new(n)),
+            cached: Padded(AtomicUsize::new(0)),
             index: PrefixIndex::new(n, tagged)?,
-            stripes: try_boxed(STRIPES, |_| Mutex::new(()), "the digest stripes")?,
+            stripes: try_boxed(STRIPES, |_| Padded(Mutex::new(())), "the digest stripes")?,
             events: events.then(EventLog::new),
             evicted: None,
-            evictions: AtomicU64::new(0),
+            evictions: Padded(AtomicU64::new(0)),
         })
     }
 

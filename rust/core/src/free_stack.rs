@@ -5,7 +5,7 @@
 
 use crate::alloc::try_boxed;
 use crate::error::Result;
-use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering, Padded};
 
 const EMPTY: u32 = u32::MAX;
 
@@ -22,7 +22,7 @@ pub struct FreeStack {
     /// successful push or pop, so a pop that read an old `(tag, top)` fails its CAS even if
     /// `top` came back (ABA). A false success needs 2^32 successful operations between one
     /// thread's load and its CAS.
-    head: AtomicU64,
+    head: Padded<AtomicU64>,
     /// `next[b]` is the id below `b` while `b` is on the stack; meaningless otherwise.
     /// Atomic because a popper may read `next[b]` while another thread re-pushes `b`
     /// (its CAS then fails, but a plain read would be a data race).
@@ -30,7 +30,7 @@ pub struct FreeStack {
     /// Number of ids on the stack. Raised before a push and lowered after a pop (so it never
     /// underflows), exact only when no call is in flight; used for statistics and audits,
     /// never for admission, hence Relaxed everywhere.
-    len: AtomicUsize,
+    len: Padded<AtomicUsize>,
 }
 
 impl FreeStack {
@@ -49,9 +49,9 @@ impl FreeStack {
         )?;
         let top = if n == 0 { EMPTY } else { 0 };
         Ok(Self {
-            head: AtomicU64::new(pack(0, top)),
+            head: Padded(AtomicU64::new(pack(0, top))),
             next,
-            len: AtomicUsize::new(n as usize),
+            len: Padded(AtomicUsize::new(n as usize)),
         })
     }
 

@@ -13,7 +13,7 @@
 use crate::alloc::try_filled;
 use crate::error::Result;
 use crate::hashing::Digest;
-use crate::sync::{lock, Mutex};
+use crate::sync::{lock, Mutex, Padded};
 use std::collections::VecDeque;
 
 /// One release of a hashed block to the CACHED state.
@@ -44,17 +44,18 @@ struct Inner {
 }
 
 pub struct LruQueue {
-    inner: Mutex<Inner>,
+    /// Taken by every release of a hashed block and every eviction, from any thread.
+    inner: Padded<Mutex<Inner>>,
 }
 
 impl LruQueue {
     pub fn new(num_blocks: usize) -> Result<Self> {
         Ok(Self {
-            inner: Mutex::new(Inner {
+            inner: Padded(Mutex::new(Inner {
                 queue: VecDeque::new(),
                 next_seq: 0,
                 last_seq: try_filled(num_blocks, 0, "the LRU queue")?,
-            }),
+            })),
         })
     }
 

@@ -20,7 +20,7 @@ use crate::hit_tag::HitTagger;
 use crate::seq_map::{lock_cell, SeqMap};
 use crate::sequence::Sequence;
 use crate::stats::{AllocStatus, Stats};
-use crate::sync::{lock, may_wait, try_lock, AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::sync::{lock, may_wait, try_lock, AtomicU64, Mutex, MutexGuard, Ordering, Padded};
 use std::sync::Arc;
 
 /// The most tokens one sequence may hold (positions fit an `i32`, as attention kernels and
@@ -37,15 +37,15 @@ pub struct BlockManager {
     pub(crate) cpu: CpuPool,
     /// Live sequences (see `seq_map` for how an id comes and goes).
     pub(crate) seqs: SeqMap,
-    pub(crate) counters: Counters,
+    pub(crate) counters: Padded<Counters>,
     /// Prefix queries and hits of the last allocations (`stats()`'s recent hit rate).
     pub(crate) recent: RecentHits,
     /// Shared by every call that changes block ownership, exclusive for reset.
     pub(crate) gate: Gate,
     /// `stats()`'s reserved and used slots of resident sequences, changed under the lock of
     /// the sequence whose footprint changed (Relaxed: tallies read on their own).
-    reserved_slots: AtomicU64,
-    used_slots: AtomicU64,
+    reserved_slots: Padded<AtomicU64>,
+    used_slots: Padded<AtomicU64>,
     /// `prefix_locks[k]` serialises every call that looks up or registers blocks of prompts
     /// whose first block's digest maps to `k` (`prefix_lock_of`): an allocation holds it from
     /// its first hit to its last registration, an append or swap-in while it registers. Chain
@@ -53,7 +53,7 @@ pub struct BlockManager {
     /// same digests, and two calls on one prefix see each other's registrations whole: the
     /// later of two identical prompts hits what the earlier registered. Taken after the
     /// sequence locks and before the LRU and stripe locks; holders wait for nothing else.
-    prefix_locks: Box<[Mutex<()>]>,
+    prefix_locks: Box<[Padded<Mutex<()>>]>,
     /// Set when an internal invariant failed mid-operation (see `broken`).
     broken: BrokenGuard,
 }
@@ -134,12 +134,16 @@ impl BlockManager {
             },
             cpu: CpuPool::new(config.num_cpu_blocks)?,
             seqs: SeqMap::new(),
-            counters: Counters::default(),
+            counters: Padded::default(),
             recent: RecentHits::default(),
             gate: Gate::new(),
-            reserved_slots: AtomicU64::new(0),
-            used_slots: AtomicU64::new(0),
-            prefix_locks: crate::alloc::try_boxed(PREFIX_LOCKS, |_| Mutex::new(()), "locks")?,
+            reserved_slots: Padded(AtomicU64::new(0)),
+            used_slots: Padded(AtomicU64::new(0)),
+            prefix_locks: crate::alloc::try_boxed(
+                PREFIX_LOCKS,
+                |_| Padded(Mutex::new(())),
+                "locks",
+            )?,
             broken: BrokenGuard::default(),
             config,
         })

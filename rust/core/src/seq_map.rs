@@ -12,7 +12,9 @@
 use crate::error::{Error, Result};
 use crate::id_hasher::BuildIdHasher;
 use crate::sequence::Sequence;
-use crate::sync::{lock, may_wait, try_lock, AtomicBool, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::sync::{
+    lock, may_wait, try_lock, AtomicBool, AtomicUsize, Mutex, MutexGuard, Ordering, Padded,
+};
 use std::sync::Arc;
 
 pub struct SeqCell {
@@ -43,14 +45,14 @@ pub struct SeqMap {
     /// Cells of live and pending ids (see the module docs).
     map: papaya::HashMap<u64, Arc<SeqCell>, BuildIdHasher>,
     /// Number of live cells; changed together with `live`, under the cell's lock.
-    live: AtomicUsize,
+    live: Padded<AtomicUsize>,
 }
 
 impl SeqMap {
     pub fn new() -> Self {
         Self {
             map: papaya::HashMap::builder().hasher(BuildIdHasher).build(),
-            live: AtomicUsize::new(0),
+            live: Padded(AtomicUsize::new(0)),
         }
     }
 
