@@ -72,8 +72,6 @@ pub struct BlockPool {
     evicted: Option<Mutex<Vec<(u32, Digest)>>>,
     /// Cached blocks evicted so far (a tally: Relaxed everywhere).
     evictions: Padded<AtomicU64>,
-    /// Bytes of every digest of this pool (one hash algorithm per manager).
-    digest_len: usize,
 }
 
 fn stripe_of(digest: &Digest) -> usize {
@@ -82,10 +80,9 @@ fn stripe_of(digest: &Digest) -> usize {
 }
 
 impl BlockPool {
-    /// `tagged`: hits are confirmed with a secret tag (see `hit_tag`); `digest_len`: the
-    /// bytes of every digest (the evictor rebuilds digests from the index's words). Fails
-    /// with `OutOfMemory` (nothing allocated is kept) when the pool's tables do not fit.
-    pub fn new(num_blocks: u32, events: bool, tagged: bool, digest_len: usize) -> Result<Self> {
+    /// `tagged`: hits are confirmed with a secret tag (see `hit_tag`). Fails with
+    /// `OutOfMemory` (nothing allocated is kept) when the pool's tables do not fit.
+    pub fn new(num_blocks: u32, events: bool, tagged: bool) -> Result<Self> {
         let n = num_blocks as usize;
         Ok(Self {
             states: try_boxed(n, |_| BlockState::new_free(), "the block states")?,
@@ -98,7 +95,6 @@ impl BlockPool {
             events: events.then(EventLog::new),
             evicted: None,
             evictions: Padded(AtomicU64::new(0)),
-            digest_len,
         })
     }
 
@@ -192,51 +188,28 @@ impl BlockPool {
     }
 
     /// Claim the CACHED block of record `e` (setting its rc to `rc`), remove its index entry
-    /// and queue `BlockRemoved` when `removed_event`, all under the digest's stripe; returns
-    /// the digest it had, or `None` for a stale record.
-    ///
-    /// The digest comes from the index's copy for the block, read before the claim (the
-    /// stripe must be held for the claim): `load_acquire` saw the block CACHED with the
-    /// record's generation, which makes the copy's words visible, and they cannot change
-    /// until the block is claimed. If they changed before our claim, the block was claimed
-    /// and its generation moved on, so our claim fails: a successful claim always had the
-    /// digest we locked.
-    fn claim_record(&self, e: &Entry, rc: u32, removed_event: bool) -> Option<Digest> {
-        let w = self.state(e.block).load_acquire();
-        if !w.is_cached() || w.generation() != e.generation {
-            return None;
-        }
-        let digest = self.index.stored(e.block, self.digest_len);
-        let _stripe = lock(&self.stripes[stripe_of(&digest)]);
+    /// and queue `BlockRemoved` when `removed_event`, all under the digest's stripe.
+    fn claim_record(&self, e: &Entry, rc: u32, removed_event: bool) -> bool {
+        let _stripe = lock(&self.stripes[stripe_of(&e.digest)]);
         if !self.state(e.block).claim_cached(e.generation, rc) {
-            return None;
+            return false;
         }
-        debug_assert_eq!(digest, self.index.stored(e.block, self.digest_len));
-        self.index.remove(&digest, e.block);
+        self.index.remove(&e.digest, e.block);
         if let (true, Some(log)) = (removed_event, &self.events) {
             log.push(KvEvent::BlockRemoved {
-                block_hash: digest,
+                block_hash: e.digest,
                 medium: Medium::Gpu,
                 group: 0,
             });
         }
-        Some(digest)
+        true
     }
 
     /// Evict up to `n` cached blocks, oldest first, into `out`; returns how many.
     fn evict_into(&self, n: usize, out: &mut Vec<u32>) -> usize {
-        let mut digests = Vec::new();
-        let claimed = self
-            .lru
-            .pop_claimed(n, |e| match self.claim_record(e, 1, true) {
-                Some(d) => {
-                    digests.push(d);
-                    true
-                }
-                None => false,
-            });
+        let claimed = self.lru.pop_claimed(n, |e| self.claim_record(e, 1, true));
         if let Some(log) = &self.evicted {
-            lock(log).extend(claimed.iter().zip(&digests).map(|(e, d)| (e.block, *d)));
+            lock(log).extend(claimed.iter().map(|e| (e.block, e.digest)));
         }
         for e in &claimed {
             // Relaxed: tallies (see the fields).
@@ -268,10 +241,12 @@ impl BlockPool {
             match self.state(block).release() {
                 Some(Released::StillOwned) => {}
                 Some(Released::ToFree) => freed.push(block),
-                // The digest is not queued (the evictor reads the index's copy), but a hashed
-                // block released without one means the caller's table is wrong.
                 Some(Released::ToCached { generation }) => match digests.get(i) {
-                    Some(_) => cached.push(Entry { block, generation }),
+                    Some(&digest) => cached.push(Entry {
+                        block,
+                        generation,
+                        digest,
+                    }),
                     None => broken = Some(format!("hashed block {block} released without digest")),
                 },
                 None => broken = Some(format!("released block {block}, which has no holder")),
@@ -298,13 +273,17 @@ impl BlockPool {
     /// Give back a block this caller pinned through a hit and did not use (a failed call):
     /// if that makes it CACHED again, it goes back to the LRU position of its last release,
     /// so the failed call leaves the eviction order as it found it.
-    pub fn unpin(&self, block: u32) -> Result<()> {
+    pub fn unpin(&self, block: u32, digest: &Digest) -> Result<()> {
         match self.state(block).release() {
             Some(Released::ToCached { generation }) => {
                 // Relaxed: a tally (see the field).
                 self.cached.fetch_add(1, Ordering::Relaxed);
                 let bound = 2 * self.states.len() + 64;
-                let entry = Entry { block, generation };
+                let entry = Entry {
+                    block,
+                    generation,
+                    digest: *digest,
+                };
                 self.lru.restore(entry, bound, |e| self.is_live(e));
                 // Release: as in `release_table`.
                 self.available.fetch_add(1, Ordering::Release);
@@ -357,7 +336,7 @@ impl BlockPool {
                     if !self.index.holds(b, digest) || !self.index.tag_is(b, tag) {
                         let own = self.index.stored(b, digest.as_bytes().len());
                         if revived {
-                            self.unpin(b)?;
+                            self.unpin(b, &own)?;
                             // The unit goes back to `available`; the caller's stays spare.
                         } else {
                             self.release(b, Some(&own))?;
@@ -477,7 +456,7 @@ impl BlockPool {
         }
         for e in self.lru.drain() {
             // rc stays 0: CACHED -> FREE. Units stay counted in `available`.
-            if self.claim_record(&e, 0, false).is_some() {
+            if self.claim_record(&e, 0, false) {
                 self.cached.fetch_sub(1, Ordering::Relaxed);
                 self.free.push(e.block);
             }
@@ -508,9 +487,6 @@ impl BlockPool {
     pub fn index_tag_is(&self, block: u32, tag: Option<Tag>) -> bool {
         self.index.tag_is(block, tag)
     }
-    pub fn digest_len(&self) -> usize {
-        self.digest_len
-    }
     pub fn index_digest_words(&self, block: u32) -> [u64; 4] {
         self.index.stored(block, 32).words()
     }
@@ -535,7 +511,7 @@ mod tests {
 
     #[test]
     fn admission_is_all_or_nothing() {
-        let pool = BlockPool::new(3, false, false, 32).unwrap();
+        let pool = BlockPool::new(3, false, false).unwrap();
         assert!(!pool.reserve(4));
         assert_eq!(pool.num_available(), 3);
         assert!(pool.reserve(3));
@@ -546,7 +522,7 @@ mod tests {
 
     #[test]
     fn cached_blocks_are_hit_revived_and_evicted_oldest_first() {
-        let pool = BlockPool::new(3, true, false, 32).unwrap();
+        let pool = BlockPool::new(3, true, false).unwrap();
         let ds = digests(2);
         assert!(pool.reserve(3));
         let (a, b, c) = (pool.take(), pool.take(), pool.take());

@@ -113,13 +113,6 @@ impl BlockState {
         Word(self.0.load(Ordering::Relaxed))
     }
 
-    /// The word, Acquire: seeing the block CACHED synchronises with the release that cached
-    /// it (AcqRel, after every holder's use and the registrar's stores of its digest), so
-    /// the digest the index keeps for the block can then be read.
-    pub fn load_acquire(&self) -> Word {
-        Word(self.0.load(Ordering::Acquire))
-    }
-
     /// FREE or just-claimed -> OWNED(1), by the thread that popped it from the free stack or
     /// claimed it from the LRU: no other thread may change an unhashed rc-0 word, so a plain
     /// increment is exact. Relaxed: the pop or the claim already gave the acquire edge.

@@ -25,7 +25,7 @@ fn digest(token: u32) -> Digest {
 /// A pool of `n` blocks whose block 0 is OWNED by `holders` tables and, with `digest`,
 /// registered (hashed) under it.
 fn pool_with_owned_block(n: u32, holders: u32, digest: Option<Digest>) -> Arc<BlockPool> {
-    let pool = Arc::new(BlockPool::new(n, false, false, 16).unwrap());
+    let pool = Arc::new(BlockPool::new(n, false, false).unwrap());
     assert!(pool.reserve(1));
     let b = pool.take();
     assert_eq!(b, 0);
@@ -39,7 +39,7 @@ fn pool_with_owned_block(n: u32, holders: u32, digest: Option<Digest>) -> Arc<Bl
 /// A pool of `n` blocks, all OWNED by one table each (taken in order `0..n`), with events
 /// when `events`.
 fn pool_all_owned(n: u32, events: bool) -> Arc<BlockPool> {
-    let pool = Arc::new(BlockPool::new(n, events, false, 16).unwrap());
+    let pool = Arc::new(BlockPool::new(n, events, false).unwrap());
     assert!(pool.reserve(n as usize));
     for b in 0..n {
         assert_eq!(pool.take(), b);
@@ -607,7 +607,7 @@ fn unpin_racing_an_eviction() {
         );
         let unpinner = {
             let pool = pool.clone();
-            thread::spawn(move || pool.unpin(0).unwrap())
+            thread::spawn(move || pool.unpin(0, &d0).unwrap())
         };
         assert!(pool.reserve(1), "block 1 is CACHED throughout");
         let got = pool.take();

@@ -12,16 +12,18 @@
 
 use crate::alloc::try_filled;
 use crate::error::Result;
+use crate::hashing::Digest;
 use crate::sync::{lock, Mutex, Padded};
 use std::collections::VecDeque;
 
-/// One release of a hashed block to the CACHED state. No digest: the evictor reads it from
-/// the index's per-block copy (`BlockPool::claim_record`), so a record is 16 bytes, not 48.
+/// One release of a hashed block to the CACHED state.
 #[derive(Debug, Clone, Copy)]
 pub struct Entry {
     pub block: u32,
     /// The block's generation when it became CACHED (`block_state`).
     pub generation: u64,
+    /// The index key, so the evictor can remove the entry without a reverse map.
+    pub digest: Digest,
 }
 
 /// A queued record: the entry and its position in the release order.
@@ -122,9 +124,15 @@ impl LruQueue {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::hashing::{BlockHasher, HashAlgo};
 
     fn entry(block: u32, generation: u64) -> Entry {
-        Entry { block, generation }
+        let h = BlockHasher::new(HashAlgo::Xxh3_128, 0);
+        Entry {
+            block,
+            generation,
+            digest: h.root(),
+        }
     }
 
     fn blocks(q: &LruQueue) -> Vec<u32> {

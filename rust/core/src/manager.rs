@@ -125,12 +125,7 @@ impl BlockManager {
             hasher: BlockHasher::new(config.hash_algo, config.hash_seed),
             tagger: tagged.then(HitTagger::random),
             gpu: {
-                let pool = BlockPool::new(
-                    config.num_blocks,
-                    config.enable_kv_events,
-                    tagged,
-                    config.hash_algo.digest_len(),
-                )?;
+                let pool = BlockPool::new(config.num_blocks, config.enable_kv_events, tagged)?;
                 if config.record_evictions {
                     pool.with_eviction_log()
                 } else {
@@ -410,7 +405,7 @@ impl BlockManager {
         if failure.is_some() || (spare < new && !self.gpu.reserve(new - spare)) {
             for (i, (&b, &r)) in blocks.iter().zip(&revived).enumerate().rev() {
                 if r {
-                    self.gpu.unpin(b)?;
+                    self.gpu.unpin(b, &digests[i])?;
                 } else {
                     self.gpu.release(b, Some(&digests[i]))?;
                 }

@@ -5,7 +5,6 @@
 use crate::block_pool::BlockPool;
 use crate::error::ensure_invariant as ensure;
 use crate::error::Result;
-use crate::hashing::Digest;
 
 impl BlockPool {
     /// Audit the pool given `refs[b]`, the number of tables holding block `b`. Returns which
@@ -96,14 +95,12 @@ impl BlockPool {
             "{hashed} hashed blocks but {} index entries",
             index.len()
         );
-        // Live LRU records name indexed blocks (the evictor finds the digest there).
+        // Live LRU records carry the digest their block is indexed under.
         for e in self.lru_snapshot() {
             if self.lru_entry_is_live(&e) {
-                let digest =
-                    Digest::from_words(self.index_digest_words(e.block), self.digest_len());
                 ensure!(
-                    self.index_holds(e.block, &digest),
-                    "LRU record of block {} names a block the index does not hold",
+                    self.index_holds(e.block, &e.digest),
+                    "LRU record of block {} has a wrong digest",
                     e.block
                 );
             }
