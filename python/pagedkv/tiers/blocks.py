@@ -57,7 +57,8 @@ class BlockCopy:
 
     def block(self, i: int) -> memoryview:
         """The i-th block's bytes (call `wait()` first); a view of `host`, not a copy."""
-        return memoryview(self.host[i].numpy()).cast("B")
+        view: memoryview = self.host[i].numpy().data
+        return view
 
 
 def _check_blocks(pool: KVCachePool, blocks: Sequence[int]) -> np.ndarray:
@@ -75,7 +76,7 @@ def _side_stream(pool: KVCachePool) -> Any:
 
     stream = getattr(pool, "_tier_stream", None)
     if stream is None:
-        stream = torch.cuda.Stream(device=pool.device)
+        stream = torch.cuda.Stream(device=pool.device)  # type: ignore[no-untyped-call]
         pool._tier_stream = stream  # type: ignore[attr-defined]
     return stream
 
@@ -98,7 +99,7 @@ def copy_out(pool: KVCachePool, blocks: Sequence[int]) -> BlockCopy:
         gathered = pool.buffer.index_select(2, dev_idx).movedim(2, 0).contiguous()
         host = torch.empty((n, nbytes), dtype=torch.uint8, pin_memory=True)
         host.copy_(gathered.view(torch.uint8).reshape(n, nbytes), non_blocking=True)
-        event = torch.cuda.Event()
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         event.record(side)
     compute.wait_event(event)
     return BlockCopy(host, event)
