@@ -24,7 +24,12 @@ from pagedkv.sim.requests import Request
 from pagedkv.sim.scheduler import _Seq
 from pagedkv.sim.tier_run import TierCheckError, TierDriver, parse_bytes
 from pagedkv.tiers.cache import TieredCache
-from redis_fixtures import ServerProcess, running_server, server_binary
+from redis_fixtures import (
+    ServerProcess,
+    running_cluster,
+    running_server,
+    server_binary,
+)
 
 # A small mixed workload on a cache that evicts a lot: 256 blocks of 16 tokens.
 SMALL = ["simulate", "--no-progress", "--requests", "60", "--doc-tokens", "2048"]
@@ -141,6 +146,22 @@ def test_host_and_remote_tiers_stack(
     doc = _json(js)
     assert list(doc["tier_hit_tokens"]) == ["CPU", "REMOTE"]
     assert doc["tier_hit_tokens"]["CPU"] > 0 and doc["tier_hit_tokens"]["REMOTE"] > 0
+
+
+def test_a_remote_tier_on_a_real_cluster(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Three Redis nodes on loopback: the blocks spread over the nodes' slots."""
+    with running_cluster(server_binary("redis"), tmp_path / "cluster") as cluster:
+        js = tmp_path / "c.json"
+        argv = [*EVICTING, "--remote", cluster.url, "--remote-cluster", "--check"]
+        rc, _, err = _run(capsys, *argv, "--json", str(js))
+        assert rc == 0, err
+        doc = _json(js)
+        assert doc["tier_hit_tokens"]["REMOTE"] > 0
+        assert doc["runs"][1]["tiers"][0]["errors"] == 0
+        sizes = [node.client().dbsize() for node in cluster.nodes]
+        assert sum(1 for n in sizes if n > 0) == 3, sizes
 
 
 def test_a_dead_server_makes_misses_not_errors(
