@@ -14,6 +14,32 @@ use crate::seq_map::SeqCell;
 use crate::sequence::Sequence;
 use crate::sync::{lock, may_wait, try_lock, MutexGuard};
 
+/// FlashInfer's paged-KV page table `(kv_indptr, kv_indices, kv_last_page_len)` of
+/// sequences given as `(scheduled tokens, block table)`, each with at least one token.
+pub(crate) fn flashinfer_rows<'a>(
+    rows: impl Iterator<Item = (usize, &'a [u32])> + Clone,
+    bs: usize,
+) -> Result<(Vec<i32>, Vec<i32>, Vec<i32>)> {
+    let pages: usize = rows.clone().map(|(n, _)| cdiv(n, bs)).sum();
+    if pages > i32::MAX as usize {
+        return Err(invalid(format!(
+            "the batch spans {pages} pages, more than an int32 kv_indptr can index"
+        )));
+    }
+    let count = rows.clone().count();
+    let mut indptr = try_with_capacity(count + 1, "kv_indptr")?;
+    let mut indices = try_with_capacity(pages, "kv_indices")?;
+    let mut last = try_with_capacity(count, "kv_last_page_len")?;
+    indptr.push(0i32);
+    for (n, table) in rows {
+        let p = cdiv(n, bs);
+        indices.extend(table[..p].iter().map(|&b| b as i32));
+        indptr.push(indices.len() as i32);
+        last.push((n - (p - 1) * bs) as i32);
+    }
+    Ok((indptr, indices, last))
+}
+
 /// Error unless every id is distinct.
 fn check_distinct(ids: &[u64]) -> Result<()> {
     let mut sorted = try_with_capacity(ids.len(), "a copy of seq_ids")?;
@@ -343,26 +369,7 @@ impl BlockManager {
         self.read_all(
             ids,
             |_, _| Ok(()),
-            |seqs| {
-                let pages: usize = seqs.iter().map(|s| cdiv(s.scheduled, bs)).sum();
-                if pages > i32::MAX as usize {
-                    return Err(invalid(format!(
-                        "the batch spans {pages} pages, more than an int32 kv_indptr can index"
-                    )));
-                }
-                let mut indptr = try_with_capacity(ids.len() + 1, "kv_indptr")?;
-                let mut indices = try_with_capacity(pages, "kv_indices")?;
-                let mut last = try_with_capacity(ids.len(), "kv_last_page_len")?;
-                indptr.push(0i32);
-                for seq in seqs {
-                    let n = seq.scheduled;
-                    let p = cdiv(n, bs);
-                    indices.extend(seq.blocks[..p].iter().map(|&b| b as i32));
-                    indptr.push(indices.len() as i32);
-                    last.push((n - (p - 1) * bs) as i32);
-                }
-                Ok((indptr, indices, last))
-            },
+            |seqs| flashinfer_rows(seqs.iter().map(|s| (s.scheduled, &s.blocks[..])), bs),
         )
     }
 }

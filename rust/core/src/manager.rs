@@ -97,6 +97,24 @@ pub(crate) fn check_tokens(tokens: &[u32], what: &str) -> Result<()> {
 
 /// Appending `k` tokens to sequence `id` of `n` tokens, `scheduled` of them scheduled: its
 /// prompt must be fully scheduled and the result within `MAX_TOKENS`.
+/// `extend(id, k)` of a sequence of `n` tokens, `scheduled` of them scheduled: `k` must be
+/// in `1..=` the prompt tokens left.
+pub(crate) fn check_extend(id: u64, n: usize, scheduled: usize, k: usize) -> Result<()> {
+    let left = n - scheduled;
+    if left == 0 {
+        return Err(invalid(format!(
+            "sequence {id} has no prompt tokens left to schedule (append adds tokens)"
+        )));
+    }
+    if k == 0 || k > left {
+        return Err(invalid(format!(
+            "num_new_tokens {k} for sequence {id} must be in 1..={left} (its prompt tokens \
+             not yet scheduled)"
+        )));
+    }
+    Ok(())
+}
+
 pub(crate) fn check_append(id: u64, n: usize, scheduled: usize, k: usize) -> Result<()> {
     if scheduled < n {
         return Err(invalid(format!(
@@ -640,18 +658,7 @@ impl BlockManager {
             if seq.is_swapped() {
                 return Err(Error::Swapped(id));
             }
-            let left = seq.tokens.len() - seq.scheduled;
-            if left == 0 {
-                return Err(invalid(format!(
-                    "sequence {id} has no prompt tokens left to schedule (append adds tokens)"
-                )));
-            }
-            if k == 0 || k > left {
-                return Err(invalid(format!(
-                    "num_new_tokens {k} for sequence {id} must be in 1..={left} (its prompt \
-                     tokens not yet scheduled)"
-                )));
-            }
+            check_extend(id, seq.tokens.len(), seq.scheduled, k)?;
             let from = seq.scheduled;
             let upto = from + k;
             let keys = self

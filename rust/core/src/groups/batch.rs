@@ -4,6 +4,7 @@
 use super::manager::{GroupManager, State};
 use super::table::GroupSeq;
 use crate::alloc::{try_filled, try_grow, try_with_capacity};
+use crate::batch::flashinfer_rows;
 use crate::error::{invalid, Error, Result};
 use crate::manager::{cdiv, check_append};
 use std::collections::{HashMap, HashSet};
@@ -247,24 +248,7 @@ impl GroupManager {
                 group,
                 |_, _| Ok(()),
                 |seqs| {
-                    let pages: usize = seqs.iter().map(|s| cdiv(s.scheduled, bs)).sum();
-                    if pages > i32::MAX as usize {
-                        return Err(invalid(format!(
-                            "the batch spans {pages} pages, more than an int32 kv_indptr can index"
-                        )));
-                    }
-                    let mut indptr = try_with_capacity(ids.len() + 1, "kv_indptr")?;
-                    let mut indices = try_with_capacity(pages, "kv_indices")?;
-                    let mut last = try_with_capacity(ids.len(), "kv_last_page_len")?;
-                    indptr.push(0i32);
-                    for seq in seqs {
-                        let n = seq.scheduled;
-                        let p = cdiv(n, bs);
-                        indices.extend(seq.tables[group][..p].iter().map(|&b| b as i32));
-                        indptr.push(indices.len() as i32);
-                        last.push((n - (p - 1) * bs) as i32);
-                    }
-                    Ok((indptr, indices, last))
+                    flashinfer_rows(seqs.iter().map(|s| (s.scheduled, &s.tables[group][..])), bs)
                 },
             )
         })

@@ -14,7 +14,9 @@ use crate::error::{invalid, Error, Result};
 use crate::events::{KvEvent, Medium};
 use crate::hashing::{encode_extras, BlockHasher, Digest, Tag};
 use crate::hit_tag::HitTagger;
-use crate::manager::{cdiv, check_append, check_new_tokens, check_tokens, MAX_TOKENS};
+use crate::manager::{
+    cdiv, check_append, check_extend, check_new_tokens, check_tokens, MAX_TOKENS,
+};
 use crate::sync::{lock, Mutex};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -482,18 +484,7 @@ impl GroupManager {
     pub fn extend(&self, id: u64, k: usize, lookahead: usize) -> Result<Option<Vec<(u32, u32)>>> {
         self.broken.guarded(true, || {
             self.with_resident(id, |st, seq| {
-                let left = seq.tokens.len() - seq.scheduled;
-                if left == 0 {
-                    return Err(invalid(format!(
-                        "sequence {id} has no prompt tokens left to schedule (append adds tokens)"
-                    )));
-                }
-                if k == 0 || k > left {
-                    return Err(invalid(format!(
-                        "num_new_tokens {k} for sequence {id} must be in 1..={left} (its prompt \
-                     tokens not yet scheduled)"
-                    )));
-                }
+                check_extend(id, seq.tokens.len(), seq.scheduled, k)?;
                 let m = seq.scheduled + k;
                 let to = m.saturating_add(lookahead);
                 let Some(plan) = self.plan_fitting(st, seq, to)? else {
