@@ -90,11 +90,14 @@ COLD_BYTES = 48 << 20  # more than this machine's 32 MiB L3
 COLD_WORDS = COLD_BYTES // 8
 
 
+@pytest.mark.parametrize("call", ["append_batch", "running_batch"])
 @pytest.mark.parametrize("pool", ["free", "full", "cold"])
 def test_decode_step_256_long(
-    benchmark: Any, impl: str, pool: str, new_manager: Any, record: Any
+    benchmark: Any, impl: str, pool: str, call: str, new_manager: Any, record: Any
 ) -> None:
-    """One append_batch of one token to 256 sequences of about 2,000 tokens.
+    """One append_batch of one token to 256 sequences of about 2,000 tokens; with
+    `running_batch`, one `RunningBatch.step` of the same sequences, which also returns the
+    new tokens' slots (an engine's `append_batch` is followed by a `slot_mapping`).
 
     Prompts of 1,900..2,155 tokens, so 16 sequences fill a block (hashed, registered) and 16
     take a new one each step. Rounds are not undone: the pool is sized for the growth. With
@@ -103,7 +106,7 @@ def test_decode_step_256_long(
     between two steps would, so the manager's state comes from memory, not from cache (read,
     not written: no dirty lines are left for the step to write back).
     """
-    group = f"decode-step-long ({pool}): append_batch, 256 seqs x ~2,000 tokens"
+    group = f"decode-step-long ({pool}): {call}, 256 seqs x ~2,000 tokens"
     benchmark.group = group
     rounds = _rounds(impl, 300, 30) if pool == "cold" else _rounds(impl, 2000, 100)
     num_blocks = _decode_pool(rounds + 2)
@@ -122,9 +125,16 @@ def test_decode_step_256_long(
         if junk.size:
             junk.max()
 
+    batch = m.running_batch(ids)
+
     def run() -> None:
-        out = m.append_batch(ids, toks)
-        assert out is not None
+        if call == "running_batch":
+            step = batch.step(toks)
+            assert step is not None
+            out = step[1]
+        else:
+            out = m.append_batch(ids, toks)
+            assert out is not None
         assert len(out) == 0
 
     benchmark.pedantic(run, setup=setup, rounds=rounds, warmup_rounds=1)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pagedkv._core import __version__, hash_blocks
+from pagedkv._core import RunningBatch, __version__, hash_blocks
 from pagedkv.alloc_status import AllocStatus
 from pagedkv.config import BlockManagerConfig
 from pagedkv.errors import (
@@ -68,6 +68,7 @@ __all__ = [
     "ManagerBrokenError",
     "PagedKVError",
     "RefcountOverflowError",
+    "RunningBatch",
     "SequenceNotSwappedError",
     "SequenceSwappedError",
     "Stats",

@@ -1,7 +1,7 @@
 """Typed stubs of the Rust extension module `pagedkv._core` (checked by `mypy.stubtest`)."""
 
 from collections.abc import Sequence
-from typing import Any, Literal, Self, TypeAlias
+from typing import Any, Literal, Self, TypeAlias, final
 
 import numpy as np
 import numpy.typing as npt
@@ -22,7 +22,7 @@ _SeqIds: TypeAlias = _Ints
 _Salt: TypeAlias = str | bytes | None
 _HashAlgo: TypeAlias = Literal["sha256", "xxh3_128"]
 
-__all__ = ["BlockManager", "__version__", "hash_blocks"]
+__all__ = ["BlockManager", "RunningBatch", "__version__", "hash_blocks"]
 
 __version__: str
 
@@ -113,6 +113,8 @@ class BlockManager:
         """One token per sequence; returns the (k, 2) int32 copy pairs, or None if full."""
     def free_batch(self, seq_ids: _SeqIds) -> None:
         """Free each sequence in the given order."""
+    def running_batch(self, seq_ids: _SeqIds | None = None) -> RunningBatch:
+        """A new `RunningBatch` over this manager's sequences, holding `seq_ids`."""
     def block_tables(
         self, seq_ids: _SeqIds, pad: _Int = ..., *, group: _Int = 0
     ) -> npt.NDArray[np.int32]:
@@ -166,3 +168,20 @@ class BlockManager:
     def drain_evictions(self) -> list[tuple[int, int, bytes]]:
         """(block, group, digest) of each cached block evicted since the last call."""
     def check_invariants(self) -> None: ...
+
+@final
+class RunningBatch:
+    """A scheduler's decode batch kept across steps (`BlockManager.running_batch`)."""
+
+    def add(self, seq_ids: _SeqIds) -> None:
+        """Add live, resident sequences to the end of the batch (all or nothing)."""
+    def remove(self, seq_ids: _SeqIds) -> None:
+        """Remove members, freed or not (all or nothing); the rest keep their order."""
+    def step(
+        self, token_ids: _TokenIds
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]] | None:
+        """One token per member: `(slot_mapping, cow_pairs)`, or None if it does not fit."""
+    @property
+    def seq_ids(self) -> list[int]:
+        """The members' ids in batch order."""
+    def __len__(self) -> int: ...

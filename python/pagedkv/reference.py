@@ -15,7 +15,7 @@ import struct
 import sys
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +34,9 @@ from pagedkv.errors import (
 from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from pagedkv.groups import KVCacheGroup, check_groups
 from pagedkv.stats import Stats
+
+if TYPE_CHECKING:
+    from pagedkv.reference_running import ReferenceRunningBatch
 
 __all__ = ["MAX_BLOCK_SIZE", "MAX_LEN", "MAX_REFCOUNT", "ReferenceBlockManager", "hash_blocks"]
 
@@ -936,6 +939,21 @@ class ReferenceBlockManager:
             self._get(s)
         for s in ids:
             self._free_one(s)
+
+    def running_batch(
+        self, seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None
+    ) -> ReferenceRunningBatch:
+        """A `RunningBatch` over this manager's sequences, holding `seq_ids` (default none)."""
+        from pagedkv.reference_running import ReferenceRunningBatch
+
+        if self._groups:
+            raise InvalidArgumentError(
+                "running_batch needs a manager without KV-cache groups (use append_batch)"
+            )
+        batch = ReferenceRunningBatch(self)
+        if seq_ids is not None:
+            batch.add(seq_ids)
+        return batch
 
     def _group_arg(self, group: object) -> int:
         """A group index in `[0, len(groups))` (only `0` without groups)."""

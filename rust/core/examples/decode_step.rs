@@ -9,12 +9,21 @@ use std::time::{Duration, Instant};
 
 fn main() {
     for caching in [true, false] {
-        let per = run(caching);
-        println!("append_batch of 256 (prefix caching {caching}): {per:.2} us per step");
+        for running in [false, true] {
+            let per = run(caching, running);
+            let call = if running {
+                "RunningBatch step"
+            } else {
+                "append_batch"
+            };
+            println!("{call} of 256 (prefix caching {caching}): {per:.2} us per step");
+        }
     }
 }
 
-fn run(caching: bool) -> f64 {
+/// `running`: the step is a `RunningBatch`'s (members resolved once per cycle, slots
+/// returned) rather than `append_batch`'s.
+fn run(caching: bool, running: bool) -> f64 {
     let mut config = Config::new(8192, 16);
     config.enable_prefix_caching = caching;
     let m = BlockManager::new(config).unwrap();
@@ -43,9 +52,15 @@ fn run(caching: bool) -> f64 {
         for (&id, p) in ids.iter().zip(&prompts) {
             m.allocate(id, p, None, None, 0).unwrap().unwrap();
         }
+        let batch = m.running_batch();
+        m.batch_add(&batch, &ids).unwrap();
         let t = Instant::now();
         for _ in 0..64 {
-            m.append_batch(&ids, &toks).unwrap().unwrap();
+            if running {
+                m.batch_step(&batch, &toks).unwrap().unwrap();
+            } else {
+                m.append_batch(&ids, &toks).unwrap().unwrap();
+            }
         }
         best = best.min(t.elapsed());
     }

@@ -53,11 +53,11 @@ fn check_distinct(ids: &[u64]) -> Result<()> {
 
 /// The batch's distinct sequences, locked: `guards[at[i]]` is position `i`'s (`None` where
 /// its id has no cell). Repeated ids share one guard.
-struct Locked<'a> {
-    guards: Vec<Option<MutexGuard<'a, Sequence>>>,
+pub(crate) struct Locked<'a> {
+    pub(crate) guards: Vec<Option<MutexGuard<'a, Sequence>>>,
     /// The cell each guard locks.
-    cells: Vec<Option<&'a SeqCell>>,
-    at: Vec<usize>,
+    pub(crate) cells: Vec<Option<&'a SeqCell>>,
+    pub(crate) at: Vec<usize>,
 }
 
 /// Lock each distinct cell once, first in batch order without blocking (the common case:
@@ -65,7 +65,11 @@ struct Locked<'a> {
 /// argument error, so before any state is read), then the distinct cells are locked in id
 /// order, the one global order every multi-sequence locker follows, so two batches cannot
 /// deadlock. In non-blocking mode a busy cell is `WouldBlock`.
-fn lock_all<'a>(ids: &[u64], cells: &[Option<&'a SeqCell>], distinct: bool) -> Result<Locked<'a>> {
+pub(crate) fn lock_all<'a>(
+    ids: &[u64],
+    cells: &[Option<&'a SeqCell>],
+    distinct: bool,
+) -> Result<Locked<'a>> {
     let mut guards = try_with_capacity(ids.len(), "the batch's locks")?;
     for cell in cells {
         match cell.and_then(|c| try_lock(&c.seq)) {
@@ -125,7 +129,7 @@ fn lock_all<'a>(ids: &[u64], cells: &[Option<&'a SeqCell>], distinct: bool) -> R
 }
 
 /// The first state error of position `i`: unknown, then (when `resident`) swapped out.
-fn state_error(
+pub(crate) fn state_error(
     id: u64,
     cell: Option<&SeqCell>,
     seq: Option<&Sequence>,
@@ -201,6 +205,9 @@ impl BlockManager {
     ) -> Result<Option<Vec<(u32, u32)>>> {
         {
             let mut locked = lock_all(ids, cells, true)?;
+            if lookahead == 0 {
+                return self.append_one_each(ids, tokens, &mut locked, None);
+            }
             // Sequence by sequence in batch order: its state, then its append checks.
             for (i, &id) in ids.iter().enumerate() {
                 let k = locked.at[i];

@@ -5,7 +5,7 @@
 //! they come and go), `alloc` (fallible allocation), `free_stack` (lock-free LIFO of free ids), `lru_queue` (eviction order of cached
 //! blocks), `prefix_index` (digest -> block, lock-free reads), `block_pool` (the lifecycle
 //! transitions and admission), `cpu_pool` (swap space), `hashing` (chained digests),
-//! `hit_tag` (secret tags that confirm hits under a weak hash), `sequence` (a block table), `manager` (the operations), `batch`, `swap`, `audit`,
+//! `hit_tag` (secret tags that confirm hits under a weak hash), `sequence` (a block table), `manager` (the operations), `batch`, `decode` (the one-token step), `running` (persistent running batches), `swap`, `audit`,
 //! `events`, `stats`, `config`, `error`.
 //!
 //! Lifecycle of a GPU block (docs/semantics.md): FREE -> OWNED(rc >= 1) -> FREE (unhashed) or
@@ -21,6 +21,7 @@ mod broken;
 mod config;
 mod counters;
 mod cpu_pool;
+mod decode;
 mod error;
 mod events;
 mod free_stack;
@@ -38,6 +39,7 @@ mod lru_queue;
 mod manager;
 mod pool_audit;
 mod prefix_index;
+mod running;
 mod seq_map;
 mod sequence;
 mod stats;
@@ -52,6 +54,7 @@ pub use events::{KvEvent, Medium};
 pub use groups::{GroupKind, GroupManager, GroupStats, MAX_GROUPS, NULL};
 pub use hashing::{encode_extras, BlockHasher, Digest, HashAlgo, Tag};
 pub use manager::{BlockManager, MAX_TOKENS};
+pub use running::{RunningBatch, StepOut};
 pub use stats::{AllocStatus, Stats};
 #[cfg(not(loom))]
 pub use sync::nonblocking;

@@ -56,7 +56,12 @@ pub struct BlockManager {
     prefix_locks: Box<[Padded<Mutex<()>>]>,
     /// Set when an internal invariant failed mid-operation (see `broken`).
     broken: BrokenGuard,
+    /// Distinct for every manager of the process: what a `RunningBatch` checks it was made by.
+    pub(crate) instance: u64,
 }
+
+/// The next manager's `instance` (Relaxed: only uniqueness matters).
+static INSTANCES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Number of prefix locks (see the field).
 const PREFIX_LOCKS: usize = 64;
@@ -163,6 +168,7 @@ impl BlockManager {
                 "locks",
             )?,
             broken: BrokenGuard::default(),
+            instance: INSTANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             config,
         })
     }

@@ -4,6 +4,7 @@ mod convert;
 mod errors;
 mod manager;
 mod objects;
+mod running;
 
 use pyo3::prelude::*;
 
@@ -17,6 +18,9 @@ mod _core {
 
     #[pymodule_export]
     use crate::manager::PyBlockManager;
+
+    #[pymodule_export]
+    use crate::running::PyRunningBatch;
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -123,6 +123,16 @@ pub struct PyBlockManager {
     inner: Inner,
 }
 
+impl PyBlockManager {
+    /// The manager without groups, if this is one.
+    pub(crate) fn plain(&self) -> Option<&BlockManager> {
+        match &self.inner {
+            Inner::Plain(m) => Some(m),
+            Inner::Groups(_) => None,
+        }
+    }
+}
+
 fn salt_bytes(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u8>>> {
     let Some(obj) = obj else { return Ok(None) };
     if let Ok(s) = obj.cast::<PyString>() {
@@ -155,7 +165,7 @@ pub fn salt_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u8>>> {
     salt_bytes(obj)
 }
 
-fn pairs_array(py: Python<'_>, pairs: Pairs) -> PyResult<Bound<'_, PyArray2<i32>>> {
+pub(crate) fn pairs_array(py: Python<'_>, pairs: Pairs) -> PyResult<Bound<'_, PyArray2<i32>>> {
     let flat: Vec<i32> = pairs
         .iter()
         .flat_map(|&(a, b)| [a as i32, b as i32])
@@ -490,6 +500,33 @@ impl PyBlockManager {
             || each!(&self.inner, mgr => mgr.append_batch_lookahead(&ids, &toks, lookahead)),
         )?;
         pairs.map(|p| pairs_array(py, p)).transpose()
+    }
+
+    /// A new `RunningBatch` over this manager's sequences, holding `seq_ids` (default none).
+    /// Managers with KV-cache groups have none: use `append_batch`.
+    #[pyo3(signature = (seq_ids=None))]
+    fn running_batch(
+        slf: &Bound<'_, Self>,
+        seq_ids: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<crate::running::PyRunningBatch> {
+        let py = slf.py();
+        let Some(mgr) = slf.get().plain() else {
+            return Err(invalid(
+                py,
+                "running_batch needs a manager without KV-cache groups (use append_batch)",
+            ));
+        };
+        let ids = seq_ids.map(self::seq_ids).transpose()?;
+        let batch = mgr.running_batch();
+        if let Some(ids) = ids {
+            run(py, ids.len() >= DETACH_MIN_BATCH, || {
+                mgr.batch_add(&batch, &ids)
+            })?;
+        }
+        Ok(crate::running::PyRunningBatch::new(
+            slf.clone().unbind(),
+            batch,
+        ))
     }
 
     /// `free` each sequence, in the given order; all or nothing.

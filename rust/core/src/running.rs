@@ -1,0 +1,175 @@
+//! A persistent running batch: the sequences a scheduler decodes step after step, resolved
+//! to their cells once, so that a step looks nothing up and returns the new tokens' slots.
+//!
+//! A member is a reference to the cell its id had when it was added, not the sequence
+//! itself: every other call on the id works as before (under the cell's lock), and a member
+//! freed elsewhere is a dead cell that the next step reports (`UnknownSequence`) until it is
+//! removed. Lock order: the batch's own mutex, then the members' cells (`lock_all`), then
+//! the prefix locks.
+
+use crate::alloc::try_with_capacity;
+use crate::batch::lock_all;
+use crate::error::{invalid, Error, Result};
+use crate::manager::BlockManager;
+use crate::seq_map::{lock_cell, SeqCell};
+use crate::sync::{lock, may_wait, try_lock, Mutex, MutexGuard};
+use std::collections::HashSet;
+use std::sync::Arc;
+
+/// The slots of one step's new tokens (batch order) and its copy-on-write pairs.
+pub type StepOut = (Vec<i64>, Vec<(u32, u32)>);
+
+pub struct RunningBatch {
+    /// The manager whose cells these are (`BlockManager::instance`), checked on every call
+    /// so that a batch never reaches into another manager's sequences.
+    owner: u64,
+    members: Mutex<Members>,
+}
+
+/// `cells[i]` is the cell `ids[i]` had when it was added; the ids are distinct.
+#[derive(Default)]
+struct Members {
+    ids: Vec<u64>,
+    cells: Vec<Arc<SeqCell>>,
+}
+
+impl RunningBatch {
+    fn lock(&self) -> Result<MutexGuard<'_, Members>> {
+        match try_lock(&self.members) {
+            Some(g) => Ok(g),
+            None if may_wait() => Ok(lock(&self.members)),
+            None => Err(Error::WouldBlock),
+        }
+    }
+
+    /// The members' ids in batch order (the order `step`'s tokens and slots follow).
+    pub fn ids(&self) -> Result<Vec<u64>> {
+        Ok(self.lock()?.ids.clone())
+    }
+
+    pub fn len(&self) -> Result<usize> {
+        Ok(self.lock()?.ids.len())
+    }
+
+    pub fn is_empty(&self) -> Result<bool> {
+        Ok(self.len()? == 0)
+    }
+}
+
+/// An empty set with room for `n` ids.
+fn id_set(n: usize) -> Result<HashSet<u64>> {
+    let mut set = HashSet::new();
+    set.try_reserve(n)
+        .map_err(|_| Error::OutOfMemory(format!("a set of {n} sequence ids")))?;
+    Ok(set)
+}
+
+/// The set of `ids`, or the argument error of the first repeated one.
+fn distinct_ids(ids: &[u64]) -> Result<HashSet<u64>> {
+    let mut set = id_set(ids.len())?;
+    match ids.iter().find(|&&id| !set.insert(id)) {
+        Some(id) => Err(invalid(format!("duplicate sequence id {id} in batch"))),
+        None => Ok(set),
+    }
+}
+
+/// The set of the members' ids.
+fn member_set(members: &Members) -> Result<HashSet<u64>> {
+    let mut set = id_set(members.ids.len())?;
+    set.extend(members.ids.iter().copied());
+    Ok(set)
+}
+
+impl BlockManager {
+    /// A new, empty running batch over this manager's sequences.
+    pub fn running_batch(&self) -> RunningBatch {
+        RunningBatch {
+            owner: self.instance,
+            members: Mutex::new(Members::default()),
+        }
+    }
+
+    fn check_owner(&self, batch: &RunningBatch) -> Result<()> {
+        if batch.owner != self.instance {
+            return Err(invalid("the running batch belongs to another manager"));
+        }
+        Ok(())
+    }
+
+    /// Add live, resident sequences to the end of the batch, all or nothing. Errors: a
+    /// repeated id, then per id in order: already a member, unknown, swapped out.
+    pub fn batch_add(&self, batch: &RunningBatch, ids: &[u64]) -> Result<()> {
+        self.check_owner(batch)?;
+        distinct_ids(ids)?;
+        let mut members = batch.lock()?;
+        let present = member_set(&members)?;
+        let mut cells = try_with_capacity(ids.len(), "the batch's new members")?;
+        for &id in ids {
+            if present.contains(&id) {
+                return Err(invalid(format!(
+                    "sequence {id} is already in the running batch"
+                )));
+            }
+            let cell = self.seqs.get(id).ok_or(Error::UnknownSequence(id))?;
+            {
+                let seq = lock_cell(&cell)?;
+                if !cell.is_live() {
+                    return Err(Error::UnknownSequence(id));
+                }
+                if seq.is_swapped() {
+                    return Err(Error::Swapped(id));
+                }
+            }
+            cells.push(cell);
+        }
+        crate::alloc::try_grow(&mut members.ids, ids.len(), "the batch's ids")?;
+        crate::alloc::try_grow(&mut members.cells, ids.len(), "the batch's cells")?;
+        members.ids.extend_from_slice(ids);
+        members.cells.extend(cells);
+        Ok(())
+    }
+
+    /// Remove members (freed or not), all or nothing; the others keep their order.
+    pub fn batch_remove(&self, batch: &RunningBatch, ids: &[u64]) -> Result<()> {
+        self.check_owner(batch)?;
+        let gone = distinct_ids(ids)?;
+        let mut members = batch.lock()?;
+        let present = member_set(&members)?;
+        if let Some(id) = ids.iter().find(|id| !present.contains(id)) {
+            return Err(invalid(format!(
+                "sequence {id} is not in the running batch"
+            )));
+        }
+        let Members { ids: mids, cells } = &mut *members;
+        // `retain` visits elements once, in order: the cells follow their ids.
+        let mut keep = mids.iter().map(|id| !gone.contains(id));
+        cells.retain(|_| keep.next().unwrap_or(true));
+        mids.retain(|id| !gone.contains(id));
+        Ok(())
+    }
+
+    /// One decode step: `tokens[i]` appended to member `i`, all or nothing, as
+    /// `append_batch(ids, tokens)` would. Returns the new tokens' slots and the
+    /// copy-on-write pairs, or `None` when the blocks do not fit (nothing changed).
+    pub fn batch_step(&self, batch: &RunningBatch, tokens: &[u32]) -> Result<Option<StepOut>> {
+        self.check_owner(batch)?;
+        self.guarded(true, || {
+            let _gate = self.enter()?;
+            let members = batch.lock()?;
+            if tokens.len() != members.ids.len() {
+                return Err(invalid(format!(
+                    "token_ids has {} entries but the running batch has {} sequences",
+                    tokens.len(),
+                    members.ids.len()
+                )));
+            }
+            let mut cells = try_with_capacity(tokens.len(), "the batch's cells")?;
+            cells.extend(members.cells.iter().map(|c| Some(&**c)));
+            // Members are distinct, so no duplicate check.
+            let mut locked = lock_all(&members.ids, &cells, false)?;
+            let mut slots = try_with_capacity(tokens.len(), "the slot mapping")?;
+            let out = self.append_one_each(&members.ids, tokens, &mut locked, Some(&mut slots))?;
+            Ok(out.map(|pairs| (slots, pairs)))
+        })
+    }
+}

@@ -1,0 +1,91 @@
+//! `pagedkv._core.RunningBatch`: a scheduler's decode batch kept across steps (the core's
+//! `RunningBatch`). Argument and result conversion only.
+
+use crate::convert::{batch_tokens, seq_ids};
+use crate::errors::IntoPy;
+use crate::manager::{pairs_array, PyBlockManager};
+use numpy::{IntoPyArray, PyArray1, PyArray2};
+use pagedkv_core::{nonblocking, BlockManager, Error, Result as CoreResult, RunningBatch};
+use pyo3::prelude::*;
+
+/// Batches at least this long release the GIL while the core works (as the manager's).
+const DETACH_MIN_BATCH: usize = 64;
+
+/// The sequences a scheduler decodes step after step, resolved once: `step(token_ids)` is
+/// `append_batch(seq_ids, token_ids)` plus the new tokens' `slot_mapping`, without looking
+/// any id up. Made by `BlockManager.running_batch()`; safe to call from many threads.
+#[pyclass(frozen, module = "pagedkv._core", name = "RunningBatch")]
+pub struct PyRunningBatch {
+    mgr: Py<PyBlockManager>,
+    batch: RunningBatch,
+}
+
+impl PyRunningBatch {
+    pub fn new(mgr: Py<PyBlockManager>, batch: RunningBatch) -> Self {
+        Self { mgr, batch }
+    }
+
+    /// Run a core call on the manager, as the manager's methods do (`manager::run`).
+    fn run<T: Send>(
+        &self,
+        py: Python<'_>,
+        detach: bool,
+        call: impl Fn(&BlockManager, &RunningBatch) -> CoreResult<T> + Send + Sync,
+    ) -> PyResult<T> {
+        let mgr = self.mgr.get().plain();
+        let call = || match mgr {
+            Some(m) => call(m, &self.batch),
+            None => Err(Error::Broken("a running batch of a grouped manager".into())),
+        };
+        let out = if detach {
+            py.detach(call)
+        } else {
+            match nonblocking(call) {
+                Err(Error::WouldBlock) => py.detach(call),
+                other => other,
+            }
+        };
+        out.py(py)
+    }
+}
+
+#[pymethods]
+impl PyRunningBatch {
+    /// Add live, resident sequences to the end of the batch (all or nothing).
+    fn add(&self, py: Python<'_>, seq_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = self::seq_ids(seq_ids)?;
+        self.run(py, false, |m, b| m.batch_add(b, &ids))
+    }
+
+    /// Remove members, freed or not (all or nothing); the rest keep their order.
+    fn remove(&self, py: Python<'_>, seq_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = self::seq_ids(seq_ids)?;
+        self.run(py, false, |m, b| m.batch_remove(b, &ids))
+    }
+
+    /// One token to each member, in `seq_ids` order, all or nothing. Returns `(slot_mapping,
+    /// cow_pairs)`: the new tokens' int64 slots and the int32 `(k, 2)` copy-on-write pairs;
+    /// or None if the blocks do not fit (nothing changed).
+    #[allow(clippy::type_complexity)]
+    fn step<'py>(
+        &self,
+        py: Python<'py>,
+        token_ids: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<i32>>)>> {
+        let toks = batch_tokens(token_ids)?;
+        let detach = toks.len() >= DETACH_MIN_BATCH;
+        let out = self.run(py, detach, |m, b| m.batch_step(b, &toks))?;
+        out.map(|(slots, pairs)| Ok((slots.into_pyarray(py), pairs_array(py, pairs)?)))
+            .transpose()
+    }
+
+    /// The members' ids in batch order (the order of `step`'s tokens and slots).
+    #[getter]
+    fn seq_ids(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
+        self.run(py, false, |_, b| b.ids())
+    }
+
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        self.run(py, false, |_, b| b.len())
+    }
+}
