@@ -98,6 +98,10 @@ ODD_TOKENS: list[Callable[[list[int]], Any]] = [
     tuple,
     lambda t: np.array(t, dtype=">i8"),
     lambda t: np.array(t, dtype=">u4"),
+    # uint32 arrays: contiguous ones are copied whole; strided and read-only ones too
+    lambda t: np.array(t, dtype=np.uint32),
+    lambda t: np.array(t + t, dtype=np.uint32)[::2],
+    lambda t: np.frombuffer(np.array(t, dtype=np.uint32).tobytes(), dtype=np.uint32),
     lambda t: np.array(t, dtype=np.uint8),
     lambda t: np.array(t + t, dtype=np.int16)[::2],
     lambda t: [np.int32(x) for x in t],

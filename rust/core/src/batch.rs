@@ -12,7 +12,7 @@ use crate::manager::check_append;
 use crate::manager::{cdiv, BlockManager};
 use crate::seq_map::SeqCell;
 use crate::sequence::Sequence;
-use crate::sync::{lock, may_wait, try_lock, MutexGuard};
+use crate::sync::{lock, may_wait, prefetch, try_lock, MutexGuard};
 
 /// FlashInfer's paged-KV page table `(kv_indptr, kv_indices, kv_last_page_len)` of
 /// sequences given as `(scheduled tokens, block table)`, each with at least one token.
@@ -71,6 +71,7 @@ pub(crate) fn lock_all<'a>(
     distinct: bool,
 ) -> Result<Locked<'a>> {
     let mut guards = try_with_capacity(ids.len(), "the batch's locks")?;
+    cells.iter().flatten().for_each(|c| prefetch(*c));
     for cell in cells {
         match cell.and_then(|c| try_lock(&c.seq)) {
             Some(g) => guards.push(Some(g)),

@@ -15,7 +15,7 @@ use crate::free_stack::FreeStack;
 use crate::hashing::{Digest, Tag};
 use crate::lru_queue::{Entry, LruQueue};
 use crate::prefix_index::PrefixIndex;
-use crate::sync::{backoff, lock, AtomicU64, AtomicUsize, Mutex, Ordering, Padded};
+use crate::sync::{backoff, lock, prefetch, AtomicU64, AtomicUsize, Mutex, Ordering, Padded};
 
 /// Number of digest stripes (a power of two).
 const STRIPES: usize = 256;
@@ -237,6 +237,8 @@ impl BlockPool {
         let mut cached: Vec<Entry> = Vec::new();
         let mut freed: Vec<u32> = Vec::new();
         let mut broken = None;
+        // Every state's line in flight before the first release's locked instruction.
+        blocks.iter().for_each(|&b| prefetch(self.state(b)));
         for (i, &block) in blocks.iter().enumerate().rev() {
             match self.state(block).release() {
                 Some(Released::StillOwned) => {}

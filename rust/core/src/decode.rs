@@ -10,6 +10,7 @@
 use crate::batch::{state_error, Locked};
 use crate::error::{Error, Result};
 use crate::manager::{check_append, BlockManager};
+use crate::sync::{prefetch, prefetch_ptr};
 
 /// Why a sequence's token needs a block: past its table, or a shared table entry to copy.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -23,6 +24,24 @@ fn broken(what: &str) -> Error {
 }
 
 impl BlockManager {
+    /// Bring in what the step reads of every locked sequence before it reads any of it: the
+    /// token's table entry and token slot, then the state of the block that entry names.
+    /// Two passes, so that each pass's misses are all in flight at once.
+    fn prefetch_tails(&self, locked: &Locked<'_>) {
+        let bs = self.block_size();
+        let seqs = || locked.guards.iter().filter_map(|g| g.as_deref());
+        for seq in seqs() {
+            let n = seq.tokens.len();
+            prefetch_ptr(seq.blocks.as_ptr().wrapping_add(n / bs));
+            prefetch_ptr(seq.tokens.as_ptr().wrapping_add(n));
+        }
+        for seq in seqs() {
+            if let Some(&block) = seq.blocks.get(seq.tokens.len() / bs) {
+                prefetch(self.gpu.state(block));
+            }
+        }
+    }
+
     /// Append `tokens[i]` to the sequence of `ids[i]` (distinct ids, all locked in `locked`),
     /// all or nothing. Pushes each new token's slot to `slots` when given. Returns the
     /// copy-on-write pairs, or `None` when the blocks do not fit (nothing changed).
@@ -35,6 +54,7 @@ impl BlockManager {
     ) -> Result<Option<Vec<(u32, u32)>>> {
         let bs = self.block_size();
         let mut needs = crate::alloc::try_with_capacity(ids.len(), "the batch's block needs")?;
+        self.prefetch_tails(locked);
         let mut need = 0usize;
         let mut keys = Vec::new();
         for (i, &id) in ids.iter().enumerate() {

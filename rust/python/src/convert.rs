@@ -11,7 +11,7 @@
 
 use crate::errors::invalid;
 use numpy::npyffi::{self, NpyTypes, PY_ARRAY_API};
-use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -353,6 +353,25 @@ fn ints<T: TryFrom<i128>>(
     ))
 }
 
+/// The common token input, a plain (exact `ndarray`), contiguous, native-order `uint32`
+/// array, copied whole: every `uint32` is a token id, so there is nothing to check per entry.
+/// `None` for any other input (read by `ints`).
+fn plain_u32(obj: &Bound<'_, PyAny>, what: &str) -> Option<PyResult<Vec<u32>>> {
+    if !obj.get_type().is(obj.py().get_type::<PyUntypedArray>()) {
+        return None;
+    }
+    let arr = obj.cast::<PyArray1<u32>>().ok()?;
+    let view = arr.try_readonly().ok()?;
+    let src = view.as_slice().ok()?;
+    if src.len() > MAX_LEN {
+        return None;
+    }
+    Some(reserve(src.len(), what).map(|mut out| {
+        out.extend_from_slice(src);
+        out
+    }))
+}
+
 /// Entries of an ndarray, read from its buffer with its own strides and byte order.
 fn from_array<T: TryFrom<i128>>(
     arr: &Bound<'_, PyUntypedArray>,
@@ -492,6 +511,9 @@ pub fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
 
 /// Token ids that may be empty (one per sequence of a batch; `hash_blocks`).
 pub fn batch_tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    if let Some(out) = plain_u32(obj, "token_ids") {
+        return out;
+    }
     ints(obj, "token_ids", 0, TOKEN_MAX, "[0, 2**32)")
 }
 
