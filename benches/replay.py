@@ -9,11 +9,11 @@ The driver (`replay`) is a small continuous-batching loop, the same for every ma
 waiting requests in order (at most 256 running) while the pool's available blocks cover the
 new request's blocks at its end (prompt and output) plus the growth every running sequence
 still needs (so a decode step never runs out and nothing is preempted), then one
-`append_batch` of one generated token to every running sequence, then `free` each finished
-one. The pool is 70% of the peak demand: the most blocks held by running sequences in a dry
-run on a pool that never fills (`size_pool`), so cached blocks are evicted all the time. Rust
-`pagedkv.BlockManager` and `pagedkv.reference.ReferenceBlockManager` take the same calls and
-give the same hits.
+`append_batch` of one generated token to every running sequence (or, with `--impl
+rust+running`, one `RunningBatch.step`), then `free` each finished one. The pool is 70% of the
+peak demand: the most blocks held by running sequences in a dry run on a pool that never fills
+(`size_pool`), so cached blocks are evicted all the time. Rust `pagedkv.BlockManager` and
+`pagedkv.reference.ReferenceBlockManager` take the same calls and give the same hits.
 
 Only time inside manager calls is counted (`time.perf_counter_ns` around each call, less the
 timer's own cost): allocate per prompt token (also over the mostly-miss and the mostly-hit
@@ -157,8 +157,19 @@ def _cdiv(a: Any, b: int) -> Any:
     return -(-a // b)
 
 
-def replay(m: Any, w: Workload, *, impl: str = "?", max_running: int = MAX_RUNNING) -> ReplayResult:
-    """Drive `m` through the workload (module docstring); returns the timed figures."""
+def replay(
+    m: Any,
+    w: Workload,
+    *,
+    impl: str = "?",
+    max_running: int = MAX_RUNNING,
+    running_batch: bool = False,
+) -> ReplayResult:
+    """Drive `m` through the workload (module docstring); returns the timed figures.
+
+    `running_batch`: decode through a `RunningBatch` (admitted sequences are added to it, each
+    step is its `step`, finished ones are removed before their `free`) instead of
+    `append_batch`; adding counts as decode time, removing as free time."""
     clock, tc = time.perf_counter_ns, _timer_cost_ns()
     bs, n = int(m.block_size), len(w.prompts)
     plen = np.array([len(p) for p in w.prompts], dtype=np.int64)
@@ -167,6 +178,7 @@ def replay(m: Any, w: Workload, *, impl: str = "?", max_running: int = MAX_RUNNI
     running = np.zeros(0, dtype=np.int64)
     alloc_each, hits_each = [0] * n, [0] * n
     decode_ns = seq_steps = free_ns = blocks_freed = query_ns = steps = 0
+    batch = m.running_batch() if running_batch else None
     nxt, wall = 0, time.perf_counter()
     while nxt < n or running.size:
         while nxt < n and running.size < max_running:
@@ -183,13 +195,17 @@ def replay(m: Any, w: Workload, *, impl: str = "?", max_running: int = MAX_RUNNI
             if hit is None:
                 raise RuntimeError(f"allocate {nxt} did not fit with {avail} blocks available")
             hits_each[nxt] = hit
+            if batch is not None:
+                t = clock()
+                batch.add([nxt])
+                decode_ns += clock() - t - tc
             running = np.append(running, nxt)
             nxt += 1
         if not running.size:
             raise RuntimeError(f"request {nxt} can never be admitted")
         toks = w.out_tokens[w.out_off[running] + pos[running]]
         t = clock()
-        out = m.append_batch(running, toks)
+        out = m.append_batch(running, toks) if batch is None else batch.step(toks)
         decode_ns += clock() - t - tc
         if out is None:
             raise RuntimeError("append_batch ran out of blocks despite the growth reserve")
@@ -197,6 +213,10 @@ def replay(m: Any, w: Workload, *, impl: str = "?", max_running: int = MAX_RUNNI
         steps += 1
         pos[running] += 1
         done = pos[running] == w.out_len[running]
+        if batch is not None and done.any():
+            t = clock()
+            batch.remove(running[done])
+            free_ns += clock() - t - tc
         for s in running[done].tolist():
             t = clock()
             m.free(s)
@@ -355,7 +375,12 @@ def summary(r: ReplayResult, w: Workload, floor: dict[str, float] | None = None)
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--impl", default="rust", help="comma list of rust, reference")
+    p.add_argument(
+        "--impl",
+        default="rust",
+        help="comma list of rust, reference, and rust+running / reference+running (decode "
+        "through a RunningBatch instead of append_batch)",
+    )
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--seed", type=int, default=SEED)
     p.add_argument("--repeat", type=int, default=1, help="replays per manager (fresh each time)")
@@ -368,7 +393,19 @@ def main(argv: list[str] | None = None) -> int:
     num_blocks = size_pool(w, fraction=a.pool_fraction)
     floor = hashing_floor(w)
     runs = [(i, k) for i in a.impl.split(",") for k in range(a.repeat)]
-    rows = [summary(replay(make(i, num_blocks), w, impl=f"{i}#{k + 1}"), w, floor) for i, k in runs]
+    rows = [
+        summary(
+            replay(
+                make(i.removesuffix("+running"), num_blocks),
+                w,
+                impl=f"{i}#{k + 1}",
+                running_batch=i.endswith("+running"),
+            ),
+            w,
+            floor,
+        )
+        for i, k in runs
+    ]
     print(f"{a.requests} requests, {w.prompt_tokens} prompt tokens, {w.generated_tokens} generated")
     print(f"pool {num_blocks} blocks of {BLOCK_SIZE} ({a.pool_fraction:.0%} of peak demand)")
     print("SHA-256 ns per prompt token: " + ", ".join(f"{k} {v:.2f}" for k, v in floor.items()))

@@ -10,6 +10,7 @@
 use crate::alloc::try_with_capacity;
 use crate::batch::lock_all;
 use crate::error::{invalid, Error, Result};
+use crate::id_hasher::BuildIdHasher;
 use crate::manager::BlockManager;
 use crate::seq_map::{lock_cell, SeqCell};
 use crate::sync::{lock, may_wait, try_lock, Mutex, MutexGuard};
@@ -26,12 +27,16 @@ pub struct RunningBatch {
     members: Mutex<Members>,
 }
 
-/// `cells[i]` is the cell `ids[i]` had when it was added; the ids are distinct.
+/// `cells[i]` is the cell `ids[i]` had when it was added; `set` holds exactly the ids, which
+/// are distinct.
 #[derive(Default)]
 struct Members {
     ids: Vec<u64>,
     cells: Vec<Arc<SeqCell>>,
+    set: IdSet,
 }
+
+type IdSet = HashSet<u64, BuildIdHasher>;
 
 impl RunningBatch {
     fn lock(&self) -> Result<MutexGuard<'_, Members>> {
@@ -56,28 +61,24 @@ impl RunningBatch {
     }
 }
 
-/// An empty set with room for `n` ids.
-fn id_set(n: usize) -> Result<HashSet<u64>> {
-    let mut set = HashSet::new();
-    set.try_reserve(n)
-        .map_err(|_| Error::OutOfMemory(format!("a set of {n} sequence ids")))?;
-    Ok(set)
-}
-
-/// The set of `ids`, or the argument error of the first repeated one.
-fn distinct_ids(ids: &[u64]) -> Result<HashSet<u64>> {
-    let mut set = id_set(ids.len())?;
-    match ids.iter().find(|&&id| !set.insert(id)) {
+/// Error unless the ids of a call are distinct: pairwise for a few (the common case, one or
+/// two ids), through a set for more.
+fn check_distinct(ids: &[u64]) -> Result<()> {
+    let repeat = if ids.len() <= 16 {
+        ids.iter()
+            .enumerate()
+            .find(|&(i, id)| ids[..i].contains(id))
+            .map(|(_, &id)| id)
+    } else {
+        let mut set = IdSet::default();
+        set.try_reserve(ids.len())
+            .map_err(|_| Error::OutOfMemory(format!("a set of {} sequence ids", ids.len())))?;
+        ids.iter().copied().find(|&id| !set.insert(id))
+    };
+    match repeat {
         Some(id) => Err(invalid(format!("duplicate sequence id {id} in batch"))),
-        None => Ok(set),
+        None => Ok(()),
     }
-}
-
-/// The set of the members' ids.
-fn member_set(members: &Members) -> Result<HashSet<u64>> {
-    let mut set = id_set(members.ids.len())?;
-    set.extend(members.ids.iter().copied());
-    Ok(set)
 }
 
 impl BlockManager {
@@ -100,12 +101,11 @@ impl BlockManager {
     /// repeated id, then per id in order: already a member, unknown, swapped out.
     pub fn batch_add(&self, batch: &RunningBatch, ids: &[u64]) -> Result<()> {
         self.check_owner(batch)?;
-        distinct_ids(ids)?;
+        check_distinct(ids)?;
         let mut members = batch.lock()?;
-        let present = member_set(&members)?;
         let mut cells = try_with_capacity(ids.len(), "the batch's new members")?;
         for &id in ids {
-            if present.contains(&id) {
+            if members.set.contains(&id) {
                 return Err(invalid(format!(
                     "sequence {id} is already in the running batch"
                 )));
@@ -124,27 +124,38 @@ impl BlockManager {
         }
         crate::alloc::try_grow(&mut members.ids, ids.len(), "the batch's ids")?;
         crate::alloc::try_grow(&mut members.cells, ids.len(), "the batch's cells")?;
+        members
+            .set
+            .try_reserve(ids.len())
+            .map_err(|_| Error::OutOfMemory("the batch's id set".into()))?;
         members.ids.extend_from_slice(ids);
         members.cells.extend(cells);
+        members.set.extend(ids.iter().copied());
         Ok(())
     }
 
     /// Remove members (freed or not), all or nothing; the others keep their order.
     pub fn batch_remove(&self, batch: &RunningBatch, ids: &[u64]) -> Result<()> {
         self.check_owner(batch)?;
-        let gone = distinct_ids(ids)?;
+        check_distinct(ids)?;
         let mut members = batch.lock()?;
-        let present = member_set(&members)?;
-        if let Some(id) = ids.iter().find(|id| !present.contains(id)) {
+        if let Some(id) = ids.iter().find(|id| !members.set.contains(id)) {
             return Err(invalid(format!(
                 "sequence {id} is not in the running batch"
             )));
         }
-        let Members { ids: mids, cells } = &mut *members;
+        let Members {
+            ids: mids,
+            cells,
+            set,
+        } = &mut *members;
+        ids.iter().for_each(|id| {
+            set.remove(id);
+        });
         // `retain` visits elements once, in order: the cells follow their ids.
-        let mut keep = mids.iter().map(|id| !gone.contains(id));
+        let mut keep = mids.iter().map(|id| set.contains(id));
         cells.retain(|_| keep.next().unwrap_or(true));
-        mids.retain(|id| !gone.contains(id));
+        mids.retain(|id| set.contains(id));
         Ok(())
     }
 
