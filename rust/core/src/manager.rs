@@ -356,9 +356,7 @@ impl BlockManager {
                 let full = self.registrable(seq);
                 self.gpu
                     .warm_index(&seq.digests[hits..full], &seq.blocks[hits..full]);
-                for i in hits..full {
-                    self.register(seq, i);
-                }
+                self.register(seq, hits..full);
                 if self.caching() {
                     counters::add(&self.counters.prefix_queries, n);
                     counters::add(&self.counters.prefix_hits, hits * bs);
@@ -461,12 +459,19 @@ impl BlockManager {
         }
     }
 
-    /// Register the full block `i` of `seq` under `seq.digests[i]`.
-    pub(crate) fn register(&self, seq: &Sequence, i: usize) {
-        let digest = seq.digests[i];
-        let event = || self.stored_event(seq, i, Medium::Gpu);
-        if self.gpu.register(seq.blocks[i], digest, seq.tag(i), event) {
-            counters::add(&self.counters.registered_blocks, 1);
+    /// Register the full blocks `range` of `seq` under their digests (`seq.digests[i]`), and
+    /// count those that were new with one update of the shared counter.
+    pub(crate) fn register(&self, seq: &Sequence, range: std::ops::Range<usize>) {
+        let mut new = 0;
+        for i in range {
+            let event = || self.stored_event(seq, i, Medium::Gpu);
+            new += usize::from(
+                self.gpu
+                    .register(seq.blocks[i], seq.digests[i], seq.tag(i), event),
+            );
+        }
+        if new > 0 {
+            counters::add(&self.counters.registered_blocks, new);
         }
     }
 
@@ -584,9 +589,7 @@ impl BlockManager {
     pub(crate) fn schedule_to(&self, seq: &mut Sequence, upto: usize) {
         let before = self.registrable(seq);
         seq.scheduled = upto;
-        for i in before..self.registrable(seq) {
-            self.register(seq, i);
-        }
+        self.register(seq, before..self.registrable(seq));
     }
 
     /// The prefix lock that scheduling `seq` up to `upto` tokens, `new` of them appended now,

@@ -38,17 +38,27 @@ fn block_of(v: u64) -> u32 {
     (v as u32).wrapping_sub(1)
 }
 
+/// `BUCKET` slots, aligned so that a bucket is exactly one cache line: a lookup reads one line
+/// per bucket, never two.
+#[repr(align(64))]
+struct Bucket([AtomicU64; BUCKET]);
+
+/// A block's digest as four words, aligned so that they share one cache line.
+#[repr(align(32))]
+struct Words([AtomicU64; 4]);
+
 pub struct PrefixIndex {
-    /// `buckets * BUCKET` slots. Invariant at quiescence: exactly the hashed blocks appear,
-    /// each once, in one of the two buckets of `digests[block]`, with that digest's tag.
-    slots: Box<[AtomicU64]>,
+    /// `buckets.len() * BUCKET` slots, slot `i` in `buckets[i / BUCKET]`. Invariant at
+    /// quiescence: exactly the hashed blocks appear, each once, in one of the two buckets of
+    /// `digests[block]`, with that digest's tag.
+    buckets: Box<[Bucket]>,
     /// `buckets - 1` (a power of two minus one).
     mask: usize,
     /// The digest each block was last registered under, as four words. Written by the
     /// block's owner before the block is marked hashed (whose Release store publishes them
     /// to pinners) and before its slot is published (whose Release store publishes them to
     /// lookups); stable while the block stays hashed.
-    digests: Box<[[AtomicU64; 4]]>,
+    digests: Box<[Words]>,
     /// The secret tag (`hit_tag`) each block was last registered with, as two words; empty
     /// when hits need no verification (SHA-256). Written, published and stable exactly like
     /// `digests`.
@@ -68,13 +78,10 @@ impl PrefixIndex {
     /// An index for `num_blocks` blocks; `tagged`: every entry also keeps a `Tag`.
     pub fn new(num_blocks: usize, tagged: bool) -> Result<Self> {
         let buckets = (4 * num_blocks).div_ceil(BUCKET).next_power_of_two().max(2);
-        let words = |_| std::array::from_fn(|_| AtomicU64::new(0));
+        let words = |_| Words(std::array::from_fn(|_| AtomicU64::new(0)));
+        let bucket = |_| Bucket(std::array::from_fn(|_| AtomicU64::new(EMPTY)));
         Ok(Self {
-            slots: try_boxed(
-                buckets * BUCKET,
-                |_| AtomicU64::new(EMPTY),
-                "the prefix index",
-            )?,
+            buckets: try_boxed(buckets, bucket, "the prefix index")?,
             mask: buckets - 1,
             digests: try_boxed(num_blocks, words, "the block digests")?,
             tags: try_boxed(
@@ -99,6 +106,19 @@ impl PrefixIndex {
         }
     }
 
+    fn slot(&self, i: usize) -> &AtomicU64 {
+        &self.buckets[i / BUCKET].0[i % BUCKET]
+    }
+
+    fn num_slots(&self) -> usize {
+        self.buckets.len() * BUCKET
+    }
+
+    /// The digest words stored for `block`.
+    fn words_of(&self, block: u32) -> &[AtomicU64; 4] {
+        &self.digests[block as usize].0
+    }
+
     /// The two buckets (as first slot indices) of a digest given as words.
     fn buckets_of(&self, w: &[u64; 4]) -> [usize; 2] {
         let first = w[0] as usize & self.mask;
@@ -113,7 +133,7 @@ impl PrefixIndex {
     /// Acquire load (or the pin's Acquire CAS) that named the block; a racing rewrite can only
     /// make a candidate fail, and `pin` re-checks once the block is held.
     fn holds_words(&self, block: u32, words: &[u64; 4]) -> bool {
-        let stored = &self.digests[block as usize];
+        let stored = self.words_of(block);
         words
             .iter()
             .zip(stored)
@@ -128,12 +148,12 @@ impl PrefixIndex {
     fn find(&self, words: &[u64; 4]) -> Option<(usize, u32)> {
         let tag = tag_of(words);
         for start in self.buckets_of(words) {
-            for i in start..start + BUCKET {
+            for (j, slot) in self.buckets[start / BUCKET].0.iter().enumerate() {
                 // Acquire: pairs with the inserting Release store, so the block's digest words
                 // written before it are seen.
-                let v = self.slots[i].load(Ordering::Acquire);
+                let v = slot.load(Ordering::Acquire);
                 if v != EMPTY && (v >> 32) as u32 == tag && self.holds_words(block_of(v), words) {
-                    return Some((i, block_of(v)));
+                    return Some((start + j, block_of(v)));
                 }
             }
         }
@@ -148,7 +168,7 @@ impl PrefixIndex {
     /// Store the digest (and tag) of an OWNED, unhashed block about to be registered.
     /// Relaxed: published by the Release that marks the block hashed and by the slot's.
     pub fn write_digest(&self, block: u32, digest: &Digest, tag: Option<Tag>) {
-        for (s, w) in self.digests[block as usize].iter().zip(digest.words()) {
+        for (s, w) in self.words_of(block).iter().zip(digest.words()) {
             s.store(w, Ordering::Relaxed);
         }
         if let (Some(t), Some(stored)) = (tag, self.tags.get(block as usize)) {
@@ -172,9 +192,9 @@ impl PrefixIndex {
         for (d, &b) in digests.iter().zip(blocks) {
             for start in self.buckets_of(&d.words()) {
                 // Relaxed: a prefetch; the value is not used.
-                sink ^= self.slots[start].load(Ordering::Relaxed);
+                sink ^= self.slot(start).load(Ordering::Relaxed);
             }
-            sink ^= self.digests[b as usize][0].load(Ordering::Relaxed);
+            sink ^= self.words_of(b)[0].load(Ordering::Relaxed);
         }
         std::hint::black_box(sink);
     }
@@ -195,7 +215,8 @@ impl PrefixIndex {
         let mut buckets = self.buckets_of(&words);
         // Relaxed: a heuristic count to pick the emptier bucket; the CAS decides.
         let empties = |start: usize| {
-            self.slots[start..start + BUCKET]
+            self.buckets[start / BUCKET]
+                .0
                 .iter()
                 .filter(|s| s.load(Ordering::Relaxed) == EMPTY)
                 .count()
@@ -204,8 +225,7 @@ impl PrefixIndex {
             buckets.swap(0, 1);
         }
         for start in buckets {
-            for i in start..start + BUCKET {
-                let slot = &self.slots[i];
+            for (j, slot) in self.buckets[start / BUCKET].0.iter().enumerate() {
                 // Release: publishes the digest words stored before (see `find`). The plain
                 // load first keeps the CAS (which takes the line exclusive) to empty slots.
                 if slot.load(Ordering::Relaxed) == EMPTY
@@ -213,7 +233,7 @@ impl PrefixIndex {
                         .compare_exchange(EMPTY, value, Ordering::Release, Ordering::Relaxed)
                         .is_ok()
                 {
-                    self.slot_of[block as usize].store(i as u32, Ordering::Relaxed);
+                    self.slot_of[block as usize].store((start + j) as u32, Ordering::Relaxed);
                     return true;
                 }
             }
@@ -228,14 +248,14 @@ impl PrefixIndex {
         // Relaxed CASes: emptying a slot publishes nothing; a reader that still sees the old
         // value is stopped by `pin` (the block is unhashed, or holds other content).
         let take = |i: usize| {
-            let slot = &self.slots[i];
+            let slot = self.slot(i);
             slot.load(Ordering::Relaxed) == want
                 && slot
                     .compare_exchange(want, EMPTY, Ordering::Relaxed, Ordering::Relaxed)
                     .is_ok()
         };
         let hint = self.slot_of[block as usize].load(Ordering::Relaxed) as usize;
-        if hint < self.slots.len() && take(hint) {
+        if hint < self.num_slots() && take(hint) {
             return true;
         }
         self.buckets_of(&words)
@@ -246,21 +266,21 @@ impl PrefixIndex {
     /// The digest stored for `block` (exact while the caller holds it pinned and hashed).
     pub fn stored(&self, block: u32, len: usize) -> Digest {
         // Relaxed: the caller's pin (an Acquire CAS) already ordered the digest's stores.
-        let words =
-            std::array::from_fn(|w| self.digests[block as usize][w].load(Ordering::Relaxed));
+        let words = std::array::from_fn(|w| self.words_of(block)[w].load(Ordering::Relaxed));
         Digest::from_words(words, len)
     }
 
     /// Every entry as `(block, in the right bucket with the right tag)` (audits).
     pub fn snapshot(&self) -> Vec<(u32, bool)> {
         let mut out = Vec::new();
-        for (i, slot) in self.slots.iter().enumerate() {
+        let slots = self.buckets.iter().flat_map(|b| b.0.iter());
+        for (i, slot) in slots.enumerate() {
             // Acquire pairs with the inserting store, as in `find`.
             let v = slot.load(Ordering::Acquire);
             if v != EMPTY {
                 let b = block_of(v);
                 let words: [u64; 4] =
-                    std::array::from_fn(|w| self.digests[b as usize][w].load(Ordering::Relaxed));
+                    std::array::from_fn(|w| self.words_of(b)[w].load(Ordering::Relaxed));
                 let start = i - i % BUCKET;
                 let in_place =
                     self.buckets_of(&words).contains(&start) && (v >> 32) as u32 == tag_of(&words);
@@ -297,6 +317,20 @@ mod tests {
         let snap = idx.snapshot();
         assert_eq!(snap.len(), n as usize);
         assert!(snap.iter().all(|&(_, in_place)| in_place));
+    }
+
+    #[test]
+    fn a_bucket_is_one_cache_line_and_a_digest_shares_one() {
+        assert_eq!(std::mem::size_of::<Bucket>(), 64);
+        assert_eq!(std::mem::align_of::<Bucket>(), 64);
+        assert_eq!(std::mem::align_of::<Words>(), 32);
+        let idx = PrefixIndex::new(100, false).unwrap();
+        assert_eq!(idx.buckets.as_ptr() as usize % 64, 0);
+        assert_eq!(
+            idx.num_slots(),
+            512,
+            "4 slots a block, rounded up to a power of two"
+        );
     }
 
     #[test]
