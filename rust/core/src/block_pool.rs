@@ -234,8 +234,8 @@ impl BlockPool {
     /// The records of blocks that become CACHED are queued under one lock. An error means
     /// the caller's table disagreed with the block states (a bug): the manager breaks.
     pub fn release_table(&self, blocks: &[u32], digests: &[Digest]) -> Result<()> {
-        let mut cached: Vec<Entry> = Vec::new();
-        let mut freed: Vec<u32> = Vec::new();
+        let mut cached: Vec<Entry> = Vec::with_capacity(blocks.len());
+        let mut freed: Vec<u32> = Vec::with_capacity(blocks.len());
         let mut broken = None;
         // Every state's line in flight before the first release's locked instruction.
         blocks.iter().for_each(|&b| prefetch(self.state(b)));

@@ -13,7 +13,7 @@
 use crate::alloc::try_filled;
 use crate::error::Result;
 use crate::hashing::Digest;
-use crate::sync::{lock, Mutex, Padded};
+use crate::sync::{lock, prefetch, Mutex, Padded};
 use std::collections::VecDeque;
 
 /// One release of a hashed block to the CACHED state.
@@ -65,6 +65,13 @@ impl LruQueue {
     pub fn push_all(&self, entries: &[Entry], bound: usize, is_live: impl Fn(&Entry) -> bool) {
         let mut inner = lock(&self.inner);
         let inner = &mut *inner;
+        // The blocks' `last_seq` entries are scattered: have all their lines on the way first.
+        for e in entries {
+            if let Some(at) = inner.last_seq.get(e.block as usize) {
+                prefetch(at);
+            }
+        }
+        inner.queue.reserve(entries.len());
         for &entry in entries {
             let seq = inner.next_seq;
             inner.next_seq += 1;
