@@ -9,7 +9,8 @@
   result, the statistics and the events are compared after every operation;
   `check_invariants` runs on both every `AUDIT_EVERY` operations.
 - `test_threaded_hot_block_soak`: threads hammer the same hot prompts (short and long, so
-  some calls run without the GIL); audited at the end.
+  some calls run without the GIL), each also stepping a `RunningBatch` of its resident
+  sequences; audited at the end.
 
 CI mode takes about a minute on 2 cores. `PAGEDKV_SOAK_SCALE` multiplies the sizes; the
 `slow` versions (`pytest -m slow tests/test_soak.py`) run 60 times longer: see docs/soak.md.
@@ -226,6 +227,21 @@ def _threaded(ops_per_thread: int, threads: int = 6) -> dict[str, int]:
         rng = random.Random(t)
         base = (t + 1) * 10_000_000
         mine: list[int] = []
+        # Each thread also decodes its resident sequences through a RunningBatch; `inb` mirrors
+        # its membership (a swapped or freed sequence leaves it first).
+        batch = m.running_batch()
+        inb: set[int] = set()
+
+        def join(sid: int) -> None:
+            batch.add([sid])
+            inb.add(sid)
+
+        def leave(ids: list[int]) -> None:
+            gone = [s for s in ids if s in inb]
+            if gone:
+                batch.remove(gone)
+                inb.difference_update(gone)
+
         try:
             barrier.wait()
             for j in range(ops_per_thread):
@@ -235,29 +251,43 @@ def _threaded(ops_per_thread: int, threads: int = 6) -> dict[str, int]:
                     p: Any = rng.choice(long_hot) if rng.random() < 0.05 else rng.choice(hot)
                     if m.allocate(sid, p) is not None:
                         mine.append(sid)
+                        join(sid)
                 elif r < 0.6:
                     parent = rng.choice(mine)
                     if not m.is_swapped(parent):
                         m.fork(parent, base + j)
                         mine.append(base + j)
-                elif r < 0.7:
+                        join(base + j)
+                elif r < 0.65:
                     sid = rng.choice(mine)
                     if not m.is_swapped(sid):
                         m.append(sid, [rng.randrange(50_000)])
+                elif r < 0.7:
+                    ids = batch.seq_ids
+                    out = batch.step(np.full(len(ids), rng.randrange(50_000), dtype=np.uint32))
+                    if out is not None:
+                        assert len(out[0]) == len(ids) and sorted(ids) == sorted(inb)
                 elif r < 0.75:
                     sid = rng.choice(mine)
                     if not m.is_swapped(sid):
+                        leave([sid])
                         m.swap_out(sid)
-                    else:
-                        m.swap_in(sid)  # None when the GPU is full: it stays swapped
+                        if not m.is_swapped(sid):  # no CPU room: still resident
+                            join(sid)
+                    elif m.swap_in(sid) is not None:  # None when the GPU is full
+                        join(sid)
                 else:
                     sid = mine.pop(rng.randrange(len(mine)))
+                    leave([sid])
                     m.free(sid)
                 if len(mine) > 12:
+                    leave(mine[:6])
                     m.free_batch(mine[:6])
                     del mine[:6]
                 done[t] += 1
+            leave(mine)
             m.free_batch(mine)
+            assert len(batch) == 0
         except BaseException:
             errors.append(traceback.format_exc())
 
