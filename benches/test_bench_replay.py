@@ -125,10 +125,10 @@ def test_decode_step_256_long(
         if junk.size:
             junk.max()
 
-    batch = m.running_batch(ids)
+    batch = m.running_batch(ids) if call == "running_batch" else None
 
     def run() -> None:
-        if call == "running_batch":
+        if batch is not None:
             step = batch.step(toks)
             assert step is not None
             out = step[1]

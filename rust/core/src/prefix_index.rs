@@ -2,7 +2,7 @@
 //! inserts and removals are a few atomic loads and one CAS or store).
 //!
 //! The index never holds more entries than there are blocks, so its size is fixed at build
-//! time: `4 * num_blocks` slots (rounded up to a power of two) in buckets of 8 slots, one
+//! time: `4 * num_blocks` slots (rounded up to whole buckets) in buckets of 8 slots, one
 //! cache line each. A digest may live in either of two buckets, chosen by two independent
 //! words of the digest, and goes into the emptier one (two-choice hashing). Lookups read at
 //! most two buckets and never probe further, so a removal just empties its slot: no
@@ -52,8 +52,9 @@ pub struct PrefixIndex {
     /// quiescence: exactly the hashed blocks appear, each once, in one of the two buckets of
     /// `digests[block]`, with that digest's tag.
     buckets: Box<[Bucket]>,
-    /// `buckets - 1` (a power of two minus one).
-    mask: usize,
+    /// `buckets.len()`, at least 2: any count, not only powers of two, so the table is
+    /// `4 * num_blocks` slots and not up to twice that (`reduce` maps a word onto it).
+    count: u64,
     /// The digest each block was last registered under, as four words. Written by the
     /// block's owner before the block is marked hashed (whose Release store publishes them
     /// to pinners) and before its slot is published (whose Release store publishes them to
@@ -77,12 +78,12 @@ fn tag_words(tag: Tag) -> [u64; 2] {
 impl PrefixIndex {
     /// An index for `num_blocks` blocks; `tagged`: every entry also keeps a `Tag`.
     pub fn new(num_blocks: usize, tagged: bool) -> Result<Self> {
-        let buckets = (4 * num_blocks).div_ceil(BUCKET).next_power_of_two().max(2);
+        let buckets = (4 * num_blocks).div_ceil(BUCKET).max(2);
         let words = |_| Words(std::array::from_fn(|_| AtomicU64::new(0)));
         let bucket = |_| Bucket(std::array::from_fn(|_| AtomicU64::new(EMPTY)));
         Ok(Self {
             buckets: try_boxed(buckets, bucket, "the prefix index")?,
-            mask: buckets - 1,
+            count: buckets as u64,
             digests: try_boxed(num_blocks, words, "the block digests")?,
             tags: try_boxed(
                 if tagged { num_blocks } else { 0 },
@@ -119,12 +120,18 @@ impl PrefixIndex {
         &self.digests[block as usize].0
     }
 
+    /// A uniform digest word onto `0..count` with a multiply and a shift (Lemire's
+    /// reduction): as uniform as a mask for any count, and cheaper than a division.
+    fn reduce(&self, word: u64) -> usize {
+        ((u128::from(word) * u128::from(self.count)) >> 64) as usize
+    }
+
     /// The two buckets (as first slot indices) of a digest given as words.
     fn buckets_of(&self, w: &[u64; 4]) -> [usize; 2] {
-        let first = w[0] as usize & self.mask;
-        let mut second = w[1] as usize & self.mask;
+        let first = self.reduce(w[0]);
+        let mut second = self.reduce(w[1]);
         if second == first {
-            second = (first + 1) & self.mask;
+            second = (first + 1) % self.count as usize;
         }
         [first * BUCKET, second * BUCKET]
     }
@@ -326,11 +333,23 @@ mod tests {
         assert_eq!(std::mem::align_of::<Words>(), 32);
         let idx = PrefixIndex::new(100, false).unwrap();
         assert_eq!(idx.buckets.as_ptr() as usize % 64, 0);
-        assert_eq!(
-            idx.num_slots(),
-            512,
-            "4 slots a block, rounded up to a power of two"
-        );
+        assert_eq!(idx.num_slots(), 400, "4 slots a block, in whole buckets");
+        assert_eq!(PrefixIndex::new(101, false).unwrap().num_slots(), 408);
+    }
+
+    #[test]
+    fn buckets_spread_evenly_over_a_count_that_is_no_power_of_two() {
+        // 3 buckets: a mask would never choose one of them; the reduction must use all
+        // three about equally, and the two choices of a digest must differ.
+        let idx = PrefixIndex::new(5, false).unwrap();
+        assert_eq!(idx.buckets.len(), 3);
+        let mut hits = [0u32; 3];
+        for d in digests(3000) {
+            let [a, b] = idx.buckets_of(&d.words());
+            assert_ne!(a, b);
+            hits[a / BUCKET] += 1;
+        }
+        assert!(hits.iter().all(|&h| (800..1200).contains(&h)), "{hits:?}");
     }
 
     #[test]
