@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import pagedkv
+from audited import audited
 from pagedkv.alloc_status import AllocStatus
 from pagedkv.errors import (
     DuplicateSequenceError,
@@ -45,16 +46,7 @@ def impl(request: pytest.FixtureRequest) -> type:
 @pytest.fixture
 def make(impl: type) -> Iterator[Factory]:
     """Build managers (block_size 4 unless told); audit every one at the end of the test."""
-    made: list[Manager] = []
-
-    def factory(num_blocks: int, block_size: int = 4, **kw: Any) -> Manager:
-        m = impl(num_blocks, block_size, **kw)
-        made.append(m)
-        return m
-
-    yield factory
-    for m in made:
-        m.check_invariants()
+    yield from audited(impl, block_size=4)
 
 
 def toks(start: int, n: int) -> list[int]:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import pagedkv
+from audited import audited
 from pagedkv.alloc_status import AllocStatus
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored
@@ -30,18 +31,7 @@ B = 4
 def make(request: pytest.FixtureRequest) -> Iterator[Callable[..., Manager]]:
     """Build managers (block_size 4, events on unless told); audit each at the end."""
     impl = pagedkv.BlockManager if request.param == "rust" else ReferenceBlockManager
-    made: list[Manager] = []
-
-    def factory(num_blocks: int = 32, block_size: int = B, **kw: Any) -> Manager:
-        kw.setdefault("enable_kv_events", True)
-        kw.setdefault("watermark", 0.0)
-        m = impl(num_blocks, block_size, **kw)
-        made.append(m)
-        return m
-
-    yield factory
-    for m in made:
-        m.check_invariants()
+    yield from audited(impl, num_blocks=32, block_size=B, enable_kv_events=True, watermark=0.0)
 
 
 def toks(start: int, n: int) -> list[int]:

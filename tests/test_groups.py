@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pagedkv
+from audited import audited
 from pagedkv.alloc_status import AllocStatus
 from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError
 from pagedkv.events import BlockRemoved, BlockStored
@@ -66,18 +67,7 @@ def impl(request: pytest.FixtureRequest) -> Callable[..., Manager]:
 def make(impl: Callable[..., Manager]) -> Iterator[Callable[..., Manager]]:
     """`make(num_blocks, block_size, **kw)`: a manager (events on, watermark 0 unless told),
     audited with `check_invariants` at the end of the test."""
-    made: list[Manager] = []
-
-    def factory(num_blocks: int, block_size: int, **kw: Any) -> Manager:
-        kw.setdefault("enable_kv_events", True)
-        kw.setdefault("watermark", 0.0)
-        m = impl(num_blocks, block_size, **kw)
-        made.append(m)
-        return m
-
-    yield factory
-    for m in made:
-        m.check_invariants()
+    yield from audited(impl, enable_kv_events=True, watermark=0.0)
 
 
 def toks(start: int, n: int) -> list[int]:

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import pagedkv
+from audited import audited
 from pagedkv import (
     InvalidArgumentError,
     KVCacheGroup,
@@ -32,16 +33,7 @@ Manager = Any
 @pytest.fixture(params=["reference", "rust"])
 def make(request: pytest.FixtureRequest) -> Iterator[Callable[..., Manager]]:
     impl = pagedkv.BlockManager if request.param == "rust" else ReferenceBlockManager
-    made: list[Manager] = []
-
-    def factory(num_blocks: int, block_size: int = 4, **kw: Any) -> Manager:
-        m = impl(num_blocks, block_size, **kw)
-        made.append(m)
-        return m
-
-    yield factory
-    for m in made:
-        m.check_invariants()
+    yield from audited(impl, block_size=4)
 
 
 def observe(m: Manager, ids: list[int]) -> dict[str, Any]:
