@@ -733,10 +733,19 @@ fn eviction_and_registration_of_one_digest_queue_events_in_index_order() {
     seen.assert_saw(&[REGISTERED, REFUSED]);
 }
 
-/// Digests that all fall in buckets 0 and 1 of a 16-bucket index (`PrefixIndex::buckets_of`
-/// masks words 0 and 1), distinct in word 2.
+/// The buckets of the index of a 17-block pool: 4 slots a block, 8 a bucket, 68 slots.
+const BUCKETS_OF_17: u64 = 9;
+
+/// The smallest digest word that `PrefixIndex::buckets_of` maps to `bucket` of
+/// `BUCKETS_OF_17` (it takes the high bits of `word * buckets`), plus `i`, which keeps it there.
+fn word_in(bucket: u64, i: u64) -> u64 {
+    (u128::from(bucket) << 64).div_ceil(u128::from(BUCKETS_OF_17)) as u64 + i
+}
+
+/// A digest whose two buckets in a 17-block pool's index are `first` and `second`, distinct
+/// from the others in word 2 (and so in its tag).
 fn colliding(i: u64, first: u64, second: u64) -> Digest {
-    Digest::from_words([(i << 8) | first, (i << 8) | second, i, i], 32)
+    Digest::from_words([word_in(first, i), word_in(second, i), i, i], 32)
 }
 
 /// A registration whose insert fails (both buckets full) racing a hit on a stale index slot
@@ -750,7 +759,7 @@ fn a_failed_registration_racing_a_hit_on_the_same_block() {
     let seen = Seen::default();
     let s = seen.clone();
     model(Some(2), move || {
-        // 17 blocks: 16 buckets of 8 slots; blocks 0..16 fill buckets 0 and 1.
+        // 17 blocks: 9 buckets of 8 slots; blocks 0..16 fill buckets 0 and 1.
         let pool = pool_all_owned(17, false);
         for b in 0..16 {
             let filler = colliding(u64::from(b) + 1, 0, 1);
