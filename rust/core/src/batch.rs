@@ -41,7 +41,7 @@ pub(crate) fn flashinfer_rows<'a>(
 }
 
 /// Error unless every id is distinct.
-fn check_distinct(ids: &[u64]) -> Result<()> {
+pub(crate) fn check_distinct(ids: &[u64]) -> Result<()> {
     let mut sorted = try_with_capacity(ids.len(), "a copy of seq_ids")?;
     sorted.extend_from_slice(ids);
     sorted.sort_unstable();

@@ -8,7 +8,7 @@
 //! the prefix locks.
 
 use crate::alloc::try_with_capacity;
-use crate::batch::lock_all;
+use crate::batch::{check_distinct, lock_all};
 use crate::error::{invalid, Error, Result};
 use crate::id_hasher::BuildIdHasher;
 use crate::manager::BlockManager;
@@ -58,26 +58,6 @@ impl RunningBatch {
 
     pub fn is_empty(&self) -> Result<bool> {
         Ok(self.len()? == 0)
-    }
-}
-
-/// Error unless the ids of a call are distinct: pairwise for a few (the common case, one or
-/// two ids), through a set for more.
-fn check_distinct(ids: &[u64]) -> Result<()> {
-    let repeat = if ids.len() <= 16 {
-        ids.iter()
-            .enumerate()
-            .find(|&(i, id)| ids[..i].contains(id))
-            .map(|(_, &id)| id)
-    } else {
-        let mut set = IdSet::default();
-        set.try_reserve(ids.len())
-            .map_err(|_| Error::OutOfMemory(format!("a set of {} sequence ids", ids.len())))?;
-        ids.iter().copied().find(|&id| !set.insert(id))
-    };
-    match repeat {
-        Some(id) => Err(invalid(format!("duplicate sequence id {id} in batch"))),
-        None => Ok(()),
     }
 }
 

@@ -35,9 +35,12 @@ impl<T> std::ops::Deref for Padded<T> {
 /// otherwise be paid one after another instead of together.
 #[inline]
 pub(crate) fn prefetch<T>(value: &T) {
+    // Every line the value touches: from the one holding its first byte, whatever its
+    // offset in that line, to the one holding its last.
     let start = (value as *const T).cast::<u8>();
-    for offset in (0..std::mem::size_of::<T>()).step_by(64) {
-        prefetch_ptr(start.wrapping_add(offset));
+    let first_line_offset = start as usize % 64;
+    for offset in (0..first_line_offset + std::mem::size_of::<T>()).step_by(64) {
+        prefetch_ptr(start.wrapping_sub(first_line_offset).wrapping_add(offset));
     }
 }
 
