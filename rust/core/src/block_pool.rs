@@ -15,7 +15,9 @@ use crate::free_stack::FreeStack;
 use crate::hashing::{Digest, Tag};
 use crate::lru_queue::{Entry, LruQueue};
 use crate::prefix_index::PrefixIndex;
-use crate::sync::{backoff, lock, prefetch, AtomicU64, AtomicUsize, Mutex, Ordering, Padded};
+use crate::sync::{
+    backoff, lock, prefetch, AtomicU64, AtomicU8, AtomicUsize, Mutex, Ordering, Padded,
+};
 
 /// Number of digest stripes (a power of two).
 const STRIPES: usize = 256;
@@ -67,11 +69,49 @@ pub struct BlockPool {
     /// lock, then a stripe, then the event log.
     stripes: Box<[Padded<Mutex<()>>]>,
     events: Option<EventLog>,
-    /// `(block, digest)` of every eviction, in eviction order, while the log is on (tiers
-    /// copy the block out before its new owner writes it); `None` otherwise.
-    evicted: Option<Mutex<Vec<(u32, Digest)>>>,
+    /// `(block, group, digest)` of every eviction, in eviction order, while the log is on
+    /// (tiers copy the block out before its new owner writes it); `None` otherwise.
+    evicted: Option<Mutex<Vec<(u32, u8, Digest)>>>,
     /// Cached blocks evicted so far (a tally: Relaxed everywhere).
     evictions: Padded<AtomicU64>,
+    /// With several KV-cache groups: the group whose tables hold each OWNED or CACHED block
+    /// (its index key is `digest.keyed(group)`). Written by the taker right after `take`,
+    /// before the block is shared, registered or released; read by its holders and, for a
+    /// CACHED block, by whoever claims it under its stripe. Relaxed: those hand-overs
+    /// (the sequence locks, the state word's Release/Acquire) order it. Empty with one
+    /// group, where every block is group 0.
+    group: Box<[AtomicU8]>,
+    /// One tally per group with several groups (empty otherwise): what `stats()` reports.
+    tallies: Box<[Padded<GroupTally>]>,
+    /// Block 0 is the null block: taken when the pool is built and never released (the
+    /// table entry of a position a group no longer needs). Only with non-full groups.
+    null: bool,
+}
+
+/// One group's share of the pool. Relaxed everywhere: tallies, each exact at quiescence.
+#[derive(Default)]
+pub struct GroupTally {
+    /// OWNED blocks of the group.
+    pub used: AtomicUsize,
+    /// CACHED blocks of the group.
+    pub cached: AtomicUsize,
+    /// Table entries served by prefix hits.
+    pub hit_blocks: AtomicU64,
+    /// CACHED blocks of the group evicted.
+    pub evictions: AtomicU64,
+    /// Blocks registered in the prefix cache.
+    pub registered: AtomicU64,
+}
+
+// Relaxed: tallies (see `GroupTally`).
+fn up(a: &AtomicUsize) {
+    a.fetch_add(1, Ordering::Relaxed);
+}
+fn up64(a: &AtomicU64) {
+    a.fetch_add(1, Ordering::Relaxed);
+}
+fn down(a: &AtomicUsize) {
+    a.fetch_sub(1, Ordering::Relaxed);
 }
 
 fn stripe_of(digest: &Digest) -> usize {
@@ -95,7 +135,63 @@ impl BlockPool {
             events: events.then(EventLog::new),
             evicted: None,
             evictions: Padded(AtomicU64::new(0)),
+            group: Box::new([]),
+            tallies: Box::new([]),
+            null: false,
         })
+    }
+
+    /// The same pool for `num_groups` KV-cache groups (group bytes and tallies with more
+    /// than one), with block 0 taken as the null block when `null`.
+    pub fn with_groups(mut self, num_groups: usize, null: bool) -> Result<Self> {
+        if num_groups > 1 {
+            let n = self.num_blocks();
+            self.group = try_boxed(n, |_| AtomicU8::new(0), "the block groups")?;
+            self.tallies = try_boxed(num_groups, |_| Padded::default(), "the group tallies")?;
+        }
+        if null {
+            // A fresh pool pops block 0 first (`FreeStack::full`); nothing else runs yet.
+            if !self.reserve(1) || self.take() != 0 {
+                return Err(Error::Broken("the null block was not block 0".into()));
+            }
+            self.null = true;
+        }
+        Ok(self)
+    }
+
+    /// Blocks that can ever be handed out (all but the null block).
+    pub fn num_usable(&self) -> usize {
+        self.num_blocks() - usize::from(self.null)
+    }
+
+    /// The group of an OWNED or CACHED block (see the field).
+    pub fn group_of(&self, block: u32) -> u8 {
+        self.group
+            .get(block as usize)
+            .map_or(0, |g| g.load(Ordering::Relaxed))
+    }
+
+    /// The tally of group `g`, if the pool keeps them (several groups).
+    pub fn tally(&self, g: u8) -> Option<&GroupTally> {
+        self.tallies.get(g as usize).map(|t| &t.0)
+    }
+
+    /// Record that the caller's group `g` took `block` (right after `take`).
+    pub fn set_group(&self, block: u32, g: u8) {
+        if let Some(slot) = self.group.get(block as usize) {
+            slot.store(g, Ordering::Relaxed);
+        }
+        if let Some(t) = self.tally(g) {
+            up(&t.used);
+        }
+    }
+
+    /// The tally of `block`'s group.
+    fn tally_of(&self, block: u32) -> Option<&GroupTally> {
+        if self.tallies.is_empty() {
+            return None;
+        }
+        self.tally(self.group_of(block))
     }
 
     /// The same pool, logging its evictions (see `evicted`).
@@ -105,7 +201,7 @@ impl BlockPool {
     }
 
     /// The evictions logged since the last call, oldest first.
-    pub fn drain_evicted(&self) -> Vec<(u32, Digest)> {
+    pub fn drain_evicted(&self) -> Vec<(u32, u8, Digest)> {
         self.evicted
             .as_ref()
             .map(|log| std::mem::take(&mut *lock(log)))
@@ -196,10 +292,11 @@ impl BlockPool {
         }
         self.index.remove(&e.digest, e.block);
         if let (true, Some(log)) = (removed_event, &self.events) {
+            let group = self.group_of(e.block);
             log.push(KvEvent::BlockRemoved {
-                block_hash: e.digest,
+                block_hash: e.digest.keyed(group),
                 medium: Medium::Gpu,
-                group: 0,
+                group,
             });
         }
         true
@@ -209,12 +306,20 @@ impl BlockPool {
     fn evict_into(&self, n: usize, out: &mut Vec<u32>) -> usize {
         let claimed = self.lru.pop_claimed(n, |e| self.claim_record(e, 1, true));
         if let Some(log) = &self.evicted {
-            lock(log).extend(claimed.iter().map(|e| (e.block, e.digest)));
+            lock(log).extend(claimed.iter().map(|e| {
+                // The evicted block's group until its taker sets its own (after this).
+                let g = self.group_of(e.block);
+                (e.block, g, e.digest.keyed(g))
+            }));
         }
         for e in &claimed {
             // Relaxed: tallies (see the fields).
             self.cached.fetch_sub(1, Ordering::Relaxed);
             self.evictions.fetch_add(1, Ordering::Relaxed);
+            if let Some(t) = self.tally_of(e.block) {
+                down(&t.cached);
+                up64(&t.evictions);
+            }
             out.push(e.block);
         }
         claimed.len()
@@ -240,7 +345,16 @@ impl BlockPool {
         // Every state's line in flight before the first release's locked instruction.
         blocks.iter().for_each(|&b| prefetch(self.state(b)));
         for (i, &block) in blocks.iter().enumerate().rev() {
-            match self.state(block).release() {
+            let released = self.state(block).release();
+            if let (Some(t), Some(Released::ToFree | Released::ToCached { .. })) =
+                (self.tally_of(block), released)
+            {
+                down(&t.used);
+                if matches!(released, Some(Released::ToCached { .. })) {
+                    up(&t.cached);
+                }
+            }
+            match released {
                 Some(Released::StillOwned) => {}
                 Some(Released::ToFree) => freed.push(block),
                 Some(Released::ToCached { generation }) => match digests.get(i) {
@@ -280,6 +394,10 @@ impl BlockPool {
             Some(Released::ToCached { generation }) => {
                 // Relaxed: a tally (see the field).
                 self.cached.fetch_add(1, Ordering::Relaxed);
+                if let Some(t) = self.tally_of(block) {
+                    down(&t.used);
+                    up(&t.cached);
+                }
                 let bound = 2 * self.states.len() + 64;
                 let entry = Entry {
                     block,
@@ -328,6 +446,10 @@ impl BlockPool {
                 Pin::Pinned { revived } => {
                     if revived {
                         self.cached.fetch_sub(1, Ordering::Relaxed);
+                        if let Some(t) = self.tally_of(b) {
+                            down(&t.cached);
+                            up(&t.used);
+                        }
                     } else if have_unit {
                         *spare += 1;
                     }
@@ -420,10 +542,11 @@ impl BlockPool {
         }
         self.index.remove(digest, block);
         if let Some(log) = &self.events {
+            let group = self.group_of(block);
             log.push(KvEvent::BlockRemoved {
-                block_hash: *digest,
+                block_hash: digest.keyed(group),
                 medium: Medium::Gpu,
-                group: 0,
+                group,
             });
         }
         true
@@ -453,13 +576,16 @@ impl BlockPool {
     /// Refuses (false) while any block is OWNED. The caller excludes every other call that
     /// changes ownership (the manager's gate), so the check and the clearing are one step.
     pub fn reset(&self) -> bool {
-        if self.num_free() + self.num_cached() != self.num_blocks() {
+        if self.num_free() + self.num_cached() != self.num_usable() {
             return false;
         }
         for e in self.lru.drain() {
             // rc stays 0: CACHED -> FREE. Units stay counted in `available`.
             if self.claim_record(&e, 0, false) {
                 self.cached.fetch_sub(1, Ordering::Relaxed);
+                if let Some(t) = self.tally_of(e.block) {
+                    down(&t.cached);
+                }
                 self.free.push(e.block);
             }
         }
@@ -488,6 +614,11 @@ impl BlockPool {
     }
     pub fn index_tag_is(&self, block: u32, tag: Option<Tag>) -> bool {
         self.index.tag_is(block, tag)
+    }
+    /// The key a hashed block the caller holds is indexed under (stable while it stays
+    /// hashed and held), for a digest of `len` bytes.
+    pub fn index_key(&self, block: u32, len: usize) -> Digest {
+        self.index.stored(block, len)
     }
     pub fn index_digest_words(&self, block: u32) -> [u64; 4] {
         self.index.stored(block, 32).words()

@@ -69,6 +69,32 @@ impl Digest {
         out
     }
 
+    /// The key this digest is cached under in KV-cache group `group`: the digest itself for
+    /// group 0, else its meaningful bytes XORed with a fixed stream of the group's (one pool
+    /// holds every group's blocks, and a prompt's blocks in two groups must not collide).
+    /// An involution: keying a key with the same group gives the digest back. Two keys of
+    /// different groups collide only if their digests differ by exactly the XOR of the two
+    /// streams, which for a collision-resistant digest is as hard as a collision.
+    pub fn keyed(&self, group: u8) -> Digest {
+        if group == 0 {
+            return *self;
+        }
+        let mut out = *self;
+        let mut z = u64::from(group);
+        for chunk in out.bytes[..self.len as usize].chunks_mut(8) {
+            // splitmix64: a distinct, well-mixed word per group and position.
+            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut w = z;
+            w = (w ^ (w >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            w = (w ^ (w >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            w ^= w >> 31;
+            for (b, k) in chunk.iter_mut().zip(w.to_le_bytes()) {
+                *b ^= k;
+            }
+        }
+        out
+    }
+
     /// Inverse of `words`, for a digest of `len` bytes.
     pub fn from_words(words: [u64; 4], len: usize) -> Self {
         let mut bytes = [0u8; 32];
@@ -309,6 +335,30 @@ fn fill_le(buf: &mut [u8], tokens: &[u32]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn group_keys_are_involutions_distinct_per_group_and_keep_the_length() {
+        for algo in [HashAlgo::Sha256, HashAlgo::Xxh3_128] {
+            let h = BlockHasher::new(algo, 0);
+            let d = h.hash_block(&h.root(), &[1, 2, 3], &[]);
+            assert_eq!(d.keyed(0), d, "group 0 is the plain digest");
+            let keys: Vec<Digest> = (0..=255u8).map(|g| d.keyed(g)).collect();
+            let distinct: std::collections::HashSet<_> = keys.iter().map(Digest::words).collect();
+            assert_eq!(
+                distinct.len(),
+                256,
+                "{algo:?}: every group gets its own key"
+            );
+            for (g, k) in keys.iter().enumerate() {
+                assert_eq!(k.keyed(g as u8), d, "keying twice gives the digest back");
+                assert_eq!(k.as_bytes().len(), d.as_bytes().len());
+                // Bytes past the digest's length stay zero (words() pads with them).
+                if d.as_bytes().len() == 16 {
+                    assert_eq!(k.words()[2..], [0, 0]);
+                }
+            }
+        }
+    }
 
     #[test]
     fn sha256_root_matches_a_hand_built_message() {

@@ -1072,11 +1072,7 @@ impl BlockManager {
     /// first (empty unless `record_evictions`). Each block already has a new owner: copy it
     /// out before any device work that writes it (docs/tiers.md).
     pub fn drain_evictions(&self) -> Vec<(u32, u8, Digest)> {
-        self.gpu
-            .drain_evicted()
-            .into_iter()
-            .map(|(b, d)| (b, 0, d))
-            .collect()
+        self.gpu.drain_evicted()
     }
 
     pub fn drain_events(&self) -> Vec<KvEvent> {

@@ -60,61 +60,48 @@ impl GroupManager {
                             "block {b} in tables of two groups"
                         );
                         group_of[b as usize] = g as u8;
-                        if let Some(k) = st.pool.key(b) {
+                        if let Some((kg, kd)) = st.pool.key(b) {
                             ensure_invariant!(
                                 i < seq.registrable(bs)
-                                    && k.group == g as u8
-                                    && k.digest == seq.digests[i],
+                                    && kg == g as u8
+                                    && kd == seq.digests[i]
+                                    && st.pool.pool.index_tag_is(b, seq.tag(i)),
                                 "sequence {id}: group {g} entry {i} (block {b}) hashed wrongly"
                             );
                         }
                     }
                 }
             }
-            let cached = st.pool.cached_in_order();
-            ensure_invariant!(cached.len() == st.pool.num_cached(), "LRU list length");
-            let mut state = vec![0u8; n];
-            for &b in st.pool.free_list() {
-                ensure_invariant!(b != NULL && state[b as usize] == 0, "free block {b} twice");
-                state[b as usize] = 1;
-                ensure_invariant!(st.pool.key(b).is_none(), "free block {b} is hashed");
-            }
-            for &b in &cached {
-                ensure_invariant!(state[b as usize] == 0, "cached block {b} also elsewhere");
-                state[b as usize] = 2;
-                ensure_invariant!(st.pool.key(b).is_some(), "cached block {b} not hashed");
-            }
-            let mut hashed = 0;
+            // The pool's own audit: states, free stack, LRU, index and counters against the
+            // holders (the null block's one reference is the pool's own).
+            holders[NULL as usize] = 1;
+            st.pool.pool.audit(&holders)?;
             for b in 1..n {
-                let rc = st.pool.rc(b as u32);
-                ensure_invariant!(
-                    rc == holders[b],
-                    "block {b}: rc {rc} but {} table entries",
-                    holders[b]
-                );
-                ensure_invariant!(
-                    (rc > 0) != (state[b] != 0),
-                    "block {b} is owned and free or cached, or none of them"
-                );
-                if let Some(k) = st.pool.key(b as u32) {
-                    hashed += 1;
+                let w = st.pool.pool.state(b as u32).load();
+                if w.rc() > 0 || w.is_cached() {
                     ensure_invariant!(
-                        st.pool.find(k.group, &k.digest, k.tag) == Some(b as u32),
-                        "block {b} hashed but not in the index"
+                        group_of[b] == u8::MAX || group_of[b] == st.pool.group_of(b as u32),
+                        "block {b}: its tables' group is not the pool's"
                     );
-                    ensure_invariant!(st.pool.group_of(b as u32) == k.group, "block {b}: group");
                 }
             }
-            ensure_invariant!(hashed == st.pool.index_len(), "index holds strays");
-            ensure_invariant!(
-                st.pool.rc(NULL) == 0 && state[0] == 0,
-                "the null block was used"
-            );
-            for (g, t) in st.pool.tally.iter().enumerate() {
-                let used = (1..n)
-                    .filter(|&b| st.pool.rc(b as u32) > 0 && st.pool.group_of(b as u32) == g as u8)
-                    .count();
+            for (g, t) in st.pool.tallies().iter().enumerate() {
+                let count = |cached: bool| {
+                    (1..n)
+                        .filter(|&b| {
+                            let w = st.pool.pool.state(b as u32).load();
+                            let held = if cached { w.is_cached() } else { w.rc() > 0 };
+                            held && st.pool.group_of(b as u32) == g as u8
+                        })
+                        .count()
+                };
+                let (used, cached) = (count(false), count(true));
                 ensure_invariant!(t.used == used, "group {g}: used tally {} != {used}", t.used);
+                ensure_invariant!(
+                    t.cached == cached,
+                    "group {g}: cached tally {} != {cached}",
+                    t.cached
+                );
             }
             let cpu_held: usize = st
                 .seqs

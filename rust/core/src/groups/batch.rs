@@ -95,12 +95,9 @@ impl GroupManager {
                 let more = end.saturating_sub(table.len());
                 try_grow(table, more, "a block table")?;
             }
-            let positions = end.saturating_sub(seq.scheduled / bs);
-            st.pool
-                .reserve_index(self.num_groups().saturating_mul(positions))?;
         }
         for ((_, seq), plan) in seqs.iter_mut().zip(plans) {
-            Self::release_skipped(st, seq, &plan.skipped);
+            Self::release_skipped(st, seq, &plan.skipped)?;
         }
         let mut pairs = Vec::new();
         for ((_, seq), &t) in seqs.iter_mut().zip(tokens) {
@@ -127,7 +124,7 @@ impl GroupManager {
             }
             for id in ids {
                 if let Some(seq) = st.seqs.remove(id) {
-                    self.drop_seq(st, &seq, None);
+                    self.drop_seq(st, &seq, None)?;
                 }
             }
             Ok(())

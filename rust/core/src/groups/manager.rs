@@ -84,6 +84,8 @@ impl GroupManager {
             kinds.len(),
             config.enable_kv_events,
             config.record_evictions,
+            config.hash_algo.needs_verified_hits(),
+            config.hash_algo.digest_len(),
         )?;
         let mut cpu_free =
             crate::alloc::try_with_capacity(config.num_cpu_blocks as usize, "the CPU free list")?;
@@ -247,12 +249,11 @@ impl GroupManager {
             for table in &mut tables {
                 try_grow(table, total - h, "a block table")?;
             }
-            st.pool
-                .reserve_index(g_count.saturating_mul((s / bs).saturating_sub(h)))?;
             for (g, table) in tables.iter_mut().enumerate() {
-                for &b in table.iter().filter(|&&b| b != NULL) {
-                    st.pool.share(b);
-                    st.pool.tally[g].hit_blocks += 1;
+                for (i, b) in table.iter_mut().enumerate().filter(|(_, b)| **b != NULL) {
+                    *b = st
+                        .pool
+                        .share_hit(g as u8, &digests[i], tags.get(i).copied())?;
                 }
             }
             for (g, table) in tables.iter_mut().enumerate() {
@@ -294,7 +295,7 @@ impl GroupManager {
         for g in 0..self.kinds.len() {
             for i in from..upto {
                 let b = seq.tables[g][i];
-                if b == NULL || st.pool.key(b).is_some() {
+                if b == NULL || st.pool.is_hashed(b) {
                     continue;
                 }
                 let key = Key {
@@ -303,7 +304,7 @@ impl GroupManager {
                     tag: seq.tag(i),
                 };
                 let stored = || self.stored_event(seq, g, i, Medium::Gpu);
-                if st.pool.register(b, key, stored)? {
+                if st.pool.register(b, key, stored) {
                     st.t.registered += 1;
                 }
             }
@@ -366,11 +367,16 @@ impl GroupManager {
     }
 
     /// Release the planned skipped entries (null them; tail first within each group).
-    pub(crate) fn release_skipped(st: &mut State, seq: &mut GroupSeq, skipped: &[(usize, usize)]) {
+    pub(crate) fn release_skipped(
+        st: &mut State,
+        seq: &mut GroupSeq,
+        skipped: &[(usize, usize)],
+    ) -> Result<()> {
         for &(g, i) in skipped {
             let b = std::mem::replace(&mut seq.tables[g][i], NULL);
-            st.pool.release(b);
+            st.pool.release(b)?;
         }
+        Ok(())
     }
 
     /// Make positions `p .. to` writable: per group, copy the shared entries (pairs to
@@ -391,7 +397,7 @@ impl GroupManager {
                 let src = seq.tables[g][i];
                 if st.pool.rc(src) > 1 {
                     let dst = st.pool.take(g as u8)?;
-                    st.pool.release(src);
+                    st.pool.release(src)?;
                     seq.tables[g][i] = dst;
                     pairs.push((src, dst));
                     st.t.cow_copies += 1;
@@ -431,9 +437,6 @@ impl GroupManager {
             let more = end.saturating_sub(table.len());
             try_grow(table, more, "a block table")?;
         }
-        let positions = cdiv(to, bs).saturating_sub(p / bs);
-        st.pool
-            .reserve_index(self.kinds.len().saturating_mul(positions))?;
         Ok(Some(plan))
     }
 
@@ -448,7 +451,7 @@ impl GroupManager {
         to: usize,
     ) -> Result<Vec<(u32, u32)>> {
         let p = seq.scheduled;
-        Self::release_skipped(st, seq, &plan.skipped);
+        Self::release_skipped(st, seq, &plan.skipped)?;
         let mut pairs = Vec::new();
         self.write_step(st, seq, p, to, &mut pairs)?;
         let from = seq.registrable(self.block_size());
@@ -583,7 +586,7 @@ impl GroupManager {
                 let partial: Vec<Option<u32>> = (0..self.kinds.len())
                     .map(|g| {
                         let b = *seq.tables[g].get(i)?;
-                        (m % bs != 0 && b != NULL && st.pool.key(b).is_some()).then_some(b)
+                        (m % bs != 0 && st.pool.is_hashed(b)).then_some(b)
                     })
                     .collect();
                 let copies = partial
@@ -601,13 +604,13 @@ impl GroupManager {
                     while seq.tables[g].len() > keep {
                         let b = seq.tables[g].pop().unwrap_or(NULL);
                         if b != NULL {
-                            st.pool.release(b);
+                            st.pool.release(b)?;
                             st.t.truncated += 1;
                         }
                     }
                     if let Some(src) = hashed.filter(|&b| st.pool.rc(b) > 1) {
                         let dst = st.pool.take(g as u8)?;
-                        st.pool.release(src);
+                        st.pool.release(src)?;
                         seq.tables[g][i] = dst;
                         pairs.push((src, dst));
                         st.t.cow_copies += 1;
@@ -639,7 +642,7 @@ impl GroupManager {
                 .try_reserve(1)
                 .map_err(|_| Error::OutOfMemory("cannot grow the sequence map".into()))?;
             for &b in copy.tables.iter().flatten().filter(|&&b| b != NULL) {
-                st.pool.share(b);
+                st.pool.share(b)?;
             }
             st.seqs.insert(child, copy);
             Ok(())
@@ -662,12 +665,16 @@ impl GroupManager {
                 }
             }
             let seq = st.seqs.remove(&id).ok_or(Error::UnknownSequence(id))?;
-            self.drop_seq(st, &seq, num_computed_tokens);
-            Ok(())
+            self.drop_seq(st, &seq, num_computed_tokens)
         })
     }
 
-    pub(crate) fn drop_seq(&self, st: &mut State, seq: &GroupSeq, computed: Option<usize>) {
+    pub(crate) fn drop_seq(
+        &self,
+        st: &mut State,
+        seq: &GroupSeq,
+        computed: Option<usize>,
+    ) -> Result<()> {
         if let Some(cpu) = &seq.cpu {
             self.cpu_copies_removed(st, seq);
             let blocks: Vec<u32> = cpu
@@ -677,7 +684,7 @@ impl GroupManager {
                 .filter(|&c| c != super::table::SWAPPED_NULL)
                 .collect();
             st.cpu_free.extend(blocks.iter().rev());
-            return;
+            return Ok(());
         }
         let bs = self.block_size();
         let reg = seq.registrable(bs);
@@ -685,16 +692,17 @@ impl GroupManager {
             if let Some(c) = computed {
                 for i in (seq.hit_blocks.max(c / bs)..reg).rev() {
                     let b = seq.tables[g][i];
-                    if b != NULL && st.pool.key(b).is_some() {
+                    if st.pool.is_hashed(b) {
                         st.pool.unhash(b);
                         st.t.unregistered += 1;
                     }
                 }
             }
             for &b in seq.tables[g].iter().rev().filter(|&&b| b != NULL) {
-                st.pool.release(b);
+                st.pool.release(b)?;
             }
         }
+        Ok(())
     }
 
     pub fn lookup(
@@ -808,10 +816,10 @@ impl GroupManager {
     pub fn reset_prefix_cache(&self) -> Result<bool> {
         self.broken.guarded(true, || {
             let mut st = self.lock()?;
-            if st.pool.tally.iter().any(|t| t.used > 0) {
+            if st.pool.tallies().iter().any(|t| t.used > 0) {
                 return Ok(false);
             }
-            st.pool.clear_cached();
+            st.pool.clear_cached()?;
             st.t.prefix_queries = 0;
             st.t.prefix_hits = 0;
             st.recent.clear();

@@ -1,13 +1,14 @@
-//! One pool of equal pages shared by every group of a hybrid manager: the block lifecycle
-//! (FREE, OWNED, CACHED), the prefix index keyed by `(group, digest)`, the LRU order of
-//! cached blocks and the events. Single-threaded: the manager holds it under its mutex.
+//! The grouped manager's view of the one atomic block pool (`block_pool::BlockPool`, the
+//! pool the single-group manager uses): a block is indexed under `digest.keyed(group)`, its
+//! group and the per-group tallies live in the pool, and block 0 is the null block. The
+//! grouped manager calls it under its mutex, so every read here is exact.
 
-use crate::alloc::{try_filled, try_with_capacity};
+use crate::block_pool::{BlockPool, GroupTally, Hit};
 use crate::block_state::RC_MAX;
 use crate::error::{Error, Result};
-use crate::events::{KvEvent, Medium};
+use crate::events::KvEvent;
 use crate::hashing::{Digest, Tag};
-use std::collections::HashMap;
+use crate::sync::Ordering;
 
 /// Block 0: never allocated; a table entry a group does not need holds it.
 pub const NULL: u32 = 0;
@@ -21,9 +22,9 @@ pub struct Key {
     pub tag: Option<Tag>,
 }
 
-/// Per-group tallies for `stats()`.
+/// One group's tallies, read from the pool for `stats()` and the audit.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct GroupTally {
+pub struct TallySnapshot {
     pub used: usize,
     pub cached: usize,
     pub hit_blocks: u64,
@@ -32,75 +33,79 @@ pub struct GroupTally {
 }
 
 pub struct GroupPool {
-    /// Holders of each block: `>= 1` exactly while OWNED, 0 while FREE or CACHED (and for
-    /// the null block, which is never any of them).
-    rc: Vec<u32>,
-    /// The group whose table took the block; meaningful while OWNED or CACHED.
-    group: Vec<u8>,
-    /// `Some` exactly while the block is hashed: `index[(group, digest)] == block`.
-    key: Vec<Option<Key>>,
-    /// FREE blocks; popped from the end, so `1, 2, 3, ...` first.
-    free: Vec<u32>,
-    /// CACHED blocks in release order, an intrusive list through `prev`/`next` with the
-    /// null block as its sentinel: `next[NULL]` is the oldest, `prev[NULL]` the newest.
-    prev: Vec<u32>,
-    next: Vec<u32>,
-    num_cached: usize,
-    index: HashMap<(u8, Digest), u32>,
-    events: Option<Vec<KvEvent>>,
-    /// `(block, group, digest)` of every eviction while the log is on (`record_evictions`).
-    evicted: Option<Vec<(u32, u8, Digest)>>,
-    pub tally: Vec<GroupTally>,
+    pub(crate) pool: BlockPool,
+    num_groups: usize,
+    /// Bytes of a digest (the hash algorithm's), to read a block's key back.
+    digest_len: usize,
 }
 
 impl GroupPool {
-    pub fn new(num_blocks: u32, num_groups: usize, events: bool, evictions: bool) -> Result<Self> {
-        let n = num_blocks as usize;
-        let mut free = try_with_capacity(n, "the free block list")?;
-        free.extend((1..num_blocks).rev());
+    pub fn new(
+        num_blocks: u32,
+        num_groups: usize,
+        events: bool,
+        evictions: bool,
+        tagged: bool,
+        digest_len: usize,
+    ) -> Result<Self> {
+        let pool = BlockPool::new(num_blocks, events, tagged)?;
+        let pool = if evictions {
+            pool.with_eviction_log()
+        } else {
+            pool
+        };
+        // Two tallies at least, so that a one-group hybrid manager keeps its group's too.
+        let pool = pool.with_groups(num_groups.max(2), true)?;
         Ok(Self {
-            rc: try_filled(n, 0, "block refcounts")?,
-            group: try_filled(n, 0, "block groups")?,
-            key: try_filled(n, None, "block keys")?,
-            free,
-            prev: try_filled(n, NULL, "the LRU list")?,
-            next: try_filled(n, NULL, "the LRU list")?,
-            num_cached: 0,
-            index: HashMap::new(),
-            events: events.then(Vec::new),
-            evicted: evictions.then(Vec::new),
-            tally: vec![GroupTally::default(); num_groups],
+            pool,
+            num_groups,
+            digest_len,
         })
     }
 
     pub fn num_blocks(&self) -> usize {
-        self.rc.len()
+        self.pool.num_blocks()
     }
     pub fn num_free(&self) -> usize {
-        self.free.len()
+        self.pool.num_free()
     }
     pub fn num_cached(&self) -> usize {
-        self.num_cached
+        self.pool.num_cached()
     }
     pub fn available(&self) -> usize {
-        self.free.len() + self.num_cached
+        self.pool.num_available()
     }
+    /// Holders of a block (0 for the null block, which has none).
     pub fn rc(&self, block: u32) -> u32 {
-        self.rc[block as usize]
+        if block == NULL {
+            return 0;
+        }
+        self.pool.state(block).load().rc()
     }
-    pub fn key(&self, block: u32) -> Option<&Key> {
-        self.key[block as usize].as_ref()
+    pub fn is_hashed(&self, block: u32) -> bool {
+        block != NULL && self.pool.state(block).load().hashed()
+    }
+
+    /// The group and digest a hashed block is registered under.
+    pub fn key(&self, block: u32) -> Option<(u8, Digest)> {
+        if !self.is_hashed(block) {
+            return None;
+        }
+        let g = self.pool.group_of(block);
+        Some((g, self.pool.index_key(block, self.digest_len).keyed(g)))
     }
 
     /// The block registered under `(group, digest)` whose tag matches, if any. Reads only.
     pub fn find(&self, group: u8, digest: &Digest, tag: Option<Tag>) -> Option<u32> {
-        let b = *self.index.get(&(group, *digest))?;
-        (self.key[b as usize].map(|k| k.tag) == Some(tag)).then_some(b)
+        let key = digest.keyed(group);
+        let p = self.pool.peek(&key)?;
+        (self.pool.index_holds(p.block, &key) && self.pool.index_tag_is(p.block, tag))
+            .then_some(p.block)
     }
 
     /// Whether one more holder fits (checked before any change, so a refusal changes nothing).
     pub fn check_share(&self, block: u32) -> Result<()> {
-        if self.rc[block as usize] >= RC_MAX {
+        if self.rc(block) >= RC_MAX {
             return Err(Error::RefcountOverflow {
                 block,
                 limit: RC_MAX,
@@ -109,161 +114,110 @@ impl GroupPool {
         Ok(())
     }
 
-    fn unlink(&mut self, b: u32) {
-        let (p, n) = (self.prev[b as usize], self.next[b as usize]);
-        self.next[p as usize] = n;
-        self.prev[n as usize] = p;
-        self.num_cached -= 1;
-    }
-
-    fn push_newest(&mut self, b: u32) {
-        let last = self.prev[NULL as usize];
-        self.prev[b as usize] = last;
-        self.next[b as usize] = NULL;
-        self.next[last as usize] = b;
-        self.prev[NULL as usize] = b;
-        self.num_cached += 1;
-    }
-
-    /// Add a holder (a hit or a fork); a CACHED block becomes OWNED again.
-    pub fn share(&mut self, b: u32) {
-        if self.rc[b as usize] == 0 {
-            self.unlink(b);
-            let g = self.group[b as usize] as usize;
-            self.tally[g].cached -= 1;
-            self.tally[g].used += 1;
-        }
-        self.rc[b as usize] += 1;
-    }
-
-    /// A new block for `group`: the free list first, else the oldest CACHED block, evicted.
-    /// The caller checked `available()`; an empty pool here is a bug, reported as one.
-    pub fn take(&mut self, group: u8) -> Result<u32> {
-        let b = match self.free.pop() {
-            Some(b) => b,
-            None => {
-                let b = self.next[NULL as usize];
-                if b == NULL {
-                    return Err(Error::Broken("took a block from an empty pool".into()));
+    /// A prefix hit: one more holder of the block cached under `(group, digest)` (a CACHED
+    /// one is revived).
+    pub fn share_hit(&self, group: u8, digest: &Digest, tag: Option<Tag>) -> Result<u32> {
+        let mut spare = 0;
+        match self.pool.pin(&digest.keyed(group), tag, &mut spare)? {
+            Hit::Pinned { block, revived } => {
+                if let Some(t) = self.pool.tally(group) {
+                    t.hit_blocks.fetch_add(1, Ordering::Relaxed);
                 }
-                self.unlink(b);
-                let g = self.group[b as usize] as usize;
-                self.tally[g].cached -= 1;
-                self.tally[g].evictions += 1;
-                if let (Some(log), Some(k)) = (&mut self.evicted, self.key[b as usize]) {
-                    log.push((b, k.group, k.digest));
-                }
-                self.unhash(b);
-                b
+                let _ = revived;
+                Ok(block)
             }
-        };
-        self.rc[b as usize] = 1;
-        self.group[b as usize] = group;
-        self.tally[group as usize].used += 1;
+            other => Err(Error::Broken(format!(
+                "a hit found under the manager's lock was {other:?}"
+            ))),
+        }
+    }
+
+    /// One more holder of an OWNED block (a fork).
+    pub fn share(&self, block: u32) -> Result<()> {
+        self.pool
+            .state(block)
+            .share()
+            .map_err(|_| crate::block_pool::refcount_overflow(block))
+    }
+
+    /// A new block for `group`: a free one first, else the oldest CACHED block, evicted.
+    /// The caller checked `available()`; an empty pool here is a bug, reported as one.
+    pub fn take(&self, group: u8) -> Result<u32> {
+        if !self.pool.reserve(1) {
+            return Err(Error::Broken("took a block from an empty pool".into()));
+        }
+        let b = self.pool.take();
+        self.pool.set_group(b, group);
         Ok(b)
     }
 
     /// Drop one holder; at zero a hashed block is CACHED (newest), an unhashed one FREE.
-    pub fn release(&mut self, b: u32) {
-        let rc = &mut self.rc[b as usize];
-        *rc -= 1;
-        if *rc > 0 {
-            return;
-        }
-        let g = self.group[b as usize] as usize;
-        self.tally[g].used -= 1;
-        if self.key[b as usize].is_some() {
-            self.push_newest(b);
-            self.tally[g].cached += 1;
-        } else {
-            self.free.push(b);
-        }
-    }
-
-    /// Room for `n` more index entries, so that registrations after a call's first change
-    /// cannot fail for memory (the call reserves before it changes anything).
-    pub fn reserve_index(&mut self, n: usize) -> Result<()> {
-        self.index
-            .try_reserve(n)
-            .map_err(|_| Error::OutOfMemory("cannot grow the prefix index".into()))
+    pub fn release(&self, block: u32) -> Result<()> {
+        let key = self
+            .is_hashed(block)
+            .then(|| self.pool.index_key(block, self.digest_len));
+        self.pool.release(block, key.as_ref())
     }
 
     /// Register an OWNED block unless its key is taken; emits `BlockStored`.
-    pub fn register(&mut self, b: u32, key: Key, stored: impl FnOnce() -> KvEvent) -> Result<bool> {
-        self.reserve_index(1)?;
-        let slot = self.index.entry((key.group, key.digest));
-        if let std::collections::hash_map::Entry::Vacant(v) = slot {
-            v.insert(b);
-            self.key[b as usize] = Some(key);
-            self.tally[key.group as usize].registered += 1;
-            if let Some(log) = &mut self.events {
-                log.push(stored());
-            }
-            return Ok(true);
+    pub fn register(&self, block: u32, key: Key, stored: impl FnOnce() -> KvEvent) -> bool {
+        let new = self
+            .pool
+            .register(block, key.digest.keyed(key.group), key.tag, stored);
+        if let (true, Some(t)) = (new, self.pool.tally(key.group)) {
+            t.registered.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(false)
+        new
     }
 
-    /// Take the block out of the index (it stays where it is, unhashed); emits `BlockRemoved`.
-    pub fn unhash(&mut self, b: u32) {
-        if let Some(k) = self.key[b as usize].take() {
-            self.index.remove(&(k.group, k.digest));
-            self.push_event(|| KvEvent::BlockRemoved {
-                block_hash: k.digest,
-                medium: Medium::Gpu,
-                group: k.group,
-            });
+    /// Take a held block out of the index (it stays where it is, unhashed); emits
+    /// `BlockRemoved`.
+    pub fn unhash(&self, block: u32) {
+        if let Some((g, d)) = self.key(block) {
+            self.pool.retract(block, &d.keyed(g), false);
         }
     }
 
-    pub fn push_event(&mut self, event: impl FnOnce() -> KvEvent) {
-        if let Some(log) = &mut self.events {
-            log.push(event());
+    pub fn push_event(&self, event: impl FnOnce() -> KvEvent) {
+        self.pool.push_event(event);
+    }
+
+    pub fn drain_evicted(&self) -> Vec<(u32, u8, Digest)> {
+        self.pool.drain_evicted()
+    }
+
+    pub fn drain_events(&self) -> Vec<KvEvent> {
+        self.pool.drain_events()
+    }
+
+    /// `reset_prefix_cache`'s move of every CACHED block to the free stack, oldest first.
+    /// The caller checked that no block is OWNED.
+    pub fn clear_cached(&self) -> Result<()> {
+        if self.pool.reset() {
+            Ok(())
+        } else {
+            Err(Error::Broken("reset found owned blocks".into()))
         }
     }
 
-    pub fn drain_evicted(&mut self) -> Vec<(u32, u8, Digest)> {
-        self.evicted
-            .as_mut()
-            .map(std::mem::take)
-            .unwrap_or_default()
+    pub fn group_of(&self, block: u32) -> u8 {
+        self.pool.group_of(block)
     }
 
-    pub fn drain_events(&mut self) -> Vec<KvEvent> {
-        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    /// Group `g`'s tallies.
+    pub fn tally(&self, g: usize) -> TallySnapshot {
+        let t: Option<&GroupTally> = self.pool.tally(g as u8);
+        t.map_or_else(TallySnapshot::default, |t| TallySnapshot {
+            used: t.used.load(Ordering::Relaxed),
+            cached: t.cached.load(Ordering::Relaxed),
+            hit_blocks: t.hit_blocks.load(Ordering::Relaxed),
+            evictions: t.evictions.load(Ordering::Relaxed),
+            registered: t.registered.load(Ordering::Relaxed),
+        })
     }
 
-    /// `reset_prefix_cache`'s move of every CACHED block to the free list, oldest first.
-    pub fn clear_cached(&mut self) {
-        while self.next[NULL as usize] != NULL {
-            let b = self.next[NULL as usize];
-            self.unlink(b);
-            let g = self.group[b as usize] as usize;
-            self.tally[g].cached -= 1;
-            self.key[b as usize] = None;
-            self.free.push(b);
-        }
-        self.index.clear();
-        self.push_event(|| KvEvent::AllBlocksCleared);
-    }
-
-    /// The CACHED blocks, oldest first (audits).
-    pub fn cached_in_order(&self) -> Vec<u32> {
-        let mut out = Vec::new();
-        let mut b = self.next[NULL as usize];
-        while b != NULL && out.len() <= self.rc.len() {
-            out.push(b);
-            b = self.next[b as usize];
-        }
-        out
-    }
-    pub fn free_list(&self) -> &[u32] {
-        &self.free
-    }
-    pub fn index_len(&self) -> usize {
-        self.index.len()
-    }
-    pub fn group_of(&self, b: u32) -> u8 {
-        self.group[b as usize]
+    /// Every group's tallies.
+    pub fn tallies(&self) -> Vec<TallySnapshot> {
+        (0..self.num_groups).map(|g| self.tally(g)).collect()
     }
 }

@@ -106,7 +106,7 @@ impl GroupManager {
             let groups: Vec<GroupStats> = self
                 .kinds
                 .iter()
-                .zip(&st.pool.tally)
+                .zip(st.pool.tallies())
                 .map(|(k, t)| GroupStats {
                     kind: k.name(),
                     used_blocks: t.used,

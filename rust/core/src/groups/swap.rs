@@ -39,7 +39,7 @@ impl GroupManager {
             // Hashed blocks stay CACHED on the GPU (a later prompt may hit them).
             for table in &seq.tables {
                 for &b in table.iter().rev().filter(|&&b| b != NULL) {
-                    st.pool.release(b);
+                    st.pool.release(b)?;
                 }
             }
             st.t.swapped_out += count as u64;
@@ -66,7 +66,6 @@ impl GroupManager {
             if count > st.pool.available() {
                 return Ok(None);
             }
-            st.pool.reserve_index(count)?;
             let mut seq = st.seqs.remove(&id).ok_or(Error::UnknownSequence(id))?;
             let cpu = seq.cpu.take().unwrap_or_default();
             let mut pairs = Vec::with_capacity(count);
