@@ -76,11 +76,11 @@ impl GroupManager {
             // holders (the null block's one reference is the pool's own).
             holders[NULL as usize] = 1;
             st.pool.pool.audit(&holders)?;
-            for b in 1..n {
+            for (b, &g) in group_of.iter().enumerate().skip(1) {
                 let w = st.pool.pool.state(b as u32).load();
                 if w.rc() > 0 || w.is_cached() {
                     ensure_invariant!(
-                        group_of[b] == u8::MAX || group_of[b] == st.pool.group_of(b as u32),
+                        g == u8::MAX || g == st.pool.group_of(b as u32),
                         "block {b}: its tables' group is not the pool's"
                     );
                 }
