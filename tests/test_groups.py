@@ -603,6 +603,20 @@ def test_truncate_copies_shared_partial_blocks_in_group_order(make):
     assert m.stats().cow_copies == 2
 
 
+def test_truncate_releases_every_group_before_it_copies(make):
+    # One order for the Rust manager and the reference: withdraw, release every group's
+    # dropped entries (group by group, tail first), then copy in group order, so the copies
+    # reuse the blocks the releases freed (the last one freed first).
+    m = make(20, 4, groups=[FULL, FULL])
+    assert m.allocate(1, toks(0, 9)) == 0  # entries 0 and 1 registered, entry 2 partial
+    m.fork(1, 2)
+    assert m.append(1, [9]) is not None  # entry 2 copied in both groups: sequence 1's own
+    full, other = tables(m, 1)
+    pairs = m.truncate(1, 6)
+    assert pairs == [(full[1], other[2]), (other[1], full[2])]
+    assert tables(m, 1) == [[full[0], other[2]], [other[0], full[2]]]
+
+
 def test_truncate_gives_back_lookahead_blocks_in_every_group(make):
     m = make(30, 4, groups=[FULL, sw(8), STATE])
     assert m.allocate(1, toks(0, 8), lookahead=5) == 0

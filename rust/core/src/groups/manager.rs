@@ -596,18 +596,26 @@ impl GroupManager {
                 if copies > st.pool.available() {
                     return Ok(None);
                 }
-                let mut pairs = Vec::new();
-                for (g, &hashed) in partial.iter().enumerate() {
-                    if let Some(b) = hashed.filter(|&b| st.pool.rc(b) == 1) {
+                // One order for every layout (and the reference model's): withdraw the
+                // partial blocks held alone, then release every group's dropped entries
+                // (tail first, group by group), then copy the shared partial blocks in
+                // group order, so the copies may reuse blocks the releases freed.
+                for &b in partial.iter().flatten() {
+                    if st.pool.rc(b) == 1 {
                         st.pool.unhash(b);
                     }
-                    while seq.tables[g].len() > keep {
-                        let b = seq.tables[g].pop().unwrap_or(NULL);
+                }
+                for table in &mut seq.tables {
+                    while table.len() > keep {
+                        let b = table.pop().unwrap_or(NULL);
                         if b != NULL {
                             st.pool.release(b)?;
                             st.t.truncated += 1;
                         }
                     }
+                }
+                let mut pairs = Vec::new();
+                for (g, &hashed) in partial.iter().enumerate() {
                     if let Some(src) = hashed.filter(|&b| st.pool.rc(b) > 1) {
                         let dst = st.pool.take(g as u8)?;
                         st.pool.release(src)?;
