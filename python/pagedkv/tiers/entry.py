@@ -107,7 +107,7 @@ def process_secret() -> bytes:
 
 def _mac(secret: bytes, head: bytes, payload: bytes | memoryview) -> bytes:
     # OpenSSL's HMAC releases the GIL on large updates and uses the CPU's SHA extensions:
-    # about twice blake2b's rate on the machine this was measured on (docs/tiers.md).
+    # 2.4 to 3 times blake2b's rate on the machine this was measured on (docs/tiers.md).
     h = hmac.new(secret, head, "sha256")
     h.update(payload)
     return h.digest()[:_MAC]
