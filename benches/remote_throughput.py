@@ -1,6 +1,6 @@
 """Throughput of the remote tier on a local server: put and get of N entries of S bytes,
 through `RemoteTier` and, for comparison, plain redis-py SET/GET of the same bytes and the
-entry framing alone (blake2b checksum both ways). Starts its own redis-server (or
+entry framing alone (HMAC-SHA256 both ways). Starts its own redis-server (or
 valkey-server) on loopback TCP and on a unix socket, one thread.
 
     PYTHONPATH=python python benches/remote_throughput.py [--size 1048576] [--n 256]
@@ -47,23 +47,26 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="best of this many runs")
     args = ap.parse_args()
     ns = Namespace("bench", "layout", "float16", 16)
+    secret = os.urandom(32)
     keys = [TierKey(0, hashlib.blake2b(b"%d" % i, digest_size=32).digest()) for i in range(args.n)]
     data = [os.urandom(args.size) for _ in range(min(args.n, 16))]
     total = args.n * args.size
 
     r = args.repeat
     entries = [
-        encode_entry(ns.ident(), 0, k.digest, 0, 1, args.size, data[i % len(data)])
+        encode_entry(ns.ident(), 0, k.digest, 0, 1, args.size, data[i % len(data)], secret=secret)
         for i, k in enumerate(keys)
     ]
 
     def encode_all() -> None:
         for i, k in enumerate(keys):
-            encode_entry(ns.ident(), 0, k.digest, 0, 1, args.size, data[i % len(data)])
+            encode_entry(
+                ns.ident(), 0, k.digest, 0, 1, args.size, data[i % len(data)], secret=secret
+            )
 
     def check_all() -> None:
         for k, e in zip(keys, entries, strict=True):
-            decode_entry(e, ns.ident(), 0, k.digest)
+            decode_entry(e, ns.ident(), 0, k.digest, secret=secret)
 
     t_enc, t_dec = best(r, encode_all), best(r, check_all)
     parser = "hiredis" if redis.utils.HIREDIS_AVAILABLE else "python"
@@ -92,7 +95,7 @@ def main() -> None:
                 t_set, t_get = best(r, set_all), best(r, get_all)
                 plain.flushall()
 
-                tier = RemoteTier(url, ns, timeout=5.0)
+                tier = RemoteTier(url, ns, secret=secret, timeout=5.0)
 
                 def put_all(tier: RemoteTier = tier) -> None:
                     for i, k in enumerate(keys):

@@ -61,7 +61,7 @@ def test_shuffle_pays_on_bf16_kv(blocks: list[bytes]) -> None:
 
 @pytest.mark.parametrize("tier", ["HostTier", "CompressedHostTier"])
 def test_tier_put_get(benchmark: Any, blocks: list[bytes], tier: str) -> None:
-    """A put and a get of every block (framing, checksum and codec included)."""
+    """A put and a get of every block (framing, MAC and codec included)."""
     benchmark.group = "host tiers: put + get the small bf16 blocks"
     raw = sum(len(b) for b in blocks)
     keys = [TierKey(0, i.to_bytes(8, "little")) for i in range(len(blocks))]

@@ -30,7 +30,8 @@ GB/s on one thread (best of --repeat passes over all blocks), and the order-0 en
 each byte plane after the shuffle, the size a byte-wise entropy coder (zstd's literals
 stage, nvCOMP's ANS) would approach and lz4 (which has no entropy stage) cannot. Then the
 tiers themselves: put and get GB/s of `HostTier` and `CompressedHostTier` (framing and the
-blake2b-64 checksum included), blake2b alone, and the compress speed with 2 threads.
+HMAC-SHA256 MAC included), the MAC alone, blake2b-64 alone (the checksum of the entry format
+before the MAC), and the compress speed with 2 threads.
 
 These are not the KV of a trained model: trained models' K has a few large-magnitude
 channels and RoPE structure that random weights only partly reproduce, so real KV may
@@ -43,6 +44,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
+import hmac
 import math
 import os
 import platform
@@ -366,8 +368,8 @@ def measure_codec(name: str, blocks: list[bytes], repeat: int) -> CodecRow:
 
 
 def measure_tiers(blocks: list[bytes], repeat: int) -> dict[str, float]:
-    """put and get GB/s through the tiers (framing and checksum included), blake2b alone,
-    and shuffle+lz4 compress speed with 2 threads (the GIL is released)."""
+    """put and get GB/s through the tiers (framing and MAC included), the MAC and blake2b-64
+    alone, and shuffle+lz4 compress speed with 2 threads (the GIL is released)."""
     ns = Namespace("bench", "tier_codec", "bfloat16", 16)
     raw = sum(len(b) for b in blocks)
     keys = [TierKey(0, i.to_bytes(8, "little")) for i in range(len(blocks))]
@@ -386,6 +388,9 @@ def measure_tiers(blocks: list[bytes], repeat: int) -> dict[str, float]:
         out[f"{label} get"] = raw / t_get / 1e9
     t = _best(lambda: [hashlib.blake2b(b, digest_size=8).digest() for b in blocks], repeat)
     out["blake2b-64"] = raw / t / 1e9
+    key = bytes(32)
+    t = _best(lambda: [hmac.new(key, b, "sha256").digest() for b in blocks], repeat)
+    out["HMAC-SHA256 (the entry MAC)"] = raw / t / 1e9
     codec = C.ShuffleLz4Codec(2)
 
     def threads(n: int) -> None:
@@ -498,8 +503,8 @@ def report(small: bool, repeat: int, command: str = "python benches/tier_codec.p
         ]
     lines += [
         "",
-        "Through the tiers (put / get include the entry framing and the blake2b-64 "
-        "checksum, checked on every get), on the transformer bf16 blocks:",
+        "Through the tiers (put / get include the entry framing and the HMAC-SHA256 "
+        "MAC, checked on every get), on the transformer bf16 blocks:",
         "",
     ]
     lines += ["| what | GB/s |", "|---|---|"]

@@ -28,6 +28,7 @@ pytest.importorskip("lz4")
 
 NS = Namespace("test-model", "L2xH2xD16", "float16", 16)
 OTHER_NS = Namespace("other-model", "L2xH2xD16", "float16", 16)
+SECRET = b"host-test-secret-0123456789abcdef"
 BLOCK = 4096  # bytes of one test block
 
 
@@ -240,7 +241,7 @@ def test_stats_and_media() -> None:
         assert (st.raw_bytes_in, st.raw_bytes_out, st.hits, st.misses) == (16384, 16384, 1, 1)
         assert st.seconds_put > 0 and st.seconds_get > 0
     assert raw.stats().compression_ratio == 16384 / (16384 + HEADER_BYTES)  # framing only
-    assert comp.stats().compression_ratio > 100
+    assert comp.stats().compression_ratio > 16384 / (HEADER_BYTES + 100)  # under 100 B of lz4
     s = comp.stats()
     s.extra["stored_bytes_in"] = -1  # a snapshot: changing it changes nothing
     assert comp.stats().extra["stored_bytes_in"] > 0
@@ -284,7 +285,7 @@ def _flip(offset: int) -> Any:
 
 
 # offsets in the header: magic 0, namespace 4, group 20, codec 21, item size 22, digest
-# length 24, digest 25, raw length 57, payload length 65, checksum 73, payload 81 + 1
+# length 24, digest 25, raw length 57, payload length 65, MAC 73, payload 89
 DAMAGE = {
     "magic": _flip(0),
     "namespace": _flip(10),
@@ -294,7 +295,7 @@ DAMAGE = {
     "digest": _flip(40),
     "raw length": _flip(57),
     "payload length": _flip(65),
-    "checksum": _flip(75),
+    "MAC": _flip(75),
     "payload first byte": _flip(HEADER_BYTES),
     "payload last byte": _flip(-1),
     "truncated by one": lambda b: b.__delitem__(slice(-1, None)),
@@ -349,22 +350,60 @@ def test_foreign_entries_are_misses(make: Any) -> None:
     assert t.get(key(2)) == data
 
 
+@pytest.mark.parametrize("cls", [HostTier, CompressedHostTier])
+def test_secrets_decide_which_entries_pass(cls: Any) -> None:
+    """An entry made under another secret is a miss; under the same secret it hits in
+    another store; stores built without a secret share the process's random one."""
+    data = kv_like(BLOCK, 7)
+    mine, same, other = (cls(100_000, NS, secret=s) for s in (SECRET, SECRET, b"o" * 16))
+    default_a, default_b = cls(100_000, NS), cls(100_000, NS)
+    for store in (mine, same, other, default_a, default_b):
+        assert store.put(key(1), data)
+    assert bytes(_stored(mine, key(1))) != bytes(_stored(other, key(1)))
+    _stored(same, key(1))[:] = _stored(mine, key(1))
+    assert same.get(key(1)) == data  # same secret: the copied entry passes
+    _stored(default_b, key(1))[:] = _stored(default_a, key(1))
+    assert default_b.get(key(1)) == data
+    blobs = {id(t): bytes(_stored(t, key(1))) for t in (mine, other)}
+    for victim, source in ((mine, other), (other, mine), (default_a, mine)):
+        _stored(victim, key(1))[:] = blobs[id(source)]
+        assert victim.get(key(1)) is None
+        assert victim.stats().corrupt == 1
+    assert "secret" not in repr(mine) and SECRET.decode() not in repr(mine)
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        cls(1000, NS, secret=b"too short")
+    with pytest.raises(TypeError, match="bytes"):
+        cls(1000, NS, secret="a text secret, long enough")
+
+
+@pytest.mark.parametrize("cls", [HostTier, CompressedHostTier])
+def test_ambiguous_namespaces_do_not_share_entries(cls: Any) -> None:
+    """`model="a|b", layout="c"` and `model="a", layout="b|c"` were one namespace in the
+    first entry format; now an entry of one is a miss in the other."""
+    a = cls(100_000, Namespace("a|b", "c", "float16", 16), secret=SECRET)
+    b = cls(100_000, Namespace("a", "b|c", "float16", 16), secret=SECRET)
+    a.put(key(1), kv_like(BLOCK, 8))
+    b.put(key(1), bytes(BLOCK))
+    _stored(b, key(1))[:] = _stored(a, key(1))
+    assert b.get(key(1)) is None
+    assert b.stats().corrupt == 1
+
+
 def test_well_framed_garbage_is_a_miss() -> None:
-    """Entries with a valid checksum whose payload does not decode (a writer's bug, or a
+    """Entries with a valid MAC whose payload does not decode (a writer's bug, or a
     codec this reader lacks): misses too."""
-    t = CompressedHostTier(100_000, NS)
+    t = CompressedHostTier(100_000, NS, secret=SECRET)
     ns, d = NS.ident(), key(1).digest
+    lz4_zeros = C.Lz4Codec().encode(bytes(BLOCK)).payload
     cases = [
-        encode_entry(ns, 0, d, C.LZ4, 1, BLOCK, random_bytes(100, 1)),  # not lz4
+        encode_entry(ns, 0, d, C.LZ4, 1, BLOCK, random_bytes(100, 1), secret=SECRET),  # not lz4
         encode_entry(
-            ns, 0, d, C.SHUFFLE_LZ4, 2, BLOCK + 1, C.Lz4Codec().encode(bytes(BLOCK)).payload
+            ns, 0, d, C.SHUFFLE_LZ4, 2, BLOCK + 1, lz4_zeros, secret=SECRET
         ),  # decodes to the wrong length
-        encode_entry(ns, 0, d, C.LZ4, 1, 10**12, b"\x00" * 16),  # absurd raw length
-        encode_entry(ns, 0, d, 99, 1, BLOCK, bytes(10)),  # unknown codec
-        encode_entry(ns, 0, d, C.RAW, 1, BLOCK, bytes(BLOCK - 1)),  # raw of the wrong size
-        encode_entry(
-            ns, 0, d, C.SHUFFLE_LZ4, 0, BLOCK, C.Lz4Codec().encode(bytes(BLOCK)).payload
-        ),  # item size 0
+        encode_entry(ns, 0, d, C.LZ4, 1, 10**12, b"\x00" * 16, secret=SECRET),  # absurd length
+        encode_entry(ns, 0, d, 99, 1, BLOCK, bytes(10), secret=SECRET),  # unknown codec
+        encode_entry(ns, 0, d, C.RAW, 1, BLOCK, bytes(BLOCK - 1), secret=SECRET),  # wrong size
+        encode_entry(ns, 0, d, C.SHUFFLE_LZ4, 0, BLOCK, lz4_zeros, secret=SECRET),  # item size 0
     ]
     for blob in cases:
         t.put(key(1), bytes(BLOCK))
@@ -611,9 +650,9 @@ def test_import_needs_neither_torch_nor_lz4() -> None:
 
 def test_header_layout_assumed_above() -> None:
     """The damage offsets above follow tiers/entry.py's header."""
-    blob = encode_entry(NS.ident(), 5, b"\xab" * 32, 2, 0x0102, 7, b"payload")
-    assert blob[:4] == b"PKV1" and blob[4:20] == NS.ident()
+    blob = encode_entry(NS.ident(), 5, b"\xab" * 32, 2, 0x0102, 7, b"payload", secret=SECRET)
+    assert blob[:4] == b"PKV2" and blob[4:20] == NS.ident()
     assert (blob[20], blob[21], blob[22:24], blob[24]) == (5, 2, b"\x02\x01", 32)
     assert blob[25:57] == b"\xab" * 32
     assert struct.unpack_from("<QQ", blob, 57) == (7, 7)
-    assert HEADER_BYTES == 81 and blob[HEADER_BYTES:] == b"payload"
+    assert HEADER_BYTES == 89 and blob[HEADER_BYTES:] == b"payload"

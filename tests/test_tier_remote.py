@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +22,7 @@ import pytest
 
 from pagedkv.tiers import Namespace, TierKey, decode_entry, encode_entry
 from pagedkv.tiers.codec import LZ4, RAW, SHUFFLE_LZ4, Lz4Codec, ShuffleLz4Codec
+from pagedkv.tiers.entry import Entry
 from pagedkv.tiers.remote import RemoteTier
 from redis_fixtures import (
     Cluster,
@@ -32,6 +34,9 @@ from redis_fixtures import (
 )
 
 NS = Namespace("test-model", "L2xKV2xH4xD64", "float16", 16, "tenant-a")
+_HEAD = struct.Struct("<4s16sBBHB32sQQ")  # an entry's header before its MAC (entry.py)
+# The trust domain's MAC secret, given to every node (docs/tiers.md, "Who must be trusted").
+SECRET = b"remote-test-secret-0123456789abcdef"
 
 # Fault-test settings, and the slack allowed on top of them for a loaded 2-core machine.
 TIMEOUT = 0.3
@@ -51,6 +56,7 @@ def fault_tier(url: str, cluster: bool = False) -> RemoteTier:
     return RemoteTier(
         url,
         NS,
+        secret=SECRET,
         timeout=TIMEOUT,
         connect_timeout=TIMEOUT,
         retry_after=RETRY_AFTER,
@@ -97,7 +103,7 @@ def timed(fn, *args: object, limit: float = 10.0) -> tuple[object, float]:
 
 
 def test_round_trip_and_key_layout(server):
-    tier = RemoteTier(server.url, NS)
+    tier = RemoteTier(server.url, NS, secret=SECRET)
     assert tier.medium == "REMOTE"
     sizes = [0, 1, 4096, 100_000, 1 << 20]
     keys = [tkey(i, group=i % 2) for i in range(len(sizes))]
@@ -114,7 +120,7 @@ def test_round_trip_and_key_layout(server):
         name = f"pagedkv:{NS.ident().hex()}:{k.group}:{k.digest.hex()}"
         assert tier.key_name(k) == name
         assert "{" not in name  # no hash tag (docs/tiers.md, "Remote tier")
-        entry = decode_entry(raw.get(name), NS.ident(), k.group, k.digest)
+        entry = decode_entry(raw.get(name), NS.ident(), k.group, k.digest, secret=SECRET)
         assert entry.codec == 0
     assert raw.dbsize() == len(keys)
     assert raw.ttl(tier.key_name(keys[0])) == -1  # no TTL unless asked
@@ -132,7 +138,7 @@ def test_round_trip_and_key_layout(server):
 def test_unix_socket(kind, tmp_path):
     sock = tmp_path / "s.sock"
     with running_server(server_binary(kind), tmp_path / "srv", ["--unixsocket", str(sock)]):
-        tier = RemoteTier(f"unix://{sock}", NS)
+        tier = RemoteTier(f"unix://{sock}", NS, secret=SECRET)
         keys = [tkey(i) for i in range(4)]
         assert all(tier.put(k, block(i, 70_000)) for i, k in enumerate(keys))
         assert [tier.get(k) for k in keys] == [block(i, 70_000) for i in range(4)]
@@ -142,7 +148,7 @@ def test_unix_socket(kind, tmp_path):
 
 
 def test_count_present_prefix_and_batches(server):
-    tier = RemoteTier(server.url, NS, pipeline_batch=4)
+    tier = RemoteTier(server.url, NS, secret=SECRET, pipeline_batch=4)
     keys = [tkey(i) for i in range(12)]
     for i, k in enumerate(keys):
         if i != 6:
@@ -162,14 +168,16 @@ def test_count_present_prefix_and_batches(server):
     assert tier.count_present([tkey(6), *keys[:6]]) == 0
     assert tier.count_present([TierKey(1, keys[0].digest)]) == 0
 
-    one_batch = RemoteTier(server.url, NS)  # default batch: one round trip for all 12
+    one_batch = RemoteTier(
+        server.url, NS, secret=SECRET
+    )  # default batch: one round trip for all 12
     before = exists_calls()
     assert one_batch.count_present(keys) == 6
     assert exists_calls() - before == 12
 
 
 def test_discard_and_drain_removed(server):
-    tier = RemoteTier(server.url, NS)
+    tier = RemoteTier(server.url, NS, secret=SECRET)
     a, b = tkey(1), tkey(2)
     assert tier.put(a, block(1))
     assert tier.put(b, block(2))
@@ -184,7 +192,7 @@ def test_discard_and_drain_removed(server):
 
 
 def test_foreign_damaged_and_misplaced_values_are_misses(server):
-    tier = RemoteTier(server.url, NS)
+    tier = RemoteTier(server.url, NS, secret=SECRET)
     raw = server.client()
     good = [tkey(i) for i in range(8)]
     for i, k in enumerate(good):
@@ -196,7 +204,7 @@ def test_foreign_damaged_and_misplaced_values_are_misses(server):
     # A value of another namespace under our key (same group and digest).
     raw.set(
         tier.key_name(k0),
-        encode_entry(other_ns.ident(), k0.group, k0.digest, 0, 1, 4096, block(0)),
+        encode_entry(other_ns.ident(), k0.group, k0.digest, 0, 1, 4096, block(0), secret=SECRET),
     )
     # Truncated by one byte, and cut inside the header.
     raw.set(tier.key_name(k1), entries[k1][:-1])
@@ -226,6 +234,110 @@ def test_foreign_damaged_and_misplaced_values_are_misses(server):
     assert tier.get(k7) == block(7)
 
 
+def _old_entry(k: TierKey, data: bytes) -> bytes:
+    """A value of the first entry format (PKV1, the namespace's old text id, a valid
+    unkeyed blake2b-64 checksum): what a writer without the secret can always make."""
+    text = f"{NS.model}|{NS.layout}|{NS.dtype}|{NS.block_size}|{NS.tenant}"
+    ns_id = hashlib.blake2b(text.encode(), digest_size=16).digest()
+    head = _HEAD.pack(b"PKV1", ns_id, k.group, 0, 1, 32, k.digest, len(data), len(data))
+    return head + hashlib.blake2b(head + data, digest_size=8).digest() + data
+
+
+def _forged_entry(k: TierKey, data: bytes) -> bytes:
+    """A value of the current format for `k` in NS, every header field right, with the
+    unkeyed checksums a writer without the secret could compute in place of the MAC."""
+    head = _HEAD.pack(b"PKV2", NS.ident(), k.group, 0, 1, 32, k.digest, len(data), len(data))
+    return head + hashlib.blake2b(head + data, digest_size=16).digest() + data
+
+
+def test_forged_and_old_format_values_are_misses(server):
+    """Values written straight into the server by someone without the secret: a forged
+    entry with a valid unkeyed checksum, and an entry of the old format (PKV1) with its
+    valid checksum. Both are misses, counted as corrupt; the real entry still hits."""
+    tier = RemoteTier(server.url, NS, secret=SECRET)
+    raw = server.client()
+    k1, k2, k3 = tkey(1), tkey(2), tkey(3)
+    raw.set(tier.key_name(k1), _forged_entry(k1, block(1)))
+    raw.set(tier.key_name(k2), _old_entry(k2, block(2)))
+    # A real entry, then its payload swapped for other KV and "re-checksummed" unkeyed.
+    assert tier.put(k3, block(3))
+    raw.set(tier.key_name(k3), _forged_entry(k3, block(4)))
+    assert tier.count_present([k1, k2, k3]) == 3  # present, but never served:
+    assert [tier.get(k) for k in (k1, k2, k3)] == [None, None, None]
+    st = tier.stats()
+    assert (st.corrupt, st.hits, st.misses) == (3, 0, 3)
+    assert tier.put(k3, block(3)) and tier.get(k3) == block(3)
+
+
+def test_secrets_across_nodes(server):
+    """Nodes given one secret hit each other's blocks; a node with another secret misses
+    all of them (and its own entries miss for the others), though it can overwrite them."""
+    a = RemoteTier(server.url, NS, secret=SECRET)
+    b = RemoteTier(server.url, NS, secret=bytearray(SECRET))
+    c = RemoteTier(server.url, NS, secret=b"a-different-secret-0123456789")
+    k1, k2 = tkey(1), tkey(2)
+    assert a.put(k1, block(1))
+    assert b.get(k1) == block(1)
+    assert c.get(k1) is None
+    assert c.put(k2, block(2))
+    assert a.get(k2) is None and b.get(k2) is None
+    assert c.get(k2) == block(2)
+    assert c.put(k1, block(9))  # a writer with another secret can evict: a denial, no forgery
+    assert a.get(k1) is None and b.get(k1) is None
+    assert (a.stats().corrupt, b.stats().corrupt, c.stats().corrupt) == (2, 2, 1)
+    assert (a.stats().hits, b.stats().hits, c.stats().hits) == (0, 1, 1)
+
+
+def test_secret_is_required_and_checked(server):
+    with pytest.raises(TypeError, match="secret"):
+        RemoteTier(server.url, NS)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        RemoteTier(server.url, NS, secret=b"0123456789")
+    with pytest.raises(TypeError, match="bytes"):
+        RemoteTier(server.url, NS, secret="a text secret, long enough")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="bytes"):
+        RemoteTier(server.url, NS, secret=None)  # type: ignore[arg-type]
+
+
+def test_ambiguous_namespaces_do_not_hit_each_other(server):
+    """`model="a|b", layout="c"` and `model="a", layout="b|c"` shared one namespace id in
+    the first format: now their keys differ, and a value copied across is a miss."""
+    ta = RemoteTier(server.url, Namespace("a|b", "c", "float16", 16), secret=SECRET)
+    tb = RemoteTier(server.url, Namespace("a", "b|c", "float16", 16), secret=SECRET)
+    k = tkey(1)
+    assert ta.key_name(k) != tb.key_name(k)
+    assert ta.put(k, block(1))
+    assert tb.count_present([k]) == 0 and tb.get(k) is None
+    raw = server.client()
+    raw.set(tb.key_name(k), raw.get(ta.key_name(k)))
+    assert tb.get(k) is None and tb.stats().corrupt == 1
+    assert ta.get(k) == block(1)
+
+
+def test_secret_never_reaches_the_server(server):
+    """After puts (raw, compressed, `put_entry`), gets, look-ups and discards, no key and
+    no value on the server holds the secret, raw or in hex."""
+    raw = server.client()
+    plain = RemoteTier(server.url, NS, secret=SECRET)
+    packed = RemoteTier(server.url, NS, secret=SECRET, codec=ShuffleLz4Codec(2))
+    keys = [tkey(i) for i in range(40)]
+    for i, k in enumerate(keys):
+        tier = plain if i % 2 else packed
+        assert tier.put(k, bf16_like(i, 4096) if i % 3 else block(i, 1 + 97 * i))
+        assert tier.get(k) is not None
+    entry = plain.get_entry(keys[0])
+    assert entry is not None and plain.put_entry(tkey(100), entry)
+    assert plain.count_present(keys) == len(keys)
+    plain.discard(keys[1])
+    forms = (SECRET, SECRET.hex().encode(), SECRET.hex().upper().encode())
+    names = list(raw.scan_iter(count=1000))
+    assert len(names) == len(keys)  # 40 - 1 discarded + 1 by put_entry
+    for name in names:
+        value = raw.get(name)
+        assert value is not None
+        assert not any(f in name or f in value for f in forms), name
+
+
 def bf16_like(i: int, n: int = 64 * 1024) -> bytes:
     """Bytes shaped like bf16 KV: random low bytes, high bytes from a few values (sign and
     exponent), so the byte shuffle + lz4 compresses them and plain lz4 barely does."""
@@ -237,12 +349,14 @@ def bf16_like(i: int, n: int = 64 * 1024) -> bytes:
 
 def test_codec_round_trip_and_foreign_codecs(server):
     raw = server.client()
-    shuffled = RemoteTier(server.url, NS, codec=ShuffleLz4Codec(2))
-    plain = RemoteTier(server.url, NS)  # no codec: reads any known codec all the same
+    shuffled = RemoteTier(server.url, NS, secret=SECRET, codec=ShuffleLz4Codec(2))
+    plain = RemoteTier(
+        server.url, NS, secret=SECRET
+    )  # no codec: reads any known codec all the same
     k1, k2, k3, k4, k5 = (tkey(i) for i in range(1, 6))
 
     assert shuffled.put(k1, bf16_like(1))
-    e1 = decode_entry(raw.get(shuffled.key_name(k1)), NS.ident(), 0, k1.digest)
+    e1 = decode_entry(raw.get(shuffled.key_name(k1)), NS.ident(), 0, k1.digest, secret=SECRET)
     assert (e1.codec, e1.item_size, e1.raw_len) == (SHUFFLE_LZ4, 2, 64 * 1024)
     assert len(e1.payload) < 0.85 * 64 * 1024
     assert shuffled.get(k1) == bf16_like(1)
@@ -251,24 +365,28 @@ def test_codec_round_trip_and_foreign_codecs(server):
     assert st.compression_ratio > 1.15
     # Random bytes do not compress: stored raw (codec 0), counted as a fallback.
     assert shuffled.put(k2, block(2, 65536))
-    assert decode_entry(raw.get(shuffled.key_name(k2)), NS.ident(), 0, k2.digest).codec == RAW
+    e2 = decode_entry(raw.get(shuffled.key_name(k2)), NS.ident(), 0, k2.digest, secret=SECRET)
+    assert e2.codec == RAW
     assert shuffled.get(k2) == block(2, 65536)
     assert shuffled.stats().extra["raw_fallbacks"] == 1
 
-    # put_entry stores a caller's entry as it is (here lz4, made outside the tier).
+    # put_entry frames a caller's encoded block for the key, payload as it is (here lz4,
+    # made outside the tier), with the tier's own secret.
     enc = Lz4Codec().encode(bytes(65536))
     assert enc.codec_id == LZ4
-    e3 = encode_entry(NS.ident(), 0, k3.digest, enc.codec_id, 1, 65536, enc.payload)
+    e3 = Entry(enc.codec_id, 1, 65536, memoryview(enc.payload))
     assert plain.put_entry(k3, e3)
-    assert raw.get(plain.key_name(k3)) == e3
+    assert raw.get(plain.key_name(k3)) == encode_entry(
+        NS.ident(), 0, k3.digest, LZ4, 1, 65536, enc.payload, secret=SECRET
+    )
     got = plain.get_entry(k3)
     assert got is not None
     assert (got.codec, got.raw_len) == (LZ4, 65536)
     assert plain.get(k3) == bytes(65536)
 
     # An unknown codec, and an lz4 payload that is garbage under a valid checksum: misses.
-    plain.put_entry(k4, encode_entry(NS.ident(), 0, k4.digest, 7, 1, 100, b"x" * 50))
-    plain.put_entry(k5, encode_entry(NS.ident(), 0, k5.digest, LZ4, 1, 65536, b"\xff" * 64))
+    assert plain.put_entry(k4, Entry(7, 1, 100, memoryview(b"x" * 50)))
+    assert plain.put_entry(k5, Entry(LZ4, 1, 65536, memoryview(b"\xff" * 64)))
     before = plain.stats().corrupt
     assert plain.get(k4) is None
     assert plain.get(k5) is None
@@ -278,16 +396,16 @@ def test_codec_round_trip_and_foreign_codecs(server):
         def _compress(self, data):
             raise RuntimeError("broken codec")
 
-    broken = RemoteTier(server.url, NS, codec=Broken())
+    broken = RemoteTier(server.url, NS, secret=SECRET, codec=Broken())
     assert broken.put(tkey(9), bf16_like(9)) is False  # dropped, nothing stored
     assert raw.exists(broken.key_name(tkey(9))) == 0
     assert (broken.stats().dropped_puts, broken.stats().errors) == (1, 1)
     with pytest.raises(TypeError):
-        RemoteTier(server.url, NS, codec="lz4")  # type: ignore[arg-type]
+        RemoteTier(server.url, NS, secret=SECRET, codec="lz4")  # type: ignore[arg-type]
 
 
 def test_ttl(server):
-    tier = RemoteTier(server.url, NS, ttl=0.3)
+    tier = RemoteTier(server.url, NS, secret=SECRET, ttl=0.3)
     k = tkey(1)
     assert tier.put(k, block(1))
     pttl = server.client().pttl(tier.key_name(k))
@@ -453,7 +571,7 @@ def test_unreachable_from_the_start():
 
 
 def test_threads_put_get_concurrently(server):
-    tier = RemoteTier(server.url, NS, timeout=10.0)
+    tier = RemoteTier(server.url, NS, secret=SECRET, timeout=10.0)
     n_threads, per, shared = 8, 40, 10
 
     def shared_block(j: int) -> bytes:
@@ -480,7 +598,7 @@ def test_threads_put_get_concurrently(server):
     assert (st.dropped_puts, st.errors, st.corrupt, st.misses) == (0, 0, 0, 0)
     assert st.extra["lookups"] == n_threads * per
     # Every stored block reads back exactly, through a fresh tier and a raw client.
-    fresh = RemoteTier(server.url, NS)
+    fresh = RemoteTier(server.url, NS, secret=SECRET)
     raw = server.client()
     for t in range(n_threads):
         rng = random.Random(t)
@@ -488,7 +606,7 @@ def test_threads_put_get_concurrently(server):
             k = tkey(t * per + j)
             data = block(t * per + j, rng.randint(1, 64 * 1024))
             assert fresh.get(k) == data
-            entry = decode_entry(raw.get(fresh.key_name(k)), NS.ident(), 0, k.digest)
+            entry = decode_entry(raw.get(fresh.key_name(k)), NS.ident(), 0, k.digest, secret=SECRET)
             assert bytes(entry.payload) == data
     assert all(fresh.get(tkey(10_000 + j)) == shared_block(j) for j in range(shared))
     assert raw.dbsize() == n_threads * per + shared
@@ -498,7 +616,7 @@ def test_threads_put_get_concurrently(server):
 
 
 def test_cluster_round_trip_spreads_keys(cluster):
-    tier = RemoteTier(cluster.url, NS, cluster=True, timeout=2.0, pipeline_batch=50)
+    tier = RemoteTier(cluster.url, NS, secret=SECRET, cluster=True, timeout=2.0, pipeline_batch=50)
     keys = [tkey(i) for i in range(300)]
     for i, k in enumerate(keys):
         assert tier.put(k, block(i, 1024))
@@ -518,8 +636,19 @@ def test_cluster_round_trip_spreads_keys(cluster):
     assert tier.count_present(keys) == 300
     assert tier.count_present([*keys[:120], tkey(999), *keys[120:]]) == 120
     # Batches of 50: the second lookup ends with its third batch (keys 100..149, the
-    # absent one at 120), the rest is never sent: 300 + 150 EXISTS in all.
-    assert exists_calls() - before == 300 + 150
+    # absent one at 120), the rest is never sent. Inside that batch each node's pipeline
+    # goes in turn (ordered by its first key); once the absent key's node has answered,
+    # the nodes after it are asked only for the keys before the absent one.
+    third = [*keys[:120], tkey(999), *keys[120:]][100:150]
+    owners = [cluster.owner(tier.key_name(k)) for k in third]
+    sent, limit = 0, len(third)
+    for node in dict.fromkeys(owners):
+        mine = [i for i, o in enumerate(owners) if o == node and i < limit]
+        sent += len(mine)
+        if 20 in mine:
+            limit = 20
+    assert 21 <= sent <= 50
+    assert exists_calls() - before == 300 + 100 + sent
     tier.discard(keys[0])
     assert tier.get(keys[0]) is None
     assert tier.drain_removed() == [keys[0]]
@@ -597,7 +726,7 @@ def test_cluster_tier_built_while_its_seed_is_down(cluster):
 # --- with the tier manager: two serving nodes share one server ---------------------------
 
 
-def _node(url: str) -> tuple[Any, Any, Any]:
+def _node(url: str, secret: bytes = SECRET) -> tuple[Any, Any, Any]:
     """One serving node: a manager, a CPU pool and a `TieredCache` over the remote tier."""
     from pagedkv import BlockManager
     from pagedkv.pool import KVCachePool
@@ -605,7 +734,9 @@ def _node(url: str) -> tuple[Any, Any, Any]:
 
     m = BlockManager(E2E_BLOCKS, E2E_BS, record_evictions=True)
     pool = KVCachePool(2, E2E_BLOCKS, E2E_BS, 2, 8, dtype="float16", device="cpu")
-    tier = RemoteTier(url, E2E_NS, timeout=TIMEOUT, connect_timeout=TIMEOUT, retry_after=0.2)
+    tier = RemoteTier(
+        url, E2E_NS, secret=secret, timeout=TIMEOUT, connect_timeout=TIMEOUT, retry_after=0.2
+    )
     return m, pool, TieredCache(m, pool, [tier])
 
 
@@ -661,7 +792,15 @@ def test_two_nodes_share_blocks_through_the_server(server):
     assert _admit(b, 0, prompt) == 20
     s = b[2].stats()
     assert (s.tier_hit_tokens, s.blocks_promoted, s.failed_loads) == ([20], 5, 0)
-    for node in (a, b):
+    # Node C was given another secret: the blocks are present for it, but every entry
+    # fails its MAC, so its load fails and it computes the prompt (checked by _admit).
+    c = _node(server.url, secret=b"another-trust-domain-secret!")
+    assert c[2].lookup(prompt) == (0, (20,))
+    assert _admit(c, 0, prompt) == 0
+    s = c[2].stats()
+    assert (s.tier_hit_tokens, s.blocks_promoted, s.failed_loads) == ([0], 0, 1)
+    assert s.stores[0].corrupt == 1 and s.stores[0].hits == 0
+    for node in (a, b, c):
         node[2].close()
 
 

@@ -145,10 +145,16 @@ class TierDriver:
             else:
                 stores.append(CompressedHostTier(budget, ns, codec))
         if o.remote is not None:
+            import secrets
+
             from pagedkv.tiers.remote import RemoteTier
 
+            # The run's own MAC secret, like its namespace: no other run's entry passes.
+            secret = secrets.token_bytes(32)
             stores.append(
-                RemoteTier(o.remote, ns, cluster=o.remote_cluster, codec=codec, ttl=3600.0)
+                RemoteTier(
+                    o.remote, ns, secret=secret, cluster=o.remote_cluster, codec=codec, ttl=3600.0
+                )
             )
         if not stores:
             raise ValueError("give --host-tier-bytes or --remote (or both)")

@@ -1,7 +1,8 @@
 """Tiers below the GPU: host memory, compressed host memory and a shared Redis-protocol
 store (docs/tiers.md). The core says which blocks leave the GPU (evictions) and where hits
 are; these stores keep the bytes, keyed by the block's chain digest and its group, inside a
-namespace, each entry framed with a checksum so that a wrong or damaged entry is a miss.
+namespace, each entry framed with a MAC keyed by the tier's secret so that a wrong, damaged
+or forged entry is a miss.
 """
 
 from __future__ import annotations

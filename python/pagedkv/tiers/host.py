@@ -1,17 +1,17 @@
 """The host-memory tiers (docs/tiers.md, "Host tiers"): `HostTier` keeps blocks raw,
 `CompressedHostTier` through a codec (byte shuffle + lz4 by default). Both are LRU stores
-under a byte budget that counts what they hold (entry header, 81 bytes, plus payload).
+under a byte budget that counts what they hold (entry header, 89 bytes, plus payload).
 
 Both implement `TierStore`: every method is thread-safe and none raises for a missing or
 damaged entry. The lock guards only the index (an ordered dict of entries) and the
-counters: compressing, framing and checksumming a put, and checking, decompressing and
-copying a get, run outside it, so several threads do that work at once (lz4, numpy's
-copies and hashlib's blake2b all release the GIL on large buffers).
+counters: compressing, framing and MACing a put, and checking, decompressing and copying a
+get, run outside it, so several threads do that work at once (lz4, numpy's copies and
+OpenSSL's HMAC-SHA256 all release the GIL on large buffers).
 
 A put that does not fit evicts the least recently used entries until it does; an entry
 larger than the whole budget is dropped (nothing is evicted for it). `get` refreshes an
 entry's recency; `count_present` does not (it is a look-up, not a use). A get whose entry
-fails its check (header, lengths, checksum, codec) is a miss, counted in `corrupt`, and the
+fails its check (header, lengths, MAC, codec) is a miss, counted in `corrupt`, and the
 entry is removed from the store (reported by `drain_removed` like an eviction).
 
 Entries are plain ``bytearray`` objects, not pinned memory: `get` returns ``bytes`` (the
@@ -31,7 +31,14 @@ from typing import TYPE_CHECKING
 
 from pagedkv.tiers import codec as C
 from pagedkv.tiers.base import TierKey, TierStats, TierStore
-from pagedkv.tiers.entry import EntryError, Namespace, decode_entry, encode_entry
+from pagedkv.tiers.entry import (
+    EntryError,
+    Namespace,
+    check_secret,
+    decode_entry,
+    encode_entry,
+    process_secret,
+)
 
 #: Element size of the dtypes a namespace may name (the shuffle's stride); others use 2.
 _ITEM_SIZES = {
@@ -82,12 +89,21 @@ class _HostStore:
 
     medium: str = "CPU"
 
-    def __init__(self, budget_bytes: int, namespace: Namespace, codec: C.Codec, name: str) -> None:
+    def __init__(
+        self,
+        budget_bytes: int,
+        namespace: Namespace,
+        codec: C.Codec,
+        name: str,
+        secret: bytes | None,
+    ) -> None:
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int):
             raise TypeError(f"budget_bytes must be an int, got {budget_bytes!r}")
         if budget_bytes < 0:
             raise ValueError("budget_bytes must be at least 0")
         _check_namespace(namespace)
+        # Not an attribute of the public API, never in repr: see docs/tiers.md.
+        self._secret = process_secret() if secret is None else check_secret(secret)
         self.budget_bytes = budget_bytes
         self.namespace = namespace
         self.codec = codec
@@ -138,6 +154,7 @@ class _HostStore:
                     enc.item_size,
                     raw_len,
                     memoryview(enc.payload),
+                    secret=self._secret,
                 )
             )
         except Exception:
@@ -168,7 +185,7 @@ class _HostStore:
         return True
 
     def get(self, key: TierKey) -> bytes | None:
-        """The raw bytes under `key` (checked against the key, lengths and checksum, then
+        """The raw bytes under `key` (checked against the key, lengths and MAC, then
         decoded), or None; a damaged entry is removed and counted in `corrupt`."""
         t0 = time.perf_counter()
         key = TierKey(*key)
@@ -184,7 +201,9 @@ class _HostStore:
         out: bytes | None = None
         corrupt = False
         try:
-            e = decode_entry(memoryview(blob), self._ns_id, key.group, key.digest)
+            e = decode_entry(
+                memoryview(blob), self._ns_id, key.group, key.digest, secret=self._secret
+            )
             out = C.decode(e.codec, e.item_size, e.payload, e.raw_len)
         except EntryError:
             corrupt = True
@@ -259,20 +278,30 @@ class _HostStore:
 
 class HostTier(_HostStore):
     """Raw blocks in host memory under a byte budget, LRU (medium ``"CPU"``). The budget
-    counts each entry's framing too: a block of B bytes takes B + 81."""
+    counts each entry's framing too: a block of B bytes takes B + 89. `secret` keys the
+    entries' MAC (16 bytes or more); by default the process's random secret, which suits a
+    store that never shares its entries with another process."""
 
     medium = "CPU"
 
-    def __init__(self, budget_bytes: int, namespace: Namespace, *, name: str = "host") -> None:
+    def __init__(
+        self,
+        budget_bytes: int,
+        namespace: Namespace,
+        *,
+        name: str = "host",
+        secret: bytes | None = None,
+    ) -> None:
         _check_namespace(namespace)
-        super().__init__(budget_bytes, namespace, C.RawCodec(item_size_of(namespace.dtype)), name)
+        codec = C.RawCodec(item_size_of(namespace.dtype))
+        super().__init__(budget_bytes, namespace, codec, name, secret)
 
 
 class CompressedHostTier(_HostStore):
     """Compressed blocks in host memory under a byte budget of stored (compressed and
     framed) bytes, LRU (medium ``"CPU_COMPRESSED"``). ``codec`` defaults to
     ``ShuffleLz4Codec`` by the element size of the namespace's dtype (2 for fp16/bf16); a
-    block that compresses by less than 1/64 is kept raw."""
+    block that compresses by less than 1/64 is kept raw. `secret` as for `HostTier`."""
 
     medium = "CPU_COMPRESSED"
 
@@ -283,13 +312,14 @@ class CompressedHostTier(_HostStore):
         codec: C.Codec | None = None,
         *,
         name: str = "host_compressed",
+        secret: bytes | None = None,
     ) -> None:
         _check_namespace(namespace)
         if codec is None:
             codec = C.ShuffleLz4Codec(item_size_of(namespace.dtype))
         if not isinstance(codec, C.Codec):
             raise TypeError("codec must be a pagedkv.tiers.codec.Codec")
-        super().__init__(budget_bytes, namespace, codec, name)
+        super().__init__(budget_bytes, namespace, codec, name, secret)
 
 
 if TYPE_CHECKING:  # mypy checks that both implement the interface

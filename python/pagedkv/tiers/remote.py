@@ -4,8 +4,9 @@
 One block is one string value, an entry of `tiers/entry.py`, under the key
 ``pagedkv:{namespace id hex}:{group}:{digest hex}``. A put is a single SET (atomic: a reader
 sees the whole entry or none), a get a single GET whose value is checked against the key
-asked for, and `count_present` one pipelined round trip of EXISTS per server. Every failure
-(refused, reset, timed out, MOVED, CLUSTERDOWN, a damaged or foreign value) is a miss or a
+asked for and its MAC under the tier's secret (which the server never sees), and
+`count_present` one pipelined round trip of EXISTS per server. Every failure (refused,
+reset, timed out, MOVED, CLUSTERDOWN, a damaged, forged or foreign value) is a miss or a
 dropped put, counted in the stats; nothing raises to the caller and every socket wait is
 bounded by `timeout` (`connect_timeout` to connect). After a transport failure a server is
 left alone for `retry_after` seconds (its keys miss at once), then one caller probes it and
@@ -19,7 +20,6 @@ node has its own breaker, so a dead node's keys miss while the other nodes' keys
 from __future__ import annotations
 
 import contextlib
-import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -46,10 +46,10 @@ from redis.retry import Retry
 from pagedkv.tiers import codec as C
 from pagedkv.tiers.base import TierKey, TierStats
 from pagedkv.tiers.entry import (
-    HEADER_BYTES,
     Entry,
     EntryError,
     Namespace,
+    check_secret,
     decode_entry,
     encode_entry,
 )
@@ -57,10 +57,6 @@ from pagedkv.tiers.entry import (
 # redis-py leaves these unannotated.
 _parse_url = cast(Callable[[str], dict[str, Any]], parse_url)
 _ClusterNode = cast(Callable[[str, int], ClusterNode], ClusterNode)
-
-# Raw and payload lengths are the two u64 before the checksum (entry.py's layout).
-_LENGTHS = struct.Struct("<QQ")
-_LENGTHS_AT = HEADER_BYTES - 8 - _LENGTHS.size
 
 # Transport failures: the server is down, stalled, restarting or not serving its slots.
 # These open the server's breaker for `retry_after` seconds.
@@ -100,6 +96,10 @@ class RemoteTier:
     `url`: ``redis://host:port/db`` (or ``rediss://``, ``unix:///path.sock``); with
     ``cluster=True`` the address of one cluster node, the others are discovered.
     `namespace`: what must match for an entry to be served (entry.py).
+    `secret`: the key of the entries' MAC (bytes, 16 or more), required: every node that
+    shares the namespace on the server must be given the same secret (from the operator's
+    secret store), and it is never sent to the server. An entry made without it is a miss
+    (docs/tiers.md, "Who must be trusted").
     `timeout`: the bound on each socket wait for a reply; `connect_timeout`: on connecting.
     `retry_after`: seconds a failed server is left alone (its keys miss at once).
     `ttl`: seconds each stored entry lives (None: until the server evicts it; give the server
@@ -120,6 +120,7 @@ class RemoteTier:
         url: str,
         namespace: Namespace,
         *,
+        secret: bytes,
         timeout: float = 0.5,
         connect_timeout: float = 1.0,
         retry_after: float = 1.0,
@@ -129,6 +130,7 @@ class RemoteTier:
         codec: C.Codec | None = None,
         name: str = "remote",
     ) -> None:
+        self._secret = check_secret(secret)  # never an attribute of the API, never in repr
         if timeout <= 0 or connect_timeout <= 0:
             raise ValueError("timeouts must be positive (an unbounded wait could hang)")
         if retry_after < 0:
@@ -205,29 +207,47 @@ class RemoteTier:
                 item_size,
                 len(data),
                 memoryview(payload),
+                secret=self._secret,
             )
-        except Exception:
-            with self._lock:
-                self._stats.puts += 1
-                self._stats.dropped_puts += 1
-                self._stats.errors += 1
-                self._stats.seconds_put += time.perf_counter() - t0
-            return False
+        except Exception:  # the codec or the framing failed: dropped, nothing stored
+            return self._dropped(t0)
         fallback = (
             self.codec is not None
             and self.codec.codec_id != C.RAW
             and codec_id == C.RAW
             and len(data) > 0
         )
-        return self._store(key, entry, t0, fallback)
+        return self._store(key, entry, len(data), t0, fallback)
 
-    def put_entry(self, key: TierKey, entry: bytes | memoryview) -> bool:
-        """Store an entry framed by the caller (`encode_entry` with this tier's namespace id
-        and `key`, any codec) as it is: one SET of the whole value; False (and nothing
-        stored) when it was dropped."""
-        return self._store(key, entry, time.perf_counter(), False)
+    def put_entry(self, key: TierKey, entry: Entry) -> bool:
+        """Store a block the caller already holds encoded (an `Entry` of any codec, such as
+        `get_entry` returns): framed here for `key` with this tier's namespace and secret,
+        the payload as it is, in one SET; False (and nothing stored) when it was dropped."""
+        t0 = time.perf_counter()
+        try:
+            blob = encode_entry(
+                self._ns_id,
+                key.group,
+                key.digest,
+                entry.codec,
+                entry.item_size,
+                entry.raw_len,
+                entry.payload,
+                secret=self._secret,
+            )
+        except Exception:  # the codec or the framing failed: dropped, nothing stored
+            return self._dropped(t0)
+        return self._store(key, blob, entry.raw_len, t0, False)
 
-    def _store(self, key: TierKey, entry: bytes | memoryview, t0: float, fallback: bool) -> bool:
+    def _dropped(self, t0: float) -> bool:
+        with self._lock:
+            self._stats.puts += 1
+            self._stats.dropped_puts += 1
+            self._stats.errors += 1
+            self._stats.seconds_put += time.perf_counter() - t0
+        return False
+
+    def _store(self, key: TierKey, entry: bytes, raw_len: int, t0: float, fallback: bool) -> bool:
         name = self.key_name(key)
         node = self._route(name)
         ok = False
@@ -242,7 +262,6 @@ class RemoteTier:
             else:
                 self._succeeded(node)
                 ok = True
-        raw_len = _LENGTHS.unpack_from(entry, _LENGTHS_AT)[0] if len(entry) >= HEADER_BYTES else 0
         with self._lock:
             st = self._stats
             st.puts += 1
@@ -272,7 +291,9 @@ class RemoteTier:
         if blob is None:
             return None
         try:
-            return decode_entry(cast(bytes, blob), self._ns_id, key.group, key.digest)
+            return decode_entry(
+                cast(bytes, blob), self._ns_id, key.group, key.digest, secret=self._secret
+            )
         except EntryError:
             with self._lock:
                 self._stats.corrupt += 1
