@@ -26,8 +26,18 @@ pub struct Sequence {
     /// Encoded extra keys (salt, LoRA id), shared by forks.
     pub extras: Arc<[u8]>,
     pub lora_id: Option<u64>,
-    /// `Some` while swapped out: the CPU blocks holding its KV, logical order.
+    /// `Some` while swapped out: the CPU blocks holding group 0's KV, logical order
+    /// (`SWAPPED_NULL` where the table held the null block).
     pub cpu_blocks: Option<Vec<u32>>,
+    /// The tables of groups `1..` (KV-cache groups; empty with one group): each as long as
+    /// `blocks`, starting with a run of null entries (block 0, positions that group no longer
+    /// needs). Empty while swapped out.
+    pub more: Vec<Vec<u32>>,
+    /// While swapped out: the CPU blocks of groups `1..`, shaped as `more` was.
+    pub cpu_more: Vec<Vec<u32>>,
+    /// Whether block 0 is the manager's null block (then a table's leading zeros are null
+    /// entries, not a block).
+    pub null_block: bool,
     /// Sum over `i` of `mix(i, blocks[i])`: equal tables give equal digests, and replacing
     /// one entry updates it in O(1).
     pub table_digest: u64,
@@ -53,8 +63,84 @@ impl Sequence {
             extras,
             lora_id,
             cpu_blocks: None,
+            more: Vec::new(),
+            cpu_more: Vec::new(),
+            null_block: false,
             table_digest: 0,
         }
+    }
+
+    /// Leading null entries of group `g`'s table.
+    pub fn nulls(&self, g: usize) -> usize {
+        if !self.null_block {
+            return 0;
+        }
+        self.table(g).iter().take_while(|&&b| b == 0).count()
+    }
+
+    /// The number of groups whose tables this sequence holds.
+    pub fn num_groups(&self) -> usize {
+        1 + self.more.len()
+    }
+
+    /// Group `g`'s table (group 0's is `blocks`).
+    pub fn table(&self, g: usize) -> &[u32] {
+        if g == 0 {
+            &self.blocks
+        } else {
+            &self.more[g - 1]
+        }
+    }
+
+    /// Append an entry to group `g`'s table.
+    pub fn push_entry(&mut self, g: usize, block: u32) {
+        if g == 0 {
+            self.push_block(block);
+        } else {
+            self.more[g - 1].push(block);
+        }
+    }
+
+    /// Replace entry `i` of group `g`'s table.
+    pub fn set_entry(&mut self, g: usize, i: usize, block: u32) {
+        if g == 0 {
+            self.replace_block(i, block);
+        } else {
+            self.more[g - 1][i] = block;
+        }
+    }
+
+    /// Drop group `g`'s entries from `len` on (the caller's to release).
+    pub fn truncate_table(&mut self, g: usize, len: usize) -> Vec<u32> {
+        if g == 0 {
+            self.truncate_blocks(len)
+        } else {
+            let t = &mut self.more[g - 1];
+            t.split_off(len.min(t.len()))
+        }
+    }
+
+    /// Room for `k` more entries in every table, so that a step cannot fail half way.
+    pub fn reserve_entries(&mut self, k: usize) -> crate::error::Result<()> {
+        crate::alloc::try_grow(&mut self.blocks, k, "a block table")?;
+        for t in &mut self.more {
+            crate::alloc::try_grow(t, k, "a block table")?;
+        }
+        Ok(())
+    }
+
+    /// Every group's table digest mixed: group 0's term is the single-group digest.
+    pub fn all_tables_digest(&self) -> u64 {
+        self.more
+            .iter()
+            .enumerate()
+            .fold(self.table_digest, |acc, (k, t)| {
+                let d = t
+                    .iter()
+                    .enumerate()
+                    .fold(0u64, |a, (i, &b)| a.wrapping_add(mix(i, b)));
+                acc.wrapping_add(d.wrapping_mul(2 * (k as u64 + 1) + 1))
+            })
     }
 
     /// The placeholder a pending cell holds until its creating call fills it.
@@ -66,13 +152,24 @@ impl Sequence {
     /// capacity and its scheduled tokens while resident, nothing while swapped out.
     pub fn footprint(&self, block_size: usize) -> (u64, u64) {
         if self.is_swapped() {
-            (0, 0)
-        } else {
-            (
-                (self.blocks.len() * block_size) as u64,
-                self.scheduled as u64,
-            )
+            return (0, 0);
         }
+        if !self.null_block {
+            let g = self.num_groups() as u64;
+            return (
+                g * (self.blocks.len() * block_size) as u64,
+                g * self.scheduled as u64,
+            );
+        }
+        // Per group: the non-null entries reserve slots, the scheduled tokens in them use
+        // them (a window's released entries are neither).
+        (0..self.num_groups()).fold((0, 0), |(r, u), g| {
+            let nulls = self.nulls(g);
+            (
+                r + ((self.blocks.len() - nulls) * block_size) as u64,
+                u + (self.scheduled - nulls * block_size) as u64,
+            )
+        })
     }
 
     /// The tag of full block `i`, if the manager verifies hits.
