@@ -18,7 +18,7 @@ use crate::prefix_index::PrefixIndex;
 use crate::sync::{backoff, lock, prefetch, AtomicU64, AtomicUsize, Mutex, Ordering, Padded};
 
 /// Number of digest stripes (a power of two).
-const STRIPES: usize = 256;
+pub(crate) const STRIPES: usize = 256;
 
 /// What a read-only look at a digest's block saw (a snapshot; `pin` decides).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,9 +74,13 @@ pub struct BlockPool {
     evictions: Padded<AtomicU64>,
 }
 
-fn stripe_of(digest: &Digest) -> usize {
-    // The index's bucket choice uses words 0 and 1; word 3 spreads stripes independently.
-    digest.words()[3] as usize & (STRIPES - 1)
+/// A digest's stripe: the low bits of word 0, which every digest length has (a 16-byte
+/// XXH3 digest is zero past word 1). The prefix index reads the high bits of words 0 and 1
+/// (bucket choice) and the high half of word 0 with words 2 and 3 (slot tag); the prefix
+/// lock reads the low bits of word 1 (`manager::prefix_lock_of`). So a stripe is independent
+/// of those choices.
+pub(crate) fn stripe_of(digest: &Digest) -> usize {
+    digest.words()[0] as usize & (STRIPES - 1)
 }
 
 impl BlockPool {

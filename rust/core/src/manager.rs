@@ -64,10 +64,13 @@ pub struct BlockManager {
 static INSTANCES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Number of prefix locks (see the field).
-const PREFIX_LOCKS: usize = 64;
+pub(crate) const PREFIX_LOCKS: usize = 64;
 
+/// A first block's prefix lock: the low bits of word 1, which every digest length has (a
+/// 16-byte XXH3 digest is zero past word 1), independent of the prefix index's bucket and
+/// tag bits and of the digest stripes (see `block_pool::stripe_of`).
 pub(crate) fn prefix_lock_of(first: &Digest) -> usize {
-    first.words()[2] as usize % PREFIX_LOCKS
+    first.words()[1] as usize % PREFIX_LOCKS
 }
 
 /// The prefix lock of a chain with these digests (none for a chain without a full block).
