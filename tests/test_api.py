@@ -377,9 +377,11 @@ def test_allocate_without_prefix_caching(make):
     s = m.stats()
     assert (s.prefix_queries, s.prefix_hits) == (0, 0)
     assert m.drain_events() == []
-    # Freed blocks went to the free stack tail first: 1's blocks, pushed last, come first.
+    # As in vLLM: the last call's blocks come first (LIFO), each call's tail first.
     m.allocate(2, toks(0, 12))
-    assert m.block_table(2) == [3, 4, 5]
+    assert m.block_table(2) == [5, 4, 3]
+    m.allocate(3, toks(0, 16))
+    assert m.block_table(3) == [2, 1, 0, 6]
 
 
 def _one_seq(m: Manager) -> None:
@@ -774,7 +776,8 @@ def test_swap_out_counts_lookahead_blocks(make):
     m = make(8, num_cpu_blocks=4)
     m.allocate(0, [1], lookahead=5)
     assert m.swap_out(0) == [(0, 0), (1, 1)]
-    assert m.swap_in(0) == [(0, 0), (1, 1)]
+    # Swap-out freed the GPU blocks tail first: block 1 is on top of the free stack.
+    assert m.swap_in(0) == [(0, 1), (1, 0)]
 
 
 def test_swap_in_none_when_gpu_is_short(make):

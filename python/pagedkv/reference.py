@@ -437,8 +437,18 @@ class ReferenceBlockManager:
                 self._free.append(b)
 
     def _release_all(self, blocks: list[int]) -> None:
+        """Release a table's blocks tail first: hashed tails are queued (and evicted) first,
+        and the unhashed ones go on the free stack so that the tail ends on top and is
+        reused first (vLLM puts them, tail first, at the head of its free queue)."""
+        freed: list[int] = []
         for b in reversed(blocks):  # tail first
-            self._release(b)
+            self._rc[b] -= 1
+            if self._rc[b] == 0:
+                if self._hashed[b] is not None:
+                    self._lru[b] = None  # newest end
+                else:
+                    freed.append(b)
+        self._free.extend(reversed(freed))
 
     def _stored(self, seq: _Seq, i: int, medium: str) -> BlockStored:
         bs = self._block_size

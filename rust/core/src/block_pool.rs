@@ -234,7 +234,8 @@ impl BlockPool {
     }
 
     /// Drop one reference to each of a table's blocks, last entry first (so chain tails are
-    /// queued before their heads); `digests[i]` is entry `i`'s chain digest where it has one.
+    /// queued before their heads, and the freed tail is on top of the free stack: both are
+    /// reused first, as in vLLM); `digests[i]` is entry `i`'s chain digest where it has one.
     /// The records of blocks that become CACHED are queued under one lock. An error means
     /// the caller's table disagreed with the block states (a bug): the manager breaks.
     pub fn release_table(&self, blocks: &[u32], digests: &[Digest]) -> Result<()> {
@@ -258,9 +259,12 @@ impl BlockPool {
                 None => broken = Some(format!("released block {block}, which has no holder")),
             }
         }
-        // One update of each shared word per call, not per block: the tail-first order is
-        // kept (the chain goes on the stack as if pushed one by one).
+        // One update of each shared word per call, not per block. `freed` is tail first;
+        // pushed head first, the tail ends on top and is reused first, as vLLM reuses a
+        // request's unhashed blocks (it prepends them, tail first, to its free queue). The
+        // cached records keep the tail-first order: tails are evicted first.
         if !freed.is_empty() {
+            freed.reverse();
             self.free.push_all(&freed);
             // Release: a reserver that takes these units sees the push (see `reserve`).
             self.available.fetch_add(freed.len(), Ordering::Release);
