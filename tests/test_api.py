@@ -1186,10 +1186,11 @@ def test_reset_prefix_cache(make):
     assert (m.num_cached_blocks, m.num_free_blocks) == (0, 4)
     assert m.drain_events() == [AllBlocksCleared()]
     assert m.stats().evictions == 0
-    # Pushed oldest first: the most recently released block (1) is popped first.
+    # As in vLLM, the formerly cached blocks come after the free ones (2, freed by the swap,
+    # then 3, never used), oldest release first.
     assert m.allocate(3, toks(0, 5)) == 0
-    assert m.block_table(3) == [1, 0]
-    assert m.swap_in(2) == [(0, 2)]
+    assert m.block_table(3) == [2, 3]
+    assert m.swap_in(2) == [(0, 0)]
     # Resetting an empty cache still succeeds.
     m.free_batch([2, 3])
     m.drain_events()

@@ -457,23 +457,39 @@ impl BlockPool {
             .unwrap_or_default()
     }
 
-    /// Move every CACHED block to the free stack (oldest first) and forget its digest.
-    /// Refuses (false) while any block is OWNED. The caller excludes every other call that
-    /// changes ownership (the manager's gate), so the check and the clearing are one step.
+    /// Move every CACHED block to the free stack and forget its digest. Refuses (false)
+    /// while any block is OWNED. The caller excludes every other call that changes ownership
+    /// (the manager's gate), so the check and the clearing are one step, and nobody else
+    /// pushes or pops the free stack meanwhile.
+    ///
+    /// The formerly cached blocks go *under* the blocks already free, oldest release first:
+    /// vLLM's reset only drops the hashes, so those blocks keep their places at the far end
+    /// of its free queue, behind every free one, and are reused last, oldest first.
     pub fn reset(&self) -> bool {
         if self.num_free() + self.num_cached() != self.num_blocks() {
             return false;
         }
-        for e in self.lru.drain() {
+        let records = self.lru.drain();
+        let mut formerly = Vec::with_capacity(records.len());
+        for e in records {
             // rc stays 0: CACHED -> FREE. Units stay counted in `available`.
             if self.claim_record(&e, 0, false) {
                 self.cached.fetch_sub(1, Ordering::Relaxed);
-                self.free.push(e.block);
+                formerly.push(e.block);
             }
         }
-        if let Some(log) = &self.events {
-            log.push(KvEvent::AllBlocksCleared);
+        if !formerly.is_empty() {
+            // Rebuild the stack: the free blocks, top first, then `formerly`, oldest first.
+            let mut free = Vec::with_capacity(self.num_free());
+            while let Some(b) = self.free.pop() {
+                free.push(b);
+            }
+            formerly.reverse();
+            self.free.push_all(&formerly);
+            free.reverse();
+            self.free.push_all(&free);
         }
+        self.push_event(|| KvEvent::AllBlocksCleared);
         true
     }
 

@@ -256,6 +256,11 @@ fn reset_refuses_while_blocks_are_owned_then_clears() {
     assert_eq!(m.drain_events(), vec![KvEvent::AllBlocksCleared]);
     assert_eq!((m.num_free_blocks(), m.num_cached_blocks()), (8, 0));
     assert_eq!(m.allocate(2, &toks(0..9), None, None, 0), Ok(Some(0)));
+    // As in vLLM, whose reset only drops the hashes: the formerly cached blocks (0 and 1,
+    // released tail first: 1 is the older) come after every free block, oldest first.
+    assert_eq!(m.block_table(2).unwrap(), vec![2, 3, 4]);
+    m.allocate(3, &toks(100..120), None, None, 0).unwrap();
+    assert_eq!(m.block_table(3).unwrap(), vec![5, 6, 7, 1, 0]);
     m.check_invariants().unwrap();
 }
 
