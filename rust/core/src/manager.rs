@@ -17,7 +17,7 @@ use crate::events::{KvEvent, Medium};
 use crate::gate::{Gate, Shared};
 use crate::hashing::{encode_extras, BlockHasher, Digest};
 use crate::hit_tag::HitTagger;
-use crate::seq_map::{lock_cell, SeqMap};
+use crate::seq_map::{lock_cell, wait_settled, Attempt, SeqMap};
 use crate::sequence::Sequence;
 use crate::stats::{AllocStatus, Stats};
 use crate::sync::{lock, may_wait, try_lock, AtomicU64, Mutex, MutexGuard, Ordering, Padded};
@@ -747,13 +747,19 @@ impl BlockManager {
     }
 
     /// Share every block of `parent` with a new sequence `child`.
+    ///
+    /// Holds the parent's lock while it creates the child, but never waits for the child's
+    /// cell meanwhile: a pending or dying child cell (another call creating or freeing the
+    /// id) makes it let go of the parent, wait for that cell, and start again. Waiting with
+    /// the parent held would close a cycle with a batch call that holds the child's cell and
+    /// waits for the parent's (docs/concurrency.md, "Lock order").
     pub fn fork(&self, parent: u64, child: u64) -> Result<()> {
-        self.with_seq(parent, true, |seq| {
-            if seq.is_swapped() {
-                return Err(Error::Swapped(parent));
-            }
-            self.seqs
-                .create(child, |copy| {
+        loop {
+            let busy = self.with_seq(parent, true, |seq| {
+                if seq.is_swapped() {
+                    return Err(Error::Swapped(parent));
+                }
+                let attempt = self.seqs.try_create(child, |copy| {
                     for (i, &b) in seq.blocks.iter().enumerate() {
                         if self.gpu.state(b).share().is_err() {
                             // Undo the shares taken so far: the parent still holds each of
@@ -765,9 +771,18 @@ impl BlockManager {
                     *copy = seq.clone();
                     self.account((0, 0), copy.footprint(self.block_size()));
                     Ok(Some(()))
-                })
-                .map(|_| ())
-        })
+                });
+                match attempt {
+                    Attempt::Done(out) => out.map(|_| None),
+                    Attempt::Busy(cell, _) => Ok(Some(cell)),
+                }
+            })?;
+            match busy {
+                None => return Ok(()),
+                // Nothing held now: not the parent, not the gate.
+                Some(cell) => wait_settled(&cell)?,
+            }
+        }
     }
 
     /// Forget a sequence, releasing its blocks tail first.
