@@ -377,9 +377,11 @@ def test_allocate_without_prefix_caching(make):
     s = m.stats()
     assert (s.prefix_queries, s.prefix_hits) == (0, 0)
     assert m.drain_events() == []
-    # Freed blocks went to the free stack tail first: 1's blocks, pushed last, come first.
+    # As in vLLM: the last call's blocks come first (LIFO), each call's tail first.
     m.allocate(2, toks(0, 12))
-    assert m.block_table(2) == [3, 4, 5]
+    assert m.block_table(2) == [5, 4, 3]
+    m.allocate(3, toks(0, 16))
+    assert m.block_table(3) == [2, 1, 0, 6]
 
 
 def _one_seq(m: Manager) -> None:
@@ -774,7 +776,8 @@ def test_swap_out_counts_lookahead_blocks(make):
     m = make(8, num_cpu_blocks=4)
     m.allocate(0, [1], lookahead=5)
     assert m.swap_out(0) == [(0, 0), (1, 1)]
-    assert m.swap_in(0) == [(0, 0), (1, 1)]
+    # Swap-out freed the GPU blocks tail first: block 1 is on top of the free stack.
+    assert m.swap_in(0) == [(0, 1), (1, 0)]
 
 
 def test_swap_in_none_when_gpu_is_short(make):
@@ -1183,10 +1186,11 @@ def test_reset_prefix_cache(make):
     assert (m.num_cached_blocks, m.num_free_blocks) == (0, 4)
     assert m.drain_events() == [AllBlocksCleared()]
     assert m.stats().evictions == 0
-    # Pushed oldest first: the most recently released block (1) is popped first.
+    # As in vLLM, the formerly cached blocks come after the free ones (2, freed by the swap,
+    # then 3, never used), oldest release first.
     assert m.allocate(3, toks(0, 5)) == 0
-    assert m.block_table(3) == [1, 0]
-    assert m.swap_in(2) == [(0, 2)]
+    assert m.block_table(3) == [2, 3]
+    assert m.swap_in(2) == [(0, 0)]
     # Resetting an empty cache still succeeds.
     m.free_batch([2, 3])
     m.drain_events()

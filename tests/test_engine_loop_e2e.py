@@ -201,8 +201,6 @@ def _make(kind: str) -> Any:
         return pagedkv.BlockManager(num_blocks=NUM_BLOCKS, block_size=BS)
     from pagedkv.reference import ReferenceBlockManager
 
-    if not hasattr(ReferenceBlockManager, "extend"):
-        pytest.skip("ReferenceBlockManager does not implement the issue-9 calls yet")
     return ReferenceBlockManager(NUM_BLOCKS, BS)
 
 

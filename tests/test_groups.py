@@ -373,6 +373,24 @@ def test_full_and_state_hit_needs_the_states_last_block(make):
     assert m.lookup([*p, 7]) == 0
 
 
+# Whether the grouped pool reuses freed blocks in the core pool's order. The core pool now
+# reuses a call's unhashed blocks tail first and puts reset blocks under the free ones (vLLM's
+# order, docs/semantics.md); the grouped pool (rust/core/src/groups/pool.rs and
+# reference_groups.py) keeps the former order until it merges into the core pool. Meanwhile
+# the test compares everything but GPU block ids (table lengths, pair counts, CPU ids).
+# TODO(lead): set True once the grouped manager uses the core pool.
+SAME_REUSE_ORDER = False
+
+
+def _without_gpu_ids(name: str, pairs: list[Any]) -> list[Any]:
+    """Copy or swap pairs with their GPU block ids left out (see SAME_REUSE_ORDER)."""
+    if name == "swap_out":
+        return [c for _, c in pairs]
+    if name == "swap_in":
+        return [c for c, _ in pairs]
+    return [len(pairs)]
+
+
 @pytest.mark.parametrize("caching", [True, False])
 def test_single_full_group_hits_as_without_groups(impl, caching):
     """`groups=[KVCacheGroup("full")]` is the manager without groups, block ids shifted by
@@ -406,6 +424,8 @@ def test_single_full_group_hits_as_without_groups(impl, caching):
             b = [(g - 1, c) for g, c in b]
         elif name == "swap_in" and isinstance(b, list):
             b = [(c, g - 1) for c, g in b]
+        if not SAME_REUSE_ORDER and isinstance(a, list) and isinstance(b, list):
+            a, b = _without_gpu_ids(name, a), _without_gpu_ids(name, b)
         assert a == b, f"{name}{args}: {a} != {b}"
         return a
 
@@ -450,7 +470,11 @@ def test_single_full_group_hits_as_without_groups(impl, caching):
             call("free", sid, num_computed_tokens=rng.choice([None, 0, rng.randint(0, n)]))
         for x in live:
             if not plain.is_swapped(x):
-                assert [b + 1 for b in plain.block_table(x)] == grouped.block_table(x)
+                table = [b + 1 for b in plain.block_table(x)]
+                if SAME_REUSE_ORDER:
+                    assert table == grouped.block_table(x)
+                else:
+                    assert len(table) == len(grouped.block_table(x))
         ignore = {"num_blocks": 0, "groups": []}  # the null block; the group figures
         assert plain.stats().as_dict() | ignore == grouped.stats().as_dict() | ignore
     st = plain.stats()

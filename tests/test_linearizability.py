@@ -420,30 +420,6 @@ def test_events_per_hash_arrive_in_index_order() -> None:
 Call = tuple[str, tuple[Any, ...], dict[str, Any]]
 
 
-def _reference_has_issue9() -> bool:
-    """The reference model implements the issue-9 calls (it is updated on its own branch;
-    until that is merged these tests skip, saying so)."""
-    try:
-        from pagedkv.reference import ReferenceBlockManager
-
-        r = ReferenceBlockManager(8, 4)
-        assert r.allocate(1, list(range(9)), num_new_tokens=2) == 0
-        r.extend(1, 3)
-        r.truncate(1, 3)
-        r.lookup(list(range(9)))
-        r.free(1, num_computed_tokens=0)
-        return r.stats().unregistered_blocks >= 0
-    except Exception:
-        return False
-
-
-needs_issue9_reference = pytest.mark.skipif(
-    not _reference_has_issue9(),
-    reason="pagedkv.reference lacks the issue-9 calls (extend, truncate, num_computed_tokens, "
-    "lookup) or their stats: the reference update is not merged yet",
-)
-
-
 def _apply(m: Any, call: Call) -> tuple[str, Any]:
     """Run one call; return its answer normalised (no block ids) or the error class."""
     name, args, kwargs = call
@@ -585,7 +561,6 @@ def _prompts_in(calls: list[Call]) -> list[list[int]]:
     return seen
 
 
-@needs_issue9_reference
 def test_abort_of_a_chunked_prefill_racing_an_allocation_that_hits_it() -> None:
     """Sequence 1 has scheduled a chunk of a long prompt P (its full blocks registered).
     Racing: `free(1, num_computed_tokens=0)` (withdraws the blocks it holds alone), a full
@@ -608,7 +583,6 @@ def test_abort_of_a_chunked_prefill_racing_an_allocation_that_hits_it() -> None:
     _run_scenario("abort vs hit", rounds(60), make, _prompts_in, seed=91)
 
 
-@needs_issue9_reference
 def test_extend_racing_allocations_and_lookups_of_the_same_prompt() -> None:
     """Sequence 1 scheduled the hit plus a chunk of P; racing: `extend(1, k)` (registers
     the next blocks), `allocate(2, P, num_new_tokens=c)` and `can_allocate(P)`/`lookup(P)`.
@@ -632,7 +606,6 @@ def test_extend_racing_allocations_and_lookups_of_the_same_prompt() -> None:
     _run_scenario("extend vs allocate", rounds(60), make, _prompts_in, seed=92)
 
 
-@needs_issue9_reference
 def test_truncate_into_a_hashed_block_racing_a_hit_on_it() -> None:
     """Sequence 1 holds a fully scheduled long prompt P (every full block registered).
     Racing: `truncate(1, m)` to the middle of a full block (held alone: withdrawn; shared:

@@ -213,9 +213,6 @@ def test_aborts_free_newest_first() -> None:
     ]
 
 
-@pytest.mark.skipif(
-    not hasattr(ReferenceBlockManager, "extend"), reason="the reference lacks the issue 9 calls"
-)
 @pytest.mark.parametrize(("num_blocks", "num_cpu_blocks"), [(900, 128), (700, 0)])
 def test_check_passes_with_everything_on_and_reference_agrees(
     num_blocks: int, num_cpu_blocks: int

@@ -437,8 +437,18 @@ class ReferenceBlockManager:
                 self._free.append(b)
 
     def _release_all(self, blocks: list[int]) -> None:
+        """Release a table's blocks tail first: hashed tails are queued (and evicted) first,
+        and the unhashed ones go on the free stack so that the tail ends on top and is
+        reused first (vLLM puts them, tail first, at the head of its free queue)."""
+        freed: list[int] = []
         for b in reversed(blocks):  # tail first
-            self._release(b)
+            self._rc[b] -= 1
+            if self._rc[b] == 0:
+                if self._hashed[b] is not None:
+                    self._lru[b] = None  # newest end
+                else:
+                    freed.append(b)
+        self._free.extend(reversed(freed))
 
     def _stored(self, seq: _Seq, i: int, medium: str) -> BlockStored:
         bs = self._block_size
@@ -1141,10 +1151,7 @@ class ReferenceBlockManager:
         """Drop every CACHED block, unless some block is OWNED (then return False)."""
         if any(rc > 0 for rc in self._rc):
             return False
-        for b in self._lru:  # oldest first: the most recently released ends on top
-            self._hashed[b] = None
-            self._free.append(b)
-        self._lru.clear()
+        self._clear_cached()
         self._index.clear()
         self._prefix_queries = 0  # a fresh cache starts a fresh hit rate (as vLLM's does)
         self._prefix_hits = 0
@@ -1152,6 +1159,15 @@ class ReferenceBlockManager:
         if self._events_on:
             self._events.append(AllBlocksCleared())
         return True
+
+    def _clear_cached(self) -> None:
+        """Reset's move of the CACHED blocks to the free stack: under the free blocks, oldest
+        first (vLLM only drops their hashes, so they stay behind every free block in its
+        free queue and are reused last, oldest first)."""
+        for b in self._lru:
+            self._hashed[b] = None
+        self._free[:0] = reversed(self._lru)  # the oldest ends just under the free blocks
+        self._lru.clear()
 
     def drain_events(self) -> list[KVEvent]:
         out, self._events = self._events, []

@@ -122,6 +122,15 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         if self._events_on:
             self._events.append(BlockRemoved(block_hashes=[d], medium="GPU", group_idx=g))
 
+    def _clear_cached(self) -> None:
+        """Reset's move of the CACHED blocks (oldest first) onto the free stack: the grouped
+        pool (`rust/core/src/groups/pool.rs`) still reuses the most recently released first,
+        until it merges into the core pool, whose order is vLLM's."""
+        for b in self._lru:
+            self._hashed[b] = None
+            self._free.append(b)
+        self._lru.clear()
+
     def _release_table(self, table: list[int]) -> None:
         for b in reversed(table):  # tail first; the null block holds no reference
             if b != NULL:

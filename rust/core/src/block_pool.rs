@@ -20,7 +20,7 @@ use crate::sync::{
 };
 
 /// Number of digest stripes (a power of two).
-const STRIPES: usize = 256;
+pub(crate) const STRIPES: usize = 256;
 
 /// What a read-only look at a digest's block saw (a snapshot; `pin` decides).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,9 +114,13 @@ fn down(a: &AtomicUsize) {
     a.fetch_sub(1, Ordering::Relaxed);
 }
 
-fn stripe_of(digest: &Digest) -> usize {
-    // The index's bucket choice uses words 0 and 1; word 3 spreads stripes independently.
-    digest.words()[3] as usize & (STRIPES - 1)
+/// A digest's stripe: the low bits of word 0, which every digest length has (a 16-byte
+/// XXH3 digest is zero past word 1). The prefix index reads the high bits of words 0 and 1
+/// (bucket choice) and the high half of word 0 with words 2 and 3 (slot tag); the prefix
+/// lock reads the low bits of word 1 (`manager::prefix_lock_of`). So a stripe is independent
+/// of those choices.
+pub(crate) fn stripe_of(digest: &Digest) -> usize {
+    digest.words()[0] as usize & (STRIPES - 1)
 }
 
 impl BlockPool {
@@ -335,7 +339,8 @@ impl BlockPool {
     }
 
     /// Drop one reference to each of a table's blocks, last entry first (so chain tails are
-    /// queued before their heads); `digests[i]` is entry `i`'s chain digest where it has one.
+    /// queued before their heads, and the freed tail is on top of the free stack: both are
+    /// reused first, as in vLLM); `digests[i]` is entry `i`'s chain digest where it has one.
     /// The records of blocks that become CACHED are queued under one lock. An error means
     /// the caller's table disagreed with the block states (a bug): the manager breaks.
     pub fn release_table(&self, blocks: &[u32], digests: &[Digest]) -> Result<()> {
@@ -368,9 +373,12 @@ impl BlockPool {
                 None => broken = Some(format!("released block {block}, which has no holder")),
             }
         }
-        // One update of each shared word per call, not per block: the tail-first order is
-        // kept (the chain goes on the stack as if pushed one by one).
+        // One update of each shared word per call, not per block. `freed` is tail first;
+        // pushed head first, the tail ends on top and is reused first, as vLLM reuses a
+        // request's unhashed blocks (it prepends them, tail first, to its free queue). The
+        // cached records keep the tail-first order: tails are evicted first.
         if !freed.is_empty() {
+            freed.reverse();
             self.free.push_all(&freed);
             // Release: a reserver that takes these units sees the push (see `reserve`).
             self.available.fetch_add(freed.len(), Ordering::Release);
@@ -572,26 +580,42 @@ impl BlockPool {
             .unwrap_or_default()
     }
 
-    /// Move every CACHED block to the free stack (oldest first) and forget its digest.
-    /// Refuses (false) while any block is OWNED. The caller excludes every other call that
-    /// changes ownership (the manager's gate), so the check and the clearing are one step.
+    /// Move every CACHED block to the free stack and forget its digest. Refuses (false)
+    /// while any block is OWNED. The caller excludes every other call that changes ownership
+    /// (the manager's gate), so the check and the clearing are one step, and nobody else
+    /// pushes or pops the free stack meanwhile.
+    ///
+    /// The formerly cached blocks go *under* the blocks already free, oldest release first:
+    /// vLLM's reset only drops the hashes, so those blocks keep their places at the far end
+    /// of its free queue, behind every free one, and are reused last, oldest first.
     pub fn reset(&self) -> bool {
         if self.num_free() + self.num_cached() != self.num_usable() {
             return false;
         }
-        for e in self.lru.drain() {
+        let records = self.lru.drain();
+        let mut formerly = Vec::with_capacity(records.len());
+        for e in records {
             // rc stays 0: CACHED -> FREE. Units stay counted in `available`.
             if self.claim_record(&e, 0, false) {
                 self.cached.fetch_sub(1, Ordering::Relaxed);
                 if let Some(t) = self.tally_of(e.block) {
                     down(&t.cached);
                 }
-                self.free.push(e.block);
+                formerly.push(e.block);
             }
         }
-        if let Some(log) = &self.events {
-            log.push(KvEvent::AllBlocksCleared);
+        if !formerly.is_empty() {
+            // Rebuild the stack: the free blocks, top first, then `formerly`, oldest first.
+            let mut free = Vec::with_capacity(self.num_free());
+            while let Some(b) = self.free.pop() {
+                free.push(b);
+            }
+            formerly.reverse();
+            self.free.push_all(&formerly);
+            free.reverse();
+            self.free.push_all(&free);
         }
+        self.push_event(|| KvEvent::AllBlocksCleared);
         true
     }
 

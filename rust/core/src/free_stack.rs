@@ -1,7 +1,10 @@
 //! The free set: a lock-free LIFO stack of block ids (Treiber, with an ABA tag).
 //!
 //! LIFO because the most recently freed block is the warmest in the GPU's L2 and the host's
-//! caches, and because vLLM reuses freed blocks in that order.
+//! caches, and because vLLM reuses unhashed freed blocks in that order: it puts each call's
+//! at the head of its free queue, so the last call's blocks go first, and within a call in
+//! the order it freed them (a request's tail first). `release_table` pushes a call's blocks
+//! head first with `push_all`, so its tail ends on top.
 
 use crate::alloc::try_boxed;
 use crate::error::Result;

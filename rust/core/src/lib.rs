@@ -33,6 +33,8 @@ mod guard_tests;
 mod hashing;
 mod hit_tag;
 mod id_hasher;
+#[cfg(all(test, not(loom)))]
+mod lock_choice_tests;
 #[cfg(all(test, loom))]
 mod loom_models;
 mod lru_queue;

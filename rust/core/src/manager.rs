@@ -17,7 +17,7 @@ use crate::events::{KvEvent, Medium};
 use crate::gate::{Gate, Shared};
 use crate::hashing::{encode_extras, BlockHasher, Digest};
 use crate::hit_tag::HitTagger;
-use crate::seq_map::{lock_cell, SeqMap};
+use crate::seq_map::{lock_cell, wait_settled, Attempt, SeqMap};
 use crate::sequence::Sequence;
 use crate::stats::{AllocStatus, Stats};
 use crate::sync::{lock, may_wait, try_lock, AtomicU64, Mutex, MutexGuard, Ordering, Padded};
@@ -64,10 +64,13 @@ pub struct BlockManager {
 static INSTANCES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Number of prefix locks (see the field).
-const PREFIX_LOCKS: usize = 64;
+pub(crate) const PREFIX_LOCKS: usize = 64;
 
+/// A first block's prefix lock: the low bits of word 1, which every digest length has (a
+/// 16-byte XXH3 digest is zero past word 1), independent of the prefix index's bucket and
+/// tag bits and of the digest stripes (see `block_pool::stripe_of`).
 pub(crate) fn prefix_lock_of(first: &Digest) -> usize {
-    first.words()[2] as usize % PREFIX_LOCKS
+    first.words()[1] as usize % PREFIX_LOCKS
 }
 
 /// The prefix lock of a chain with these digests (none for a chain without a full block).
@@ -744,13 +747,19 @@ impl BlockManager {
     }
 
     /// Share every block of `parent` with a new sequence `child`.
+    ///
+    /// Holds the parent's lock while it creates the child, but never waits for the child's
+    /// cell meanwhile: a pending or dying child cell (another call creating or freeing the
+    /// id) makes it let go of the parent, wait for that cell, and start again. Waiting with
+    /// the parent held would close a cycle with a batch call that holds the child's cell and
+    /// waits for the parent's (docs/concurrency.md, "Lock order").
     pub fn fork(&self, parent: u64, child: u64) -> Result<()> {
-        self.with_seq(parent, true, |seq| {
-            if seq.is_swapped() {
-                return Err(Error::Swapped(parent));
-            }
-            self.seqs
-                .create(child, |copy| {
+        loop {
+            let busy = self.with_seq(parent, true, |seq| {
+                if seq.is_swapped() {
+                    return Err(Error::Swapped(parent));
+                }
+                let attempt = self.seqs.try_create(child, |copy| {
                     for (i, &b) in seq.blocks.iter().enumerate() {
                         if self.gpu.state(b).share().is_err() {
                             // Undo the shares taken so far: the parent still holds each of
@@ -762,9 +771,18 @@ impl BlockManager {
                     *copy = seq.clone();
                     self.account((0, 0), copy.footprint(self.block_size()));
                     Ok(Some(()))
-                })
-                .map(|_| ())
-        })
+                });
+                match attempt {
+                    Attempt::Done(out) => out.map(|_| None),
+                    Attempt::Busy(cell, _) => Ok(Some(cell)),
+                }
+            })?;
+            match busy {
+                None => return Ok(()),
+                // Nothing held now: not the parent, not the gate.
+                Some(cell) => wait_settled(&cell)?,
+            }
+        }
     }
 
     /// Forget a sequence, releasing its blocks tail first.

@@ -41,6 +41,21 @@ pub fn lock_cell(cell: &SeqCell) -> Result<MutexGuard<'_, Sequence>> {
     }
 }
 
+/// What `SeqMap::try_create` did.
+pub enum Attempt<T, F> {
+    /// Created (`Ok(Some)`), refused by `fill` (`Ok(None)`, error), or already live.
+    Done(Result<Option<T>>),
+    /// A pending or dying cell holds the id: wait for it (`wait_settled`) with no lock held,
+    /// then try again with the `fill` given back.
+    Busy(Arc<SeqCell>, F),
+}
+
+/// Wait until the owner of a pending or dying cell has settled it (`WouldBlock` in
+/// non-blocking mode while it is busy).
+pub fn wait_settled(cell: &SeqCell) -> Result<()> {
+    lock_cell(cell).map(drop)
+}
+
 pub struct SeqMap {
     /// Cells of live and pending ids (see the module docs).
     map: papaya::HashMap<u64, Arc<SeqCell>, BuildIdHasher>,
@@ -92,44 +107,57 @@ impl SeqMap {
 
     /// Create `id`: run `fill` on a new, pending sequence; keep it if `fill` returns
     /// `Ok(Some(_))`, otherwise the id never existed. `DuplicateSequence` if `id` is live
-    /// (waiting for a pending creator or freer to finish first).
-    pub fn create<T>(
-        &self,
-        id: u64,
-        fill: impl FnOnce(&mut Sequence) -> Result<Option<T>>,
-    ) -> Result<Option<T>> {
+    /// (waiting for a pending creator or freer to finish first). The caller must hold no
+    /// sequence lock (it may wait for `id`'s); one that does uses `try_create`.
+    pub fn create<T, F>(&self, id: u64, mut fill: F) -> Result<Option<T>>
+    where
+        F: FnOnce(&mut Sequence) -> Result<Option<T>>,
+    {
         loop {
-            let cell = Arc::new(SeqCell {
-                live: AtomicBool::new(false),
-                seq: Mutex::new(Sequence::empty()),
-            });
-            // Locked before it is published, so no other call ever waits on it unfilled.
-            let mut seq = lock(&cell.seq);
-            let other = match self.map.pin().try_insert(id, cell.clone()) {
-                Ok(_) => {
-                    let out = fill(&mut seq);
-                    if matches!(out, Ok(Some(_))) {
-                        self.live.fetch_add(1, Ordering::Relaxed);
-                        // Release: see `is_live`.
-                        cell.live.store(true, Ordering::Release);
-                    } else {
-                        self.map.pin().remove(&id);
-                    }
-                    return out;
+            match self.try_create(id, fill) {
+                Attempt::Done(out) => return out,
+                Attempt::Busy(other, f) => {
+                    fill = f;
+                    wait_settled(&other)?;
                 }
-                Err(occupied) => occupied.current.clone(),
-            };
-            drop(seq);
-            if other.is_live() {
-                return Err(Error::DuplicateSequence(id));
             }
-            // Pending or being freed: its owner settles it under the lock.
-            let guard = lock_cell(&other)?;
-            if other.is_live() {
-                return Err(Error::DuplicateSequence(id));
-            }
-            drop(guard);
         }
+    }
+
+    /// One attempt at `create` that never waits: `Busy` (with `fill` unused) when a pending
+    /// or dying cell holds `id`. The caller then lets go of every lock it holds, waits for
+    /// that cell with `wait_settled`, and tries again: so a caller holding another
+    /// sequence's lock (`fork`) never waits for `id` while holding it.
+    pub fn try_create<T, F>(&self, id: u64, fill: F) -> Attempt<T, F>
+    where
+        F: FnOnce(&mut Sequence) -> Result<Option<T>>,
+    {
+        let cell = Arc::new(SeqCell {
+            live: AtomicBool::new(false),
+            seq: Mutex::new(Sequence::empty()),
+        });
+        // Locked before it is published, so no other call ever waits on it unfilled.
+        let mut seq = lock(&cell.seq);
+        let other = match self.map.pin().try_insert(id, cell.clone()) {
+            Ok(_) => {
+                let out = fill(&mut seq);
+                if matches!(out, Ok(Some(_))) {
+                    self.live.fetch_add(1, Ordering::Relaxed);
+                    // Release: see `is_live`.
+                    cell.live.store(true, Ordering::Release);
+                } else {
+                    self.map.pin().remove(&id);
+                }
+                return Attempt::Done(out);
+            }
+            Err(occupied) => occupied.current.clone(),
+        };
+        drop(seq);
+        if other.is_live() {
+            return Attempt::Done(Err(Error::DuplicateSequence(id)));
+        }
+        // Pending or being freed: its owner settles it under the lock.
+        Attempt::Busy(other, fill)
     }
 
     /// Forget a live sequence whose cell the caller has locked.

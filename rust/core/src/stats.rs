@@ -5,6 +5,8 @@ pub struct Stats {
     pub num_blocks: usize,
     pub block_size: usize,
     pub free_blocks: usize,
+    /// `num_blocks - free_blocks - cached_blocks`, clamped at 0: derived from the other two
+    /// reads, so exact only when no call is in flight (docs/concurrency.md).
     pub used_blocks: usize,
     pub cached_blocks: usize,
     pub num_cpu_blocks: usize,

@@ -120,6 +120,28 @@ fn free_releases_tail_first_and_eviction_takes_least_recently_released() {
 }
 
 #[test]
+fn a_freed_sequences_unhashed_blocks_are_reused_tail_first_as_in_vllm() {
+    // vLLM frees a request's blocks tail first and puts its unhashed ones, in that order, at
+    // the head of its free queue: the tail is reused first.
+    let m = with(|c| {
+        c.num_blocks = 6;
+        c.enable_prefix_caching = false;
+    });
+    m.allocate(1, &toks(0..8), None, None, 0).unwrap();
+    m.allocate(2, &toks(0..12), None, None, 0).unwrap();
+    assert_eq!(m.block_table(2).unwrap(), vec![2, 3, 4]);
+    m.free(1).unwrap();
+    m.free(2).unwrap();
+    // The last call's blocks first (LIFO across calls), each call's tail first.
+    m.allocate(3, &toks(0..20), None, None, 0).unwrap();
+    assert_eq!(m.block_table(3).unwrap(), vec![4, 3, 2, 1, 0]);
+    // truncate releases its dropped entries the same way.
+    m.truncate(3, 5).unwrap();
+    m.allocate(4, &toks(0..12), None, None, 0).unwrap();
+    assert_eq!(m.block_table(4).unwrap(), vec![0, 1, 2]);
+}
+
+#[test]
 fn swap_out_and_in_report_pairs_and_keep_cached_blocks_findable() {
     let m = with(|c| c.num_cpu_blocks = 2);
     m.allocate(1, &toks(0..6), None, None, 0).unwrap();
@@ -234,6 +256,11 @@ fn reset_refuses_while_blocks_are_owned_then_clears() {
     assert_eq!(m.drain_events(), vec![KvEvent::AllBlocksCleared]);
     assert_eq!((m.num_free_blocks(), m.num_cached_blocks()), (8, 0));
     assert_eq!(m.allocate(2, &toks(0..9), None, None, 0), Ok(Some(0)));
+    // As in vLLM, whose reset only drops the hashes: the formerly cached blocks (0 and 1,
+    // released tail first: 1 is the older) come after every free block, oldest first.
+    assert_eq!(m.block_table(2).unwrap(), vec![2, 3, 4]);
+    m.allocate(3, &toks(100..120), None, None, 0).unwrap();
+    assert_eq!(m.block_table(3).unwrap(), vec![5, 6, 7, 1, 0]);
     m.check_invariants().unwrap();
 }
 

@@ -111,3 +111,64 @@ fn threads_lose_nothing() {
     assert_eq!(m.num_free_blocks() + m.num_cached_blocks(), 96);
     m.check_invariants().unwrap();
 }
+
+/// `fork(2 -> 1)` racing a batch call over `[1, 2]` (which locks 1 first) while a third thread
+/// creates and frees id 1. Fork once held the parent (2) while it waited for a pending or
+/// dying cell of 1, and the batch, holding that cell of 1, waited for 2: a deadlock. A
+/// watchdog turns a hang into a failure.
+#[test]
+fn fork_racing_a_batch_and_the_childs_creation_never_deadlocks() {
+    use pagedkv_core::Error;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    let m = Arc::new(BlockManager::new(Config::new(256, 4)).unwrap());
+    let (parent, child) = (2u64, 1u64);
+    m.allocate(parent, &(0..9).collect::<Vec<u32>>(), None, None, 0)
+        .unwrap()
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let spawn = |f: Box<dyn Fn(&BlockManager) + Send>| {
+        let (m, stop) = (m.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut rounds = 0u64;
+            // Relaxed: a stop flag; nothing is published through it.
+            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                f(&m);
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    let prompt: Vec<u32> = (100..228).collect();
+    let threads = vec![
+        spawn(Box::new(move |m| match m.fork(parent, child) {
+            Ok(()) => m.free(child).unwrap_or(()),
+            Err(Error::DuplicateSequence(_)) => {}
+            Err(e) => panic!("fork: {e:?}"),
+        })),
+        spawn(Box::new(move |m| {
+            if let Ok(Some(_)) = m.allocate(child, &prompt, None, None, 0) {
+                let _ = m.free(child);
+            }
+        })),
+        spawn(Box::new(move |m| {
+            let _ = m.block_tables(&[child, parent], -1);
+        })),
+        spawn(Box::new(move |m| {
+            let _ = m.append_batch(&[child, parent], &[1, 1]);
+        })),
+    ];
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rounds: Vec<u64> = threads.into_iter().map(|h| h.join().unwrap()).collect();
+        let _ = tx.send(rounds);
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(rounds) => assert!(rounds.iter().all(|&r| r > 0), "{rounds:?}"),
+        Err(_) => {
+            stop.store(true, Ordering::Relaxed);
+            panic!("deadlock: fork, the batch calls and the child's creator stopped");
+        }
+    }
+}
