@@ -152,10 +152,57 @@ def test_an_unscheduled_prompt_is_refused(make: Callable[..., Manager]) -> None:
     assert m.num_tokens(0) == 10
 
 
-def test_grouped_managers_have_no_running_batch(make: Callable[..., Manager]) -> None:
-    m = make(16, groups=[KVCacheGroup("full"), KVCacheGroup("sliding_window", window=8)])
-    with pytest.raises(InvalidArgumentError, match="without KV-cache groups"):
-        m.running_batch()
+HYBRID = [KVCacheGroup("full"), KVCacheGroup("sliding_window", window=8), KVCacheGroup("state")]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_grouped_step_is_append_batch_plus_every_groups_slots(make, seed: int) -> None:
+    """With groups a step is `append_batch` plus each group's `slot_mapping` of the new
+    tokens, one row per group: a batch and a twin manager driven by the plain calls stay
+    equal through window releases, evictions, copy-on-write of forks and refusals."""
+    rng = random.Random(seed)
+    m = make(40, groups=HYBRID)
+    twin = make(40, groups=HYBRID)
+    ids = []
+    for sid in range(4):
+        prompt = [rng.randrange(3) for _ in range(rng.randint(1, 12))]
+        if m.allocate(sid, prompt) is not None:
+            assert twin.allocate(sid, prompt) is not None
+            ids.append(sid)
+    m.fork(ids[0], 9)
+    twin.fork(ids[0], 9)
+    ids.append(9)
+    batch = m.running_batch(ids)
+    refused = 0
+    for _ in range(40):
+        toks = [rng.randrange(3) for _ in ids]
+        out = batch.step(toks)
+        pairs = twin.append_batch(ids, toks)
+        if out is None:
+            assert pairs is None
+            refused += 1
+            victim = ids.pop()
+            batch.remove([victim])
+            m.free(victim)
+            twin.free(victim)
+            continue
+        slots, cow = out
+        assert pairs is not None and cow.tolist() == pairs.tolist()
+        assert slots.shape == (len(HYBRID), len(ids))
+        for g in range(len(HYBRID)):
+            assert slots[g].tolist() == twin.slot_mapping(ids, 1, group=g).tolist()
+            for sid in ids:
+                assert m.block_table(sid, group=g) == twin.block_table(sid, group=g)
+        assert m.stats() == twin.stats()
+    assert m.stats().cow_copies > 0
+    assert refused > 0 or m.stats().evictions > 0
+
+
+def test_a_single_full_group_steps_with_a_row_per_group(make) -> None:
+    m = make(16, groups=[KVCacheGroup("full")])
+    m.allocate(0, [1, 2, 3])
+    slots, _ = m.running_batch([0]).step([4])
+    assert slots.shape == (1, 1) and slots.tolist() == [[m.block_table(0)[0] * 4 + 3]]
 
 
 def test_an_empty_batch_steps_to_nothing(make: Callable[..., Manager]) -> None:

@@ -956,10 +956,6 @@ class ReferenceBlockManager:
         """A `RunningBatch` over this manager's sequences, holding `seq_ids` (default none)."""
         from pagedkv.reference_running import ReferenceRunningBatch
 
-        if self._groups:
-            raise InvalidArgumentError(
-                "running_batch needs a manager without KV-cache groups (use append_batch)"
-            )
         batch = ReferenceRunningBatch(self)
         if seq_ids is not None:
             batch.add(seq_ids)

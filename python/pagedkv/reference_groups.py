@@ -84,7 +84,12 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         if not self._groups:
             raise InvalidArgumentError("a grouped manager needs groups=[KVCacheGroup(...)]")
         n = self._num_blocks
-        self._free = list(range(n - 1, 0, -1))  # block 0 is the null block: pops 1, 2, 3, ...
+        # Block 0 is the null block only when some group is not full attention; without one,
+        # `_null` names no block, so no table entry is ever taken for null.
+        self._has_null = any(grp.kind != "full" for grp in self._groups)
+        self._null = NULL if self._has_null else -2
+        # Pops 0 (or 1 after the null block), 1, 2, ...
+        self._free = list(range(n - 1, -1 + self._has_null, -1))
         # The group whose table took each block; meaningful while it is OWNED or CACHED.
         self._owner = [-1] * n
         g = len(self._groups)
@@ -122,19 +127,10 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         if self._events_on:
             self._events.append(BlockRemoved(block_hashes=[d], medium="GPU", group_idx=g))
 
-    def _clear_cached(self) -> None:
-        """Reset's move of the CACHED blocks (oldest first) onto the free stack: the grouped
-        pool (`rust/core/src/groups/pool.rs`) still reuses the most recently released first,
-        until it merges into the core pool, whose order is vLLM's."""
-        for b in self._lru:
-            self._hashed[b] = None
-            self._free.append(b)
-        self._lru.clear()
-
     def _release_table(self, table: list[int]) -> None:
-        for b in reversed(table):  # tail first; the null block holds no reference
-            if b != NULL:
-                self._release(b)
+        """One group's table, tail first, as the core pool releases a table (the null
+        block holds no reference)."""
+        self._release_all([b for b in table if b != self._null])
 
     def _register(self, seq: _Seq, lo: int, hi: int) -> None:
         """Entries `lo .. hi - 1` became full of scheduled tokens: register each group's
@@ -145,7 +141,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
             for i in range(lo, hi):
                 b = table[i]
                 key = _key(g, seq.digests[i])
-                if b == NULL or key in self._index:
+                if b == self._null or key in self._index:
                     continue  # a released entry, or another block holds this content
                 self._index[key] = b
                 self._hashed[b] = seq.digests[i]
@@ -157,7 +153,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
 
     def _held(self, seq: _Seq) -> list[int]:
         """The non-null GPU blocks, group by group in table order."""
-        return [b for t in _gseq(seq).tables for b in t if b != NULL]
+        return [b for t in _gseq(seq).tables for b in t if b != self._null]
 
     def _new_seq(self, salt: bytes | None, lora: int | None) -> _Seq:
         return _GSeq(salt, lora, len(self._groups))
@@ -185,7 +181,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         out = []
         for g, group in enumerate(self._groups):
             a = first_needed(group, h, self._block_size)
-            out.append([NULL] * a + [self._index[_key(g, d)] for d in seq.digests[a:h]])
+            out.append([self._null] * a + [self._index[_key(g, d)] for d in seq.digests[a:h]])
         return out
 
     def _probe_seq(self, toks: list[int], salt: bytes | None, lora: int | None) -> _Seq:
@@ -203,7 +199,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         out: list[tuple[int, int]] = []
         for g, (group, table) in enumerate(zip(self._groups, seq.tables, strict=True)):
             end = group.skipped_tokens(seq.scheduled) // self._block_size
-            out.extend((g, i) for i in range(end - 1, -1, -1) if table[i] != NULL)
+            out.extend((g, i) for i in range(end - 1, -1, -1) if table[i] != self._null)
         return out
 
     def _freed(self, blocks: list[int]) -> int:
@@ -214,10 +210,11 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
     def _drop(self, seq: _GSeq, skipped: list[tuple[int, int]]) -> None:
         """Replace the skipped entries by the null block and release them, in order
         (hashed ones become CACHED: their tokens were scheduled)."""
-        for g, i in skipped:
-            b = seq.tables[g][i]
-            seq.tables[g][i] = NULL
-            self._release(b)
+        for g in dict.fromkeys(g for g, _ in skipped):
+            run = sorted(i for h, i in skipped if h == g)
+            self._release_all([seq.tables[g][i] for i in run])  # one group's run, tail first
+            for i in run:
+                seq.tables[g][i] = self._null
 
     def _write_plan(self, seq: _GSeq, end: int, la: int) -> tuple[list[list[int]], int]:
         """Writing positions `s .. end - 1` plus `la` slots: per group the table indices that
@@ -269,7 +266,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         ng = len(self._groups)
         h = self._hit(gs)
         prefix = self._hit_tables(gs, h)
-        pinned = [b for t in prefix for b in t if b != NULL]  # group order, table order
+        pinned = [b for t in prefix for b in t if b != self._null]  # group order, table order
         s = min(h * bs + k, gs.num_tokens)
         total = _cdiv(s + la, bs)
         for b in pinned:  # errors before the capacity answer
@@ -277,14 +274,14 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
                 raise RefcountOverflowError(f"block {b} already has {MAX_REFCOUNT} holders")
         need = ng * (total - h) + sum(1 for b in pinned if self._rc[b] == 0)
         held = ng * total - (ng * h - len(pinned))  # every entry but the nulls
-        if need > self._available() or held > self._num_blocks - 1:
+        if need > self._available() or held > self._num_blocks - self._has_null:
             return None
         for b in pinned:
             if self._rc[b] == 0:
                 del self._lru[b]  # CACHED -> OWNED
             self._rc[b] += 1
         for g, t in enumerate(prefix):
-            self._group_hits[g] += sum(1 for b in t if b != NULL)
+            self._group_hits[g] += sum(1 for b in t if b != self._null)
         gs.tables = prefix
         for g, table in enumerate(gs.tables):
             table.extend(self._take_in(g) for _ in range(total - h))
@@ -351,7 +348,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         (or chunk, or state) already released, and a state between block boundaries."""
         bs = self._block_size
         for g, (group, table) in enumerate(zip(self._groups, seq.tables, strict=True)):
-            nulls = leading_nulls(table)
+            nulls = leading_nulls(table, self._null)
             if nulls * bs > group.skipped_tokens(m):
                 raise InvalidArgumentError(
                     f"truncate to {m} tokens: group {g} ({group.kind}) already released "
@@ -385,7 +382,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
             dropped = table[keep:]
             del table[keep:]
             self._release_table(dropped)  # hashed ones become CACHED: their KV was computed
-            self._truncated_blocks += sum(1 for b in dropped if b != NULL)
+            self._truncated_blocks += sum(1 for b in dropped if b != self._null)
         pairs = [self._copy_in(gs.tables[g], g, i) for g in shared]
         del gs.tokens[m:]
         del gs.digests[i:]
@@ -436,7 +433,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
             return None
         cpu = [self._cpu_free.pop() for _ in held]
         it = iter(cpu)
-        gs.cpu_tables = [[CPU_NULL if b == NULL else next(it) for b in t] for t in gs.tables]
+        gs.cpu_tables = [[CPU_NULL if b == self._null else next(it) for b in t] for t in gs.tables]
         for table in gs.tables:
             self._release_table(table)
         gs.tables = [[] for _ in self._groups]
@@ -464,7 +461,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         self._cpu_free.extend(reversed([c for _, c in owned]))
         self._cpu_removed(gs)
         it = iter(gpu)
-        gs.tables = [[NULL if c == CPU_NULL else next(it) for c in t] for t in gs.cpu_tables]
+        gs.tables = [[self._null if c == CPU_NULL else next(it) for c in t] for t in gs.cpu_tables]
         gs.cpu_tables = []
         gs.swapped = False
         self._register(gs, 0, gs.scheduled // self._block_size)
@@ -478,7 +475,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
 
     def _status(self, total: int, need: int) -> AllocStatus:
         wm = self._watermark_blocks
-        if self._num_blocks - 1 - total < wm:  # the null block is never usable
+        if self._num_blocks - self._has_null - total < wm:  # the null block is never usable
             return AllocStatus.NEVER
         if self._available() - need >= wm:
             return AllocStatus.OK
@@ -494,7 +491,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
             return self._status(total, total)
         probe = self._probe_seq(toks, salt, lora)
         h = self._hit(probe)
-        pinned = [b for t in self._hit_tables(probe, h) for b in t if b != NULL]
+        pinned = [b for t in self._hit_tables(probe, h) for b in t if b != self._null]
         width = _cdiv(min(h * bs + k, n), bs)
         total = ng * width - (ng * h - len(pinned))
         need = ng * (width - h) + sum(1 for b in pinned if self._rc[b] == 0)
@@ -521,12 +518,12 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         use."""
         st = super().stats()
         bs = self._block_size
-        usable = self._num_blocks - 1
+        usable = self._num_blocks - self._has_null
         resident = [_gseq(s) for s in self._seqs.values() if not s.swapped]
         reserved = used = 0
         for s in resident:
             for t in s.tables:
-                nulls = leading_nulls(t)
+                nulls = leading_nulls(t, self._null)
                 reserved += (len(t) - nulls) * bs
                 used += s.scheduled - nulls * bs
         return dataclasses.replace(
@@ -539,7 +536,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
 
     def _group_stats(self, g: int) -> GroupStats:
         used = sum(1 for b, rc in enumerate(self._rc) if rc > 0 and self._owner[b] == g)
-        usable = self._num_blocks - 1
+        usable = self._num_blocks - self._has_null
         return GroupStats(
             kind=self._groups[g].kind,
             used_blocks=used,

@@ -62,12 +62,12 @@ def _check_resident(m: Manager, sid: int, s: _GSeq, rc: list[int]) -> None:
     bs = m._block_size
     if s.cpu_tables or s.cpu_blocks or s.blocks:
         _fail(f"resident sequence {sid} holds CPU blocks or a single table")
-    _check_shape(m, sid, s, s.tables, NULL)
+    _check_shape(m, sid, s, s.tables, m._null)
     for g, t in enumerate(s.tables):
         for i, b in enumerate(t):
-            if b == NULL:
+            if b == m._null:
                 continue
-            if not 0 < b < m._num_blocks:
+            if not int(m._has_null) <= b < m._num_blocks:
                 _fail(f"sequence {sid} holds block id {b} out of range")
             if m._owner[b] != g:
                 _fail(f"sequence {sid} group {g} holds block {b} of group {m._owner[b]}")
@@ -106,16 +106,18 @@ def _check_sequences(m: Manager) -> list[int]:
 
 def _check_pool(m: Manager, rc: list[int]) -> None:
     n = m._num_blocks
-    if m._rc[NULL] or m._hashed[NULL] is not None or NULL in m._free or NULL in m._lru:
+    if m._has_null and (
+        m._rc[NULL] or m._hashed[NULL] is not None or NULL in m._free or NULL in m._lru
+    ):
         _fail("the null block is held, hashed, free or cached")
-    for b in range(1, n):
+    for b in range(int(m._has_null), n):
         if rc[b] != m._rc[b]:
             _fail(f"block {b}: refcount {m._rc[b]}, tables hold {rc[b]}")
     free_set = set(m._free)
     if len(free_set) != len(m._free):
         _fail("free stack holds a block twice")
     for b in m._free:
-        if not 0 < b < n or m._rc[b] or m._hashed[b] is not None:
+        if not int(m._has_null) <= b < n or m._rc[b] or m._hashed[b] is not None:
             _fail(f"free block {b} is out of range, held or hashed")
     for b in m._lru:
         if m._rc[b] or b in free_set or m._hashed[b] is None:
@@ -123,8 +125,9 @@ def _check_pool(m: Manager, rc: list[int]) -> None:
         if not 0 <= m._owner[b] < len(m._groups):
             _fail(f"cached block {b} belongs to no group")
     owned = sum(1 for r in m._rc if r > 0)
-    if owned + len(m._free) + len(m._lru) != n - 1:
-        _fail(f"owned {owned} + free {len(m._free)} + cached {len(m._lru)} != {n - 1} blocks")
+    usable = n - m._has_null
+    if owned + len(m._free) + len(m._lru) != usable:
+        _fail(f"owned {owned} + free {len(m._free)} + cached {len(m._lru)} != {usable} blocks")
 
 
 def _check_index(m: Manager) -> None:

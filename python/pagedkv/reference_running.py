@@ -57,7 +57,8 @@ class ReferenceRunningBatch:
     def step(
         self, token_ids: Sequence[int] | npt.NDArray[np.integer[Any]]
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]] | None:
-        """One token to each member: `(slot_mapping, cow_pairs)`, or None if it does not fit."""
+        """One token to each member: `(slot_mapping, cow_pairs)`, or None if it does not fit;
+        with `groups=` the slot mapping has one row per group."""
         from pagedkv.reference import _U32, _int_list
 
         toks = _int_list(token_ids, "token_ids", 0, _U32)
@@ -74,8 +75,15 @@ class ReferenceRunningBatch:
         pairs = self._m.append_batch(ids, toks)
         if pairs is None:
             return None
-        slots = self._m.slot_mapping(ids, 1) if ids else np.zeros(0, dtype=np.int64)
-        return slots, pairs
+        if not self._m._groups:
+            slots = self._m.slot_mapping(ids, 1) if ids else np.zeros(0, dtype=np.int64)
+            return slots, pairs
+        # With `groups=`: one row of slots per group.
+        rows = [
+            self._m.slot_mapping(ids, 1, group=g) if ids else np.zeros(0, dtype=np.int64)
+            for g in range(len(self._m._groups))
+        ]
+        return np.stack(rows).astype(np.int64), pairs
 
     @property
     def seq_ids(self) -> list[int]:

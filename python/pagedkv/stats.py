@@ -48,8 +48,8 @@ class Stats:
     @property
     def usage(self) -> float:
         """Fraction of usable GPU blocks held by sequences (cached blocks are not in use);
-        with groups, block 0 is the null block and not usable."""
-        usable = self.num_blocks - (1 if self.groups else 0)
+        with a group that is not full attention, block 0 is the null block and not usable."""
+        usable = self.num_blocks - (1 if any(g.kind != "full" for g in self.groups) else 0)
         return self.used_blocks / usable if usable > 0 else 0.0
 
     @property

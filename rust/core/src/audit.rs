@@ -56,7 +56,7 @@ impl BlockManager {
             }
             if let Some(cpu) = &seq.cpu_blocks {
                 ensure!(
-                    seq.blocks.is_empty(),
+                    seq.blocks.is_empty() && seq.more.is_empty(),
                     "swapped sequence {id} holds GPU blocks"
                 );
                 ensure!(
@@ -64,7 +64,12 @@ impl BlockManager {
                     "swapped sequence {id} has {} CPU blocks for {sched} scheduled tokens",
                     cpu.len()
                 );
-                for &c in cpu {
+                ensure!(
+                    seq.cpu_more.len() + 1 == self.kinds.len()
+                        && seq.cpu_more.iter().all(|t| t.len() == cpu.len()),
+                    "swapped sequence {id} has CPU tables of other shapes than its groups"
+                );
+                for c in Self::cpu_held(seq) {
                     let slot = cpu_owner.get_mut(c as usize);
                     ensure!(
                         slot.is_some(),
@@ -88,13 +93,36 @@ impl BlockManager {
                 seq.table_digest == expected,
                 "sequence {id} has a stale table digest"
             );
-            for &b in &seq.blocks {
+            ensure!(
+                seq.num_groups() == self.kinds.len()
+                    && seq.more.iter().all(|t| t.len() == seq.blocks.len())
+                    && seq.null_block == self.null,
+                "sequence {id} has tables of other shapes than its groups"
+            );
+            for (g, kind) in self.kinds.iter().enumerate() {
+                let nulls = seq.nulls(g);
+                // Nulls are only what the group skipped at some position up to `s`.
                 ensure!(
-                    (b as usize) < n,
-                    "sequence {id} holds block {b} out of range"
+                    nulls * bs <= kind.skipped_tokens(sched),
+                    "sequence {id}: group {g} has {nulls} nulls at {sched} scheduled tokens"
                 );
-                refs[b as usize] += 1;
+                for &b in &seq.table(g)[nulls..] {
+                    ensure!(
+                        (b as usize) < n && !self.is_null(b),
+                        "sequence {id} holds block {b} out of range (group {g})"
+                    );
+                    refs[b as usize] += 1;
+                    ensure!(
+                        self.gpu.group_of(b) == g as u8,
+                        "block {b} of group {g}'s table is the pool's group {}",
+                        self.gpu.group_of(b)
+                    );
+                }
             }
+        }
+        if self.null {
+            // The null block's one reference is the pool's own.
+            refs[0] += 1;
         }
 
         // The stats tallies are the sums they stand for.
@@ -114,26 +142,51 @@ impl BlockManager {
 
         let indexed = self.gpu.audit(&refs)?;
         for (id, seq) in &guards {
-            for (i, &b) in seq.blocks.iter().enumerate() {
-                if indexed[b as usize] {
-                    // Only blocks full of scheduled tokens are ever registered (or hit).
-                    ensure!(
-                        i < self.registrable(seq),
-                        "sequence {id} holds hashed block {b} at {i}, past its {} scheduled \
+            for g in 0..seq.num_groups() {
+                for (i, &b) in seq.table(g).iter().enumerate() {
+                    if indexed[b as usize] && !self.is_null(b) {
+                        // Only blocks full of scheduled tokens are ever registered (or hit).
+                        ensure!(
+                            i < self.registrable(seq),
+                            "sequence {id} holds hashed block {b} at {i}, past its {} scheduled \
                          full blocks",
-                        self.registrable(seq)
-                    );
-                    let expected = seq.digests.get(i);
-                    ensure!(
-                        expected.is_some_and(|d| self.gpu.index_holds(b, d)),
+                            self.registrable(seq)
+                        );
+                        let expected = seq.digests.get(i).map(|d| d.keyed(g as u8));
+                        ensure!(
+                        expected.is_some_and(|d| self.gpu.index_holds(b, &d)),
                         "block {b} is cached under another digest than sequence {id} expects at {i}"
                     );
-                    ensure!(
+                        ensure!(
                         self.gpu.index_tag_is(b, seq.tag(i)),
                         "block {b} is cached under another tag than sequence {id} expects at {i}"
                     );
+                    }
                 }
             }
+        }
+        // Each group's tallies count its blocks.
+        for (g, t) in self.group_stats().iter().enumerate() {
+            let count = |cached: bool| {
+                (0..n as u32)
+                    .filter(|&b| !self.is_null(b) && self.gpu.group_of(b) == g as u8)
+                    .filter(|&b| {
+                        let w = self.gpu.state(b).load();
+                        if cached {
+                            w.is_cached()
+                        } else {
+                            w.rc() > 0
+                        }
+                    })
+                    .count()
+            };
+            let (used, cached) = (count(false), count(true));
+            ensure!(
+                (t.used_blocks, t.cached_blocks) == (used, cached),
+                "group {g} tallies {} used and {} cached blocks, the pool {used} and {cached}",
+                t.used_blocks,
+                t.cached_blocks
+            );
         }
         // CPU space: every block free or held by one swapped sequence.
         let cpu_free = self.cpu.free_snapshot();

@@ -147,7 +147,7 @@ pub(crate) fn state_error(
 impl BlockManager {
     /// The locked, live sequences of a batch of distinct ids in batch order, with their
     /// cells, or the first state error.
-    fn live_mut<'a, 'c>(
+    pub(crate) fn live_mut<'a, 'c>(
         ids: &[u64],
         locked: &'a mut Locked<'c>,
         resident: bool,
@@ -206,7 +206,7 @@ impl BlockManager {
     ) -> Result<Option<Vec<(u32, u32)>>> {
         {
             let mut locked = lock_all(ids, cells, true)?;
-            if lookahead == 0 {
+            if lookahead == 0 && self.plain() {
                 return self.append_one_each(ids, tokens, &mut locked, None);
             }
             // Sequence by sequence in batch order: its state, then its append checks.
@@ -221,6 +221,10 @@ impl BlockManager {
                 }
             }
             let mut seqs = Self::live_mut(ids, &mut locked, true)?;
+            if !self.plain() {
+                let mut refs: Vec<&mut Sequence> = seqs.iter_mut().map(|(_, s)| &mut **s).collect();
+                return self.step_batch_grouped(&mut refs, tokens, lookahead, None);
+            }
             let mut need: usize = 0;
             let mut keys = Vec::new();
             for (((_, seq), &id), t) in seqs.iter_mut().zip(ids).zip(tokens) {
@@ -301,6 +305,17 @@ impl BlockManager {
 
     /// Row-major `(ids.len(), width)` int32 block tables padded with `pad`, and `width`.
     pub fn block_tables(&self, ids: &[u64], pad: i32) -> Result<(Vec<i32>, usize)> {
+        self.block_tables_of(ids, pad, 0)
+    }
+
+    /// `block_tables` of group `group`'s tables.
+    pub fn block_tables_of(
+        &self,
+        ids: &[u64],
+        pad: i32,
+        group: usize,
+    ) -> Result<(Vec<i32>, usize)> {
+        self.check_group(group)?;
         self.read_all(
             ids,
             |_, _| Ok(()),
@@ -312,7 +327,7 @@ impl BlockManager {
                     .ok_or_else(|| Error::OutOfMemory("block tables too large".into()))?;
                 let mut out = try_filled(size, pad, "the block tables")?;
                 for (row, seq) in seqs.iter().enumerate() {
-                    for (o, &b) in out[row * width..].iter_mut().zip(&seq.blocks) {
+                    for (o, &b) in out[row * width..].iter_mut().zip(seq.table(group)) {
                         *o = b as i32;
                     }
                 }
@@ -333,6 +348,18 @@ impl BlockManager {
         counts: &[usize],
         lookahead: usize,
     ) -> Result<Vec<i64>> {
+        self.slot_mapping_of(ids, counts, lookahead, 0)
+    }
+
+    /// `slot_mapping_lookahead` in group `group`'s tables.
+    pub fn slot_mapping_of(
+        &self,
+        ids: &[u64],
+        counts: &[usize],
+        lookahead: usize,
+        group: usize,
+    ) -> Result<Vec<i64>> {
+        self.check_group(group)?;
         if ids.len() != counts.len() {
             return Err(invalid(format!(
                 "seq_ids has {} entries but num_new_tokens has {}",
@@ -365,7 +392,11 @@ impl BlockManager {
             let mut out = try_with_capacity(total, "the slot mapping")?;
             for (seq, &c) in seqs.iter().zip(counts) {
                 let s = seq.scheduled;
-                out.extend((s - c..s + lookahead).map(|p| seq.slot(p, bs)));
+                let table = seq.table(group);
+                out.extend(
+                    (s - c..s + lookahead)
+                        .map(|p| i64::from(table[p / bs]) * bs as i64 + (p % bs) as i64),
+                );
             }
             Ok(out)
         })
@@ -373,11 +404,22 @@ impl BlockManager {
 
     /// FlashInfer's paged-KV page table: `(kv_indptr, kv_indices, kv_last_page_len)`.
     pub fn flashinfer_page_table(&self, ids: &[u64]) -> Result<(Vec<i32>, Vec<i32>, Vec<i32>)> {
+        self.flashinfer_page_table_of(ids, 0)
+    }
+
+    /// `flashinfer_page_table` of group `group`'s tables (null pages included as block 0:
+    /// the kernel's window masks them).
+    pub fn flashinfer_page_table_of(
+        &self,
+        ids: &[u64],
+        group: usize,
+    ) -> Result<(Vec<i32>, Vec<i32>, Vec<i32>)> {
+        self.check_group(group)?;
         let bs = self.block_size();
         self.read_all(
             ids,
             |_, _| Ok(()),
-            |seqs| flashinfer_rows(seqs.iter().map(|s| (s.scheduled, &s.blocks[..])), bs),
+            |seqs| flashinfer_rows(seqs.iter().map(|s| (s.scheduled, s.table(group))), bs),
         )
     }
 }

@@ -145,13 +145,12 @@ impl BlockPool {
         })
     }
 
-    /// The same pool for `num_groups` KV-cache groups (group bytes and tallies with more
-    /// than one), with block 0 taken as the null block when `null`.
-    pub fn with_groups(mut self, num_groups: usize, null: bool) -> Result<Self> {
+    /// The same pool for `num_groups` KV-cache groups (group bytes with more than one,
+    /// per-group tallies when `tallies`), with block 0 taken as the null block when `null`.
+    pub fn with_groups(mut self, num_groups: usize, null: bool, tallies: bool) -> Result<Self> {
         if num_groups > 1 {
             let n = self.num_blocks();
             self.group = try_boxed(n, |_| AtomicU8::new(0), "the block groups")?;
-            self.tallies = try_boxed(num_groups, |_| Padded::default(), "the group tallies")?;
         }
         if null {
             // A fresh pool pops block 0 first (`FreeStack::full`); nothing else runs yet.
@@ -159,6 +158,10 @@ impl BlockPool {
                 return Err(Error::Broken("the null block was not block 0".into()));
             }
             self.null = true;
+        }
+        // After the null block, which no group's tally counts.
+        if tallies {
+            self.tallies = try_boxed(num_groups, |_| Padded::default(), "the group tallies")?;
         }
         Ok(self)
     }
@@ -184,9 +187,9 @@ impl BlockPool {
     pub fn set_group(&self, block: u32, g: u8) {
         if let Some(slot) = self.group.get(block as usize) {
             slot.store(g, Ordering::Relaxed);
-        }
-        if let Some(t) = self.tally(g) {
-            up(&t.used);
+            if let Some(t) = self.tally(g) {
+                up(&t.used);
+            }
         }
     }
 
@@ -260,6 +263,7 @@ impl BlockPool {
         if let Some(b) = self.free.pop() {
             // The common case, without the batch path's vector.
             self.state(b).take();
+            self.count_taken(1);
             return b;
         }
         let mut one = Vec::with_capacity(1);
@@ -283,6 +287,18 @@ impl BlockPool {
                 // a racing taker got the one we saw, or a reset is moving it to the free
                 // stack.
                 backoff(&mut spins);
+            }
+        }
+        self.count_taken(k);
+    }
+
+    /// With one group and its tally kept, `k` more OWNED blocks of group 0 (with several
+    /// groups the taker counts them in `set_group`, once it has named the group).
+    fn count_taken(&self, k: usize) {
+        if self.group.is_empty() {
+            if let Some(t) = self.tallies.first() {
+                // Relaxed: a tally (see `GroupTally`).
+                t.used.fetch_add(k, Ordering::Relaxed);
             }
         }
     }
@@ -344,6 +360,18 @@ impl BlockPool {
     /// The records of blocks that become CACHED are queued under one lock. An error means
     /// the caller's table disagreed with the block states (a bug): the manager breaks.
     pub fn release_table(&self, blocks: &[u32], digests: &[Digest]) -> Result<()> {
+        self.release_table_inner(blocks, digests, false).map(drop)
+    }
+
+    /// `release_table` that keeps, for the caller, the units of the blocks that become FREE
+    /// or CACHED instead of counting them in `available`: the caller holds them as if it had
+    /// reserved them (a step that frees blocks and takes others; see `grouped`). Returns
+    /// their number.
+    pub fn release_table_held(&self, blocks: &[u32], digests: &[Digest]) -> Result<usize> {
+        self.release_table_inner(blocks, digests, true)
+    }
+
+    fn release_table_inner(&self, blocks: &[u32], digests: &[Digest], held: bool) -> Result<usize> {
         let mut cached: Vec<Entry> = Vec::with_capacity(blocks.len());
         let mut freed: Vec<u32> = Vec::with_capacity(blocks.len());
         let mut broken = None;
@@ -380,18 +408,25 @@ impl BlockPool {
         if !freed.is_empty() {
             freed.reverse();
             self.free.push_all(&freed);
-            // Release: a reserver that takes these units sees the push (see `reserve`).
-            self.available.fetch_add(freed.len(), Ordering::Release);
+            if !held {
+                // Release: a reserver that takes these units sees the push (see `reserve`).
+                self.available.fetch_add(freed.len(), Ordering::Release);
+            }
         }
         if !cached.is_empty() {
             // Relaxed: a tally, raised before the records can be claimed.
             self.cached.fetch_add(cached.len(), Ordering::Relaxed);
             let bound = 2 * self.states.len() + 64;
             self.lru.push_all(&cached, bound, |e| self.is_live(e));
-            // Release: a reserver that takes these units sees the queued records.
-            self.available.fetch_add(cached.len(), Ordering::Release);
+            if !held {
+                // Release: a reserver that takes these units sees the queued records.
+                self.available.fetch_add(cached.len(), Ordering::Release);
+            }
+            // Held units need no edge here: their holder pushed or queued the blocks itself,
+            // and whatever block it then takes comes with the pop's or claim's Acquire.
         }
-        broken.map_or(Ok(()), |msg| Err(Error::Broken(msg)))
+        let units = freed.len() + cached.len();
+        broken.map_or(Ok(units), |msg| Err(Error::Broken(msg)))
     }
 
     /// Give back a block this caller pinned through a hit and did not use (a failed call):
@@ -638,11 +673,6 @@ impl BlockPool {
     }
     pub fn index_tag_is(&self, block: u32, tag: Option<Tag>) -> bool {
         self.index.tag_is(block, tag)
-    }
-    /// The key a hashed block the caller holds is indexed under (stable while it stays
-    /// hashed and held), for a digest of `len` bytes.
-    pub fn index_key(&self, block: u32, len: usize) -> Digest {
-        self.index.stored(block, len)
     }
     pub fn index_digest_words(&self, block: u32) -> [u64; 4] {
         self.index.stored(block, 32).words()

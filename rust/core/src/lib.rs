@@ -26,8 +26,7 @@ mod error;
 mod events;
 mod free_stack;
 mod gate;
-#[cfg(not(loom))]
-mod groups;
+mod grouped;
 #[cfg(all(test, not(loom)))]
 mod guard_tests;
 mod hashing;
@@ -39,6 +38,7 @@ mod lock_choice_tests;
 mod loom_models;
 mod lru_queue;
 mod manager;
+mod policy;
 mod pool_audit;
 mod prefix_index;
 mod running;
@@ -52,11 +52,11 @@ pub use block_state::RC_MAX;
 pub use config::{Config, MAX_BLOCKS};
 pub use error::{Error, Result};
 pub use events::{KvEvent, Medium};
-#[cfg(not(loom))]
-pub use groups::{GroupKind, GroupManager, GroupStats, MAX_GROUPS, NULL};
+pub use grouped::NULL;
 pub use hashing::{encode_extras, BlockHasher, Digest, HashAlgo, Tag};
 pub use manager::{BlockManager, MAX_TOKENS};
+pub use policy::{GroupKind, MAX_GROUPS};
 pub use running::{RunningBatch, StepOut};
-pub use stats::{AllocStatus, Stats};
+pub use stats::{AllocStatus, GroupStats, Stats};
 #[cfg(not(loom))]
 pub use sync::nonblocking;

@@ -15,11 +15,13 @@ use crate::cpu_pool::CpuPool;
 use crate::error::{invalid, Error, Result};
 use crate::events::{KvEvent, Medium};
 use crate::gate::{Gate, Shared};
+use crate::grouped::StepReq;
 use crate::hashing::{encode_extras, BlockHasher, Digest};
 use crate::hit_tag::HitTagger;
+use crate::policy::{GroupKind, MAX_GROUPS};
 use crate::seq_map::{lock_cell, wait_settled, Attempt, SeqMap};
 use crate::sequence::Sequence;
-use crate::stats::{AllocStatus, Stats};
+use crate::stats::{AllocStatus, GroupStats, Stats};
 use crate::sync::{lock, may_wait, try_lock, AtomicU64, Mutex, MutexGuard, Ordering, Padded};
 use std::sync::Arc;
 
@@ -58,6 +60,12 @@ pub struct BlockManager {
     broken: BrokenGuard,
     /// Distinct for every manager of the process: what a `RunningBatch` checks it was made by.
     pub(crate) instance: u64,
+    /// The kind of each KV-cache group: one `Full` without `groups=`.
+    pub(crate) kinds: Box<[GroupKind]>,
+    /// Whether `groups=` was given: `stats()` then reports each group's figures.
+    pub(crate) grouped: bool,
+    /// Block 0 is the null block: some group is not full attention (docs/semantics.md).
+    pub(crate) null: bool,
 }
 
 /// The next manager's `instance` (Relaxed: only uniqueness matters).
@@ -144,19 +152,45 @@ pub(crate) fn cdiv(a: usize, b: usize) -> usize {
 }
 
 impl BlockManager {
+    /// A manager of one full-attention group (no `groups=`).
     pub fn new(config: Config) -> Result<Self> {
+        Self::build(config, None)
+    }
+
+    /// A manager whose sequences hold one table per KV-cache group of these kinds.
+    pub fn with_groups(config: Config, kinds: Vec<GroupKind>) -> Result<Self> {
+        Self::build(config, Some(kinds))
+    }
+
+    fn build(config: Config, kinds: Option<Vec<GroupKind>>) -> Result<Self> {
         config.validate()?;
+        let grouped = kinds.is_some();
+        let kinds = kinds.unwrap_or_else(|| vec![GroupKind::Full]);
+        if kinds.is_empty() || kinds.len() > MAX_GROUPS {
+            return Err(invalid(format!(
+                "groups must hold 1..={MAX_GROUPS} groups, got {}",
+                kinds.len()
+            )));
+        }
+        let null = kinds.iter().any(|k| *k != GroupKind::Full);
+        if null && config.num_blocks < 2 {
+            return Err(invalid(
+                "num_blocks must be at least 2 with a group that is not full attention \
+                 (block 0 is the null block)",
+            ));
+        }
         let tagged = config.hash_algo.needs_verified_hits();
         Ok(Self {
             hasher: BlockHasher::new(config.hash_algo, config.hash_seed),
             tagger: tagged.then(HitTagger::random),
             gpu: {
                 let pool = BlockPool::new(config.num_blocks, config.enable_kv_events, tagged)?;
-                if config.record_evictions {
+                let pool = if config.record_evictions {
                     pool.with_eviction_log()
                 } else {
                     pool
-                }
+                };
+                pool.with_groups(kinds.len(), null, grouped)?
             },
             cpu: CpuPool::new(config.num_cpu_blocks)?,
             seqs: SeqMap::new(),
@@ -172,6 +206,9 @@ impl BlockManager {
             )?,
             broken: BrokenGuard::default(),
             instance: INSTANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            kinds: kinds.into_boxed_slice(),
+            grouped,
+            null,
             config,
         })
     }
@@ -182,6 +219,33 @@ impl BlockManager {
 
     pub fn block_size(&self) -> usize {
         self.config.block_size
+    }
+
+    /// One full-attention group: the single-group fast paths apply.
+    pub(crate) fn plain(&self) -> bool {
+        self.kinds.len() == 1 && !self.null
+    }
+
+    /// The kinds of the KV-cache groups (one `Full` without `groups=`).
+    pub fn kinds(&self) -> &[GroupKind] {
+        &self.kinds
+    }
+
+    /// Whether `groups=` was given.
+    pub fn is_grouped(&self) -> bool {
+        self.grouped
+    }
+
+    /// An `InvalidArgumentError` unless `group` names one of the groups.
+    pub fn check_group(&self, group: usize) -> Result<()> {
+        if group >= self.kinds.len() {
+            let n = self.kinds.len();
+            return Err(invalid(format!(
+                "group {group} out of range: the manager has {n} group{}",
+                if n == 1 { "" } else { "s" }
+            )));
+        }
+        Ok(())
     }
 
     fn caching(&self) -> bool {
@@ -339,12 +403,33 @@ impl BlockManager {
             let _gate = self.enter()?;
             self.seqs.create(id, |seq| {
                 // Fewest blocks (no hit): beyond the pool nothing fits.
-                if total(0) > self.gpu.num_blocks() {
+                if total(0) > self.gpu.num_usable() {
                     return Ok(None);
                 }
                 let max_hits = if self.caching() { (n - 1) / bs } else { 0 };
                 let keys = chain_lock(&digests);
                 let _prefix = self.lock_prefixes(keys)?;
+                if !self.plain() {
+                    let Some((tables, hits)) =
+                        self.take_grouped_prompt(&total, max_hits, &digests, &tags)?
+                    else {
+                        return Ok(None);
+                    };
+                    *seq = Sequence::new(std::mem::take(tokens), extras, lora_id);
+                    self.install_tables(seq, tables);
+                    seq.digests = digests;
+                    seq.tags = tags;
+                    seq.hit_blocks = hits;
+                    seq.scheduled = scheduled(hits);
+                    self.register_groups(seq, hits..self.registrable(seq));
+                    if self.caching() {
+                        counters::add(&self.counters.prefix_queries, n);
+                        counters::add(&self.counters.prefix_hits, hits * bs);
+                        self.recent.record(n, hits * bs);
+                    }
+                    self.account((0, 0), seq.footprint(bs));
+                    return Ok(Some(hits * bs));
+                }
                 let Some((blocks, hits)) =
                     self.take_prompt_blocks(&total, max_hits, &digests, &tags)?
                 else {
@@ -440,6 +525,9 @@ impl BlockManager {
         }
         self.gpu.unreserve(spare.saturating_sub(new));
         self.gpu.take_into(new, &mut blocks);
+        if let (true, Some(t)) = (hits > 0, self.gpu.tally(0)) {
+            counters::add(&t.hit_blocks, hits);
+        }
         Ok(Some((blocks, hits)))
     }
 
@@ -475,6 +563,9 @@ impl BlockManager {
         }
         if new > 0 {
             counters::add(&self.counters.registered_blocks, new);
+            if let Some(t) = self.gpu.tally(0) {
+                counters::add(&t.registered, new);
+            }
         }
     }
 
@@ -643,8 +734,16 @@ impl BlockManager {
                 return Err(Error::Swapped(id));
             }
             check_append(id, seq.tokens.len(), seq.scheduled, tokens.len())?;
-            self.reserve_tokens(seq, tokens.len())?;
             let upto = seq.tokens.len() + tokens.len();
+            if !self.plain() {
+                let req = StepReq {
+                    new: tokens,
+                    m: upto,
+                    to: upto.saturating_add(lookahead),
+                };
+                return self.step_grouped(&mut [seq], &[req], None);
+            }
+            self.reserve_tokens(seq, tokens.len())?;
             let keys = self
                 .schedule_prefix_key(seq, upto, tokens)
                 .into_iter()
@@ -673,6 +772,14 @@ impl BlockManager {
             check_extend(id, seq.tokens.len(), seq.scheduled, k)?;
             let from = seq.scheduled;
             let upto = from + k;
+            if !self.plain() {
+                let req = StepReq {
+                    new: &[],
+                    m: upto,
+                    to: upto.saturating_add(lookahead),
+                };
+                return self.step_grouped(&mut [seq], &[req], None);
+            }
             let keys = self
                 .schedule_prefix_key(seq, upto, &[])
                 .into_iter()
@@ -707,6 +814,9 @@ impl BlockManager {
                 return Err(invalid(format!(
                     "num_tokens {m} for sequence {id} must be in 1..={n}"
                 )));
+            }
+            if !self.plain() {
+                return self.truncate_grouped(id, seq, m);
             }
             let bs = self.block_size();
             let last = m / bs;
@@ -760,6 +870,12 @@ impl BlockManager {
                     return Err(Error::Swapped(parent));
                 }
                 let attempt = self.seqs.try_create(child, |copy| {
+                    if !self.plain() {
+                        self.share_all(seq)?;
+                        *copy = seq.clone();
+                        self.account((0, 0), copy.footprint(self.block_size()));
+                        return Ok(Some(()));
+                    }
                     for (i, &b) in seq.blocks.iter().enumerate() {
                         if self.gpu.state(b).share().is_err() {
                             // Undo the shares taken so far: the parent still holds each of
@@ -824,6 +940,9 @@ impl BlockManager {
     /// that it registered (not hits): their KV was never written, whoever else holds them
     /// (a fork, or a request that hit them in the same step, read nothing valid either).
     fn retract_uncomputed(&self, seq: &Sequence, c: usize) {
+        if !self.plain() {
+            return self.retract_grouped(seq, c);
+        }
         let from = (c / self.block_size()).max(seq.hit_blocks);
         for i in (from..self.registrable(seq)).rev() {
             if self.gpu.retract(seq.blocks[i], &seq.digests[i], false) {
@@ -841,6 +960,19 @@ impl BlockManager {
     ) -> Result<()> {
         self.account(seq.footprint(self.block_size()), (0, 0));
         self.seqs.remove_locked(id, cell);
+        if !self.plain() {
+            if seq.is_swapped() {
+                self.cpu_copies_removed(seq);
+                self.cpu.give_back(&Self::cpu_held(seq));
+                seq.cpu_blocks = None;
+                seq.cpu_more.clear();
+                return Ok(());
+            }
+            self.release_all_groups(seq)?;
+            seq.clear_blocks();
+            seq.more.clear();
+            return Ok(());
+        }
         if let Some(cpu) = seq.cpu_blocks.take() {
             self.cpu.give_back(&cpu);
             self.cpu_copies_removed(seq);
@@ -903,6 +1035,10 @@ impl BlockManager {
         self.guarded(false, || {
             check_tokens(tokens, "token_ids")?;
             let extras = encode_extras(cache_salt, lora_id);
+            if !self.plain() {
+                let (h, _) = self.grouped_prefix(tokens, &extras, None)?;
+                return Ok(h * self.block_size());
+            }
             Ok(self.cached_prefix(tokens, &extras)?.len() * self.block_size())
         })
     }
@@ -921,6 +1057,10 @@ impl BlockManager {
             let n = tokens.len();
             let k = self.check_new_tokens_of(num_new_tokens, n)?;
             let extras = encode_extras(cache_salt, lora_id);
+            if !self.plain() {
+                let (_, status) = self.grouped_prefix(tokens, &extras, Some(k))?;
+                return Ok(status.unwrap_or(AllocStatus::Never));
+            }
             let peeks = self.cached_prefix(tokens, &extras)?;
             let bs = self.block_size();
             let h = peeks.len();
@@ -960,7 +1100,7 @@ impl BlockManager {
             }
         };
         let k = self.check_new_tokens_of(num_new_tokens, n)?;
-        let need = cdiv(k, self.block_size());
+        let need = cdiv(k, self.block_size()).saturating_mul(self.kinds.len());
         Ok(self.admission_of(need, need))
     }
 
@@ -972,7 +1112,7 @@ impl BlockManager {
     /// more blocks fit above it; else LATER.
     pub(crate) fn admission_of(&self, total: usize, need: usize) -> AllocStatus {
         let wm = self.config.watermark_blocks();
-        if total.saturating_add(wm) > self.gpu.num_blocks() {
+        if total.saturating_add(wm) > self.gpu.num_usable() {
             AllocStatus::Never
         } else if self.gpu.num_available() >= need + wm {
             AllocStatus::Ok
@@ -984,11 +1124,17 @@ impl BlockManager {
     // Per-sequence queries.
 
     pub fn block_table(&self, id: u64) -> Result<Vec<u32>> {
+        self.block_table_of(id, 0)
+    }
+
+    /// Group `group`'s block table of a sequence.
+    pub fn block_table_of(&self, id: u64, group: usize) -> Result<Vec<u32>> {
+        self.check_group(group)?;
         self.with_seq(id, false, |seq| {
             if seq.is_swapped() {
                 return Err(Error::Swapped(id));
             }
-            Ok(seq.blocks.clone())
+            Ok(seq.table(group).to_vec())
         })
     }
 
@@ -1001,7 +1147,7 @@ impl BlockManager {
     }
 
     pub fn table_digest(&self, id: u64) -> Result<u64> {
-        self.with_seq(id, false, |seq| Ok(seq.table_digest))
+        self.with_seq(id, false, |seq| Ok(seq.all_tables_digest()))
     }
 
     pub fn block_hashes(&self, id: u64) -> Result<Vec<Digest>> {
@@ -1047,7 +1193,7 @@ impl BlockManager {
             num_blocks: self.gpu.num_blocks(),
             block_size: self.block_size(),
             free_blocks: free,
-            used_blocks: self.gpu.num_blocks().saturating_sub(free + cached),
+            used_blocks: self.gpu.num_usable().saturating_sub(free + cached),
             cached_blocks: cached,
             num_cpu_blocks: self.cpu.num_blocks(),
             free_cpu_blocks: self.cpu.num_free(),
@@ -1067,6 +1213,29 @@ impl BlockManager {
             unregistered_blocks: counters::get(&c.unregistered_blocks),
             truncated_blocks: counters::get(&c.truncated_blocks),
         }
+    }
+
+    /// Each group's figures (`groups=` given; empty otherwise). Tallies read on their own.
+    pub fn group_stats(&self) -> Vec<GroupStats> {
+        if !self.grouped {
+            return Vec::new();
+        }
+        self.kinds
+            .iter()
+            .enumerate()
+            .map(|(g, k)| {
+                let t = self.gpu.tally(g as u8);
+                let load = |f: fn(&crate::block_pool::GroupTally) -> u64| t.map_or(0, f);
+                GroupStats {
+                    kind: k.name(),
+                    used_blocks: load(|t| t.used.load(Ordering::Relaxed) as u64) as usize,
+                    cached_blocks: load(|t| t.cached.load(Ordering::Relaxed) as u64) as usize,
+                    hit_blocks: load(|t| counters::get(&t.hit_blocks)),
+                    evictions: load(|t| counters::get(&t.evictions)),
+                    registered_blocks: load(|t| counters::get(&t.registered)),
+                }
+            })
+            .collect()
     }
 
     /// Drop every cached block and restart the hit-rate counters (as vLLM does); refuses

@@ -17,7 +17,8 @@ use crate::sync::{lock, may_wait, try_lock, Mutex, MutexGuard};
 use std::collections::HashSet;
 use std::sync::Arc;
 
-/// The slots of one step's new tokens (batch order) and its copy-on-write pairs.
+/// The slots of one step's new tokens (batch order; with groups, group by group: group
+/// `g`'s slots at `g * len .. (g + 1) * len`) and its copy-on-write pairs.
 pub type StepOut = (Vec<i64>, Vec<(u32, u32)>);
 
 pub struct RunningBatch {
@@ -158,9 +159,40 @@ impl BlockManager {
             cells.extend(members.cells.iter().map(|c| Some(&**c)));
             // Members are distinct, so no duplicate check.
             let mut locked = lock_all(&members.ids, &cells, false)?;
+            if !self.plain() {
+                return self.step_members_grouped(&members.ids, tokens, &mut locked);
+            }
             let mut slots = try_with_capacity(tokens.len(), "the slot mapping")?;
             let out = self.append_one_each(&members.ids, tokens, &mut locked, Some(&mut slots))?;
             Ok(out.map(|pairs| (slots, pairs)))
         })
+    }
+}
+
+impl BlockManager {
+    /// A running batch's step with groups: the members' checks in batch order, then one
+    /// grouped step of all of them, with every group's slots.
+    fn step_members_grouped(
+        &self,
+        ids: &[u64],
+        tokens: &[u32],
+        locked: &mut crate::batch::Locked<'_>,
+    ) -> Result<Option<StepOut>> {
+        for (i, &id) in ids.iter().enumerate() {
+            let k = locked.at[i];
+            let seq = locked.guards[k].as_deref();
+            if let Some(e) = crate::batch::state_error(id, locked.cells[k], seq, true) {
+                return Err(e);
+            }
+            if let Some(seq) = seq {
+                crate::manager::check_append(id, seq.tokens.len(), seq.scheduled, 1)?;
+            }
+        }
+        let mut seqs = Self::live_mut(ids, locked, true)?;
+        let mut refs: Vec<&mut crate::sequence::Sequence> =
+            seqs.iter_mut().map(|(_, s)| &mut **s).collect();
+        let mut rows = vec![Vec::with_capacity(ids.len()); self.num_groups()];
+        let out = self.step_batch_grouped(&mut refs, tokens, 0, Some(&mut rows))?;
+        Ok(out.map(|pairs| (rows.concat(), pairs)))
     }
 }

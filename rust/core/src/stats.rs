@@ -30,6 +30,17 @@ pub struct Stats {
     pub truncated_blocks: u64,
 }
 
+/// One group's share of the pool, for `stats()` (managers built with `groups=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupStats {
+    pub kind: &'static str,
+    pub used_blocks: usize,
+    pub cached_blocks: usize,
+    pub hit_blocks: u64,
+    pub evictions: u64,
+    pub registered_blocks: u64,
+}
+
 /// OK: fits now above the watermark; LATER: fits once blocks are freed; NEVER: too big.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AllocStatus {

@@ -15,6 +15,9 @@ impl BlockManager {
             if seq.is_swapped() {
                 return Err(Error::Swapped(id));
             }
+            if !self.plain() {
+                return self.swap_out_grouped(seq);
+            }
             let Some(cpu) = self.cpu.take(seq.blocks.len()) else {
                 return Ok(None);
             };
@@ -50,6 +53,9 @@ impl BlockManager {
             };
             let keys = chain_lock(&seq.digests);
             let _prefix = self.lock_prefixes(keys)?;
+            if !self.plain() {
+                return self.swap_in_grouped(seq);
+            }
             if !self.gpu.reserve(cpu.len()) {
                 return Ok(None);
             }
@@ -68,6 +74,15 @@ impl BlockManager {
 
     /// Queue `BlockRemoved(CPU)` for the blocks whose CPU copies `swap_out` announced.
     pub(crate) fn cpu_copies_removed(&self, seq: &Sequence) {
+        if !self.plain() {
+            return self.for_each_cpu_copy(seq, |g, i| {
+                self.gpu.push_event(|| KvEvent::BlockRemoved {
+                    block_hash: seq.digests[i],
+                    medium: Medium::Cpu,
+                    group: g as u8,
+                });
+            });
+        }
         for d in &seq.digests[..self.registrable(seq)] {
             self.gpu.push_event(|| KvEvent::BlockRemoved {
                 block_hash: *d,
@@ -79,10 +94,10 @@ impl BlockManager {
 
     pub fn can_swap_in(&self, id: u64) -> Result<AllocStatus> {
         let need = self.with_seq(id, false, |seq| {
-            seq.cpu_blocks
-                .as_ref()
-                .map(Vec::len)
-                .ok_or(Error::NotSwapped(id))
+            if !seq.is_swapped() {
+                return Err(Error::NotSwapped(id));
+            }
+            Ok(Self::cpu_held(seq).len())
         })?;
         Ok(self.admission(need))
     }

@@ -2,7 +2,7 @@
 //! (docs/semantics.md, "KV-cache groups").
 #![cfg(not(loom))]
 
-use pagedkv_core::{Config, Error, GroupKind, GroupManager, KvEvent, NULL, RC_MAX};
+use pagedkv_core::{BlockManager, Config, Error, GroupKind, KvEvent, NULL, RC_MAX};
 
 const FULL: GroupKind = GroupKind::Full;
 
@@ -10,22 +10,38 @@ fn sw(window: usize) -> GroupKind {
     GroupKind::SlidingWindow { window }
 }
 
-fn manager(num_blocks: u32, block_size: usize, kinds: &[GroupKind]) -> GroupManager {
-    GroupManager::new(Config::new(num_blocks, block_size), kinds.to_vec()).unwrap()
+fn manager(num_blocks: u32, block_size: usize, kinds: &[GroupKind]) -> BlockManager {
+    BlockManager::with_groups(Config::new(num_blocks, block_size), kinds.to_vec()).unwrap()
 }
 
-fn alloc(m: &GroupManager, id: u64, tokens: std::ops::Range<u32>) -> Option<usize> {
+fn alloc(m: &BlockManager, id: u64, tokens: std::ops::Range<u32>) -> Option<usize> {
     m.allocate_from(id, &mut tokens.collect(), None, None, None, 0)
         .unwrap()
 }
 
 #[test]
 fn the_null_block_is_never_handed_out() {
-    let m = manager(5, 4, &[FULL]);
+    let m = manager(9, 4, &[FULL, sw(16)]);
     assert_eq!(alloc(&m, 1, 0..16), Some(0));
-    assert_eq!(m.block_table(1, 0).unwrap(), vec![1, 2, 3, 4]);
-    assert_eq!(alloc(&m, 2, 100..101), None, "4 usable blocks, all held");
+    assert_eq!(m.block_table_of(1, 0).unwrap(), vec![1, 2, 3, 4]);
+    assert_eq!(m.block_table_of(1, 1).unwrap(), vec![5, 6, 7, 8]);
+    assert_eq!(alloc(&m, 2, 100..101), None, "8 usable blocks, all held");
     m.check_invariants().unwrap();
+}
+
+#[test]
+fn full_attention_groups_have_no_null_block() {
+    // Block 0 is the null block only when some group is not full attention.
+    let m = manager(8, 4, &[FULL, FULL]);
+    assert_eq!(alloc(&m, 1, 0..16), Some(0));
+    assert_eq!(m.block_table_of(1, 0).unwrap(), vec![0, 1, 2, 3]);
+    assert_eq!(m.block_table_of(1, 1).unwrap(), vec![4, 5, 6, 7]);
+    m.check_invariants().unwrap();
+    assert!(matches!(
+        BlockManager::with_groups(Config::new(1, 4), vec![sw(4)]),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(BlockManager::with_groups(Config::new(1, 4), vec![FULL]).is_ok());
 }
 
 #[test]
@@ -33,18 +49,18 @@ fn vllm_hybrid_prefill_hits_the_window_only() {
     // vLLM's test_prefill_hybrid_model: full + two sliding-window groups, window 32, bs 16.
     let m = manager(64, 16, &[FULL, sw(32), sw(32)]);
     assert_eq!(alloc(&m, 1, 0..55), Some(0));
-    let first: Vec<Vec<u32>> = (0..3).map(|g| m.block_table(1, g).unwrap()).collect();
+    let first: Vec<Vec<u32>> = (0..3).map(|g| m.block_table_of(1, g).unwrap()).collect();
     m.free_computed(1, None).unwrap();
     // 55 tokens: 3 full blocks; a 55-token prompt with the same start hits all 3.
     assert_eq!(alloc(&m, 2, 0..55), Some(48));
-    let full = m.block_table(2, 0).unwrap();
+    let full = m.block_table_of(2, 0).unwrap();
     assert_eq!(
         &full[..3],
         &first[0][..3],
         "full attention hits all 3 cached blocks"
     );
     for (g, cached) in first.iter().enumerate().skip(1) {
-        let w = m.block_table(2, g).unwrap();
+        let w = m.block_table_of(2, g).unwrap();
         assert_eq!(w[0], NULL, "the window of position 48 starts in block 1");
         assert_eq!(
             &w[1..3],
@@ -61,14 +77,14 @@ fn a_window_sequence_holds_a_bounded_number_of_blocks() {
     alloc(&m, 1, 0..5).unwrap();
     for t in 0..200 {
         m.append_lookahead(1, &[t], 0).unwrap().unwrap();
-        let table = m.block_table(1, 1).unwrap();
+        let table = m.block_table_of(1, 1).unwrap();
         let held = table.iter().filter(|&&b| b != NULL).count();
         // Positions p-7..p and the block being written: at most ceil(8/4) + 1 blocks.
         assert!(held <= 3, "{held} blocks held at step {t}: {table:?}");
-        assert_eq!(table.len(), m.block_table(1, 0).unwrap().len());
+        assert_eq!(table.len(), m.block_table_of(1, 0).unwrap().len());
     }
     m.check_invariants().unwrap();
-    let (s, g) = m.stats().unwrap();
+    let (s, g) = (m.stats(), m.group_stats());
     assert_eq!(g[1].used_blocks + g[0].used_blocks, s.used_blocks);
     assert!(g[0].used_blocks > 40 && g[1].used_blocks <= 3);
 }
@@ -83,7 +99,7 @@ fn a_hole_inside_the_window_shortens_the_hit() {
     assert_eq!(m.lookup(&prompt, None, None).unwrap(), 20);
     // 3 free blocks, then the oldest cached one: the window group's block 4.
     assert_eq!(alloc(&m, 2, 1000..1005), Some(0));
-    let (_, g) = m.stats().unwrap();
+    let (_, g) = (m.stats(), m.group_stats());
     assert_eq!(
         (g[0].evictions, g[1].evictions, g[1].cached_blocks),
         (1, 0, 5)
@@ -92,7 +108,7 @@ fn a_hole_inside_the_window_shortens_the_hit() {
     assert_eq!(m.lookup(&prompt, None, None).unwrap(), 16);
     m.free_computed(2, None).unwrap();
     assert_eq!(alloc(&m, 3, 0..21), Some(16));
-    assert_eq!(m.block_table(3, 0).unwrap()[..2], [NULL, NULL]);
+    assert_eq!(m.block_table_of(3, 0).unwrap()[..2], [NULL, NULL]);
     m.check_invariants().unwrap();
 }
 
@@ -100,14 +116,14 @@ fn a_hole_inside_the_window_shortens_the_hit() {
 fn state_groups_hit_at_block_boundaries() {
     let m = manager(32, 4, &[FULL, GroupKind::State]);
     alloc(&m, 1, 0..13).unwrap();
-    let st = m.block_table(1, 1).unwrap();
+    let st = m.block_table_of(1, 1).unwrap();
     assert_eq!(
         st.iter().filter(|&&b| b != NULL).count(),
         4,
         "a whole first chunk"
     );
     m.append_lookahead(1, &[7], 0).unwrap().unwrap();
-    let st = m.block_table(1, 1).unwrap();
+    let st = m.block_table_of(1, 1).unwrap();
     // Next token at 13: only the block holding the state after token 12 stays.
     assert_eq!(st[..3], [NULL, NULL, NULL]);
     m.free_computed(1, None).unwrap();
@@ -117,7 +133,7 @@ fn state_groups_hit_at_block_boundaries() {
         12
     );
     assert_eq!(alloc(&m, 2, 0..13), Some(12));
-    let st = m.block_table(2, 1).unwrap();
+    let st = m.block_table_of(2, 1).unwrap();
     assert_eq!(&st[..2], &[NULL, NULL]);
     assert_ne!(st[2], NULL);
     m.check_invariants().unwrap();
@@ -125,26 +141,22 @@ fn state_groups_hit_at_block_boundaries() {
 
 #[test]
 fn refusals_change_nothing_and_bad_groups_are_errors() {
-    assert!(matches!(
-        GroupManager::new(Config::new(1, 4), vec![FULL]),
-        Err(Error::InvalidArgument(_))
-    ));
-    assert!(GroupManager::new(Config::new(8, 4), vec![]).is_err());
-    assert!(GroupManager::new(Config::new(8, 4), vec![FULL; 65]).is_err());
+    assert!(BlockManager::with_groups(Config::new(8, 4), vec![]).is_err());
+    assert!(BlockManager::with_groups(Config::new(8, 4), vec![FULL; 65]).is_err());
     let m = manager(8, 4, &[FULL, sw(4)]);
     alloc(&m, 1, 0..4).unwrap();
     assert!(matches!(
-        m.block_table(1, 2),
+        m.block_table_of(1, 2),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        m.block_tables(&[1], -1, 9),
+        m.block_tables_of(&[1], -1, 9),
         Err(Error::InvalidArgument(_))
     ));
-    let before = m.stats().unwrap();
+    let before = (m.stats(), m.group_stats());
     // 7 usable blocks; 2 held; a 16-token prompt needs 8.
     assert_eq!(alloc(&m, 2, 50..66), None);
-    assert_eq!(m.stats().unwrap(), before);
+    assert_eq!((m.stats(), m.group_stats()), before);
     // The window moved past position 1: rolling back there is refused.
     for t in 0..8 {
         m.append_lookahead(1, &[t], 0).unwrap().unwrap();
@@ -157,11 +169,10 @@ fn refusals_change_nothing_and_bad_groups_are_errors() {
 fn events_name_their_group() {
     let mut c = Config::new(16, 4);
     c.enable_kv_events = true;
-    let m = GroupManager::new(c, vec![FULL, sw(4)]).unwrap();
+    let m = BlockManager::with_groups(c, vec![FULL, sw(4)]).unwrap();
     alloc(&m, 1, 0..9).unwrap();
     let stored: Vec<u8> = m
         .drain_events()
-        .unwrap()
         .iter()
         .filter_map(|e| match e {
             KvEvent::BlockStored { group, .. } => Some(*group),
@@ -182,13 +193,13 @@ fn fork_refuses_at_the_refcount_limit() {
     for child in 1..u64::from(RC_MAX) {
         m.fork(0, child).unwrap();
     }
-    let before = m.num_sequences().unwrap();
+    let before = m.num_sequences();
     assert!(matches!(
         m.fork(0, u64::MAX),
         Err(Error::RefcountOverflow { .. })
     ));
-    assert_eq!(m.num_sequences().unwrap(), before);
-    assert!(!m.contains(u64::MAX).unwrap());
+    assert_eq!(m.num_sequences(), before);
+    assert!(!m.contains(u64::MAX));
 }
 
 /// A long random mix of every operation, audited after each one.
@@ -203,7 +214,7 @@ fn random_operations_keep_every_invariant() {
     let mut c = Config::new(48, 4);
     c.num_cpu_blocks = 24;
     c.enable_kv_events = true;
-    let m = GroupManager::new(c, kinds.to_vec()).unwrap();
+    let m = BlockManager::with_groups(c, kinds.to_vec()).unwrap();
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut next = move |n: u64| {
         rng ^= rng << 13;
@@ -288,7 +299,7 @@ fn random_operations_keep_every_invariant() {
             .all(|(i, &d)| [1, 4, 7].contains(&i) || d > 20),
         "{done:?}"
     );
-    let (s, g) = m.stats().unwrap();
+    let (s, g) = (m.stats(), m.group_stats());
     assert!(
         s.prefix_hits > 0 && g.iter().all(|g| g.evictions > 0),
         "{s:?} {g:?}"
@@ -296,7 +307,7 @@ fn random_operations_keep_every_invariant() {
     m.free_batch(&live).unwrap();
     m.check_invariants().unwrap();
     assert!(m.reset_prefix_cache().unwrap());
-    let (s, _) = m.stats().unwrap();
+    let (s, _) = (m.stats(), m.group_stats());
     assert_eq!(s.free_blocks, 47);
     assert_eq!(s.free_cpu_blocks, 24);
 }

@@ -4,7 +4,7 @@
 //! on a handful of hot blocks keeps every invariant.
 #![cfg(not(loom))]
 
-use pagedkv_core::{Config, GroupKind, GroupManager, NULL};
+use pagedkv_core::{BlockManager, Config, GroupKind, NULL};
 use std::sync::Arc;
 
 struct Rng(u64);
@@ -28,7 +28,7 @@ fn kinds() -> Vec<GroupKind> {
 }
 
 /// Random calls on the thread's own sequences; returns them with the tokens they hold.
-fn worker(m: &GroupManager, thread: u64, ops: usize) -> Vec<(u64, Vec<u32>)> {
+fn worker(m: &BlockManager, thread: u64, ops: usize) -> Vec<(u64, Vec<u32>)> {
     let mut rng = Rng(0x9e37_79b9 + thread);
     let mut live: Vec<(u64, Vec<u32>)> = Vec::new();
     let mut next_id = thread << 32;
@@ -81,7 +81,7 @@ fn worker(m: &GroupManager, thread: u64, ops: usize) -> Vec<(u64, Vec<u32>)> {
 fn threads_on_one_hybrid_manager_lose_nothing() {
     let mut c = Config::new(96, 4);
     c.enable_kv_events = true;
-    let m = Arc::new(GroupManager::new(c, kinds()).unwrap());
+    let m = Arc::new(BlockManager::with_groups(c, kinds()).unwrap());
     let handles: Vec<_> = (0..8)
         .map(|t| {
             let m = Arc::clone(&m);
@@ -95,25 +95,25 @@ fn threads_on_one_hybrid_manager_lose_nothing() {
     m.check_invariants().unwrap();
     for (id, tokens) in &survivors {
         assert_eq!(m.num_tokens(*id).unwrap(), tokens.len(), "sequence {id}");
-        let t = m.block_table(*id, 0).unwrap();
+        let t = m.block_table_of(*id, 0).unwrap();
         assert!(
             t.iter().all(|&b| b != NULL),
             "full attention holds every block"
         );
     }
-    let (s, g) = m.stats().unwrap();
+    let (s, g) = (m.stats(), m.group_stats());
     assert!(s.prefix_hits > 0 && g.iter().all(|g| g.registered_blocks > 0));
     let ids: Vec<u64> = survivors.iter().map(|s| s.0).collect();
     m.free_batch(&ids).unwrap();
     assert!(m.reset_prefix_cache().unwrap());
-    assert_eq!(m.num_free_blocks().unwrap(), 95);
+    assert_eq!(m.num_free_blocks(), 95);
     m.check_invariants().unwrap();
 }
 
 /// A million operations on 12 usable blocks: every call refused or done, never corrupt.
 #[test]
 fn soak_on_few_hot_blocks() {
-    let m = GroupManager::new(Config::new(13, 2), kinds()).unwrap();
+    let m = BlockManager::with_groups(Config::new(13, 2), kinds()).unwrap();
     let mut rng = Rng(0x1234_5678);
     let mut live: Vec<u64> = Vec::new();
     let mut next_id = 0u64;
@@ -165,7 +165,7 @@ fn soak_on_few_hot_blocks() {
                 .unwrap_or_else(|e| panic!("step {step}: {e}"));
         }
     }
-    let (s, g) = m.stats().unwrap();
+    let (s, g) = (m.stats(), m.group_stats());
     assert!(done > 500_000, "only {done} calls succeeded");
     assert!(
         s.prefix_hits > 50_000 && s.unregistered_blocks > 1000,

@@ -10,8 +10,7 @@ use crate::objects;
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
 use pagedkv_core::{
-    nonblocking, BlockManager, Config, Error, GroupKind, GroupManager, HashAlgo,
-    Result as CoreResult,
+    nonblocking, BlockManager, Config, Error, GroupKind, HashAlgo, Result as CoreResult,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
@@ -58,35 +57,6 @@ fn new_tokens_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
         .transpose()
 }
 
-/// The manager behind a `BlockManager`: the single-group one, or one with KV-cache groups.
-/// One per Python object, so the size difference costs nothing; boxing the larger variant
-/// would add an indirection to every call of the single-group hot path.
-#[allow(clippy::large_enum_variant)]
-enum Inner {
-    Plain(BlockManager),
-    Groups(GroupManager),
-}
-
-/// `$body` with `$m` bound to whichever manager it is (the calls both share).
-macro_rules! each {
-    ($inner:expr, $m:ident => $body:expr) => {
-        match $inner {
-            Inner::Plain($m) => $body,
-            Inner::Groups($m) => $body,
-        }
-    };
-}
-
-/// A manager without groups has one group, 0.
-fn only_group_zero(group: usize) -> CoreResult<()> {
-    if group != 0 {
-        return Err(Error::InvalidArgument(format!(
-            "group {group} out of range: the manager has 1 group"
-        )));
-    }
-    Ok(())
-}
-
 /// `group`: a non-negative int naming a group (whether it exists is the core's check).
 fn group_arg(obj: &Given<'_>) -> PyResult<usize> {
     Ok(opt_int_arg(obj, 0, "group", 0, i64::from(u8::MAX))? as usize)
@@ -120,17 +90,7 @@ fn groups_arg(
 /// The contract: docs/semantics.md.
 #[pyclass(frozen, subclass, module = "pagedkv._core", name = "BlockManager")]
 pub struct PyBlockManager {
-    inner: Inner,
-}
-
-impl PyBlockManager {
-    /// The manager without groups, if this is one.
-    pub(crate) fn plain(&self) -> Option<&BlockManager> {
-        match &self.inner {
-            Inner::Plain(m) => Some(m),
-            Inner::Groups(_) => None,
-        }
-    }
+    pub(crate) inner: BlockManager,
 }
 
 fn salt_bytes(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u8>>> {
@@ -219,8 +179,8 @@ impl PyBlockManager {
             .transpose()?;
         let detach = config.num_blocks >= DETACH_MIN_BLOCKS;
         let build = move || match kinds {
-            None => BlockManager::new(config).map(Inner::Plain),
-            Some(kinds) => GroupManager::new(config, kinds).map(Inner::Groups),
+            None => BlockManager::new(config),
+            Some(kinds) => BlockManager::with_groups(config, kinds),
         };
         let inner = if detach { py.detach(build) } else { build() };
         Ok(Self {
@@ -261,11 +221,10 @@ impl PyBlockManager {
         let detach = toks.len() >= DETACH_MIN_TOKENS;
         let mut toks = toks;
         // The converted tokens move into the core on success: no second copy of a prompt.
-        run(
-            py,
-            detach,
-            || each!(&self.inner, mgr => mgr.allocate_from(id, &mut toks, salt.as_deref(), lora, new, lookahead)),
-        )
+        run(py, detach, || {
+            self.inner
+                .allocate_from(id, &mut toks, salt.as_deref(), lora, new, lookahead)
+        })
     }
 
     /// Schedule the next `num_new_tokens` tokens of the prompt (chunked prefill).
@@ -286,11 +245,7 @@ impl PyBlockManager {
         let id = self::seq_id(seq_id)?;
         let k = int_arg(num_new_tokens, "num_new_tokens", 1, i64::MAX)? as usize;
         let lookahead = lookahead_arg(&lookahead)?;
-        run(
-            py,
-            false,
-            || each!(&self.inner, mgr => mgr.extend(id, k, lookahead)),
-        )
+        run(py, false, || self.inner.extend(id, k, lookahead))
     }
 
     /// Append generated tokens to a fully scheduled sequence, and reserve `lookahead`
@@ -312,11 +267,9 @@ impl PyBlockManager {
         let id = self::seq_id(seq_id)?;
         let toks = tokens(token_ids)?;
         let lookahead = lookahead_arg(&lookahead)?;
-        run(
-            py,
-            toks.len() >= DETACH_MIN_TOKENS,
-            || each!(&self.inner, mgr => mgr.append_lookahead(id, &toks, lookahead)),
-        )
+        run(py, toks.len() >= DETACH_MIN_TOKENS, || {
+            self.inner.append_lookahead(id, &toks, lookahead)
+        })
     }
 
     /// Drop every token past `num_tokens` (rejected drafts, roll-back) and give back
@@ -332,7 +285,7 @@ impl PyBlockManager {
     ) -> PyResult<Option<Pairs>> {
         let id = self::seq_id(seq_id)?;
         let m = int_arg(num_tokens, "num_tokens", 1, i64::MAX)? as usize;
-        run(py, false, || each!(&self.inner, mgr => mgr.truncate(id, m)))
+        run(py, false, || self.inner.truncate(id, m))
     }
 
     /// Prompt tokens `allocate` would serve from the prefix cache now.
@@ -352,11 +305,9 @@ impl PyBlockManager {
         let toks = tokens(token_ids)?;
         let salt = salt_arg(cache_salt)?;
         let lora = lora_arg(lora_id)?;
-        run(
-            py,
-            toks.len() >= DETACH_MIN_TOKENS,
-            || each!(&self.inner, mgr => mgr.lookup(&toks, salt.as_deref(), lora)),
-        )
+        run(py, toks.len() >= DETACH_MIN_TOKENS, || {
+            self.inner.lookup(&toks, salt.as_deref(), lora)
+        })
     }
 
     /// Make `child_id` a copy of `parent_id` sharing every block (parallel sampling,
@@ -372,7 +323,7 @@ impl PyBlockManager {
             id_arg(parent_id, "parent_id")?,
             id_arg(child_id, "child_id")?,
         );
-        run(py, false, || each!(&self.inner, mgr => mgr.fork(p, c)))
+        run(py, false, || self.inner.fork(p, c))
     }
 
     /// Release the sequence's blocks, tail first, and forget it. Registered blocks stay
@@ -394,11 +345,7 @@ impl PyBlockManager {
         let computed = num_computed_tokens
             .map(|c| int_arg(c, "num_computed_tokens", 0, i64::MAX).map(|c| c as usize))
             .transpose()?;
-        run(
-            py,
-            false,
-            || each!(&self.inner, mgr => mgr.free_computed(id, computed)),
-        )
+        run(py, false, || self.inner.free_computed(id, computed))
     }
 
     /// Move a sequence to CPU swap blocks.
@@ -407,7 +354,7 @@ impl PyBlockManager {
     /// swap space is full (nothing changed).
     fn swap_out(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<Option<Pairs>> {
         let id = self::seq_id(seq_id)?;
-        run(py, false, || each!(&self.inner, mgr => mgr.swap_out(id)))
+        run(py, false, || self.inner.swap_out(id))
     }
 
     /// Move a swapped-out sequence back to GPU blocks.
@@ -416,7 +363,7 @@ impl PyBlockManager {
     /// (nothing changed).
     fn swap_in(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<Option<Pairs>> {
         let id = self::seq_id(seq_id)?;
-        run(py, false, || each!(&self.inner, mgr => mgr.swap_in(id)))
+        run(py, false, || self.inner.swap_in(id))
     }
 
     /// Whether a prompt fits now: `AllocStatus.OK`, `LATER` (not now, keeping the
@@ -443,21 +390,16 @@ impl PyBlockManager {
             let new = new_tokens_arg(num_new_tokens)?.map(|k| k as u64);
             salt_arg(cache_salt)?;
             lora_arg(lora_id)?;
-            run(
-                py,
-                false,
-                || each!(&self.inner, mgr => mgr.can_allocate_count(n, new)),
-            )?
+            run(py, false, || self.inner.can_allocate_count(n, new))?
         } else {
             let toks = tokens(num_tokens)?;
             let new = new_tokens_arg(num_new_tokens)?.map(|k| k as u64);
             let salt = salt_arg(cache_salt)?;
             let lora = lora_arg(lora_id)?;
-            run(
-                py,
-                toks.len() >= DETACH_MIN_TOKENS,
-                || each!(&self.inner, mgr => mgr.can_allocate_prompt(&toks, new, salt.as_deref(), lora)),
-            )?
+            run(py, toks.len() >= DETACH_MIN_TOKENS, || {
+                self.inner
+                    .can_allocate_prompt(&toks, new, salt.as_deref(), lora)
+            })?
         };
         objects::alloc_status(py, status)
     }
@@ -470,7 +412,7 @@ impl PyBlockManager {
         seq_id: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::seq_id(seq_id)?;
-        let status = run(py, false, || each!(&self.inner, mgr => mgr.can_swap_in(id)))?;
+        let status = run(py, false, || self.inner.can_swap_in(id))?;
         objects::alloc_status(py, status)
     }
 
@@ -494,28 +436,20 @@ impl PyBlockManager {
         let toks = batch_tokens(token_ids)?;
         let lookahead = lookahead_arg(&lookahead)?;
         let detach = ids.len() >= DETACH_MIN_BATCH;
-        let pairs = run(
-            py,
-            detach,
-            || each!(&self.inner, mgr => mgr.append_batch_lookahead(&ids, &toks, lookahead)),
-        )?;
+        let pairs = run(py, detach, || {
+            self.inner.append_batch_lookahead(&ids, &toks, lookahead)
+        })?;
         pairs.map(|p| pairs_array(py, p)).transpose()
     }
 
     /// A new `RunningBatch` over this manager's sequences, holding `seq_ids` (default none).
-    /// Managers with KV-cache groups have none: use `append_batch`.
     #[pyo3(signature = (seq_ids=None))]
     fn running_batch(
         slf: &Bound<'_, Self>,
         seq_ids: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<crate::running::PyRunningBatch> {
         let py = slf.py();
-        let Some(mgr) = slf.get().plain() else {
-            return Err(invalid(
-                py,
-                "running_batch needs a manager without KV-cache groups (use append_batch)",
-            ));
-        };
+        let mgr = &slf.get().inner;
         let ids = seq_ids.map(self::seq_ids).transpose()?;
         let batch = mgr.running_batch();
         if let Some(ids) = ids {
@@ -532,11 +466,9 @@ impl PyBlockManager {
     /// `free` each sequence, in the given order; all or nothing.
     fn free_batch(&self, py: Python<'_>, seq_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = self::seq_ids(seq_ids)?;
-        run(
-            py,
-            ids.len() >= DETACH_MIN_BATCH,
-            || each!(&self.inner, mgr => mgr.free_batch(&ids)),
-        )
+        run(py, ids.len() >= DETACH_MIN_BATCH, || {
+            self.inner.free_batch(&ids)
+        })
     }
 
     /// The block tables of `group` as one int32 `(batch, longest table)` array,
@@ -556,10 +488,7 @@ impl PyBlockManager {
         let pad = opt_int_arg(&pad, -1, "pad", i64::from(i32::MIN), i64::from(i32::MAX))? as i32;
         let group = group_arg(&group)?;
         let detach = ids.len() >= DETACH_MIN_BATCH;
-        let (flat, width) = run(py, detach, || match &self.inner {
-            Inner::Plain(m) => only_group_zero(group).and_then(|()| m.block_tables(&ids, pad)),
-            Inner::Groups(m) => m.block_tables(&ids, pad, group),
-        })?;
+        let (flat, width) = run(py, detach, || self.inner.block_tables_of(&ids, pad, group))?;
         let array = Array2::from_shape_vec((ids.len(), width), flat)
             .map_err(|e| invalid(py, format!("internal shape error: {e}")))?;
         Ok(array.into_pyarray(py))
@@ -585,11 +514,8 @@ impl PyBlockManager {
         let lookahead = lookahead_arg(&lookahead)?;
         let group = group_arg(&group)?;
         let detach = ids.len() >= DETACH_MIN_BATCH;
-        let slots = run(py, detach, || match &self.inner {
-            Inner::Plain(m) => {
-                only_group_zero(group).and_then(|()| m.slot_mapping_lookahead(&ids, &n, lookahead))
-            }
-            Inner::Groups(m) => m.slot_mapping(&ids, &n, lookahead, group),
+        let slots = run(py, detach, || {
+            self.inner.slot_mapping_of(&ids, &n, lookahead, group)
         })?;
         Ok(slots.into_pyarray(py))
     }
@@ -614,9 +540,8 @@ impl PyBlockManager {
         let ids = self::seq_ids(seq_ids)?;
         let detach = ids.len() >= DETACH_MIN_BATCH;
         let group = group_arg(&group)?;
-        let (indptr, indices, last) = run(py, detach, || match &self.inner {
-            Inner::Plain(m) => only_group_zero(group).and_then(|()| m.flashinfer_page_table(&ids)),
-            Inner::Groups(m) => m.flashinfer_page_table(&ids, group),
+        let (indptr, indices, last) = run(py, detach, || {
+            self.inner.flashinfer_page_table_of(&ids, group)
         })?;
         Ok((
             indptr.into_pyarray(py),
@@ -639,38 +564,27 @@ impl PyBlockManager {
     ) -> PyResult<Vec<u32>> {
         let id = self::seq_id(seq_id)?;
         let group = group_arg(&group)?;
-        run(py, false, || match &self.inner {
-            Inner::Plain(m) => only_group_zero(group).and_then(|()| m.block_table(id)),
-            Inner::Groups(m) => m.block_table(id, group),
-        })
+        run(py, false, || self.inner.block_table_of(id, group))
     }
 
     /// Tokens the sequence holds: its prompt plus appended tokens.
     fn num_tokens(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let id = self::seq_id(seq_id)?;
-        run(py, false, || each!(&self.inner, mgr => mgr.num_tokens(id)))
+        run(py, false, || self.inner.num_tokens(id))
     }
 
     /// Tokens scheduled for compute so far (less than `num_tokens` while
     /// a chunked prefill is under way).
     fn num_scheduled_tokens(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let id = self::seq_id(seq_id)?;
-        run(
-            py,
-            false,
-            || each!(&self.inner, mgr => mgr.num_scheduled_tokens(id)),
-        )
+        run(py, false, || self.inner.num_scheduled_tokens(id))
     }
 
     /// A 64-bit digest of the sequence's block tables: equal tables, equal
     /// digests.
     fn table_digest(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<u64> {
         let id = self::seq_id(seq_id)?;
-        run(
-            py,
-            false,
-            || each!(&self.inner, mgr => mgr.table_digest(id)),
-        )
+        run(py, false, || self.inner.table_digest(id))
     }
 
     /// The chain digests of the sequence's full blocks (docs/hashing.md).
@@ -680,11 +594,7 @@ impl PyBlockManager {
         seq_id: &Bound<'py, PyAny>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
         let id = self::seq_id(seq_id)?;
-        let digests = run(
-            py,
-            false,
-            || each!(&self.inner, mgr => mgr.block_hashes(id)),
-        )?;
+        let digests = run(py, false, || self.inner.block_hashes(id))?;
         Ok(digests
             .iter()
             .map(|d| PyBytes::new(py, d.as_bytes()))
@@ -694,100 +604,74 @@ impl PyBlockManager {
     /// Whether the sequence is swapped out to CPU blocks.
     fn is_swapped(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<bool> {
         let id = self::seq_id(seq_id)?;
-        run(py, false, || each!(&self.inner, mgr => mgr.is_swapped(id)))
+        run(py, false, || self.inner.is_swapped(id))
     }
 
-    fn __contains__(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+    fn __contains__(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<bool> {
         let Some(id) = maybe_seq_id(seq_id) else {
             return Ok(false);
         };
-        match &self.inner {
-            Inner::Plain(m) => Ok(m.contains(id)),
-            Inner::Groups(m) => run(py, false, || m.contains(id)),
-        }
+        Ok(self.inner.contains(id))
     }
 
-    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        self.count(py, BlockManager::num_sequences, GroupManager::num_sequences)
+    fn __len__(&self) -> PyResult<usize> {
+        Ok(self.inner.num_sequences())
     }
 
     /// GPU blocks in the pool.
     #[getter]
     fn num_blocks(&self) -> usize {
-        each!(&self.inner, mgr => mgr.config().num_blocks as usize)
+        self.inner.config().num_blocks as usize
     }
 
     /// Tokens per block.
     #[getter]
     fn block_size(&self) -> usize {
-        each!(&self.inner, mgr => mgr.block_size())
+        self.inner.block_size()
     }
 
     /// CPU swap blocks.
     #[getter]
     fn num_cpu_blocks(&self) -> usize {
-        each!(&self.inner, mgr => mgr.config().num_cpu_blocks as usize)
+        self.inner.config().num_cpu_blocks as usize
     }
 
     /// KV-cache groups (1 without `groups=`).
     #[getter]
     fn num_groups(&self) -> usize {
-        match &self.inner {
-            Inner::Plain(_) => 1,
-            Inner::Groups(m) => m.num_groups(),
-        }
+        self.inner.kinds().len()
     }
 
     /// GPU blocks held by nobody and not cached.
     #[getter]
-    fn num_free_blocks(&self, py: Python<'_>) -> PyResult<usize> {
-        self.count(
-            py,
-            BlockManager::num_free_blocks,
-            GroupManager::num_free_blocks,
-        )
+    fn num_free_blocks(&self) -> PyResult<usize> {
+        Ok(self.inner.num_free_blocks())
     }
 
     /// GPU blocks held by nobody that still serve prefix hits (evicted
     /// least recently released first when a free block is needed).
     #[getter]
-    fn num_cached_blocks(&self, py: Python<'_>) -> PyResult<usize> {
-        self.count(
-            py,
-            BlockManager::num_cached_blocks,
-            GroupManager::num_cached_blocks,
-        )
+    fn num_cached_blocks(&self) -> PyResult<usize> {
+        Ok(self.inner.num_cached_blocks())
     }
 
     /// GPU blocks that can be handed out now: free plus cached.
     #[getter]
-    fn num_available_blocks(&self, py: Python<'_>) -> PyResult<usize> {
-        self.count(
-            py,
-            BlockManager::num_available_blocks,
-            GroupManager::num_available_blocks,
-        )
+    fn num_available_blocks(&self) -> PyResult<usize> {
+        Ok(self.inner.num_available_blocks())
     }
 
     /// CPU swap blocks not in use.
     #[getter]
-    fn num_free_cpu_blocks(&self, py: Python<'_>) -> PyResult<usize> {
-        self.count(
-            py,
-            BlockManager::num_free_cpu_blocks,
-            GroupManager::num_free_cpu_blocks,
-        )
+    fn num_free_cpu_blocks(&self) -> PyResult<usize> {
+        Ok(self.inner.num_free_cpu_blocks())
     }
 
     /// A `Stats` snapshot: usage, prefix hits (overall and over the last 1,000
     /// allocations), evictions, copies, swaps, registrations, per-group figures.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        match &self.inner {
-            Inner::Plain(m) => objects::stats(py, &m.stats(), &[]),
-            Inner::Groups(m) => {
-                let (s, groups) = run(py, false, || m.stats())?;
-                objects::stats(py, &s, &groups)
-            }
+        {
+            objects::stats(py, &self.inner.stats(), &self.inner.group_stats())
         }
     }
 
@@ -796,11 +680,7 @@ impl PyBlockManager {
     /// Returns False, changing nothing, while any resident sequence holds a block.
     fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<bool> {
         // Waits for calls in flight: always without the GIL.
-        run(
-            py,
-            true,
-            || each!(&self.inner, mgr => mgr.reset_prefix_cache()),
-        )
+        run(py, true, || self.inner.reset_prefix_cache())
     }
 
     /// `(block, group, digest)` of each cached block evicted since the last call (with
@@ -809,10 +689,7 @@ impl PyBlockManager {
         &self,
         py: Python<'py>,
     ) -> PyResult<Vec<(u32, u8, Bound<'py, PyBytes>)>> {
-        let evicted = match &self.inner {
-            Inner::Plain(m) => m.drain_evictions(),
-            Inner::Groups(m) => run(py, false, || m.drain_evictions())?,
-        };
+        let evicted = self.inner.drain_evictions();
         Ok(evicted
             .iter()
             .map(|(b, g, d)| (*b, *g, PyBytes::new(py, d.as_bytes())))
@@ -822,53 +699,32 @@ impl PyBlockManager {
     /// The KV events (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`) since the
     /// last call, in order (needs `enable_kv_events=True`).
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let events = match &self.inner {
-            Inner::Plain(m) => m.drain_events(),
-            Inner::Groups(m) => run(py, false, || m.drain_events())?,
-        };
+        let events = self.inner.drain_events();
         events.iter().map(|e| objects::event(py, e)).collect()
     }
 
     /// Audit the manager's internal invariants; raises `InvariantError` with the
     /// first violation. Exact only when no other call is in flight.
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| each!(&self.inner, mgr => mgr.check_invariants()))
-            .py(py)
+        py.detach(|| self.inner.check_invariants()).py(py)
     }
 
-    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        let c = each!(&self.inner, mgr => mgr.config().clone());
-        let groups = match &self.inner {
-            Inner::Plain(_) => String::new(),
-            Inner::Groups(m) => {
-                let kinds: Vec<&str> = m.kinds().iter().map(|k| k.name()).collect();
-                format!(", groups=[{}]", kinds.join(", "))
-            }
+    fn __repr__(&self) -> PyResult<String> {
+        let c = self.inner.config().clone();
+        let groups = if self.inner.is_grouped() {
+            let kinds: Vec<&str> = self.inner.kinds().iter().map(|k| k.name()).collect();
+            format!(", groups=[{}]", kinds.join(", "))
+        } else {
+            String::new()
         };
         Ok(format!(
             "BlockManager(num_blocks={}, block_size={}, num_cpu_blocks={}{groups}, sequences={}, free={}, cached={})",
             c.num_blocks,
             c.block_size,
             c.num_cpu_blocks,
-            self.__len__(py)?,
-            self.num_free_blocks(py)?,
-            self.num_cached_blocks(py)?
+            self.__len__()?,
+            self.num_free_blocks()?,
+            self.num_cached_blocks()?
         ))
-    }
-}
-
-impl PyBlockManager {
-    /// A count from whichever manager it is (the grouped one under its lock, without
-    /// waiting while holding the GIL).
-    fn count(
-        &self,
-        py: Python<'_>,
-        plain: fn(&BlockManager) -> usize,
-        groups: fn(&GroupManager) -> CoreResult<usize>,
-    ) -> PyResult<usize> {
-        match &self.inner {
-            Inner::Plain(m) => Ok(plain(m)),
-            Inner::Groups(m) => run(py, false, || groups(m)),
-        }
     }
 }

@@ -90,8 +90,10 @@ pub fn stats<'py>(
     kw.set_item("registered_blocks", s.registered_blocks)?;
     kw.set_item("unregistered_blocks", s.unregistered_blocks)?;
     kw.set_item("truncated_blocks", s.truncated_blocks)?;
-    // With groups block 0 is the null block: usage is over the other blocks.
-    let usable = s.num_blocks.saturating_sub(1).max(1) as f64;
+    // With a group that is not full attention block 0 is the null block: usage is over the
+    // other blocks.
+    let null = groups.iter().any(|g| g.kind != "full");
+    let usable = s.num_blocks.saturating_sub(usize::from(null)).max(1) as f64;
     let cls = GROUP_STATS.import(py, "pagedkv.stats", "GroupStats")?;
     let per_group = groups
         .iter()

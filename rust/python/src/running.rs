@@ -2,9 +2,10 @@
 //! `RunningBatch`). Argument and result conversion only.
 
 use crate::convert::{batch_tokens, seq_ids};
-use crate::errors::IntoPy;
+use crate::errors::{invalid, IntoPy};
 use crate::manager::{pairs_array, PyBlockManager};
-use numpy::{IntoPyArray, PyArray1, PyArray2};
+use numpy::ndarray::Array2;
+use numpy::{IntoPyArray, PyArray2};
 use pagedkv_core::{nonblocking, BlockManager, Error, Result as CoreResult, RunningBatch};
 use pyo3::prelude::*;
 
@@ -32,11 +33,8 @@ impl PyRunningBatch {
         detach: bool,
         call: impl Fn(&BlockManager, &RunningBatch) -> CoreResult<T> + Send + Sync,
     ) -> PyResult<T> {
-        let mgr = self.mgr.get().plain();
-        let call = || match mgr {
-            Some(m) => call(m, &self.batch),
-            None => Err(Error::Broken("a running batch of a grouped manager".into())),
-        };
+        let mgr = &self.mgr.get().inner;
+        let call = || call(mgr, &self.batch);
         let out = if detach {
             py.detach(call)
         } else {
@@ -64,19 +62,32 @@ impl PyRunningBatch {
     }
 
     /// One token to each member, in `seq_ids` order, all or nothing. Returns `(slot_mapping,
-    /// cow_pairs)`: the new tokens' int64 slots and the int32 `(k, 2)` copy-on-write pairs;
-    /// or None if the blocks do not fit (nothing changed).
+    /// cow_pairs)`: the new tokens' int64 slots (with `groups=`, one row per group: shape
+    /// `(num_groups, len(batch))`) and the int32 `(k, 2)` copy-on-write pairs; or None if
+    /// the blocks do not fit (nothing changed).
     #[allow(clippy::type_complexity)]
     fn step<'py>(
         &self,
         py: Python<'py>,
         token_ids: &Bound<'py, PyAny>,
-    ) -> PyResult<Option<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<i32>>)>> {
+    ) -> PyResult<Option<(Bound<'py, PyAny>, Bound<'py, PyArray2<i32>>)>> {
         let toks = batch_tokens(token_ids)?;
         let detach = toks.len() >= DETACH_MIN_BATCH;
         let out = self.run(py, detach, |m, b| m.batch_step(b, &toks))?;
-        out.map(|(slots, pairs)| Ok((slots.into_pyarray(py), pairs_array(py, pairs)?)))
-            .transpose()
+        let mgr = &self.mgr.get().inner;
+        let Some((slots, pairs)) = out else {
+            return Ok(None);
+        };
+        let slots = if mgr.is_grouped() {
+            let shape = (mgr.kinds().len(), toks.len());
+            Array2::from_shape_vec(shape, slots)
+                .map_err(|e| invalid(py, format!("slot mapping shape: {e}")))?
+                .into_pyarray(py)
+                .into_any()
+        } else {
+            slots.into_pyarray(py).into_any()
+        };
+        Ok(Some((slots, pairs_array(py, pairs)?)))
     }
 
     /// The members' ids in batch order (the order of `step`'s tokens and slots).

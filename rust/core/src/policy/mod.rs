@@ -1,0 +1,13 @@
+//! One small policy per kind of KV-cache group (docs/semantics.md, "KV-cache groups"):
+//! `kind` (which leading tokens each kind no longer needs) and `hit` (the longest prefix every
+//! group can serve, vLLM's coordinator). The manager applies them to every layout; one
+//! full-attention group is the case where both are trivial.
+
+mod hit;
+mod kind;
+
+pub use hit::hybrid_hit;
+pub use kind::GroupKind;
+
+/// The most groups one manager takes (a block's group and an event's index fit a byte).
+pub const MAX_GROUPS: usize = 64;
