@@ -48,8 +48,8 @@ pub struct GroupPool {
     num_cached: usize,
     index: HashMap<(u8, Digest), u32>,
     events: Option<Vec<KvEvent>>,
-    /// `(block, group, digest)` of every eviction while the log is on (`record_evictions`).
-    evicted: Option<Vec<(u32, u8, Digest)>>,
+    /// Report each eviction to the evicting call's capture (`duties`, `record_evictions`).
+    record_evictions: bool,
     pub tally: Vec<GroupTally>,
 }
 
@@ -68,7 +68,7 @@ impl GroupPool {
             num_cached: 0,
             index: HashMap::new(),
             events: events.then(Vec::new),
-            evicted: evictions.then(Vec::new),
+            record_evictions: evictions,
             tally: vec![GroupTally::default(); num_groups],
         })
     }
@@ -150,8 +150,8 @@ impl GroupPool {
                 let g = self.group[b as usize] as usize;
                 self.tally[g].cached -= 1;
                 self.tally[g].evictions += 1;
-                if let (Some(log), Some(k)) = (&mut self.evicted, self.key[b as usize]) {
-                    log.push((b, k.group, k.digest));
+                if let (true, Some(k)) = (self.record_evictions, self.key[b as usize]) {
+                    crate::duties::record_eviction(b, k.group, k.digest);
                 }
                 self.unhash(b);
                 b
@@ -220,13 +220,6 @@ impl GroupPool {
         if let Some(log) = &mut self.events {
             log.push(event());
         }
-    }
-
-    pub fn drain_evicted(&mut self) -> Vec<(u32, u8, Digest)> {
-        self.evicted
-            .as_mut()
-            .map(std::mem::take)
-            .unwrap_or_default()
     }
 
     pub fn drain_events(&mut self) -> Vec<KvEvent> {
