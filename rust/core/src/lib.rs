@@ -23,6 +23,8 @@ mod counters;
 mod cpu_pool;
 mod decode;
 pub mod duties;
+#[cfg(all(test, not(loom)))]
+mod duties_tests;
 mod error;
 mod events;
 mod free_stack;
