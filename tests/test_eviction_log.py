@@ -157,6 +157,9 @@ def test_no_reports_unless_asked(impl: str) -> None:
     with pytest.raises(InvalidArgumentTypeError, match="evicted"):
         r.allocate(1, [1, 2], evicted=())  # type: ignore[arg-type]
     assert 1 not in r
+    # Checked first, in both implementations, whatever else is wrong (docs/inputs.md).
+    with pytest.raises(InvalidArgumentTypeError, match="evicted"):
+        r.extend(-1, 0, evicted=())  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("groups", [False, True])

@@ -47,7 +47,8 @@ fn run<T: Send>(
 type Pairs = Vec<(u32, u32)>;
 
 /// The `evicted=` argument of a call that takes blocks: a list the call appends its own
-/// evictions to, or None. Checked before the call, so a bad one changes nothing.
+/// evictions to, or None. Checked first, before the call's other arguments (as the
+/// reference model does; docs/inputs.md), so a bad one changes nothing.
 pub(crate) fn evicted_arg<'py>(
     obj: Option<&Bound<'py, PyAny>>,
     records: bool,
@@ -296,13 +297,13 @@ impl PyBlockManager {
         lookahead: Given<'_>,
         evicted: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<usize>> {
+        let evicted = evicted_arg(evicted, self.records())?;
         let id = self::seq_id(seq_id)?;
         let toks = tokens(token_ids)?;
         let new = new_tokens_arg(num_new_tokens)?;
         let salt = salt_arg(cache_salt)?;
         let lora = lora_arg(lora_id)?;
         let lookahead = lookahead_arg(&lookahead)?;
-        let evicted = evicted_arg(evicted, self.records())?;
         let detach = toks.len() >= DETACH_MIN_TOKENS;
         let mut toks = toks;
         // The converted tokens move into the core on success: no second copy of a prompt.
@@ -330,10 +331,10 @@ impl PyBlockManager {
         lookahead: Given<'_>,
         evicted: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<Pairs>> {
+        let evicted = evicted_arg(evicted, self.records())?;
         let id = self::seq_id(seq_id)?;
         let k = int_arg(num_new_tokens, "num_new_tokens", 1, i64::MAX)? as usize;
         let lookahead = lookahead_arg(&lookahead)?;
-        let evicted = evicted_arg(evicted, self.records())?;
         run_evicting(
             py,
             false,
@@ -359,10 +360,10 @@ impl PyBlockManager {
         lookahead: Given<'_>,
         evicted: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<Pairs>> {
+        let evicted = evicted_arg(evicted, self.records())?;
         let id = self::seq_id(seq_id)?;
         let toks = tokens(token_ids)?;
         let lookahead = lookahead_arg(&lookahead)?;
-        let evicted = evicted_arg(evicted, self.records())?;
         run_evicting(
             py,
             toks.len() >= DETACH_MIN_TOKENS,
@@ -387,9 +388,9 @@ impl PyBlockManager {
         num_tokens: &Bound<'_, PyAny>,
         evicted: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<Pairs>> {
+        let evicted = evicted_arg(evicted, self.records())?;
         let id = self::seq_id(seq_id)?;
         let m = int_arg(num_tokens, "num_tokens", 1, i64::MAX)? as usize;
-        let evicted = evicted_arg(evicted, self.records())?;
         run_evicting(
             py,
             false,
@@ -436,11 +437,11 @@ impl PyBlockManager {
         child_id: &Bound<'_, PyAny>,
         evicted: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let evicted = evicted_arg(evicted, self.records())?;
         let (p, c) = (
             id_arg(parent_id, "parent_id")?,
             id_arg(child_id, "child_id")?,
         );
-        let evicted = evicted_arg(evicted, self.records())?;
         run_evicting(
             py,
             false,
@@ -498,8 +499,8 @@ impl PyBlockManager {
         seq_id: &Bound<'_, PyAny>,
         evicted: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<Pairs>> {
-        let id = self::seq_id(seq_id)?;
         let evicted = evicted_arg(evicted, self.records())?;
+        let id = self::seq_id(seq_id)?;
         run_evicting(
             py,
             false,
@@ -580,10 +581,10 @@ impl PyBlockManager {
         lookahead: Given<'py>,
         evicted: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyArray2<i32>>>> {
+        let evicted = evicted_arg(evicted, self.records())?;
         let ids = self::seq_ids(seq_ids)?;
         let toks = batch_tokens(token_ids)?;
         let lookahead = lookahead_arg(&lookahead)?;
-        let evicted = evicted_arg(evicted, self.records())?;
         let detach = ids.len() >= DETACH_MIN_BATCH;
         let pairs = run_evicting(
             py,

@@ -78,9 +78,9 @@ impl PyRunningBatch {
         token_ids: &Bound<'py, PyAny>,
         evicted: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<i32>>)>> {
+        let evicted = evicted_arg(evicted, self.mgr.get().records())?;
         let toks = batch_tokens(token_ids)?;
         let detach = toks.len() >= DETACH_MIN_BATCH;
-        let evicted = evicted_arg(evicted, self.mgr.get().records())?;
         let mgr = self.mgr.get().plain();
         let out = run_evicting(py, detach, evicted.as_ref(), || match mgr {
             Some(m) => m.batch_step(&self.batch, &toks),
