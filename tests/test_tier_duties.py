@@ -9,8 +9,8 @@ loaded block holding another sequence's KV fails the byte comparison.
 
 Test (a) is the bug the old global eviction log had: a prompt's cached blocks evicted by
 `extend` of another sequence, that sequence's step writing its KV into them, and only THEN
-the blocks copied out (the old `demote()` ran at the next `load`), under the prompt's old
-digests with a valid checksum. `test_the_old_deferred_demotion_fails_the_same_check` replays
+the blocks copied out (the old `demote()` ran at some later point, such as the next
+`load`), under the prompt's old digests with a valid checksum. `test_the_old_deferred_demotion_fails_the_same_check` replays
 that order (a `TieredCache` whose duties are deferred to the next `load`) and shows the
 byte checks of (a) catch it.
 """
