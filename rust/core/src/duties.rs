@@ -65,7 +65,7 @@ pub fn capture<T>(call: impl FnOnce() -> T) -> (T, Vec<Evicted>) {
     (out, mine)
 }
 
-/// Whether a capture is active on this thread (a pool may skip building an entry if not).
+/// Whether a capture is active on this thread.
 pub fn capturing() -> bool {
     ACTIVE.with(|a| a.borrow().is_some())
 }

@@ -279,6 +279,9 @@ impl PyBlockManager {
     /// most `len(token_ids) - 1`), or None if the blocks do not fit (nothing changed). Full
     /// blocks are registered in the prefix cache once scheduled. Tokens: a list, tuple, range or
     /// 1-D integer array. `cache_salt` (str or bytes) and `lora_id` keep prefixes apart.
+    /// `evicted` (with `record_evictions=True`): a list this call appends the `(block, group,
+    /// digest)` of each cached block IT evicted to, before it returns or raises; copy those
+    /// out before device work writes them (the other block-taking calls take it too).
     #[pyo3(
         signature = (seq_id, token_ids, *, num_new_tokens=None, cache_salt=None, lora_id=None,
             lookahead=Given::Absent, evicted=None),
@@ -318,7 +321,7 @@ impl PyBlockManager {
     /// Schedule the next `num_new_tokens` tokens of the prompt (chunked prefill).
     ///
     /// Returns the copy-on-write `(src, dst)` block pairs to copy before the step, or None if
-    /// the blocks do not fit (nothing changed).
+    /// the blocks do not fit (nothing changed). `evicted`: as `allocate`'s.
     #[pyo3(
         signature = (seq_id, num_new_tokens, *, lookahead=Given::Absent, evicted=None),
         text_signature = "($self, seq_id, num_new_tokens, *, lookahead=0, evicted=None)"
@@ -348,6 +351,7 @@ impl PyBlockManager {
     ///
     /// Returns the copy-on-write `(src, dst)` block pairs to copy before the step, or None if
     /// the blocks do not fit (nothing changed). Blocks that become full are registered.
+    /// `evicted`: as `allocate`'s.
     #[pyo3(
         signature = (seq_id, token_ids, *, lookahead=Given::Absent, evicted=None),
         text_signature = "($self, seq_id, token_ids, *, lookahead=0, evicted=None)"
@@ -376,7 +380,7 @@ impl PyBlockManager {
     /// the blocks only they used.
     ///
     /// Returns the copy-on-write `(src, dst)` pairs (a shared partial last block is copied), or
-    /// None if that copy does not fit (nothing changed).
+    /// None if that copy does not fit (nothing changed). `evicted`: as `allocate`'s.
     #[pyo3(
         signature = (seq_id, num_tokens, *, evicted=None),
         text_signature = "($self, seq_id, num_tokens, *, evicted=None)"
@@ -488,7 +492,7 @@ impl PyBlockManager {
     /// Move a swapped-out sequence back to GPU blocks.
     ///
     /// Returns the `(cpu, gpu)` block pairs to copy, or None if the GPU blocks do not fit
-    /// (nothing changed).
+    /// (nothing changed). `evicted`: as `allocate`'s.
     #[pyo3(
         signature = (seq_id, *, evicted=None),
         text_signature = "($self, seq_id, *, evicted=None)"
@@ -568,7 +572,8 @@ impl PyBlockManager {
     /// `lookahead` draft slots each.
     ///
     /// Returns the copy-on-write pairs as an int32 `(k, 2)` array, or None if the batch does not
-    /// fit (nothing changed). Ids must be distinct, resident and fully scheduled.
+    /// fit (nothing changed). Ids must be distinct, resident and fully scheduled. `evicted`:
+    /// as `allocate`'s.
     #[pyo3(
         signature = (seq_ids, token_ids, *, lookahead=Given::Absent, evicted=None),
         text_signature = "($self, seq_ids, token_ids, *, lookahead=0, evicted=None)"
