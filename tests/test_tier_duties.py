@@ -10,9 +10,10 @@ loaded block holding another sequence's KV fails the byte comparison.
 Test (a) is the bug the old global eviction log had: a prompt's cached blocks evicted by
 `extend` of another sequence, that sequence's step writing its KV into them, and only THEN
 the blocks copied out (the old `demote()` ran at some later point, such as the next
-`load`), under the prompt's old digests with a valid checksum. `test_the_old_deferred_demotion_fails_the_same_check` replays
-that order (a `TieredCache` whose duties are deferred to the next `load`) and shows the
-byte checks of (a) catch it.
+`load`), under the prompt's old digests with a valid checksum.
+`test_the_old_deferred_demotion_fails_the_same_check` replays that order (a `TieredCache`
+whose duties are deferred to the next `allocate`) and shows the byte checks of (a) catch
+it.
 """
 
 from __future__ import annotations
@@ -304,3 +305,52 @@ def test_each_call_gets_exactly_its_own_evictions_under_concurrency() -> None:
     assert not errors, errors[0]
     assert sum(reported) == m.stats().evictions > 1000
     m.check_invariants()
+
+
+@pytest.mark.parametrize("op", ["append", "append_batch", "step", "truncate", "swap_in"])
+def test_every_block_taking_call_demotes_its_own_evictions(op: str) -> None:
+    """Each `TieredCache` call that takes a block copies out the cached block it evicted
+    before returning: the tier then holds the evicted prompt's own KV, whatever Q's step
+    writes next."""
+    m = BlockManager(8, BS, record_evictions=True, num_cpu_blocks=8)
+    pool = KVCachePool(LAYERS, 8, BS, HEADS, DIM, dtype="float16", device="cpu")
+    swap = pool.swap_pool(8)
+    store = HostTier(1 << 20, NS)
+    tc = TieredCache(m, pool, [store])
+    prompt = list(range(1, 18))  # 4 full blocks and 1
+    other = list(range(100, 116))  # exactly the 4 free blocks once `prompt` is cached
+    a = tc.allocate(0, prompt)
+    assert a is not None
+    _write(m, pool, 0, prompt, 0, len(prompt))
+    m.free(0)
+    b = tc.allocate(1, other)
+    assert b is not None and m.num_free_blocks == 0 and m.num_cached_blocks == 4
+    _write(m, pool, 1, other, 0, len(other))
+    tc.fork(1, 2)  # shares: evicts nothing
+    assert tc.stats().blocks_demoted == 0
+    if op == "append":
+        tc.append(1, [7])
+    elif op == "append_batch":
+        tc.append_batch([1, 2], [7, 8])
+    elif op == "step":
+        tc.step(m.running_batch([1]), [7])
+    elif op == "truncate":
+        m.free(1)  # the child alone holds the blocks, all of them registered
+        tc.fork(2, 3)
+        assert tc.truncate(3, 14) is not None  # block 3, shared and hashed, copied
+    else:
+        from pagedkv.pool import swap_blocks
+
+        m.free(2)
+        pairs = tc.swap_out(1)
+        assert pairs is not None
+        swap_blocks(pool, swap, np.asarray(pairs, dtype=np.int64))
+        back = tc.swap_in(1)  # 4 GPU blocks: the free ones first, then evictions
+        assert back is not None
+        swap_blocks(swap, pool, np.asarray(back, dtype=np.int64))
+    s = tc.stats()
+    assert s.blocks_demoted == m.stats().evictions > 0, op
+    pool.buffer.fill_(0)  # the step overwrites every block now: the copies are already out
+    tc.flush()
+    assert _check_store(store, prompt, LAYERS) == s.blocks_demoted
+    tc.close()
