@@ -32,6 +32,9 @@ from pagedkv.errors import PagedKVError
 from pagedkv.reference import ReferenceBlockManager
 
 MAX_SEQ = 8  # sequence ids 0..7: unknown and duplicate ids come up often
+# The calls that take blocks: with `record_evictions`, each reports its own evictions
+# (`evicted=`), which must be the same blocks, groups and digests in both managers.
+DUTIES = frozenset({"allocate", "extend", "append", "append_batch", "truncate", "fork", "swap_in"})
 
 seq_ids = st.integers(0, MAX_SEQ - 1)
 vocab = st.integers(0, 2)
@@ -147,8 +150,10 @@ class ManagerComparison(RuleBasedStateMachine):
         hash_seed=st.sampled_from([0, 1]),
         watermark=st.sampled_from([0.0, 0.01, 0.1, 0.25]),
         enable_kv_events=st.booleans(),
+        record_evictions=st.booleans(),
     )
     def init(self, num_blocks: int, block_size: int, **kw: Any) -> None:
+        self.records = kw["record_evictions"]
         self.ref = ReferenceBlockManager(num_blocks, block_size, **kw)
         self.rust = pagedkv.BlockManager(num_blocks, block_size, **kw)
         self.log.append(f"BlockManager({num_blocks}, {block_size}, **{kw!r})")
@@ -159,14 +164,22 @@ class ManagerComparison(RuleBasedStateMachine):
         """Call both; the outcomes (values, or exception classes) must be the same."""
         shown = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
         self.log.append(f"{method}({shown})")
-        want = run(self.ref, method, *args, **kwargs)
-        got = run(self.rust, method, *args, **kwargs)
+        duty = method in DUTIES and self.records and "evicted" not in kwargs
+        ref_ev: list[Any] = []
+        rust_ev: list[Any] = []
+        want = run(self.ref, method, *args, **kwargs, **({"evicted": ref_ev} if duty else {}))
+        got = run(self.rust, method, *args, **kwargs, **({"evicted": rust_ev} if duty else {}))
         if want.exc is not None:
             assert isinstance(want.exc, PagedKVError), f"reference raised {want.exc!r}"
         assert got.key() == want.key(), (
             f"{method}({shown}): rust {got.describe()}, reference {want.describe()}"
             "\n  after: " + "\n  ".join(self.log)
         )
+        assert normalize(rust_ev) == normalize(ref_ev), (
+            f"{method}({shown}) evicted: rust {rust_ev}, reference {ref_ev}"
+        )
+        if want.exc is not None or want.value is None:
+            assert ref_ev == [], "a call that fails or does not fit evicts nothing"
         return want
 
     # ---------------------------------------------------------------- rules

@@ -94,7 +94,6 @@ def test_the_check_catches_a_load_that_writes_nothing(
     """Teeth: a tier that claims its hits but leaves the GPU blocks as they were."""
 
     def lying_load(self: TieredCache, alloc: Any) -> int:
-        self.demote()
         return int(alloc.hit_tokens)
 
     monkeypatch.setattr(TieredCache, "load", lying_load)

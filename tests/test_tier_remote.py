@@ -752,12 +752,12 @@ def _kv(prefix: list[int]) -> np.ndarray:
 
 
 def _admit(node: tuple[Any, Any, Any], sid: int, tokens: list[int]) -> int:
-    """Allocate, demote, load, check what was loaded, compute the rest; the tokens loaded."""
+    """Allocate (demoting what it evicted), load, check what was loaded, compute the rest;
+    the tokens loaded."""
     torch = pytest.importorskip("torch")
     m, pool, tc = node
     alloc = tc.allocate(sid, tokens)
     assert alloc is not None
-    tc.demote()
     cached = tc.load(alloc)
     table = m.block_table(sid)
     for p in range(len(tokens)):

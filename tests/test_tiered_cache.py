@@ -60,10 +60,10 @@ def _check(m: BlockManager, pool: KVCachePool, sid: int, tokens: list[int], upto
 
 
 def _run(tc: TieredCache, m: BlockManager, pool: KVCachePool, sid: int, tokens: list[int]) -> int:
-    """Admit a prompt the engine's way: allocate, demote, load, compute the rest."""
+    """Admit a prompt the engine's way: allocate (which demoted what it evicted), load,
+    compute the rest."""
     alloc = tc.allocate(sid, tokens)
     assert alloc is not None
-    tc.demote()  # before the step writes the blocks the allocation evicted
     cached = tc.load(alloc)
     assert cached <= alloc.hit_tokens
     _check(m, pool, sid, tokens, cached)
@@ -111,7 +111,6 @@ def test_a_damaged_entry_stops_the_load_and_is_recomputed() -> None:
     store.discard(TierKey(0, digests[2]))  # block 2 vanished from the tier
     alloc = tc.allocate(9, prompt)
     assert alloc is not None and alloc.tier_hit_tokens == (8,), "only blocks 0 and 1 remain"
-    tc.demote()
     assert tc.load(alloc) == 8
     _write(m, pool, 9, prompt, 8)
     _check(m, pool, 9, prompt, len(prompt))
@@ -132,7 +131,6 @@ def test_random_workload_serves_only_right_kv() -> None:
         if alloc is None:
             m.free(live.pop(0))
             continue
-        tc.demote()
         cached = tc.load(alloc)
         hits += alloc.gpu_hit_tokens
         below += cached - alloc.gpu_hit_tokens
@@ -164,14 +162,17 @@ def test_block_bytes_round_trip_and_sizes() -> None:
 def test_refuses_what_it_cannot_serve() -> None:
     pool = KVCachePool(LAYERS, BLOCKS, BS, KV_HEADS, DIM, dtype="float16", device="cpu")
     store = HostTier(1 << 20, NS)
-    with pytest.raises(InvalidArgumentError):
+    with pytest.raises(InvalidArgumentError, match="at least one"):
         TieredCache(BlockManager(BLOCKS, BS, record_evictions=True), pool, [])
-    with pytest.raises(InvalidArgumentError, match="groups"):
-        grouped = BlockManager(BLOCKS, BS, groups=[KVCacheGroup("full")])
+    with pytest.raises(InvalidArgumentError, match="record_evictions"):
+        TieredCache(BlockManager(BLOCKS, BS), pool, [store])
+    with pytest.raises(InvalidArgumentError, match="pool with groups"):
+        grouped = BlockManager(BLOCKS, BS, groups=[KVCacheGroup("full")], record_evictions=True)
         TieredCache(grouped, pool, [store])
-    with pytest.raises(InvalidArgumentError):
-        TieredCache(BlockManager(BLOCKS + 1, BS), pool, [store])
-    tc = TieredCache(BlockManager(BLOCKS, BS), pool, [store], hash_algo="xxh3_128")
+    with pytest.raises(InvalidArgumentError, match="blocks"):
+        TieredCache(BlockManager(BLOCKS + 1, BS, record_evictions=True), pool, [store])
+    m = BlockManager(BLOCKS, BS, record_evictions=True)
+    tc = TieredCache(m, pool, [store], hash_algo="xxh3_128")
     with pytest.raises(InvalidArgumentError, match="hash"):
         tc.allocate(0, list(range(9)))
     assert 0 not in tc.manager, "the allocation was undone"

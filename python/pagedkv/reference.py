@@ -14,7 +14,8 @@ import hashlib
 import struct
 import sys
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 import numpy as np
@@ -34,6 +35,9 @@ from pagedkv.errors import (
 from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from pagedkv.groups import KVCacheGroup, check_groups
 from pagedkv.stats import Stats
+
+# `evicted=`: the list a block-taking call appends its (block, group, digest) evictions to.
+Evicted = list[tuple[int, int, bytes]]
 
 if TYPE_CHECKING:
     from pagedkv.reference_running import ReferenceRunningBatch
@@ -370,8 +374,9 @@ class ReferenceBlockManager:
         self._watermark_blocks = int(_watermark(watermark) * self._num_blocks)
         self._events_on = _check_bool(enable_kv_events, "enable_kv_events")
         self._record_evictions = _check_bool(record_evictions, "record_evictions")
-        # (block, group, digest) of each eviction while `record_evictions` (docs/tiers.md)
-        self._evicted: list[tuple[int, int, bytes]] = []
+        # (block, group, digest) of the evictions of the call in progress that asked for
+        # them (`evicted=`; docs/tiers.md), else None
+        self._duty: Evicted | None = None
         self._groups = () if groups is None else check_groups(groups, self._block_size)
 
         n = self._num_blocks
@@ -423,10 +428,41 @@ class ReferenceBlockManager:
         return b
 
     def _log_eviction(self, b: int, group: int) -> None:
-        """Log an eviction (before the block leaves the index) when `record_evictions`."""
+        """Report an eviction (before the block leaves the index) to the call in progress,
+        if it asked for its evictions."""
         digest = self._hashed[b]
-        if self._record_evictions and digest is not None:
-            self._evicted.append((b, group, digest))
+        if self._duty is not None and digest is not None:
+            self._duty.append((b, group, digest))
+
+    @contextmanager
+    def _duties(self, evicted: Evicted | None) -> Iterator[None]:
+        """Run a block-taking call's body, appending the evictions it made to `evicted`
+        (when given) before it returns or raises."""
+        if evicted is None:
+            yield
+            return
+        if not isinstance(evicted, list):
+            raise InvalidArgumentTypeError("evicted must be a list or None")
+        if not self._record_evictions:
+            raise InvalidArgumentError("evicted= needs a manager built with record_evictions=True")
+        outer, self._duty = self._duty, []
+        try:
+            yield
+        finally:
+            mine, self._duty = self._duty, outer
+            evicted.extend(mine)
+            if outer is not None:
+                outer.extend(mine)
+
+    @property
+    def num_groups(self) -> int:
+        """KV-cache groups (1 without `groups=`)."""
+        return max(1, len(self._groups))
+
+    @property
+    def record_evictions(self) -> bool:
+        """Whether calls report the cached blocks they evict (`evicted=`)."""
+        return self._record_evictions
 
     def _release(self, b: int) -> None:
         self._rc[b] -= 1
@@ -573,9 +609,22 @@ class ReferenceBlockManager:
         cache_salt: str | bytes | None = None,
         lora_id: int | None = None,
         lookahead: int = 0,
+        evicted: Evicted | None = None,
     ) -> int | None:
         """Give a new sequence the blocks of its cache hit plus `num_new_tokens` prompt
-        tokens (all by default); return the cached prompt tokens."""
+        tokens (all by default); return the cached prompt tokens. `evicted`: see `_duties`."""
+        with self._duties(evicted):
+            return self._allocate(seq_id, token_ids, num_new_tokens, cache_salt, lora_id, lookahead)
+
+    def _allocate(
+        self,
+        seq_id: int,
+        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        num_new_tokens: int | None,
+        cache_salt: str | bytes | None,
+        lora_id: int | None,
+        lookahead: int,
+    ) -> int | None:
         sid = _seq_id(seq_id)
         toks = _tokens(token_ids)
         k = _opt_count(num_new_tokens)
@@ -631,10 +680,21 @@ class ReferenceBlockManager:
         self._seqs[sid] = seq
 
     def extend(
-        self, seq_id: int, num_new_tokens: int, *, lookahead: int = 0
+        self,
+        seq_id: int,
+        num_new_tokens: int,
+        *,
+        lookahead: int = 0,
+        evicted: Evicted | None = None,
     ) -> list[tuple[int, int]] | None:
         """Schedule the next `num_new_tokens` prompt tokens (chunked prefill); return the
         copy-on-write pairs, or None."""
+        with self._duties(evicted):
+            return self._extend(seq_id, num_new_tokens, lookahead)
+
+    def _extend(
+        self, seq_id: int, num_new_tokens: int, lookahead: int
+    ) -> list[tuple[int, int]] | None:
         sid = _seq_id(seq_id)
         k = _check_int(num_new_tokens, "num_new_tokens", 1, _I64_MAX + 1)
         la = _check_int(lookahead, "lookahead", 0, _I64_MAX + 1)
@@ -662,9 +722,19 @@ class ReferenceBlockManager:
         token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
         *,
         lookahead: int = 0,
+        evicted: Evicted | None = None,
     ) -> list[tuple[int, int]] | None:
         """Add tokens to a resident, fully scheduled sequence, plus `lookahead` draft slots
         past them; return the copy-on-write pairs, or None."""
+        with self._duties(evicted):
+            return self._append(seq_id, token_ids, lookahead)
+
+    def _append(
+        self,
+        seq_id: int,
+        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        lookahead: int,
+    ) -> list[tuple[int, int]] | None:
         sid = _seq_id(seq_id)
         toks = _tokens(token_ids)  # argument checks before state checks
         la = _check_int(lookahead, "lookahead", 0, _I64_MAX + 1)
@@ -690,9 +760,15 @@ class ReferenceBlockManager:
         self._schedule(seq, seq.num_tokens)
         return pairs
 
-    def truncate(self, seq_id: int, num_tokens: int) -> list[tuple[int, int]] | None:
+    def truncate(
+        self, seq_id: int, num_tokens: int, *, evicted: Evicted | None = None
+    ) -> list[tuple[int, int]] | None:
         """Drop every token past `num_tokens` and the blocks past them (rejected drafts);
         return the copy-on-write pairs (a shared hashed block left partial), or None."""
+        with self._duties(evicted):
+            return self._truncate(seq_id, num_tokens)
+
+    def _truncate(self, seq_id: int, num_tokens: int) -> list[tuple[int, int]] | None:
         sid = _seq_id(seq_id)
         m = _check_int(num_tokens, "num_tokens", 1, _I64_MAX + 1)
         _, seq = self._resident(sid)
@@ -728,8 +804,12 @@ class ReferenceBlockManager:
         seq.hits = min(seq.hits, i)
         return pairs
 
-    def fork(self, parent_id: int, child_id: int) -> None:
-        """The child shares every block of the parent."""
+    def fork(self, parent_id: int, child_id: int, *, evicted: Evicted | None = None) -> None:
+        """The child shares every block of the parent (evicts nothing)."""
+        with self._duties(evicted):
+            self._fork(parent_id, child_id)
+
+    def _fork(self, parent_id: int, child_id: int) -> None:
         pid = _seq_id(parent_id, "parent_id")
         cid = _seq_id(child_id, "child_id")  # both arguments before any state check
         _, parent = self._resident(pid)
@@ -803,8 +883,14 @@ class ReferenceBlockManager:
                 self._events.append(self._stored(seq, i, "CPU"))
         return pairs
 
-    def swap_in(self, seq_id: int) -> list[tuple[int, int]] | None:
+    def swap_in(
+        self, seq_id: int, *, evicted: Evicted | None = None
+    ) -> list[tuple[int, int]] | None:
         """Move a swapped sequence back to GPU blocks; return the (cpu, gpu) pairs, or None."""
+        with self._duties(evicted):
+            return self._swap_in(seq_id)
+
+    def _swap_in(self, seq_id: int) -> list[tuple[int, int]] | None:
         sid, seq = self._get(seq_id)
         if not seq.swapped:
             raise SequenceNotSwappedError(f"sequence {sid} is not swapped out")
@@ -911,8 +997,18 @@ class ReferenceBlockManager:
         token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
         *,
         lookahead: int = 0,
+        evicted: Evicted | None = None,
     ) -> npt.NDArray[np.int32] | None:
         """One token per sequence; the copy-on-write pairs as an int32 (k, 2) array, or None."""
+        with self._duties(evicted):
+            return self._append_batch(seq_ids, token_ids, lookahead)
+
+    def _append_batch(
+        self,
+        seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        lookahead: int,
+    ) -> npt.NDArray[np.int32] | None:
         ids = _seq_ids(seq_ids)
         toks = _int_list(token_ids, "token_ids", 0, _U32)
         la = _check_int(lookahead, "lookahead", 0, _I64_MAX + 1)
@@ -1171,11 +1267,6 @@ class ReferenceBlockManager:
 
     def drain_events(self) -> list[KVEvent]:
         out, self._events = self._events, []
-        return out
-
-    def drain_evictions(self) -> list[tuple[int, int, bytes]]:
-        """`(block, group, digest)` of each cached block evicted since the last call."""
-        out, self._evicted = self._evicted, []
         return out
 
     # ---------------------------------------------------------------- audit

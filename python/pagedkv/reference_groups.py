@@ -450,7 +450,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
                         self._events.append(dataclasses.replace(stored, group_idx=g))
         return list(zip(held, cpu, strict=True))
 
-    def swap_in(self, seq_id: int) -> Pairs | None:
+    def _swap_in(self, seq_id: int) -> Pairs | None:
         """One GPU block per CPU block, in swap-out order; return the (cpu, gpu) pairs, or
         None."""
         sid, seq = self._get(seq_id)

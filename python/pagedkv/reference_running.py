@@ -55,12 +55,20 @@ class ReferenceRunningBatch:
         self._members = [(sid, s) for sid, s in self._members if sid not in gone]
 
     def step(
-        self, token_ids: Sequence[int] | npt.NDArray[np.integer[Any]]
+        self,
+        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        *,
+        evicted: list[tuple[int, int, bytes]] | None = None,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]] | None:
-        """One token to each member: `(slot_mapping, cow_pairs)`, or None if it does not fit."""
+        """One token to each member: `(slot_mapping, cow_pairs)`, or None if it does not fit.
+        `evicted` gets the step's evictions (as `append_batch`'s)."""
         from pagedkv.reference import _U32, _int_list
 
-        toks = _int_list(token_ids, "token_ids", 0, _U32)
+        with self._m._duties(evicted):
+            toks = _int_list(token_ids, "token_ids", 0, _U32)
+            return self._step(toks)
+
+    def _step(self, toks: list[int]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]] | None:
         if len(toks) != len(self._members):
             raise InvalidArgumentError(
                 f"token_ids has {len(toks)} entries but the running batch has "

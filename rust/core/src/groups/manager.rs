@@ -835,12 +835,6 @@ impl GroupManager {
         })
     }
 
-    /// `(block, group, digest)` of the cached blocks evicted since the last call.
-    pub fn drain_evictions(&self) -> Result<Vec<(u32, u8, Digest)>> {
-        self.broken
-            .guarded(false, || Ok(self.lock()?.pool.drain_evicted()))
-    }
-
     pub fn drain_events(&self) -> Result<Vec<KvEvent>> {
         self.broken
             .guarded(false, || Ok(self.lock()?.pool.drain_events()))

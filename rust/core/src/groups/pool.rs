@@ -182,10 +182,6 @@ impl GroupPool {
         self.pool.push_event(event);
     }
 
-    pub fn drain_evicted(&self) -> Vec<(u32, u8, Digest)> {
-        self.pool.drain_evicted()
-    }
-
     pub fn drain_events(&self) -> Vec<KvEvent> {
         self.pool.drain_events()
     }
