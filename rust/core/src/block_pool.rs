@@ -117,9 +117,9 @@ fn down(a: &AtomicUsize) {
 
 /// A digest's stripe: the low bits of word 0, which every digest length has (a 16-byte
 /// XXH3 digest is zero past word 1). The prefix index reads the high bits of words 0 and 1
-/// (bucket choice) and the high half of word 0 with words 2 and 3 (slot tag); the prefix
-/// lock reads the low bits of word 1 (`manager::prefix_lock_of`). So a stripe is independent
-/// of those choices.
+/// (bucket choice), and bits 32..64 of word 0, 8..40 of word 1 and words 2 and 3 (slot
+/// tag); the prefix lock reads the low bits of word 1 (`manager::prefix_lock_of`). So a
+/// stripe is independent of those choices.
 pub(crate) fn stripe_of(digest: &Digest) -> usize {
     digest.words()[0] as usize & (STRIPES - 1)
 }
