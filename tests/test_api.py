@@ -27,9 +27,9 @@ from pagedkv.errors import (
     UnknownSequenceError,
 )
 from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored
-from pagedkv.reference import ReferenceBlockManager
-from pagedkv.reference import hash_blocks as ref_hash_blocks
 from pagedkv.stats import Stats
+from pagedkv_reference import ReferenceBlockManager
+from pagedkv_reference import hash_blocks as ref_hash_blocks
 
 Manager = Any  # ReferenceBlockManager or pagedkv.BlockManager
 Factory = Callable[..., Manager]

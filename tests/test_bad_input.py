@@ -33,8 +33,8 @@ from pagedkv import (
 )
 from pagedkv.config import BlockManagerConfig
 from pagedkv.errors import InvalidArgumentTypeError
-from pagedkv.reference import ReferenceBlockManager
-from pagedkv.reference import hash_blocks as ref_hash_blocks
+from pagedkv_reference import ReferenceBlockManager
+from pagedkv_reference import hash_blocks as ref_hash_blocks
 
 Manager = Any  # BlockManager or ReferenceBlockManager: the same API
 # With KV-cache groups every bad call must change nothing either (docs/semantics.md).
@@ -850,8 +850,8 @@ def test_reference_refcount_limit_refuses_before_any_change(
     """`fork` and a prefix-hit `allocate` that would give a block more than MAX_REFCOUNT
     holders raise RefcountOverflowError and change nothing (the limit is lowered here; the
     Rust one is checked at full size in test_rust_refcount_limit)."""
-    from pagedkv import reference
     from pagedkv.errors import RefcountOverflowError
+    from pagedkv_reference import manager as reference
 
     monkeypatch.setattr(reference, "MAX_REFCOUNT", 3)
     m = ReferenceBlockManager(16, B)
@@ -871,7 +871,7 @@ def test_reference_refcount_limit_refuses_before_any_change(
 def test_rust_refcount_limit() -> None:
     """The full-size limit in the Rust manager: MAX_REFCOUNT holders, then the error."""
     from pagedkv.errors import RefcountOverflowError
-    from pagedkv.reference import MAX_REFCOUNT
+    from pagedkv_reference.manager import MAX_REFCOUNT
 
     m = BlockManager(4, B)
     m.allocate(0, [1])
@@ -895,8 +895,8 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 import pagedkv
 from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError
-from pagedkv import reference
-from pagedkv.reference import ReferenceBlockManager
+from pagedkv_reference import manager as reference
+from pagedkv_reference import ReferenceBlockManager
 
 def huge(n, dtype):
     return as_strided(np.zeros(1, dtype=dtype), shape=(n,), strides=(0,))

@@ -21,7 +21,7 @@ from audited import audited
 from pagedkv.alloc_status import AllocStatus
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored
-from pagedkv.reference import ReferenceBlockManager
+from pagedkv_reference import ReferenceBlockManager
 
 Manager = Any  # ReferenceBlockManager or pagedkv.BlockManager
 B = 4

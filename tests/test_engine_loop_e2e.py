@@ -199,7 +199,7 @@ class Result:
 def _make(kind: str) -> Any:
     if kind == "rust":
         return pagedkv.BlockManager(num_blocks=NUM_BLOCKS, block_size=BS)
-    from pagedkv.reference import ReferenceBlockManager
+    from pagedkv_reference import ReferenceBlockManager
 
     if not hasattr(ReferenceBlockManager, "extend"):
         pytest.skip("ReferenceBlockManager does not implement the issue-9 calls yet")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pagedkv import BlockManager, BlockRemoved, KVCacheGroup
-from pagedkv.reference import ReferenceBlockManager
+from pagedkv_reference import ReferenceBlockManager
 
 GROUPS = [KVCacheGroup("full"), KVCacheGroup("sliding_window", window=8)]
 IMPLS = {

@@ -25,8 +25,8 @@ from pagedkv.alloc_status import AllocStatus
 from pagedkv.errors import InvalidArgumentError, InvalidArgumentTypeError
 from pagedkv.events import BlockRemoved, BlockStored
 from pagedkv.groups import KVCacheGroup
-from pagedkv.hybrid_hit import first_needed, hybrid_hit
-from pagedkv.reference import ReferenceBlockManager
+from pagedkv_reference import ReferenceBlockManager
+from pagedkv_reference.hybrid_hit import first_needed, hybrid_hit
 
 Manager = Any  # ReferenceBlockManager or pagedkv.BlockManager
 

@@ -39,7 +39,7 @@ import pagedkv  # noqa: E402
 from pagedkv.errors import InvalidArgumentError  # noqa: E402
 from pagedkv.groups import KVCacheGroup  # noqa: E402
 from pagedkv.pool import KVCachePool, paged_decode_attention  # noqa: E402
-from pagedkv.reference import ReferenceBlockManager  # noqa: E402
+from pagedkv_reference import ReferenceBlockManager  # noqa: E402
 
 HEADS, KV_HEADS, DIM, BS, WINDOW = 4, 2, 64, 8, 32
 GROUPS = [

@@ -18,7 +18,7 @@ import pytest
 
 import pagedkv
 from pagedkv import KVCacheGroup
-from pagedkv.reference import ReferenceBlockManager
+from pagedkv_reference import ReferenceBlockManager
 from test_model_based import normalize, run
 
 FULL = KVCacheGroup("full")

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 import pagedkv
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.reference import ReferenceBlockManager
-from pagedkv.reference import hash_blocks as ref_hash_blocks
+from pagedkv_reference import ReferenceBlockManager
+from pagedkv_reference import hash_blocks as ref_hash_blocks
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "hashing.md"
 ALGOS = ["sha256", "xxh3_128"]
@@ -197,7 +197,7 @@ def test_random_inputs_match_the_spec(tokens, block_size, cache_salt, lora_id, a
 
 @pytest.fixture(params=["reference", "rust"])
 def hash_blocks(request: pytest.FixtureRequest) -> Any:
-    """`pagedkv.hash_blocks` (Rust) and `pagedkv.reference.hash_blocks`."""
+    """`pagedkv.hash_blocks` (Rust) and `pagedkv_reference.hash_blocks`."""
     return ref_hash_blocks if request.param == "reference" else pagedkv.hash_blocks
 
 

@@ -424,7 +424,7 @@ def _reference_has_issue9() -> bool:
     """The reference model implements the issue-9 calls (it is updated on its own branch;
     until that is merged these tests skip, saying so)."""
     try:
-        from pagedkv.reference import ReferenceBlockManager
+        from pagedkv_reference import ReferenceBlockManager
 
         r = ReferenceBlockManager(8, 4)
         assert r.allocate(1, list(range(9)), num_new_tokens=2) == 0
@@ -439,7 +439,7 @@ def _reference_has_issue9() -> bool:
 
 needs_issue9_reference = pytest.mark.skipif(
     not _reference_has_issue9(),
-    reason="pagedkv.reference lacks the issue-9 calls (extend, truncate, num_computed_tokens, "
+    reason="pagedkv_reference lacks the issue-9 calls (extend, truncate, num_computed_tokens, "
     "lookup) or their stats: the reference update is not merged yet",
 )
 
@@ -521,7 +521,7 @@ def check_against_reference(
     matching order among the permutations, None) or (-1, a description of the history)."""
     from itertools import permutations
 
-    from pagedkv.reference import ReferenceBlockManager
+    from pagedkv_reference import ReferenceBlockManager
 
     m = BlockManager(num_blocks, b, hash_algo=ALGO)
     for c in setup:

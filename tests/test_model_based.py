@@ -29,7 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import pagedkv
 from pagedkv.errors import PagedKVError
-from pagedkv.reference import ReferenceBlockManager
+from pagedkv_reference import ReferenceBlockManager
 
 MAX_SEQ = 8  # sequence ids 0..7: unknown and duplicate ids come up often
 

@@ -26,7 +26,7 @@ from pagedkv import (
     SequenceSwappedError,
     UnknownSequenceError,
 )
-from pagedkv.reference import ReferenceBlockManager
+from pagedkv_reference import ReferenceBlockManager
 
 Manager = Any
 

@@ -14,10 +14,10 @@ import pytest
 
 from pagedkv import BlockManager
 from pagedkv.__main__ import main
-from pagedkv.reference import ReferenceBlockManager
 from pagedkv.sim import Request, Workload, bind_trace, build_workload, read_trace, run_workload
 from pagedkv.sim.calls import same_result
 from pagedkv.sim.record import ScheduleRecord, UnscheduledHitError
+from pagedkv_reference import ReferenceBlockManager
 
 SHARED_TRACE = (
     Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from pagedkv import BlockManager
-from pagedkv.reference import ReferenceBlockManager
 from pagedkv.sim import (
     TRACE_BLOCK_TOKENS,
     bind_trace,
@@ -19,6 +18,7 @@ from pagedkv.sim import (
     run_workload,
     same_result,
 )
+from pagedkv_reference import ReferenceBlockManager
 
 SHARED_TRACE = (
     Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"

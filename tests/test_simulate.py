@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from pagedkv import BlockManager
-from pagedkv.reference import ReferenceBlockManager
 from pagedkv.sim import WORKLOADS, build_workload
 from pagedkv.sim.progress import ProgressBar
 from pagedkv.sim.scheduler import _Seq
@@ -21,6 +20,7 @@ from pagedkv.simulate import (
     run_workload,
     same_result,
 )
+from pagedkv_reference import ReferenceBlockManager
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from pagedkv import BlockManager
-from pagedkv.reference import ReferenceBlockManager
+from pagedkv_reference import ReferenceBlockManager
 
 SCALE = float(os.environ.get("PAGEDKV_SOAK_SCALE", "1"))
 SLOW = 60  # the slow versions run this many times longer (about an hour at scale 1)

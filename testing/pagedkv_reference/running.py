@@ -17,7 +17,7 @@ from pagedkv.errors import InvalidArgumentError, UnknownSequenceError
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from pagedkv.reference import ReferenceBlockManager, _Seq
+    from pagedkv_reference.manager import ReferenceBlockManager, _Seq
 
 
 class ReferenceRunningBatch:
@@ -29,7 +29,7 @@ class ReferenceRunningBatch:
 
     def add(self, seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]]) -> None:
         """Add live, resident sequences to the end of the batch (all or nothing)."""
-        from pagedkv.reference import _distinct, _seq_ids
+        from pagedkv_reference.manager import _distinct, _seq_ids
 
         ids = _seq_ids(seq_ids)
         _distinct(ids)
@@ -43,7 +43,7 @@ class ReferenceRunningBatch:
 
     def remove(self, seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]]) -> None:
         """Remove members, freed or not (all or nothing); the rest keep their order."""
-        from pagedkv.reference import _distinct, _seq_ids
+        from pagedkv_reference.manager import _distinct, _seq_ids
 
         ids = _seq_ids(seq_ids)
         _distinct(ids)
@@ -58,7 +58,7 @@ class ReferenceRunningBatch:
         self, token_ids: Sequence[int] | npt.NDArray[np.integer[Any]]
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]] | None:
         """One token to each member: `(slot_mapping, cow_pairs)`, or None if it does not fit."""
-        from pagedkv.reference import _U32, _int_list
+        from pagedkv_reference.manager import _U32, _int_list
 
         toks = _int_list(token_ids, "token_ids", 0, _U32)
         if len(toks) != len(self._members):

@@ -36,7 +36,7 @@ from pagedkv.groups import KVCacheGroup, check_groups
 from pagedkv.stats import Stats
 
 if TYPE_CHECKING:
-    from pagedkv.reference_running import ReferenceRunningBatch
+    from pagedkv_reference.running import ReferenceRunningBatch
 
 __all__ = ["MAX_BLOCK_SIZE", "MAX_LEN", "MAX_REFCOUNT", "ReferenceBlockManager", "hash_blocks"]
 
@@ -336,12 +336,12 @@ class ReferenceBlockManager:
     """Paged KV-cache block manager, pure Python; see docs/semantics.md.
 
     With `groups=[KVCacheGroup(...), ...]` the constructor builds the hybrid-model manager of
-    `pagedkv.reference_groups` (a subclass: one block table per group, block 0 the null block).
+    `pagedkv_reference.groups` (a subclass: one block table per group, block 0 the null block).
     """
 
     def __new__(cls, *args: Any, groups: object = None, **kwargs: Any) -> ReferenceBlockManager:
         if groups is not None and cls is ReferenceBlockManager:
-            from pagedkv.reference_groups import GroupedReferenceBlockManager
+            from pagedkv_reference.groups import GroupedReferenceBlockManager
 
             return super().__new__(GroupedReferenceBlockManager)
         return super().__new__(cls)
@@ -944,7 +944,7 @@ class ReferenceBlockManager:
         self, seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None
     ) -> ReferenceRunningBatch:
         """A `RunningBatch` over this manager's sequences, holding `seq_ids` (default none)."""
-        from pagedkv.reference_running import ReferenceRunningBatch
+        from pagedkv_reference.running import ReferenceRunningBatch
 
         if self._groups:
             raise InvalidArgumentError(

@@ -24,9 +24,9 @@ from pagedkv.errors import (
     SequenceNotSwappedError,
 )
 from pagedkv.events import BlockRemoved
-from pagedkv.hybrid_hit import first_needed, hybrid_hit
-from pagedkv.reference import MAX_REFCOUNT, ReferenceBlockManager, _cdiv, _Seq
 from pagedkv.stats import GroupStats, Stats
+from pagedkv_reference.hybrid_hit import first_needed, hybrid_hit
+from pagedkv_reference.manager import MAX_REFCOUNT, ReferenceBlockManager, _cdiv, _Seq
 
 NULL = 0
 """The null block: the GPU table entry of a block its group no longer needs."""
@@ -544,7 +544,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
     def check_invariants(self) -> None:
         """Audit the lifecycle contract with groups; raise InvariantError on the first
         violation."""
-        from pagedkv.reference_groups_audit import audit
+        from pagedkv_reference.groups_audit import audit
 
         audit(self)
 

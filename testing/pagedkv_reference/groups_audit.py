@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NoReturn
 
 from pagedkv.errors import InvariantError
-from pagedkv.reference import RECENT_WINDOW, _Seq
-from pagedkv.reference_groups import CPU_NULL, NULL, _GSeq, _gseq, leading_nulls
+from pagedkv_reference.groups import CPU_NULL, NULL, _GSeq, _gseq, leading_nulls
+from pagedkv_reference.manager import RECENT_WINDOW, _Seq
 
 if TYPE_CHECKING:
-    from pagedkv.reference_groups import GroupedReferenceBlockManager as Manager
+    from pagedkv_reference.groups import GroupedReferenceBlockManager as Manager
 
 
 def _fail(msg: str) -> NoReturn:
