@@ -184,7 +184,7 @@ class RandomTransformer:
         """One step for a batch: the K/V of each new token is written first, then its
         attention reads the sequence back from the pool."""
         torch = _torch()
-        from pagedkv.pool import paged_decode_attention
+        from pagedkv.device.pool import paged_decode_attention
 
         pos = torch.tensor(positions)
         h = self.emb[torch.tensor(tokens)]
@@ -228,7 +228,7 @@ def _full_blocks(m: Any, pool: Any, sids: list[int], s: Shape) -> list[bytes]:
 def transformer_blocks(dtype: str, s: Shape = FULL, seed: int = 0) -> list[bytes]:
     """Run the random-weights decoder's loop on a CPU pool of `dtype`; its full blocks."""
     torch = _torch()
-    from pagedkv.pool import KVCachePool
+    from pagedkv.device.pool import KVCachePool
 
     torch.manual_seed(seed)
     model = RandomTransformer(s, seed)
@@ -271,7 +271,7 @@ def e2e_loop_blocks(dtype: str, s: Shape = FULL, seed: int = 0) -> list[bytes]:
     """The K/V of tests/test_engine_loop_e2e.py's model (i.i.d. N(0, 1) per token from an
     RNG seeded by the prefix digest), written through a manager's slots into a CPU pool."""
     torch = _torch()
-    from pagedkv.pool import KVCachePool
+    from pagedkv.device.pool import KVCachePool
 
     rng = np.random.default_rng(seed)
     prompts = [p + [int(x) for x in rng.integers(0, 1000, s.decode)] for p in _prompts(s, rng)]

@@ -44,7 +44,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import pagedkv  # noqa: E402
-from pagedkv.pool import KVCachePool, paged_decode_attention  # noqa: E402
+from pagedkv.device.pool import KVCachePool, paged_decode_attention  # noqa: E402
 
 LAYERS, HEADS, KV_HEADS, DIM, BS = 2, 4, 2, 16, 4
 NUM_BLOCKS = 20

@@ -36,9 +36,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import pagedkv  # noqa: E402
+from pagedkv.device.pool import KVCachePool, paged_decode_attention  # noqa: E402
 from pagedkv.errors import InvalidArgumentError  # noqa: E402
 from pagedkv.groups import KVCacheGroup  # noqa: E402
-from pagedkv.pool import KVCachePool, paged_decode_attention  # noqa: E402
 from pagedkv_reference import ReferenceBlockManager  # noqa: E402
 
 HEADS, KV_HEADS, DIM, BS, WINDOW = 4, 2, 64, 8, 32

@@ -1,9 +1,9 @@
-"""Every kernel against its CPU reference (pagedkv.cpu_ops).
+"""Every kernel against its CPU reference (pagedkv.device.cpu_ops).
 
 Two backends run the same tests: "host" executes the CUDA sources on the CPU through the
 C++ harness (tests/kernel_host: g++ and a small CUDA shim; every commit), "cuda" runs them
 with CuPy on a real GPU (marked gpu, skipped where there is none). Both go through the
-same Python launch code (pagedkv.device_ops). Practice (see docs/kernels.md): fresh random
+same Python launch code (pagedkv.device.device_ops). Practice (see docs/kernels.md): fresh random
 data, NaN in every slot that must not be read, exact equality for the copy kernels,
 relative error against an fp64 reference for attention, odd sizes.
 """
@@ -18,10 +18,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pagedkv import cpu_ops  # noqa: E402
-from pagedkv import kernel_loader as K  # noqa: E402
+from pagedkv.device import cpu_ops  # noqa: E402
+from pagedkv.device import kernel_loader as K  # noqa: E402
+from pagedkv.device.pool import KVCachePool, paged_decode_attention, swap_blocks  # noqa: E402
 from pagedkv.errors import InvalidArgumentError  # noqa: E402
-from pagedkv.pool import KVCachePool, paged_decode_attention, swap_blocks  # noqa: E402
 
 DTYPES = ["bfloat16", "float16", "float32"]
 #: Relative L2 error of decode attention against an fp64 reference on the same inputs.
@@ -420,7 +420,7 @@ def test_bad_ids_raise_and_change_nothing(backend):
 def test_kernel_guards_skip_bad_ids(backend):
     """Ids given as device tensors are not validated on the host (that would synchronise);
     the kernels themselves skip out-of-range ids, so nothing outside the pool is written."""
-    from pagedkv import device_ops
+    from pagedkv.device import device_ops
 
     pool = make_pool(backend, 1, 4, 8, 1, 64, "float32")
     fill_random(pool, torch.Generator().manual_seed(2))
@@ -487,7 +487,7 @@ def test_decode_partial_warp(backend, dtype, head_dim, group):
     """GQA groups whose CTA cannot be rounded to whole warps (BDX * group not a multiple of
     32, and doubling the token lanes would pass 1024 threads): the last warp is partial, and
     the host shim fails the launch if a shuffle names lanes that do not exist."""
-    from pagedkv import device_ops
+    from pagedkv.device import device_ops
 
     bdx, bdz, _tile, _smem = device_ops.decode_launch_shape(dtype, head_dim, group)
     assert (bdx * group * bdz) % 32, "the case must produce a partial warp"

@@ -23,9 +23,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pagedkv import device_ops  # noqa: E402
+from pagedkv.device import device_ops  # noqa: E402
+from pagedkv.device.pool import KVCachePool, paged_decode_attention  # noqa: E402
 from pagedkv.errors import InvalidArgumentError  # noqa: E402
-from pagedkv.pool import KVCachePool, paged_decode_attention  # noqa: E402
 from test_kernels import _cuda_ok, _host_launcher, fill_random, make_pool, randn  # noqa: E402
 
 BS = 16

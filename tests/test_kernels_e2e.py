@@ -20,8 +20,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import pagedkv  # noqa: E402
-from pagedkv import cpu_ops  # noqa: E402
-from pagedkv.pool import KVCachePool, paged_decode_attention, swap_blocks  # noqa: E402
+from pagedkv.device import cpu_ops  # noqa: E402
+from pagedkv.device.pool import KVCachePool, paged_decode_attention, swap_blocks  # noqa: E402
 
 LAYERS, HEADS, KV_HEADS, DIM, BS = 2, 4, 2, 64, 4
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedkv import kernel_loader as K
+from pagedkv.device import kernel_loader as K
 
 pytest.importorskip("cuda.bindings.nvrtc")
 

@@ -20,10 +20,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pagedkv import cpu_ops  # noqa: E402
+from pagedkv.device import cpu_ops  # noqa: E402
+from pagedkv.device.pool import KVCachePool, paged_decode_attention  # noqa: E402
 from pagedkv.errors import InvalidArgumentError  # noqa: E402
 from pagedkv.groups import KVCacheGroup  # noqa: E402
-from pagedkv.pool import KVCachePool, paged_decode_attention  # noqa: E402
 from test_kernels import ATTN_RTOL, _cuda_ok, _host_launcher, randn, rel_err  # noqa: E402
 
 

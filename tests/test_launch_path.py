@@ -1,4 +1,4 @@
-"""The run-time launch path (pagedkv.cupy_launch) without CuPy or a GPU.
+"""The run-time launch path (pagedkv.device.cupy_launch) without CuPy or a GPU.
 
 Its decisions are small functions (which device, which stream object, which NVRTC
 options) exercised here with real objects: small classes that have or lack what CuPy and
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from pagedkv import cupy_launch as L
-from pagedkv import kernel_loader as K
+from pagedkv.device import cupy_launch as L
+from pagedkv.device import kernel_loader as K
 
 torch = pytest.importorskip("torch")
 
@@ -268,7 +268,7 @@ def test_pool_on_second_gpu_while_first_is_current():
         pytest.skip("needs two GPUs")
     import numpy as np
 
-    from pagedkv.pool import KVCachePool, paged_decode_attention
+    from pagedkv.device.pool import KVCachePool, paged_decode_attention
 
     torch.cuda.set_device(0)
     pool = KVCachePool(1, 4, 16, 1, 64, "float32", "cuda:1")

@@ -14,9 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from pagedkv.device.pool import KVCachePool, paged_decode_attention, swap_blocks  # noqa: E402
 from pagedkv.errors import InvalidArgumentError  # noqa: E402
 from pagedkv.groups import KVCacheGroup  # noqa: E402
-from pagedkv.pool import KVCachePool, paged_decode_attention, swap_blocks  # noqa: E402
 
 BS = 8
 FULL2 = KVCacheGroup("full", num_layers=2)
@@ -162,7 +162,7 @@ def test_slots_in_the_null_block_are_skipped(where):
     assert (pool.buffer[:, :, 0] == 0).all()
     assert torch.equal(pool.key(1)[1, 2:4], k[[1, 3]]) and torch.equal(pool.value(1)[1, 3], v[3])
     if where == "host":
-        from pagedkv import device_ops
+        from pagedkv.device import device_ops
 
         dev_slots = torch.tensor([5, 12], dtype=torch.int64)  # as a device tensor would hold
         before = pool.buffer.clone()

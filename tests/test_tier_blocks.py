@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pagedkv import BlockManager, InvalidArgumentError, KVCacheGroup  # noqa: E402
-from pagedkv.pool import KVCachePool  # noqa: E402
+from pagedkv.device.pool import KVCachePool  # noqa: E402
 from pagedkv.tiers import HostTier, Namespace  # noqa: E402
 from pagedkv.tiers.blocks import block_nbytes, copy_in, copy_out  # noqa: E402
 from pagedkv.tiers.cache import TieredCache  # noqa: E402

@@ -600,7 +600,7 @@ def test_cluster_tier_built_while_its_seed_is_down(cluster):
 def _node(url: str) -> tuple[Any, Any, Any]:
     """One serving node: a manager, a CPU pool and a `TieredCache` over the remote tier."""
     from pagedkv import BlockManager
-    from pagedkv.pool import KVCachePool
+    from pagedkv.device.pool import KVCachePool
     from pagedkv.tiers.cache import TieredCache
 
     m = BlockManager(E2E_BLOCKS, E2E_BS, record_evictions=True)

@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pagedkv import BlockManager, BlockStored, InvalidArgumentError, KVCacheGroup  # noqa: E402
-from pagedkv.pool import KVCachePool  # noqa: E402
+from pagedkv.device.pool import KVCachePool  # noqa: E402
 from pagedkv.tiers import Namespace, TierKey  # noqa: E402
 from pagedkv.tiers.blocks import block_nbytes, read_block, write_block  # noqa: E402
 from pagedkv.tiers.cache import TieredCache  # noqa: E402

@@ -1,5 +1,5 @@
 """C++ host harness: compiles the kernel sources with g++ and the CUDA shim, and launches
-them on CPU memory with the same launch code (pagedkv.device_ops) as CuPy on a GPU."""
+them on CPU memory with the same launch code (pagedkv.device.device_ops) as CuPy on a GPU."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from pagedkv import kernel_loader as K
+from pagedkv.device import kernel_loader as K
 
 HERE = Path(__file__).resolve().parent
 
@@ -121,7 +121,7 @@ class HostKernel:
 
 
 class HostLauncher:
-    """A pagedkv.kernel_loader.Launcher that runs kernels through the C++ harness."""
+    """A pagedkv.device.kernel_loader.Launcher that runs kernels through the C++ harness."""
 
     def __init__(self, num_sms: int = 4) -> None:
         self._lib = ctypes.CDLL(str(build_library()))

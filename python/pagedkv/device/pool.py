@@ -7,12 +7,12 @@ head_dim]``; ``key(layer)``/``value(layer)`` are contiguous views ``[num_blocks,
 block_size, num_kv_heads, head_dim]`` (the "flash" layout of vLLM and FlashInfer). On
 ``device="cuda"`` the operations launch the CuPy kernels of ``kernels/*.cu`` on torch's
 current stream; on ``device="cpu"`` they run the torch reference ops of
-:mod:`pagedkv.cpu_ops`. Block ids, slots, tables and pairs come straight from
+:mod:`pagedkv.device.cpu_ops`. Block ids, slots, tables and pairs come straight from
 :class:`pagedkv.BlockManager` (numpy arrays) or as torch tensors.
 
 Ids given as numpy arrays or CPU tensors are validated on the host (a bad block id, slot
 or length raises :class:`pagedkv.InvalidArgumentError` and nothing runs; see
-:mod:`pagedkv.id_checks`) and reach the GPU through pinned memory with a non-blocking copy,
+:mod:`pagedkv.device.id_checks`) and reach the GPU through pinned memory with a non-blocking copy,
 so no call synchronises with the device. Ids that are already CUDA tensors are checked only
 as far as their dtype and shape tell (reading their values would synchronise); the kernels
 still skip out-of-range ids and lengths, so nothing is read or written outside the pool.
@@ -25,7 +25,7 @@ With ``groups=[KVCacheGroup, ...]`` and ``layer_groups=[group of each layer]`` (
 manager's group list) the layers of different groups share buffer rows, block 0 is the
 null block, every call that takes tables or slots for a layer takes ``group=`` (which must
 be the layer's group), decode attention applies the group's window or chunk, and state
-layers keep a state per block (:mod:`pagedkv.pool_groups`, docs/kernels.md).
+layers keep a state per block (:mod:`pagedkv.device.pool_groups`, docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -37,16 +37,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pagedkv import cpu_ops, cupy_launch, device_ops, id_checks
-from pagedkv import kernel_loader as K
-from pagedkv import pool_groups as PG
-from pagedkv.attention import paged_decode_attention
+from pagedkv.device import cpu_ops, cupy_launch, device_ops, id_checks
+from pagedkv.device import kernel_loader as K
+from pagedkv.device import pool_groups as PG
+from pagedkv.device.attention import paged_decode_attention
 from pagedkv.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     import torch
 
-    from pagedkv.kernel_loader import Launcher
+    from pagedkv.device.kernel_loader import Launcher
 
 __all__ = ["KVCachePool", "paged_decode_attention", "swap_blocks"]
 
@@ -131,7 +131,7 @@ class KVCachePool:
         self.head_dim = int(head_dim)
         self.dtype_name = _dtype_name(dtype)
         self.dtype: torch.dtype = getattr(torch, self.dtype_name)
-        #: Where each layer keeps its pages (pagedkv.pool_groups).
+        #: Where each layer keeps its pages (pagedkv.device.pool_groups).
         self.layout = PG.make_layout(
             self.num_layers, self.block_size, groups, layer_groups, state_shape
         )
@@ -333,7 +333,7 @@ class KVCachePool:
 
     def _on_device(self) -> AbstractContextManager[Any]:
         """torch's guard for this pool's GPU around every allocation and launch (the CuPy
-        side enters the same device in each launch: pagedkv.cupy_launch.DeviceKernel)."""
+        side enters the same device in each launch: pagedkv.device.cupy_launch.DeviceKernel)."""
         return cupy_launch.torch_device_guard(self.device)
 
     def _ids(self, a: np.ndarray | None, x: Any, dtype: Any) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 They are what a pool on ``device="cpu"`` runs, and the oracle the kernel tests compare
 against. Arguments are already validated and already torch tensors on the pool's device
-(see :mod:`pagedkv.pool`); ``k_cache``/``v_cache`` are one layer's views
+(see :mod:`pagedkv.device.pool`); ``k_cache``/``v_cache`` are one layer's views
 ``[num_blocks, block_size, num_kv_heads, head_dim]``.
 """
 

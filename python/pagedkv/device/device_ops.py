@@ -3,7 +3,7 @@ packs the arguments (pointers as ints, sizes as numpy scalars of the exact C typ
 
 The same code drives CuPy on a GPU and, in the tests, the C++ host harness that runs the
 same ``.cu`` sources on the CPU, so the CPU tests cover this file as well. Arguments arrive
-validated and already on the pool's device (see :mod:`pagedkv.pool`).
+validated and already on the pool's device (see :mod:`pagedkv.device.pool`).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pagedkv import kernel_loader as K
+from pagedkv.device import kernel_loader as K
 
 if TYPE_CHECKING:
     import torch
 
-    from pagedkv.kernel_loader import Launcher
+    from pagedkv.device.kernel_loader import Launcher
 
 #: Bytes of K+V tile staged in shared memory per CTA by the decode kernel.
 DECODE_TILE_BYTES = 16384

@@ -7,7 +7,7 @@ CuPy or a GPU; the CuPy calls around them are thin:
 - :func:`device_index`: which GPU the launches and allocations of a pool run on;
 - :func:`cupy_stream`: how torch's current stream reaches CuPy (the CUDA stream protocol
   where both sides have it, else ``cupy.cuda.ExternalStream`` on the raw handle);
-- :func:`pagedkv.kernel_loader.runtime_options`: the NVRTC options, with the same CUDA
+- :func:`pagedkv.device.kernel_loader.runtime_options`: the NVRTC options, with the same CUDA
   include folders as the CI compile;
 - :class:`DeviceKernel`: every launch runs inside ``cupy.cuda.Device(N)`` of its pool,
   whatever device the calling thread has current (several GPUs in one process).
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from pagedkv import kernel_loader as K
+from pagedkv.device import kernel_loader as K
 
 
 def device_index(device: Any, current_device: Callable[[], int]) -> int | None:

@@ -1,12 +1,12 @@
 """Kernel sources, their instantiations, and the loaders that compile them.
 
-The CUDA C sources live in ``python/pagedkv/kernels/*.cu`` (the repository's top-level
-``kernels`` is a link to that folder), so the wheel ships them as ``pagedkv/kernels``;
+The CUDA C sources live in ``python/pagedkv/device/kernels/*.cu`` (the repository's top-level
+``kernels`` is a link to that folder), so the wheel ships them as ``pagedkv/device/kernels``;
 ``PAGEDKV_KERNEL_DIR`` overrides that. Each source is templated by dtype and sizes;
 :func:`name_expressions` lists every instantiation the pool can launch, and the same list is
 used
 
-- at run time by :class:`pagedkv.cupy_launch.CupyLauncher` (``cupy.RawModule`` with
+- at run time by :class:`pagedkv.device.cupy_launch.CupyLauncher` (``cupy.RawModule`` with
   ``name_expressions`` and :func:`runtime_options`),
 - in CI by :func:`compile_nvrtc` (``cuda.bindings.nvrtc``, ``-arch=sm_90``, ptxas report),
 - in CI by the C++ host harness of the tests, which runs the same sources on the CPU.
@@ -77,7 +77,7 @@ def kernel_dir() -> Path:
         if (cand / "cache_ops.cu").is_file():
             return cand
     raise FileNotFoundError(
-        "pagedkv kernel sources not found in pagedkv/kernels; "
+        "pagedkv kernel sources not found in pagedkv/device/kernels; "
         "set PAGEDKV_KERNEL_DIR to the folder that holds cache_ops.cu"
     )
 

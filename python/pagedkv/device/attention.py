@@ -2,23 +2,23 @@
 query token per sequence against its cached K/V, through the manager's block tables, with
 the window or chunk of the layer's KV-cache group. On a GPU pool it launches
 ``kernels/decode_attention.cu``; on a CPU pool it runs the torch reference of
-:mod:`pagedkv.cpu_ops`.
+:mod:`pagedkv.device.cpu_ops`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pagedkv import cpu_ops, device_ops, id_checks
-from pagedkv import kernel_loader as K
-from pagedkv import pool_groups as PG
+from pagedkv.device import cpu_ops, device_ops, id_checks
+from pagedkv.device import kernel_loader as K
+from pagedkv.device import pool_groups as PG
+from pagedkv.device.id_checks import host_array as _host_array
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.id_checks import host_array as _host_array
 
 if TYPE_CHECKING:
     import torch
 
-    from pagedkv.pool import KVCachePool
+    from pagedkv.device.pool import KVCachePool
 
 __all__ = ["paged_decode_attention"]
 
