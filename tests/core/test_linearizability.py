@@ -38,6 +38,8 @@ from pagedkv import (
     hash_blocks,
 )
 
+pytestmark = pytest.mark.slow  # race rounds: about a minute and a half on 2 cores
+
 SCALE = float(os.environ.get("PAGEDKV_SOAK_SCALE", "1"))
 LONG = 4096  # prompts this long make `allocate` release the GIL
 ALGO: Final = "xxh3_128"  # cheap hashing: the racing part of a call is the block bookkeeping

@@ -1,5 +1,5 @@
 """The remote tier on real servers: Redis and Valkey started by the tests, and a three-node
-Redis Cluster (tests/redis_fixtures.py). No mock stands in for a server here.
+Redis Cluster (tests/support/redis_fixtures.py). No mock stands in for a server here.
 
 Fault tests kill (SIGKILL), stall (SIGSTOP) and restart servers mid-run and bound the wall
 time of every call that meets the fault.

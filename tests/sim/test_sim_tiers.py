@@ -31,6 +31,8 @@ from redis_fixtures import (
     server_binary,
 )
 
+pytestmark = pytest.mark.slow  # tier runs with real KV and real servers: about a minute
+
 # A small mixed workload on a cache that evicts a lot: 256 blocks of 16 tokens.
 SMALL = ["simulate", "--no-progress", "--requests", "60", "--doc-tokens", "2048"]
 EVICTING = [*SMALL, "--num-blocks", "256"]

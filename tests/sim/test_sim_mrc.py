@@ -104,6 +104,7 @@ def test_keys_follow_the_prefix_cache_rules() -> None:
 # ------------------------------------------------------------------ exact at the top
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", WORKLOADS)
 @pytest.mark.parametrize("spec_tokens", [0, 3])
 def test_unbounded_curve_is_the_replays_hit_count(name: str, spec_tokens: int) -> None:
@@ -129,6 +130,7 @@ def test_unbounded_curve_on_a_trace(trace: Workload, block_size: int) -> None:
 # ------------------------------------------------------------------ close in between
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_curve_agrees_with_full_simulations(trace: Workload, block_size: int) -> None:
     curve, unbounded = _curve(trace, block_size, 400_000)

@@ -1,6 +1,6 @@
 """The README's claims a new user acts on: install commands that work from the checkout, and
 the GPU pool example, which runs as written (on the CPU where there is no GPU). The other
-usage examples run in tests/test_stubs.py."""
+usage examples run in tests/docs/test_stubs.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
 
 
 def test_installs_come_from_the_checkout() -> None:

@@ -13,7 +13,8 @@
   sequences; audited at the end.
 
 CI mode takes about a minute on 2 cores. `PAGEDKV_SOAK_SCALE` multiplies the sizes; the
-`slow` versions (`pytest -m slow tests/test_soak.py`) run 60 times longer: see docs/soak.md.
+`manual` versions (`pytest -m manual tests/threads/test_soak.py`) run 60 times longer: see
+docs/soak.md.
 """
 
 from __future__ import annotations
@@ -197,6 +198,7 @@ def test_soak_against_reference(seed: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.manual
 def test_soak_against_reference_long() -> None:
     t0 = time.perf_counter()
     figures = _soak(int(6000 * SCALE * SLOW), 3)
@@ -318,6 +320,7 @@ def test_threaded_hot_block_soak() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.manual
 @pytest.mark.usefixtures("_fast_switches")
 def test_threaded_hot_block_soak_long() -> None:
     t0 = time.perf_counter()
@@ -329,10 +332,11 @@ def test_threaded_hot_block_soak_long() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.manual
 def test_refcount_limit_full_size() -> None:
     """A block has at most 2**20 - 1 holders: one more by `fork` or by a prefix hit raises
     RefcountOverflowError and changes nothing. Needs 2**20 - 1 sequences (about 3 s and
-    600 MB), hence `slow`; rust/core/tests/limits.rs checks the same limit in CI."""
+    600 MB), hence `manual`; rust/core/tests/limits.rs checks the same limit in CI."""
     from pagedkv.errors import RefcountOverflowError
 
     limit = (1 << 20) - 1

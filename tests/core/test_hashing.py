@@ -25,7 +25,7 @@ from pagedkv.errors import InvalidArgumentError
 from pagedkv_reference import ReferenceBlockManager
 from pagedkv_reference import hash_blocks as ref_hash_blocks
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "hashing.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "hashing.md"
 ALGOS = ["sha256", "xxh3_128"]
 
 

@@ -158,6 +158,7 @@ def test_reference_is_the_windowed_formula():
     assert cpu_ops.attention_start(0, 4, 0) == 0 and cpu_ops.attention_start(0, 0, 4) == 0
 
 
+@pytest.mark.slow
 def test_decode_split_equals_unsplit_with_window(backend):
     """Splits over the window's span give the answer of one pass."""
     gen = torch.Generator().manual_seed(6)

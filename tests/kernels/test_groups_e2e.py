@@ -41,6 +41,8 @@ from pagedkv.errors import InvalidArgumentError  # noqa: E402
 from pagedkv.groups import KVCacheGroup  # noqa: E402
 from pagedkv_reference import ReferenceBlockManager  # noqa: E402
 
+pytestmark = pytest.mark.slow  # hybrid decode loops: minutes on 2 cores; CI runs them
+
 HEADS, KV_HEADS, DIM, BS, WINDOW = 4, 2, 64, 8, 32
 GROUPS = [
     KVCacheGroup("full", num_layers=2),
@@ -282,11 +284,14 @@ def test_hybrid_decode_loop_matches_dense_attention(impl, seed):
 
 @pytest.mark.parametrize(
     "backend",
-    [pytest.param("host", marks=pytest.mark.slow), pytest.param("cuda", marks=pytest.mark.gpu)],
+    [
+        pytest.param("host", marks=[pytest.mark.slow, pytest.mark.manual]),
+        pytest.param("cuda", marks=pytest.mark.gpu),
+    ],
 )
 def test_hybrid_decode_loop_on_the_kernels(backend):
     """The same loop through the CUDA kernel sources: on the C++ harness (about two minutes
-    on two cores, so marked slow) and on a GPU."""
+    on two cores, so left out of CI: marked manual) and on a GPU."""
     if backend == "cuda":
         from test_kernels import _cuda_ok
 

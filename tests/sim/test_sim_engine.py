@@ -20,7 +20,7 @@ from pagedkv.sim.record import ScheduleRecord, UnscheduledHitError
 from pagedkv_reference import ReferenceBlockManager
 
 SHARED_TRACE = (
-    Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+    Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 )
 needs_shared_trace = pytest.mark.skipif(
     not SHARED_TRACE.exists(), reason=f"shared trace {SHARED_TRACE} not present"
@@ -260,6 +260,7 @@ def test_runs_are_deterministic() -> None:
     assert a.final_stats == b.final_stats and a.series.usage == b.series.usage
 
 
+@pytest.mark.slow
 @needs_shared_trace
 def test_check_passes_on_the_shared_trace() -> None:
     w = read_trace(SHARED_TRACE, limit=200)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import subprocess
 import sys
 import textwrap
@@ -952,11 +953,14 @@ def test_huge_inputs_raise_instead_of_aborting() -> None:
     InvalidArgumentError (more than the 2**31 - 1 entries allowed) or InvalidArgumentTypeError,
     never an abort; an input within the maximum that does not fit in memory is a MemoryError.
     In a subprocess, so that an abort (the old behaviour) fails this test, not the run."""
+    # the child imports what this process imports (pagedkv_reference: pytest's pythonpath)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_HUGE)],
         capture_output=True,
         text=True,
         timeout=300,
+        env=env,
     )
     assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout}\n{out.stderr}"
     assert out.stdout.rstrip().endswith("ok"), out.stdout

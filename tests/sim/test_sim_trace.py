@@ -21,7 +21,7 @@ from pagedkv.sim import (
 from pagedkv_reference import ReferenceBlockManager
 
 SHARED_TRACE = (
-    Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+    Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 )
 needs_shared_trace = pytest.mark.skipif(
     not SHARED_TRACE.exists(), reason=f"shared trace {SHARED_TRACE} not present"

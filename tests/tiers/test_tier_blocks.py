@@ -26,7 +26,7 @@ LAYERS, HEADS, DIM, BS = 3, 2, 8, 4
 
 
 def _cuda() -> bool:
-    from test_kernels import _cuda_ok
+    from devices import cuda_ok as _cuda_ok
 
     return bool(_cuda_ok())
 

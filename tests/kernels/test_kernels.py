@@ -1,7 +1,7 @@
 """Every kernel against its CPU reference (pagedkv.device.cpu_ops).
 
 Two backends run the same tests: "host" executes the CUDA sources on the CPU through the
-C++ harness (tests/kernel_host: g++ and a small CUDA shim; every commit), "cuda" runs them
+C++ harness (tests/kernels/kernel_host: g++ and a small CUDA shim; every commit), "cuda" runs them
 with CuPy on a real GPU (marked gpu, skipped where there is none). Both go through the
 same Python launch code (pagedkv.device.device_ops). Practice (see docs/kernels.md): fresh random
 data, NaN in every slot that must not be read, exact equality for the copy kernels,
@@ -18,6 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from devices import cuda_ok as _cuda_ok  # noqa: E402
 from pagedkv.device import cpu_ops  # noqa: E402
 from pagedkv.device import kernel_loader as K  # noqa: E402
 from pagedkv.device.pool import KVCachePool, paged_decode_attention, swap_blocks  # noqa: E402
@@ -26,15 +27,6 @@ from pagedkv.errors import InvalidArgumentError  # noqa: E402
 DTYPES = ["bfloat16", "float16", "float32"]
 #: Relative L2 error of decode attention against an fp64 reference on the same inputs.
 ATTN_RTOL = {"bfloat16": 1.5e-2, "float16": 2e-3, "float32": 2e-5}
-
-
-def _cuda_ok() -> bool:
-    try:
-        import cupy
-
-        return bool(torch.cuda.is_available() and cupy.is_available())
-    except Exception:
-        return False
 
 
 _HOST: Any = None
@@ -344,6 +336,7 @@ def test_paged_decode_attention(
         assert (out.cpu()[torch.from_numpy(zero)] == 0).all()
 
 
+@pytest.mark.slow
 def test_decode_split_equals_unsplit(backend):
     """Split-KV with a reduction gives the same answer as one pass, several split counts."""
     gen = torch.Generator().manual_seed(5)
