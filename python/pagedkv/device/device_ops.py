@@ -173,7 +173,7 @@ def decode_launch_shape(dtype: str, head_dim: int, group: int) -> tuple[int, int
         bdz *= 2
     # Doubling can overshoot 1024 threads for a large odd group (e.g. BDX 8, group 65); then
     # the CTA keeps one token lane and ends in a partial warp, which the kernel's shuffle
-    # mask allows for (tests/test_kernels.py::test_decode_partial_warp).
+    # mask allows for (tests/kernels/test_kernels.py::test_decode_partial_warp).
     while bdx * group * bdz > 1024:
         bdz //= 2
     row_bytes = 2 * head_dim * K.ITEMSIZE[dtype]

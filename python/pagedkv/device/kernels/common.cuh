@@ -2,7 +2,7 @@
 //
 // Compiled three ways: by NVRTC at run time (CuPy RawModule), by NVRTC for sm_90 in CI
 // (compile and ptxas check), and by g++ as plain C++ together with
-// tests/kernel_host/cuda_host_shim.h, which provides the CUDA built-ins on the CPU.
+// tests/kernels/kernel_host/cuda_host_shim.h, which provides the CUDA built-ins on the CPU.
 // Keep to what that shim supports: thread/block indices, __syncthreads, __shfl_xor_sync
 // with a mask of exactly the warp's lanes (pkv::lanes_mask), static and dynamic shared
 // memory (PKV_DYNAMIC_SMEM), atomics.
