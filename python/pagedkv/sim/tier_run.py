@@ -118,7 +118,7 @@ class TierDriver:
             raise RuntimeError(
                 "the tier run keeps its KV in a torch CPU pool: pip install torch"
             ) from None
-        from pagedkv.pool import KVCachePool
+        from pagedkv.device.pool import KVCachePool
         from pagedkv.tiers.blocks import block_nbytes
         from pagedkv.tiers.cache import TieredCache
 
@@ -213,7 +213,7 @@ class TierDriver:
 
     def swapped(self, pairs: Any, *, out: bool) -> None:
         """`swap_out` pairs `(gpu, cpu)` or `swap_in` pairs `(cpu, gpu)`: move the KV."""
-        from pagedkv.pool import swap_blocks
+        from pagedkv.device.pool import swap_blocks
 
         if self.swap is None or not len(pairs):
             return
