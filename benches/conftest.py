@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pagedkv import BlockManager
-from pagedkv.reference import ReferenceBlockManager
+from pagedkv_reference import ReferenceBlockManager
 
 IMPLS = ("rust", "reference")
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pagedkv.pool import KVCachePool, paged_decode_attention, swap_blocks
+from pagedkv.device.pool import KVCachePool, paged_decode_attention, swap_blocks
 
 
 def timed(fn: Callable[[], Any], warmup: int = 3, runs: int = 15) -> float:

@@ -18,9 +18,9 @@ timeout 60 "$PY" -c "import torch, cupy, pagedkv; print('torch', torch.__version
 
 echo "=== GPU tests (pytest -m gpu)"
 timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu -rs \
-    tests/test_kernels.py tests/test_kernels_e2e.py tests/test_kernels_bounds.py \
-    tests/test_kernels_window.py tests/test_groups_e2e.py tests/test_launch_path.py \
-    tests/test_tier_blocks.py 2>&1 | tee "$RESULTS/gpu-tests-$STAMP.log" | tail -25
+    tests/kernels/test_kernels.py tests/kernels/test_kernels_e2e.py tests/kernels/test_kernels_bounds.py \
+    tests/kernels/test_kernels_window.py tests/kernels/test_groups_e2e.py tests/kernels/test_launch_path.py \
+    tests/tiers/test_tier_blocks.py 2>&1 | tee "$RESULTS/gpu-tests-$STAMP.log" | tail -25
 rc_tests=${PIPESTATUS[0]}
 
 echo "=== benchmark"

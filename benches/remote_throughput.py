@@ -19,7 +19,7 @@ from pathlib import Path
 
 import redis
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from pagedkv.tiers import Namespace, TierKey, decode_entry, encode_entry
 from pagedkv.tiers.remote import RemoteTier
 from redis_fixtures import ServerProcess, server_binary

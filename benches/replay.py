@@ -13,7 +13,7 @@ still needs (so a decode step never runs out and nothing is preempted), then one
 rust+running`, one `RunningBatch.step`), then `free` each finished one. The pool is 70% of the
 peak demand: the most blocks held by running sequences in a dry run on a pool that never fills
 (`size_pool`), so cached blocks are evicted all the time. Rust `pagedkv.BlockManager` and
-`pagedkv.reference.ReferenceBlockManager` take the same calls and give the same hits.
+`pagedkv_reference.ReferenceBlockManager` take the same calls and give the same hits.
 
 Only time inside manager calls is counted (`time.perf_counter_ns` around each call, less the
 timer's own cost): allocate per prompt token (also over the mostly-miss and the mostly-hit
@@ -35,13 +35,17 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 import pagedkv
-from pagedkv.reference import ReferenceBlockManager
+
+# The reference model is test support, not part of the wheel: take it from the checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "testing"))
+from pagedkv_reference import ReferenceBlockManager
 
 BLOCK_SIZE = 16
 POOL_FRACTION = 0.7

@@ -17,7 +17,7 @@ layers, K then V, ``[layers, 2, block_size, kv_heads, head_dim]``, contiguous):
   mapping; attention of the prompt computed densely), then every sequence decodes greedily
   one token per step: K/V written with ``pool.write``, attention read back from the pool
   with ``paged_decode_attention``. Every full block of every sequence is measured once.
-- ``e2e-loop``: the K/V of the model of tests/test_engine_loop_e2e.py (each token's K/V is
+- ``e2e-loop``: the K/V of the model of tests/kernels/test_engine_loop_e2e.py (each token's K/V is
   standard normal float32 from an RNG seeded by the digest of its prefix), written with
   ``pool.write`` into an fp16 or bf16 pool through a ``BlockManager``'s slot mapping:
   i.i.d. Gaussian values, no structure across tokens, heads or channels.
@@ -186,7 +186,7 @@ class RandomTransformer:
         """One step for a batch: the K/V of each new token is written first, then its
         attention reads the sequence back from the pool."""
         torch = _torch()
-        from pagedkv.pool import paged_decode_attention
+        from pagedkv.device.pool import paged_decode_attention
 
         pos = torch.tensor(positions)
         h = self.emb[torch.tensor(tokens)]
@@ -230,7 +230,7 @@ def _full_blocks(m: Any, pool: Any, sids: list[int], s: Shape) -> list[bytes]:
 def transformer_blocks(dtype: str, s: Shape = FULL, seed: int = 0) -> list[bytes]:
     """Run the random-weights decoder's loop on a CPU pool of `dtype`; its full blocks."""
     torch = _torch()
-    from pagedkv.pool import KVCachePool
+    from pagedkv.device.pool import KVCachePool
 
     torch.manual_seed(seed)
     model = RandomTransformer(s, seed)
@@ -270,10 +270,10 @@ def transformer_blocks(dtype: str, s: Shape = FULL, seed: int = 0) -> list[bytes
 
 
 def e2e_loop_blocks(dtype: str, s: Shape = FULL, seed: int = 0) -> list[bytes]:
-    """The K/V of tests/test_engine_loop_e2e.py's model (i.i.d. N(0, 1) per token from an
+    """The K/V of tests/kernels/test_engine_loop_e2e.py's model (i.i.d. N(0, 1) per token from an
     RNG seeded by the prefix digest), written through a manager's slots into a CPU pool."""
     torch = _torch()
-    from pagedkv.pool import KVCachePool
+    from pagedkv.device.pool import KVCachePool
 
     rng = np.random.default_rng(seed)
     prompts = [p + [int(x) for x in rng.integers(0, 1000, s.decode)] for p in _prompts(s, rng)]

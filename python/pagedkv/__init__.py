@@ -34,17 +34,17 @@ from pagedkv.groups import KVCacheGroup
 from pagedkv.manager import BlockManager
 from pagedkv.stats import GroupStats, Stats
 
-# The GPU pool and its kernels need torch (and cupy on "cuda"): imported on first use only,
-# so that `import pagedkv` stays numpy-only.
+# The GPU pool and its kernels (pagedkv.device) need torch (and cupy on "cuda"): imported on
+# first use only, so that `import pagedkv` stays numpy-only.
 if TYPE_CHECKING:
-    from pagedkv.pool import KVCachePool, paged_decode_attention, swap_blocks
+    from pagedkv.device.pool import KVCachePool, paged_decode_attention, swap_blocks
 
 _POOL_NAMES = ("KVCachePool", "paged_decode_attention", "swap_blocks")
 
 
 def __getattr__(name: str) -> object:
     if name in _POOL_NAMES:
-        from pagedkv import pool
+        from pagedkv.device import pool
 
         return getattr(pool, name)
     raise AttributeError(f"module 'pagedkv' has no attribute {name!r}")

@@ -21,6 +21,8 @@ _TokenIds: TypeAlias = _Ints
 _SeqIds: TypeAlias = _Ints
 _Salt: TypeAlias = str | bytes | None
 _HashAlgo: TypeAlias = Literal["sha256", "xxh3_128"]
+# `evicted=`: the list a block-taking call appends its evictions to, (block, group, digest).
+_Evicted: TypeAlias = list[tuple[int, int, bytes]]
 
 __all__ = ["BlockManager", "RunningBatch", "__version__", "hash_blocks"]
 
@@ -66,22 +68,37 @@ class BlockManager:
         cache_salt: _Salt = None,
         lora_id: _Int | None = None,
         lookahead: _Int = 0,
+        evicted: _Evicted | None = None,
     ) -> int | None:
         """Give a new sequence its blocks for the hit plus `num_new_tokens` prompt tokens
-        (default all); returns the prefix-hit tokens, or None if full."""
+        (default all); returns the prefix-hit tokens, or None if full. `evicted` (with
+        `record_evictions=True`) gets the (block, group, digest) of each cached block this
+        call evicted, appended before it returns or raises."""
     def extend(
-        self, seq_id: _Int, num_new_tokens: _Int, *, lookahead: _Int = 0
+        self,
+        seq_id: _Int,
+        num_new_tokens: _Int,
+        *,
+        lookahead: _Int = 0,
+        evicted: _Evicted | None = None,
     ) -> list[tuple[int, int]] | None:
         """Schedule the next prompt chunk; returns copy-on-write pairs, or None if full."""
     def append(
-        self, seq_id: _Int, token_ids: _TokenIds, *, lookahead: _Int = 0
+        self,
+        seq_id: _Int,
+        token_ids: _TokenIds,
+        *,
+        lookahead: _Int = 0,
+        evicted: _Evicted | None = None,
     ) -> list[tuple[int, int]] | None:
         """Append tokens (and reserve `lookahead` draft slots past them); returns the
         copy-on-write (src, dst) pairs, or None if full."""
-    def truncate(self, seq_id: _Int, num_tokens: _Int) -> list[tuple[int, int]] | None:
+    def truncate(
+        self, seq_id: _Int, num_tokens: _Int, *, evicted: _Evicted | None = None
+    ) -> list[tuple[int, int]] | None:
         """Drop the tokens past `num_tokens`; returns copy pairs, or None if a copy is full."""
-    def fork(self, parent_id: _Int, child_id: _Int) -> None:
-        """Make `child_id` share every block of `parent_id`."""
+    def fork(self, parent_id: _Int, child_id: _Int, *, evicted: _Evicted | None = None) -> None:
+        """Make `child_id` share every block of `parent_id` (evicts nothing)."""
     def free(self, seq_id: _Int, *, num_computed_tokens: _Int | None = None) -> None:
         """Release the sequence's blocks, tail first, and forget it; blocks past
         `num_computed_tokens` that it registered and holds alone leave the cache."""
@@ -91,7 +108,9 @@ class BlockManager:
         """Prompt tokens `allocate` would serve from the cache now; changes nothing."""
     def swap_out(self, seq_id: _Int) -> list[tuple[int, int]] | None:
         """Move to CPU blocks; returns (gpu, cpu) pairs, or None if swap space is full."""
-    def swap_in(self, seq_id: _Int) -> list[tuple[int, int]] | None:
+    def swap_in(
+        self, seq_id: _Int, *, evicted: _Evicted | None = None
+    ) -> list[tuple[int, int]] | None:
         """Move back to GPU blocks; returns (cpu, gpu) pairs, or None if the GPU is full."""
     def can_allocate(
         self,
@@ -108,7 +127,12 @@ class BlockManager:
 
     # -- batch operations -------------------------------------------------------------------
     def append_batch(
-        self, seq_ids: _SeqIds, token_ids: _TokenIds, *, lookahead: _Int = 0
+        self,
+        seq_ids: _SeqIds,
+        token_ids: _TokenIds,
+        *,
+        lookahead: _Int = 0,
+        evicted: _Evicted | None = None,
     ) -> npt.NDArray[np.int32] | None:
         """One token per sequence; returns the (k, 2) int32 copy pairs, or None if full."""
     def free_batch(self, seq_ids: _SeqIds) -> None:
@@ -160,13 +184,14 @@ class BlockManager:
     def block_size(self) -> int: ...
     @property
     def num_groups(self) -> int: ...
+    @property
+    def record_evictions(self) -> bool:
+        """Whether calls report the cached blocks they evict (`evicted=`)."""
 
     # -- cache, statistics, events, audit ---------------------------------------------------
     def stats(self) -> Stats: ...
     def reset_prefix_cache(self) -> bool: ...
     def drain_events(self) -> list[KVEvent]: ...
-    def drain_evictions(self) -> list[tuple[int, int, bytes]]:
-        """(block, group, digest) of each cached block evicted since the last call."""
     def check_invariants(self) -> None: ...
 
 @final
@@ -178,7 +203,7 @@ class RunningBatch:
     def remove(self, seq_ids: _SeqIds) -> None:
         """Remove members, freed or not (all or nothing); the rest keep their order."""
     def step(
-        self, token_ids: _TokenIds
+        self, token_ids: _TokenIds, *, evicted: _Evicted | None = None
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]] | None:
         """One token per member: `(slot_mapping, cow_pairs)`, or None if it does not fit."""
     @property

@@ -7,7 +7,9 @@ Both managers take the same arguments (`docs/semantics.md`): `(num_blocks, block
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pagedkv.config import BlockManagerConfig
@@ -25,9 +27,7 @@ def make_manager(
     makes a manager with one block table per group."""
     cls: Any
     if reference:
-        from pagedkv.reference import ReferenceBlockManager
-
-        cls = ReferenceBlockManager
+        cls = _reference_class()
     else:
         from pagedkv.manager import BlockManager
 
@@ -39,6 +39,25 @@ def make_manager(
         kwargs["groups"] = list(groups)
     manager: ManagerLike = cls(config.num_blocks, config.block_size, **kwargs)
     return manager
+
+
+def _reference_class() -> Any:
+    """`ReferenceBlockManager`, from the test-support package `pagedkv_reference`: it is not
+    in the wheel, so look for it next to this package in a source checkout."""
+    try:
+        from pagedkv_reference import ReferenceBlockManager
+    except ModuleNotFoundError as exc:
+        if exc.name != "pagedkv_reference":
+            raise
+        testing = Path(__file__).resolve().parents[3] / "testing"
+        if not (testing / "pagedkv_reference" / "__init__.py").is_file():
+            raise ImportError(
+                "--reference needs the pure-Python reference model, which the wheel does not "
+                "install: add the testing/ folder of a pagedkv source checkout to PYTHONPATH"
+            ) from None
+        sys.path.append(str(testing))
+        from pagedkv_reference import ReferenceBlockManager
+    return ReferenceBlockManager
 
 
 __all__ = ["make_manager"]

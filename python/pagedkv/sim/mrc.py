@@ -20,7 +20,7 @@ What this models, and what it leaves out: an LRU cache of `C` blocks over everyt
 replay touched, in the order it touched it. The manager differs in that blocks held by
 running sequences are pinned (never evicted, however old), and a smaller pool would also have
 scheduled differently (queued, preempted). With short outputs and a pool well above the
-running set the two agree closely (tests/test_sim_mrc.py measures how closely); the curve is
+running set the two agree closely (tests/sim/test_sim_mrc.py measures how closely); the curve is
 an estimate between the sizes a full simulation checks. Recomputed prompts (after
 preemption) are touched but not looked up: the curve is over the workload's own prompts.
 Aborted requests' retracted blocks count as cached.

@@ -322,7 +322,8 @@ class _Scheduler:
         self.m = manager
         self.tiers = tiers
         self.observe = observe
-        self.call = TimedCalls(manager, record)
+        # With tiers, block-taking calls go through them: each demotes what it evicted.
+        self.call = TimedCalls(manager if tiers is None else tiers.target(), record)
         self.res = SimResult(
             requests=len(workload.requests),
             max_num_batched_tokens=max_num_batched_tokens,

@@ -4,11 +4,13 @@ The tiered run drives a `pagedkv.tiers.TieredCache` over the run's manager and a
 `KVCachePool` that stands in for the GPU's: one layer of 2 KV heads x 64 in bfloat16 (256
 bytes per token, 4 KiB per block of 16), into which every step writes the KV of the tokens
 it computed (`sim.tier_kv`: layer 0 of a random-weight decoder), through the manager's slot
-mapping, as an engine would. Evicted blocks are demoted from it, loaded blocks written back
-into it, copy-on-write pairs and swaps applied to it: the tiers move, compress and check
-real bytes. With `--check`, every prefix hit (GPU or tier) is read back from the pool once
-the step ran, and every finished sequence's whole KV before it is freed, and compared, token
-by token, with the KV its tokens and positions give.
+mapping, as an engine would. The scheduler's block-taking calls go through the
+`TieredCache` (`TierDriver.target`), so each call's evicted blocks are demoted from the
+pool before it returns; loaded blocks are written back into it, copy-on-write pairs and
+swaps applied to it: the tiers move, compress and check real bytes. With `--check`, every
+prefix hit (GPU or tier) is read back from the pool once the step ran, and every finished
+sequence's whole KV before it is freed, and compared, token by token, with the KV its
+tokens and positions give.
 
 Budgets are given in the bytes of the model's KV (`--kv-bytes-per-token`, or a `--model`
 whose KV is one full-attention group; llama-3-8b's 128 KiB per token when neither is
@@ -82,6 +84,20 @@ class TierCheckError(AssertionError):
     """A prefix hit whose KV in the pool is not what its tokens give (`--check`)."""
 
 
+class _TierTarget:
+    """The manager with its block-taking calls routed through a `TieredCache`."""
+
+    __slots__ = ("_m", "_tc")
+    DUTIES = frozenset({"extend", "append", "append_batch", "truncate", "swap_in", "fork"})
+
+    def __init__(self, manager: Any, tc: Any) -> None:
+        self._m = manager
+        self._tc = tc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tc if name in self.DUTIES else self._m, name)
+
+
 class TierDriver:
     """The scheduler's handle on the tiers (`sim.scheduler` calls it at each moment a real
     engine would touch the KV): allocate through the tiers, apply copies and swaps, write
@@ -102,7 +118,7 @@ class TierDriver:
             raise RuntimeError(
                 "the tier run keeps its KV in a torch CPU pool: pip install torch"
             ) from None
-        from pagedkv.pool import KVCachePool
+        from pagedkv.device.pool import KVCachePool
         from pagedkv.tiers.blocks import block_nbytes
         from pagedkv.tiers.cache import TieredCache
 
@@ -162,6 +178,12 @@ class TierDriver:
 
     # ---- the scheduler's calls ---------------------------------------------------------
 
+    def target(self) -> Any:
+        """What the scheduler calls instead of the manager: the block-taking calls go to the
+        `TieredCache` (each demotes what it evicted before returning), the rest to the
+        manager."""
+        return _TierTarget(self.m, self.tc)
+
     def allocate(
         self,
         seq_id: int,
@@ -187,16 +209,14 @@ class TierDriver:
     def copy(self, pairs: Any) -> None:
         """Copy-on-write pairs `(src, dst)` the manager returned: copy the KV now."""
         if len(pairs):
-            self.tc.demote()  # a destination may be a block just evicted
             self.pool.copy_blocks(np.asarray(pairs, dtype=np.int64).reshape(-1, 2))
 
     def swapped(self, pairs: Any, *, out: bool) -> None:
         """`swap_out` pairs `(gpu, cpu)` or `swap_in` pairs `(cpu, gpu)`: move the KV."""
-        from pagedkv.pool import swap_blocks
+        from pagedkv.device.pool import swap_blocks
 
         if self.swap is None or not len(pairs):
             return
-        self.tc.demote()
         a = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
         if out:
             swap_blocks(self.pool, self.swap, a)
@@ -206,7 +226,6 @@ class TierDriver:
     def write(self, items: list[tuple[int, int, npt.NDArray[np.uint32]]]) -> None:
         """The step ran: `(seq_id, first position, tokens)` had their KV computed, the last
         scheduled tokens of each sequence."""
-        self.tc.demote()  # before the step overwrites the blocks its scheduling evicted
         if items:
             self._write(items)
         checks, self.pending_checks = self.pending_checks, {}

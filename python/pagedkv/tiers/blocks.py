@@ -26,7 +26,7 @@ from pagedkv.errors import InvalidArgumentError
 if TYPE_CHECKING:
     import torch
 
-    from pagedkv.pool import KVCachePool
+    from pagedkv.device.pool import KVCachePool
 
 
 def block_nbytes(pool: KVCachePool) -> int:

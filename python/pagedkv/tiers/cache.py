@@ -1,19 +1,24 @@
 """`TieredCache`: a `BlockManager` and its `KVCachePool` with tiers below the GPU
 (docs/tiers.md).
 
-Demotion: the GPU evictions the manager logged (`record_evictions=True`) since the last call
-are copied out of the pool in one batch (`blocks.copy_out`: on a GPU pool, on a stream of
-its own, which the compute stream then waits for, so the next step's writes into a reused
-block land after the copy read it), then stored in every tier by a background thread, so
-an allocation never waits for a codec or the network. The copies in flight hold at most
+Demotion is a duty of the call that evicts: every call here that takes GPU blocks passes
+`evicted=` to the manager (`record_evictions=True`), which returns exactly the cached blocks
+THAT call evicted, and copies them out of the pool before it returns, also when the call
+raises (`blocks.copy_out`: on a GPU pool, on a stream of its own that the compute stream
+then waits for, so the next step's writes into a reused block land after the copy read it;
+on a CPU pool at once). No later call, and no other thread, can write an evicted block
+before its KV is out, so a block's KV is never stored under another block's digest. The
+copies are then stored in every tier by a background thread, so an allocation never waits
+for a codec or the network. The copies in flight hold at most
 `max_pending_bytes`; a batch that would exceed it is dropped (counted), never half-stored.
 Each tier keeps what its own budget and LRU allow (tiers are inclusive, as LMCache's local
 and remote backends are).
 
 Promotion: `allocate` continues the prefix match below the GPU. Block `i` past the GPU hit
 comes from the first tier that holds blocks up to `i` (each tier answers with the length of
-its leading run), and the manager schedules those blocks with the rest of the prompt; the
-returned plan says which tier entry goes into which new GPU block. `load` runs it before the
+its leading run; with KV-cache groups, every group's entry of block `i` must be held), and
+the manager schedules those blocks with the rest of the prompt; the returned plan says which
+tier entry goes into which new GPU block. `load` runs it before the
 step reads them and returns how many prompt tokens the engine need not compute: the GPU hit
 plus the loaded blocks up to the first that could not be read (a vanished or damaged entry
 is recomputed by the step, whose KV then lands in the block the manager registered).
@@ -23,26 +28,33 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events import BlockRemoved, BlockStored, KVEvent
 from pagedkv.tiers.base import TierKey, TierStats, TierStore
 from pagedkv.tiers.blocks import BlockCopy, block_nbytes, copy_in, copy_out
 
+T = TypeVar("T")
+Evicted = list[tuple[int, int, bytes]]
+Pairs = list[tuple[int, int]] | None
+
 
 @dataclass(frozen=True, slots=True)
 class TierAllocation:
     """What `TieredCache.allocate` did: the GPU hit, each tier's share of the hit (tokens,
-    in tier order) and the load plan `(tier index, key, GPU block)`, in table order."""
+    in tier order) and the load plan `(tier index, key, GPU block)`, in table order
+    (position by position, then group by group); `positions[j]` is the block position of
+    `plan[j]`."""
 
     seq_id: int
     gpu_hit_tokens: int
     tier_hit_tokens: tuple[int, ...]
     plan: tuple[tuple[int, TierKey, int], ...]
+    positions: tuple[int, ...] = ()
 
     @property
     def hit_tokens(self) -> int:
@@ -67,7 +79,12 @@ class TieredStats:
 
 
 class TieredCache:
-    """Tiers below the GPU for one manager and its pool. Thread-safe."""
+    """Tiers below the GPU for one manager and its pool. Thread-safe.
+
+    Call the manager's block-taking calls through this object (`allocate`, `extend`,
+    `append`, `append_batch`, `step`, `truncate`, `swap_in`, `fork`): each copies out the
+    cached blocks it evicted before it returns. `free`, `free_batch` and `swap_out` take no
+    GPU blocks and are passed through for convenience."""
 
     def __init__(
         self,
@@ -82,12 +99,19 @@ class TieredCache:
     ) -> None:
         if not stores:
             raise InvalidArgumentError("a TieredCache needs at least one tier store")
-        if manager.stats().groups:
+        if not manager.record_evictions:
             raise InvalidArgumentError(
-                "tiers with KV-cache groups are not supported yet (docs/tiers.md)"
+                "a TieredCache needs a manager built with record_evictions=True"
             )
         if manager.block_size != pool.block_size or manager.num_blocks != pool.num_blocks:
             raise InvalidArgumentError("the pool's blocks must be the manager's")
+        self._groups: int = manager.num_groups
+        if bool(manager.stats().groups) != bool(pool.null_block):
+            raise InvalidArgumentError(
+                "a manager with KV-cache groups needs a pool with groups, and only it does"
+            )
+        if max_pending_bytes < 0:
+            raise InvalidArgumentError("max_pending_bytes must be >= 0")
         self.manager = manager
         self.pool = pool
         self.stores = list(stores)
@@ -97,20 +121,84 @@ class TieredCache:
         self._lock = threading.Lock()
         self._events: list[KVEvent] = []
         self._stats = TieredStats(tier_hit_tokens=[0] * len(self.stores))
-        if max_pending_bytes < 0:
-            raise InvalidArgumentError("max_pending_bytes must be >= 0")
         self._max_pending = max_pending_bytes
         self._pending_bytes = 0
         self._pending: set[Future[None]] = set()
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pagedkv-tier")
 
+    # ---- the block-taking calls, each with its own demotion duty -----------------------
+
+    def _with_duty(self, call: Callable[[Evicted], T]) -> T:
+        """Run `call(evicted)` (a manager call given `evicted=`) and copy out the blocks it
+        evicted before returning, whether it returned or raised."""
+        evicted: Evicted = []
+        try:
+            return call(evicted)
+        finally:
+            self._demote(evicted)
+
+    def extend(self, seq_id: int, num_new_tokens: int, *, lookahead: int = 0) -> Pairs:
+        """`BlockManager.extend`, demoting what it evicted."""
+        out: Pairs = self._with_duty(
+            lambda ev: self.manager.extend(seq_id, num_new_tokens, lookahead=lookahead, evicted=ev)
+        )
+        return out
+
+    def append(self, seq_id: int, token_ids: Any, *, lookahead: int = 0) -> Pairs:
+        """`BlockManager.append`, demoting what it evicted."""
+        out: Pairs = self._with_duty(
+            lambda ev: self.manager.append(seq_id, token_ids, lookahead=lookahead, evicted=ev)
+        )
+        return out
+
+    def append_batch(self, seq_ids: Any, token_ids: Any, *, lookahead: int = 0) -> Any:
+        """`BlockManager.append_batch`, demoting what it evicted."""
+        return self._with_duty(
+            lambda ev: self.manager.append_batch(
+                seq_ids, token_ids, lookahead=lookahead, evicted=ev
+            )
+        )
+
+    def step(self, batch: Any, token_ids: Any) -> Any:
+        """`RunningBatch.step` of a batch of this manager, demoting what it evicted."""
+        return self._with_duty(lambda ev: batch.step(token_ids, evicted=ev))
+
+    def truncate(self, seq_id: int, num_tokens: int) -> Pairs:
+        """`BlockManager.truncate` (its copy-on-write copy may evict), demoting what it
+        evicted."""
+        out: Pairs = self._with_duty(
+            lambda ev: self.manager.truncate(seq_id, num_tokens, evicted=ev)
+        )
+        return out
+
+    def swap_in(self, seq_id: int) -> Pairs:
+        """`BlockManager.swap_in`, demoting what it evicted."""
+        out: Pairs = self._with_duty(lambda ev: self.manager.swap_in(seq_id, evicted=ev))
+        return out
+
+    def fork(self, parent_id: int, child_id: int) -> None:
+        """`BlockManager.fork` (it shares blocks and evicts none; kept here so that every
+        call that may take blocks has its duty checked)."""
+        self._with_duty(lambda ev: self.manager.fork(parent_id, child_id, evicted=ev))
+
+    def free(self, seq_id: int, *, num_computed_tokens: int | None = None) -> None:
+        """`BlockManager.free` (takes no block: no duty)."""
+        self.manager.free(seq_id, num_computed_tokens=num_computed_tokens)
+
+    def free_batch(self, seq_ids: Any) -> None:
+        """`BlockManager.free_batch` (takes no block: no duty)."""
+        self.manager.free_batch(seq_ids)
+
+    def swap_out(self, seq_id: int) -> list[tuple[int, int]] | None:
+        """`BlockManager.swap_out` (takes CPU blocks only: no duty)."""
+        result: list[tuple[int, int]] | None = self.manager.swap_out(seq_id)
+        return result
+
     # ---- demotion ----------------------------------------------------------------------
 
-    def demote(self) -> int:
-        """Copy out every block the manager evicted since the last call and store it below
-        (in the background). Call it after the scheduling calls of a step and before the
-        step's device work (`load` calls it too). Returns the number of blocks copied out."""
-        evicted = self.manager.drain_evictions()
+    def _demote(self, evicted: Evicted) -> int:
+        """Copy out the blocks one call evicted (its caller owns them and has not written
+        them yet) and store them below in the background. Returns the blocks copied out."""
         if not evicted:
             return 0
         nbytes = len(evicted) * self._block_bytes
@@ -120,7 +208,12 @@ class TieredCache:
                 return 0
             self._pending_bytes += nbytes
         t0 = time.perf_counter()
-        copy = copy_out(self.pool, [b for b, _, _ in evicted])
+        try:
+            copy = copy_out(self.pool, [b for b, _, _ in evicted])
+        except BaseException:
+            with self._lock:
+                self._pending_bytes -= nbytes
+            raise
         keys = [TierKey(g, d) for _, g, d in evicted]
         with self._lock:
             self._stats.blocks_demoted += len(keys)
@@ -190,10 +283,19 @@ class TieredCache:
             seed=self._hash_seed,
         )
 
-    def _below(self, keys: list[TierKey]) -> list[int]:
-        """The store of each leading key that some tier holds (stops at the first none does)."""
-        runs = [store.count_present(keys) for store in self.stores]
-        return [next(t for t, n in enumerate(runs) if n > i) for i in range(max(runs, default=0))]
+    def _below(self, digests: list[bytes]) -> list[int]:
+        """The store of each leading block that the tiers hold in every group (stops at the
+        first block some group's entry of is held by no tier); a block's store is the first
+        tier that holds its group-0 entry."""
+        held = len(digests)
+        first: list[int] = []
+        for g in range(self._groups):
+            keys = [TierKey(g, d) for d in digests]
+            runs = [store.count_present(keys) for store in self.stores]
+            held = min(held, max(runs, default=0))
+            if g == 0:
+                first = [next(t for t, n in enumerate(runs) if n > i) for i in range(held)]
+        return first[:held]
 
     def _match(
         self, token_ids: Any, cache_salt: Any, lora_id: Any
@@ -204,7 +306,7 @@ class TieredCache:
         gpu = self.manager.lookup(token_ids, cache_salt=cache_salt, lora_id=lora_id) // bs
         digests = self._digests(token_ids, cache_salt, lora_id)
         cap = (len(token_ids) - 1) // bs  # at least one token computed, as on the GPU
-        return gpu, digests, self._below([TierKey(0, d) for d in digests[gpu:cap]])
+        return gpu, digests, self._below(digests[gpu:cap])
 
     def lookup(
         self, token_ids: Any, *, cache_salt: str | bytes | None = None, lora_id: int | None = None
@@ -225,20 +327,24 @@ class TieredCache:
         lookahead: int = 0,
     ) -> TierAllocation | None:
         """`BlockManager.allocate` that also counts the blocks the tiers hold as cached:
-        they are scheduled with the prompt and loaded by `load`. None if the blocks do not
-        fit (nothing changed)."""
+        they are scheduled with the prompt and loaded by `load`. The cached blocks it
+        evicted are copied out before it returns. None if the blocks do not fit (nothing
+        changed)."""
         bs: int = self.manager.block_size
         n = len(token_ids)
         g, digests, sources = self._match(token_ids, cache_salt, lora_id)
         k = n if num_new_tokens is None else num_new_tokens
         new = min(len(sources) * bs + k, n - g * bs)
-        hit = self.manager.allocate(
-            seq_id,
-            token_ids,
-            num_new_tokens=new,
-            cache_salt=cache_salt,
-            lora_id=lora_id,
-            lookahead=lookahead,
+        hit = self._with_duty(
+            lambda ev: self.manager.allocate(
+                seq_id,
+                token_ids,
+                num_new_tokens=new,
+                cache_salt=cache_salt,
+                lora_id=lora_id,
+                lookahead=lookahead,
+                evicted=ev,
+            )
         )
         if hit is None:
             return None
@@ -249,45 +355,61 @@ class TieredCache:
                 "the TieredCache's hash_algo/hash_seed are not the manager's"
             )
         h = hit // bs
-        table = self.manager.block_table(seq_id)
+        tables = [self.manager.block_table(seq_id, group=x) for x in range(self._groups)]
         # Another thread may have cached more (or fewer) blocks since the lookup: load only
-        # the tier blocks from where this GPU hit ends (none if it ends before them).
-        plan = tuple(
-            (sources[i - g], TierKey(0, digests[i]), table[i])
-            for i in range(max(h, g), g + len(sources))
-            if h >= g
-        )
-        shares = tuple(sum(1 for t, _, _ in plan if t == s) * bs for s in range(len(self.stores)))
-        return TierAllocation(seq_id, hit, shares, plan)
+        # the tier blocks from where this GPU hit ends (none if it ends before them). A
+        # group's null entry (a block it no longer needs) loads nothing.
+        plan: list[tuple[int, TierKey, int]] = []
+        positions: list[int] = []
+        shares = [0] * len(self.stores)
+        for i in range(max(h, g), g + len(sources)) if h >= g else ():
+            shares[sources[i - g]] += bs
+            for x, table in enumerate(tables):
+                if not (self.pool.null_block and table[i] == 0):
+                    plan.append((sources[i - g], TierKey(x, digests[i]), table[i]))
+                    positions.append(i)
+        return TierAllocation(seq_id, hit, tuple(shares), tuple(plan), tuple(positions))
 
     def load(self, alloc: TierAllocation) -> int:
-        """Copy the plan's tier entries into their GPU blocks, in order, stopping at the first
-        that cannot be read. Returns the prompt tokens the engine need not compute."""
+        """Copy the plan's tier entries into their GPU blocks, in order, stopping at the
+        first block position with an entry that cannot be read (that block is computed by
+        the step). Returns the prompt tokens the engine need not compute. The blocks it
+        writes were demoted by the call that took them (`allocate`), so this has no duty."""
         bs: int = self.manager.block_size
-        # The plan's blocks may be ones just evicted: their KV goes out before this writes.
-        self.demote()
         t0 = time.perf_counter()
         blocks: list[int] = []
         found: list[bytes] = []
-        per_tier = [0] * len(self.stores)
-        for t, key, block in alloc.plan:
+        tiers: list[int] = []
+        positions = alloc.positions or tuple(
+            alloc.gpu_hit_tokens // bs + j for j in range(len(alloc.plan))
+        )
+        stop = None
+        for (t, key, block), i in zip(alloc.plan, positions, strict=True):
             data = self.stores[t].get(key)
             if data is None or len(data) != self._block_bytes:
                 with self._lock:
                     self._stats.failed_loads += 1
+                stop = i
                 break
             blocks.append(block)
             found.append(data)
-            per_tier[t] += bs
+            tiers.append(t)
+        if stop is not None:
+            # Entries of the failed position already read are not written: it is computed.
+            keep = sum(1 for i in positions[: len(blocks)] if i < stop)
+            del blocks[keep:], found[keep:], tiers[keep:]
         copy_in(self.pool, blocks, found)
-        loaded = len(blocks)
+        done = sorted(set(positions[: len(blocks)]))
+        per_tier = [0] * len(self.stores)
+        for i in done:
+            per_tier[tiers[positions.index(i)]] += bs
         with self._lock:
-            for t, n in enumerate(per_tier):
-                self._stats.tier_hit_tokens[t] += n
-            self._stats.blocks_promoted += loaded
-            self._stats.bytes_promoted += loaded * self._block_bytes
+            for t, tokens in enumerate(per_tier):
+                self._stats.tier_hit_tokens[t] += tokens
+            self._stats.blocks_promoted += len(blocks)
+            self._stats.bytes_promoted += len(blocks) * self._block_bytes
             self._stats.seconds_load += time.perf_counter() - t0
-        return alloc.gpu_hit_tokens + loaded * bs
+        return alloc.gpu_hit_tokens + len(done) * bs
 
     # ---- events, stats, shutdown -------------------------------------------------------
 

@@ -9,6 +9,7 @@
 
 use crate::alloc::try_boxed;
 use crate::block_state::{BlockState, Pin, Released, RC_MAX};
+use crate::duties;
 use crate::error::{Error, Result};
 use crate::events::{EventLog, KvEvent, Medium};
 use crate::free_stack::FreeStack;
@@ -69,9 +70,9 @@ pub struct BlockPool {
     /// lock, then a stripe, then the event log.
     stripes: Box<[Padded<Mutex<()>>]>,
     events: Option<EventLog>,
-    /// `(block, group, digest)` of every eviction, in eviction order, while the log is on
-    /// (tiers copy the block out before its new owner writes it); `None` otherwise.
-    evicted: Option<Mutex<Vec<(u32, u8, Digest)>>>,
+    /// Report each eviction to the evicting call's capture (`duties`; tiers copy the block
+    /// out before its new owner writes it).
+    record_evictions: bool,
     /// Cached blocks evicted so far (a tally: Relaxed everywhere).
     evictions: Padded<AtomicU64>,
     /// With several KV-cache groups: the group whose tables hold each OWNED or CACHED block
@@ -116,9 +117,9 @@ fn down(a: &AtomicUsize) {
 
 /// A digest's stripe: the low bits of word 0, which every digest length has (a 16-byte
 /// XXH3 digest is zero past word 1). The prefix index reads the high bits of words 0 and 1
-/// (bucket choice) and the high half of word 0 with words 2 and 3 (slot tag); the prefix
-/// lock reads the low bits of word 1 (`manager::prefix_lock_of`). So a stripe is independent
-/// of those choices.
+/// (bucket choice), and bits 32..64 of word 0, 8..40 of word 1 and words 2 and 3 (slot
+/// tag); the prefix lock reads the low bits of word 1 (`manager::prefix_lock_of`). So a
+/// stripe is independent of those choices.
 pub(crate) fn stripe_of(digest: &Digest) -> usize {
     digest.words()[0] as usize & (STRIPES - 1)
 }
@@ -137,7 +138,7 @@ impl BlockPool {
             index: PrefixIndex::new(n, tagged)?,
             stripes: try_boxed(STRIPES, |_| Padded(Mutex::new(())), "the digest stripes")?,
             events: events.then(EventLog::new),
-            evicted: None,
+            record_evictions: false,
             evictions: Padded(AtomicU64::new(0)),
             group: Box::new([]),
             tallies: Box::new([]),
@@ -201,18 +202,10 @@ impl BlockPool {
         self.tally(self.group_of(block))
     }
 
-    /// The same pool, logging its evictions (see `evicted`).
+    /// The same pool, reporting its evictions (see `record_evictions`).
     pub fn with_eviction_log(mut self) -> Self {
-        self.evicted = Some(Mutex::new(Vec::new()));
+        self.record_evictions = true;
         self
-    }
-
-    /// The evictions logged since the last call, oldest first.
-    pub fn drain_evicted(&self) -> Vec<(u32, u8, Digest)> {
-        self.evicted
-            .as_ref()
-            .map(|log| std::mem::take(&mut *lock(log)))
-            .unwrap_or_default()
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -325,12 +318,12 @@ impl BlockPool {
     /// Evict up to `n` cached blocks, oldest first, into `out`; returns how many.
     fn evict_into(&self, n: usize, out: &mut Vec<u32>) -> usize {
         let claimed = self.lru.pop_claimed(n, |e| self.claim_record(e, 1, true));
-        if let Some(log) = &self.evicted {
-            lock(log).extend(claimed.iter().map(|e| {
+        if self.record_evictions {
+            claimed.iter().for_each(|e| {
                 // The evicted block's group until its taker sets its own (after this).
                 let g = self.group_of(e.block);
-                (e.block, g, e.digest.keyed(g))
-            }));
+                duties::record_eviction(e.block, g, e.digest.keyed(g));
+            });
         }
         for e in &claimed {
             // Relaxed: tallies (see the fields).

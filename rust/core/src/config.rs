@@ -14,7 +14,8 @@ pub struct Config {
     /// Fraction of `num_blocks` that `can_allocate` keeps back for running sequences.
     pub watermark: f64,
     pub enable_kv_events: bool,
-    /// Keep a log of evicted cached blocks (`drain_evictions`) for tiers below the GPU.
+    /// Report evicted cached blocks to the evicting call's `duties::capture`, for tiers
+    /// below the GPU.
     pub record_evictions: bool,
 }
 

@@ -14,7 +14,7 @@ pub enum HashAlgo {
     /// TEST ONLY: XXH3-128 with all but its first byte zeroed, so that different blocks share
     /// digests all the time. Hits are verified as for `Xxh3_128`, so this is safe (only slow
     /// and hit-poor); it exists to prove that a digest collision never serves another
-    /// prompt's KV (`tests/test_collisions.py`, `rust/core/tests/collisions.rs`).
+    /// prompt's KV (`tests/core/test_collisions.py`, `rust/core/tests/collisions.rs`).
     Xxh3Trunc8,
 }
 

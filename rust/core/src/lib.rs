@@ -2,7 +2,7 @@
 //!
 //! The parts, one file each: `block_state` (one atomic word per block: refcount, hashed,
 //! generation), `gate` (reset excludes every ownership change), `seq_map` (live ids and how
-//! they come and go), `alloc` (fallible allocation), `free_stack` (lock-free LIFO of free ids), `lru_queue` (eviction order of cached
+//! they come and go), `alloc` (fallible allocation), `duties` (the evictions a call must copy out, returned to it), `free_stack` (lock-free LIFO of free ids), `lru_queue` (eviction order of cached
 //! blocks), `prefix_index` (digest -> block, lock-free reads), `block_pool` (the lifecycle
 //! transitions and admission), `cpu_pool` (swap space), `hashing` (chained digests),
 //! `hit_tag` (secret tags that confirm hits under a weak hash), `sequence` (a block table), `manager` (the operations), `batch`, `decode` (the one-token step), `running` (persistent running batches), `swap`, `audit`,
@@ -22,6 +22,9 @@ mod config;
 mod counters;
 mod cpu_pool;
 mod decode;
+pub mod duties;
+#[cfg(all(test, not(loom)))]
+mod duties_tests;
 mod error;
 mod events;
 mod free_stack;

@@ -1255,13 +1255,6 @@ impl BlockManager {
         })
     }
 
-    /// `(block, group, digest)` of the cached blocks evicted since the last call, oldest
-    /// first (empty unless `record_evictions`). Each block already has a new owner: copy it
-    /// out before any device work that writes it (docs/tiers.md).
-    pub fn drain_evictions(&self) -> Vec<(u32, u8, Digest)> {
-        self.gpu.drain_evicted()
-    }
-
     pub fn drain_events(&self) -> Vec<KvEvent> {
         self.gpu.drain_events()
     }

@@ -26,8 +26,14 @@ use crate::sync::{AtomicU32, AtomicU64, Ordering};
 const BUCKET: usize = 8;
 const EMPTY: u64 = 0;
 
+/// 32 bits of the digest that neither bucket choice fixes, for every digest length: bits
+/// 32..64 of word 0 (free in the second bucket, chosen by word 1) XOR bits 8..40 of word 1
+/// (free in the first, chosen by the high bits of word 0, up to 2^24 buckets) XOR words 2
+/// and 3 (zero in a 16-byte digest). Word 0's high half alone would repeat the first bucket's
+/// choice: entries of one first bucket would share most of their tag bits. Disjoint from the
+/// stripe's and the prefix lock's bits (low bits of words 0 and 1).
 fn tag_of(w: &[u64; 4]) -> u32 {
-    ((w[0] >> 32) ^ w[2] ^ w[3]) as u32
+    ((w[0] >> 32) ^ (w[1] >> 8) ^ w[2] ^ w[3]) as u32
 }
 
 fn pack(tag: u32, block: u32) -> u64 {
@@ -307,6 +313,41 @@ mod tests {
     fn insert(idx: &PrefixIndex, d: &Digest, b: u32) -> bool {
         idx.write_digest(b, d, None);
         idx.insert_new(d, b)
+    }
+
+    #[test]
+    fn tags_of_one_bucket_are_independent_of_its_choice_for_every_digest_length() {
+        use crate::hashing::{BlockHasher, HashAlgo};
+        let idx = PrefixIndex::new(4096, false).unwrap(); // 2,048 buckets
+        for algo in [HashAlgo::Xxh3_128, HashAlgo::Sha256] {
+            let h = BlockHasher::new(algo, 0);
+            let mut by_bucket = std::collections::HashMap::<usize, Vec<u32>>::new();
+            for p in 0..20_000u32 {
+                let w = h.hash_block(&h.root(), &[p], &[]).words();
+                for (k, bucket) in idx.buckets_of(&w).into_iter().enumerate() {
+                    by_bucket
+                        .entry(2 * bucket + k)
+                        .or_default()
+                        .push(tag_of(&w));
+                }
+            }
+            // Pairs of digests that share a bucket (as first or as second choice) whose tags
+            // agree in their top 8 bits: about 1 in 256 when independent, all of them if the
+            // tag repeats the bucket choice.
+            let (mut pairs, mut same) = (0u64, 0u64);
+            for tags in by_bucket.values() {
+                for (i, a) in tags.iter().enumerate() {
+                    for b in &tags[i + 1..] {
+                        pairs += 1;
+                        same += u64::from(a >> 24 == b >> 24);
+                    }
+                }
+            }
+            assert!(
+                pairs > 50_000 && same * 64 < pairs,
+                "{algo:?}: {same} of {pairs}"
+            );
+        }
     }
 
     #[test]

@@ -10,10 +10,10 @@ use crate::objects;
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
 use pagedkv_core::{
-    nonblocking, BlockManager, Config, Error, GroupKind, HashAlgo, Result as CoreResult,
+    duties, nonblocking, BlockManager, Config, Error, GroupKind, HashAlgo, Result as CoreResult,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBytes, PyList, PyString};
 
 /// Batches at least this long release the GIL while the core works: below it, detaching
 /// costs more than the work.
@@ -44,6 +44,45 @@ fn run<T: Send>(
 }
 
 type Pairs = Vec<(u32, u32)>;
+
+/// The `evicted=` argument of a call that takes blocks: a list the call appends its own
+/// evictions to, or None. Checked first, before the call's other arguments (as the
+/// reference model does; docs/inputs.md), so a bad one changes nothing.
+pub(crate) fn evicted_arg<'py>(
+    obj: Option<&Bound<'py, PyAny>>,
+    records: bool,
+) -> PyResult<Option<Bound<'py, PyList>>> {
+    let Some(obj) = obj else { return Ok(None) };
+    let list = obj
+        .cast::<PyList>()
+        .map_err(|_| wrong_type(obj.py(), "evicted must be a list or None"))?;
+    if !records {
+        return Err(invalid(
+            obj.py(),
+            "evicted= needs a manager built with record_evictions=True",
+        ));
+    }
+    Ok(Some(list.clone()))
+}
+
+/// `run` for a call that may evict cached blocks: with `evicted`, the evictions the call
+/// made (on this thread: `duties::capture`) are appended to it as `(block, group, digest)`
+/// before the call returns or raises, so the caller owns exactly its own duties.
+pub(crate) fn run_evicting<T: Send>(
+    py: Python<'_>,
+    detach: bool,
+    evicted: Option<&Bound<'_, PyList>>,
+    call: impl FnMut() -> CoreResult<T> + Send,
+) -> PyResult<T> {
+    let Some(list) = evicted else {
+        return run(py, detach, call);
+    };
+    let (out, taken) = duties::capture(|| run(py, detach, call));
+    for (b, g, d) in taken {
+        list.append((b, g, PyBytes::new(py, d.as_bytes())))?;
+    }
+    out
+}
 
 /// `lookahead`: slots past the new tokens, `>= 0` (no bound but the pool).
 fn lookahead_arg(obj: &Given<'_>) -> PyResult<usize> {
@@ -91,6 +130,13 @@ fn groups_arg(
 #[pyclass(frozen, subclass, module = "pagedkv._core", name = "BlockManager")]
 pub struct PyBlockManager {
     pub(crate) inner: BlockManager,
+}
+
+impl PyBlockManager {
+    /// Whether the manager was built with `record_evictions` (what `evicted=` needs).
+    pub(crate) fn records(&self) -> bool {
+        self.inner.config().record_evictions
+    }
 }
 
 fn salt_bytes(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u8>>> {
@@ -195,11 +241,14 @@ impl PyBlockManager {
     /// most `len(token_ids) - 1`), or None if the blocks do not fit (nothing changed). Full
     /// blocks are registered in the prefix cache once scheduled. Tokens: a list, tuple, range or
     /// 1-D integer array. `cache_salt` (str or bytes) and `lora_id` keep prefixes apart.
+    /// `evicted` (with `record_evictions=True`): a list this call appends the `(block, group,
+    /// digest)` of each cached block IT evicted to, before it returns or raises; copy those
+    /// out before device work writes them (the other block-taking calls take it too).
     #[pyo3(
         signature = (seq_id, token_ids, *, num_new_tokens=None, cache_salt=None, lora_id=None,
-            lookahead=Given::Absent),
+            lookahead=Given::Absent, evicted=None),
         text_signature = "($self, seq_id, token_ids, *, num_new_tokens=None, cache_salt=None, \
-            lora_id=None, lookahead=0)"
+            lora_id=None, lookahead=0, evicted=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn allocate(
@@ -211,7 +260,9 @@ impl PyBlockManager {
         cache_salt: Option<&Bound<'_, PyAny>>,
         lora_id: Option<&Bound<'_, PyAny>>,
         lookahead: Given<'_>,
+        evicted: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<usize>> {
+        let evicted = evicted_arg(evicted, self.records())?;
         let id = self::seq_id(seq_id)?;
         let toks = tokens(token_ids)?;
         let new = new_tokens_arg(num_new_tokens)?;
@@ -221,19 +272,21 @@ impl PyBlockManager {
         let detach = toks.len() >= DETACH_MIN_TOKENS;
         let mut toks = toks;
         // The converted tokens move into the core on success: no second copy of a prompt.
-        run(py, detach, || {
-            self.inner
-                .allocate_from(id, &mut toks, salt.as_deref(), lora, new, lookahead)
-        })
+        run_evicting(
+            py,
+            detach,
+            evicted.as_ref(),
+            || self.inner.allocate_from(id, &mut toks, salt.as_deref(), lora, new, lookahead),
+        )
     }
 
     /// Schedule the next `num_new_tokens` tokens of the prompt (chunked prefill).
     ///
     /// Returns the copy-on-write `(src, dst)` block pairs to copy before the step, or None if
-    /// the blocks do not fit (nothing changed).
+    /// the blocks do not fit (nothing changed). `evicted`: as `allocate`'s.
     #[pyo3(
-        signature = (seq_id, num_new_tokens, *, lookahead=Given::Absent),
-        text_signature = "($self, seq_id, num_new_tokens, *, lookahead=0)"
+        signature = (seq_id, num_new_tokens, *, lookahead=Given::Absent, evicted=None),
+        text_signature = "($self, seq_id, num_new_tokens, *, lookahead=0, evicted=None)"
     )]
     fn extend(
         &self,
@@ -241,11 +294,18 @@ impl PyBlockManager {
         seq_id: &Bound<'_, PyAny>,
         num_new_tokens: &Bound<'_, PyAny>,
         lookahead: Given<'_>,
+        evicted: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<Pairs>> {
+        let evicted = evicted_arg(evicted, self.records())?;
         let id = self::seq_id(seq_id)?;
         let k = int_arg(num_new_tokens, "num_new_tokens", 1, i64::MAX)? as usize;
         let lookahead = lookahead_arg(&lookahead)?;
-        run(py, false, || self.inner.extend(id, k, lookahead))
+        run_evicting(
+            py,
+            false,
+            evicted.as_ref(),
+            || self.inner.extend(id, k, lookahead),
+        )
     }
 
     /// Append generated tokens to a fully scheduled sequence, and reserve `lookahead`
@@ -253,9 +313,10 @@ impl PyBlockManager {
     ///
     /// Returns the copy-on-write `(src, dst)` block pairs to copy before the step, or None if
     /// the blocks do not fit (nothing changed). Blocks that become full are registered.
+    /// `evicted`: as `allocate`'s.
     #[pyo3(
-        signature = (seq_id, token_ids, *, lookahead=Given::Absent),
-        text_signature = "($self, seq_id, token_ids, *, lookahead=0)"
+        signature = (seq_id, token_ids, *, lookahead=Given::Absent, evicted=None),
+        text_signature = "($self, seq_id, token_ids, *, lookahead=0, evicted=None)"
     )]
     fn append(
         &self,
@@ -263,29 +324,45 @@ impl PyBlockManager {
         seq_id: &Bound<'_, PyAny>,
         token_ids: &Bound<'_, PyAny>,
         lookahead: Given<'_>,
+        evicted: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<Pairs>> {
+        let evicted = evicted_arg(evicted, self.records())?;
         let id = self::seq_id(seq_id)?;
         let toks = tokens(token_ids)?;
         let lookahead = lookahead_arg(&lookahead)?;
-        run(py, toks.len() >= DETACH_MIN_TOKENS, || {
-            self.inner.append_lookahead(id, &toks, lookahead)
-        })
+        run_evicting(
+            py,
+            toks.len() >= DETACH_MIN_TOKENS,
+            evicted.as_ref(),
+            || self.inner.append_lookahead(id, &toks, lookahead),
+        )
     }
 
     /// Drop every token past `num_tokens` (rejected drafts, roll-back) and give back
     /// the blocks only they used.
     ///
     /// Returns the copy-on-write `(src, dst)` pairs (a shared partial last block is copied), or
-    /// None if that copy does not fit (nothing changed).
+    /// None if that copy does not fit (nothing changed). `evicted`: as `allocate`'s.
+    #[pyo3(
+        signature = (seq_id, num_tokens, *, evicted=None),
+        text_signature = "($self, seq_id, num_tokens, *, evicted=None)"
+    )]
     fn truncate(
         &self,
         py: Python<'_>,
         seq_id: &Bound<'_, PyAny>,
         num_tokens: &Bound<'_, PyAny>,
+        evicted: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<Pairs>> {
+        let evicted = evicted_arg(evicted, self.records())?;
         let id = self::seq_id(seq_id)?;
         let m = int_arg(num_tokens, "num_tokens", 1, i64::MAX)? as usize;
-        run(py, false, || self.inner.truncate(id, m))
+        run_evicting(
+            py,
+            false,
+            evicted.as_ref(),
+            || self.inner.truncate(id, m),
+        )
     }
 
     /// Prompt tokens `allocate` would serve from the prefix cache now.
@@ -312,18 +389,29 @@ impl PyBlockManager {
 
     /// Make `child_id` a copy of `parent_id` sharing every block (parallel sampling,
     /// beam search); later writes to a shared block are copied on write. Never runs out of
-    /// blocks.
+    /// blocks (so `evicted`, accepted like every block-taking call's, stays empty).
+    #[pyo3(
+        signature = (parent_id, child_id, *, evicted=None),
+        text_signature = "($self, parent_id, child_id, *, evicted=None)"
+    )]
     fn fork(
         &self,
         py: Python<'_>,
         parent_id: &Bound<'_, PyAny>,
         child_id: &Bound<'_, PyAny>,
+        evicted: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let evicted = evicted_arg(evicted, self.records())?;
         let (p, c) = (
             id_arg(parent_id, "parent_id")?,
             id_arg(child_id, "child_id")?,
         );
-        run(py, false, || self.inner.fork(p, c))
+        run_evicting(
+            py,
+            false,
+            evicted.as_ref(),
+            || self.inner.fork(p, c),
+        )
     }
 
     /// Release the sequence's blocks, tail first, and forget it. Registered blocks stay
@@ -360,10 +448,25 @@ impl PyBlockManager {
     /// Move a swapped-out sequence back to GPU blocks.
     ///
     /// Returns the `(cpu, gpu)` block pairs to copy, or None if the GPU blocks do not fit
-    /// (nothing changed).
-    fn swap_in(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<Option<Pairs>> {
+    /// (nothing changed). `evicted`: as `allocate`'s.
+    #[pyo3(
+        signature = (seq_id, *, evicted=None),
+        text_signature = "($self, seq_id, *, evicted=None)"
+    )]
+    fn swap_in(
+        &self,
+        py: Python<'_>,
+        seq_id: &Bound<'_, PyAny>,
+        evicted: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Pairs>> {
+        let evicted = evicted_arg(evicted, self.records())?;
         let id = self::seq_id(seq_id)?;
-        run(py, false, || self.inner.swap_in(id))
+        run_evicting(
+            py,
+            false,
+            evicted.as_ref(),
+            || self.inner.swap_in(id),
+        )
     }
 
     /// Whether a prompt fits now: `AllocStatus.OK`, `LATER` (not now, keeping the
@@ -420,10 +523,11 @@ impl PyBlockManager {
     /// `lookahead` draft slots each.
     ///
     /// Returns the copy-on-write pairs as an int32 `(k, 2)` array, or None if the batch does not
-    /// fit (nothing changed). Ids must be distinct, resident and fully scheduled.
+    /// fit (nothing changed). Ids must be distinct, resident and fully scheduled. `evicted`:
+    /// as `allocate`'s.
     #[pyo3(
-        signature = (seq_ids, token_ids, *, lookahead=Given::Absent),
-        text_signature = "($self, seq_ids, token_ids, *, lookahead=0)"
+        signature = (seq_ids, token_ids, *, lookahead=Given::Absent, evicted=None),
+        text_signature = "($self, seq_ids, token_ids, *, lookahead=0, evicted=None)"
     )]
     fn append_batch<'py>(
         &self,
@@ -431,14 +535,19 @@ impl PyBlockManager {
         seq_ids: &Bound<'py, PyAny>,
         token_ids: &Bound<'py, PyAny>,
         lookahead: Given<'py>,
+        evicted: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyArray2<i32>>>> {
+        let evicted = evicted_arg(evicted, self.records())?;
         let ids = self::seq_ids(seq_ids)?;
         let toks = batch_tokens(token_ids)?;
         let lookahead = lookahead_arg(&lookahead)?;
         let detach = ids.len() >= DETACH_MIN_BATCH;
-        let pairs = run(py, detach, || {
-            self.inner.append_batch_lookahead(&ids, &toks, lookahead)
-        })?;
+        let pairs = run_evicting(
+            py,
+            detach,
+            evicted.as_ref(),
+            || self.inner.append_batch_lookahead(&ids, &toks, lookahead),
+        )?;
         pairs.map(|p| pairs_array(py, p)).transpose()
     }
 
@@ -683,17 +792,11 @@ impl PyBlockManager {
         run(py, true, || self.inner.reset_prefix_cache())
     }
 
-    /// `(block, group, digest)` of each cached block evicted since the last call (with
-    /// `record_evictions=True`): copy each out before device work writes the block.
-    fn drain_evictions<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<Vec<(u32, u8, Bound<'py, PyBytes>)>> {
-        let evicted = self.inner.drain_evictions();
-        Ok(evicted
-            .iter()
-            .map(|(b, g, d)| (*b, *g, PyBytes::new(py, d.as_bytes())))
-            .collect())
+    /// Whether calls report the cached blocks they evict (`evicted=`): the
+    /// `record_evictions` the manager was built with.
+    #[getter]
+    fn record_evictions(&self) -> bool {
+        self.records()
     }
 
     /// The KV events (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`) since the

@@ -3,7 +3,7 @@
 
 use crate::convert::{batch_tokens, seq_ids};
 use crate::errors::{invalid, IntoPy};
-use crate::manager::{pairs_array, PyBlockManager};
+use crate::manager::{evicted_arg, pairs_array, run_evicting, PyBlockManager};
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray2};
 use pagedkv_core::{nonblocking, BlockManager, Error, Result as CoreResult, RunningBatch};
@@ -64,17 +64,26 @@ impl PyRunningBatch {
     /// One token to each member, in `seq_ids` order, all or nothing. Returns `(slot_mapping,
     /// cow_pairs)`: the new tokens' int64 slots (with `groups=`, one row per group: shape
     /// `(num_groups, len(batch))`) and the int32 `(k, 2)` copy-on-write pairs; or None if
-    /// the blocks do not fit (nothing changed).
+    /// the blocks do not fit (nothing changed). `evicted`: a list that gets the `(block,
+    /// group, digest)` of the cached blocks this step evicted (`record_evictions`).
     #[allow(clippy::type_complexity)]
+    #[pyo3(
+        signature = (token_ids, *, evicted=None),
+        text_signature = "($self, token_ids, *, evicted=None)"
+    )]
     fn step<'py>(
         &self,
         py: Python<'py>,
         token_ids: &Bound<'py, PyAny>,
+        evicted: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<(Bound<'py, PyAny>, Bound<'py, PyArray2<i32>>)>> {
+        let evicted = evicted_arg(evicted, self.mgr.get().records())?;
         let toks = batch_tokens(token_ids)?;
         let detach = toks.len() >= DETACH_MIN_BATCH;
-        let out = self.run(py, detach, |m, b| m.batch_step(b, &toks))?;
         let mgr = &self.mgr.get().inner;
+        let out = run_evicting(py, detach, evicted.as_ref(), || {
+            mgr.batch_step(&self.batch, &toks)
+        })?;
         let Some((slots, pairs)) = out else {
             return Ok(None);
         };

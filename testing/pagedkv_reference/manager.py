@@ -1,0 +1,1368 @@
+"""A pure-Python reference model of the block manager.
+
+`ReferenceBlockManager` implements `docs/semantics.md` with plain lists, dicts, a list used as
+the free stack and an `OrderedDict` used as the LRU queue. It is the oracle of the model-based
+test (which drives it and the Rust `pagedkv.BlockManager` side by side) and the pure-Python
+baseline of the benchmarks. It is not thread-safe: clarity comes first, then speed.
+
+Digests follow `docs/hashing.md`; `hash_blocks` computes them without a manager.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import sys
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+
+import numpy as np
+import numpy.typing as npt
+
+from pagedkv.alloc_status import AllocStatus
+from pagedkv.errors import (
+    DuplicateSequenceError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    InvariantError,
+    RefcountOverflowError,
+    SequenceNotSwappedError,
+    SequenceSwappedError,
+    UnknownSequenceError,
+)
+from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from pagedkv.groups import KVCacheGroup, check_groups
+from pagedkv.stats import Stats
+
+# `evicted=`: the list a block-taking call appends its (block, group, digest) evictions to.
+Evicted = list[tuple[int, int, bytes]]
+
+if TYPE_CHECKING:
+    from pagedkv_reference.running import ReferenceRunningBatch
+
+__all__ = ["MAX_BLOCK_SIZE", "MAX_LEN", "MAX_REFCOUNT", "ReferenceBlockManager", "hash_blocks"]
+
+_U32 = 1 << 32
+_U64 = 1 << 64
+_I32_MIN = -(1 << 31)
+_I32_MAX = (1 << 31) - 1
+_I64_MAX = (1 << 63) - 1
+
+MAX_LEN = _I32_MAX
+"""Most entries a sequence argument may have, and most tokens a sequence may hold."""
+MAX_BLOCK_SIZE = 1 << 16
+MAX_REFCOUNT = (1 << 20) - 1
+"""Most holders (sequences) one block may have; more raise RefcountOverflowError."""
+RECENT_WINDOW = 1000
+"""Allocations counted by the recent hit rate (vLLM's window)."""
+
+HashFn = Callable[[bytes], bytes]
+
+
+# --------------------------------------------------------------------------------------------
+# Argument validation (docs/inputs.md: the accepted inputs and the error order)
+# --------------------------------------------------------------------------------------------
+
+
+def _int_value(x: object) -> int | None:
+    """The value of a scalar int (a Python int, not a bool, or a numpy integer scalar), else
+    None. Read through the base types, as the binding does: a subclass's `__int__` or
+    `__index__` is never called."""
+    if isinstance(x, int):
+        return None if isinstance(x, bool) else int.__index__(x)
+    if isinstance(x, np.timedelta64):  # numpy files it under np.integer; not an int here
+        return None
+    if isinstance(x, np.integer):
+        return int(np.asarray(x).item())
+    return None
+
+
+def _check_int(x: object, what: str, lo: int, hi: int) -> int:
+    """A scalar int in `[lo, hi)`: InvalidArgumentTypeError if not an int, else
+    InvalidArgumentError if out of range."""
+    v = _int_value(x)
+    if v is None:
+        raise InvalidArgumentTypeError(f"{what} must be an int, got {type(x).__name__}")
+    if not lo <= v < hi:
+        raise InvalidArgumentError(f"{what} {v} out of range [{lo}, {hi})")
+    return v
+
+
+def _seq_id(x: object, what: str = "seq_id") -> int:
+    return _check_int(x, what, 0, _U64)
+
+
+def _too_long(what: str, n: object) -> InvalidArgumentError:
+    return InvalidArgumentError(f"{what} has {n} entries, more than the maximum {MAX_LEN}")
+
+
+def _int_list(values: object, what: str, lo: int, hi: int) -> list[int]:
+    """The ints in `[lo, hi)` of a list, tuple, range (exact types) or 1-D integer ndarray
+    (any byte order; a subclass other than a masked array is read as a plain array)."""
+    if isinstance(values, np.ndarray):
+        if isinstance(values, np.ma.MaskedArray):
+            raise InvalidArgumentTypeError(f"{what} must not be a masked array")
+        arr = np.asarray(values)  # the plain-array view: no subclass method runs below
+        if arr.ndim != 1:
+            raise InvalidArgumentTypeError(f"{what} must be 1-D, got shape {arr.shape}")
+        if arr.dtype.kind not in "iu":
+            raise InvalidArgumentTypeError(f"{what} must have an integer dtype, got {arr.dtype}")
+        if arr.shape[0] > MAX_LEN:
+            raise _too_long(what, arr.shape[0])
+        out: list[int] = arr.tolist()
+        if out and (min(out) < lo or max(out) >= hi):
+            bad = next(v for v in out if not lo <= v < hi)
+            raise InvalidArgumentError(f"{what}: value {bad} out of range [{lo}, {hi})")
+        return out
+    if type(values) in (list, tuple, range):
+        assert isinstance(values, (list, tuple, range))
+        try:
+            n = len(values)
+        except OverflowError:  # a range longer than 2**63 - 1
+            raise _too_long(what, "more than 2**63") from None
+        if n > MAX_LEN:
+            raise _too_long(what, n)
+        out = []
+        for v in values:  # each element: type, then range, in order
+            iv = _int_value(v)
+            if iv is None:
+                raise InvalidArgumentTypeError(f"{what} must contain ints, got {type(v).__name__}")
+            if not lo <= iv < hi:
+                raise InvalidArgumentError(f"{what}: value {iv} out of range [{lo}, {hi})")
+            out.append(iv)
+        return out
+    raise InvalidArgumentTypeError(
+        f"{what} must be a list, tuple, range or 1-D integer numpy array, "
+        f"got {type(values).__name__}"
+    )
+
+
+def _tokens(token_ids: object) -> list[int]:
+    out = _int_list(token_ids, "token_ids", 0, _U32)
+    if not out:
+        raise InvalidArgumentError("token_ids is empty")
+    return out
+
+
+def _seq_ids(seq_ids: object) -> list[int]:
+    return _int_list(seq_ids, "seq_ids", 0, _U64)
+
+
+def _counts(num_new_tokens: object, n: int) -> list[int]:
+    """`num_new_tokens`: one int for all `n` sequences, or one int per sequence; each in
+    `[1, 2**63)` (whether it fits its sequence is a state check)."""
+    if _int_value(num_new_tokens) is not None:
+        return [_check_int(num_new_tokens, "num_new_tokens", 1, _I64_MAX + 1)] * n
+    return _int_list(num_new_tokens, "num_new_tokens", 1, _I64_MAX + 1)
+
+
+def _opt_count(num_new_tokens: object) -> int | None:
+    """`num_new_tokens` of `allocate` and `can_allocate`: None (the whole prompt) or an int
+    in `[1, 2**63)`; whether it fits the prompt is a cross-argument check (`_fits_prompt`)."""
+    if num_new_tokens is None:
+        return None
+    return _check_int(num_new_tokens, "num_new_tokens", 1, _I64_MAX + 1)
+
+
+def _fits_prompt(k: int | None, n: int) -> int:
+    """`num_new_tokens` (default: all) of a prompt of `n` tokens: at most `n`."""
+    if k is None:
+        return n
+    if k > n:
+        raise InvalidArgumentError(f"num_new_tokens {k} out of range [1, {n}]")
+    return k
+
+
+def _check_bool(x: object, what: str) -> bool:
+    if not isinstance(x, bool):
+        raise InvalidArgumentTypeError(f"{what} must be a bool, got {type(x).__name__}")
+    return x
+
+
+def _watermark(w: object) -> float:
+    """A float or int (not a bool), finite, in `[0, 1)`."""
+    if isinstance(w, float):
+        v = float.__float__(w)
+    elif isinstance(w, int) and not isinstance(w, bool):
+        v = 0.0 if int.__index__(w) == 0 else float("inf")  # the only int in range is 0
+    else:
+        raise InvalidArgumentTypeError(f"watermark must be a float, got {type(w).__name__}")
+    if not 0.0 <= v < 1.0:
+        raise InvalidArgumentError(f"watermark {w} out of range [0, 1)")
+    return v
+
+
+def _distinct(ids: list[int]) -> None:
+    seen: set[int] = set()
+    for s in ids:
+        if s in seen:
+            raise InvalidArgumentError(f"duplicate sequence id {s} in batch")
+        seen.add(s)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --------------------------------------------------------------------------------------------
+# Hashing (docs/hashing.md, encoding version 1)
+# --------------------------------------------------------------------------------------------
+
+
+def _hash_fn(hash_algo: object) -> HashFn:
+    if not isinstance(hash_algo, str):
+        raise InvalidArgumentTypeError(f"hash_algo must be a str, got {type(hash_algo).__name__}")
+    if hash_algo == "sha256":
+        return lambda m: hashlib.sha256(m).digest()
+    if hash_algo == "xxh3_128":
+        import xxhash  # lazily: only needed for this algorithm
+
+        return lambda m: xxhash.xxh3_128(m).digest()
+    raise InvalidArgumentError(f"unknown hash_algo {hash_algo!r} (use 'sha256' or 'xxh3_128')")
+
+
+def _salt_bytes(cache_salt: object) -> bytes | None:
+    if cache_salt is None:
+        return None
+    if isinstance(cache_salt, str):
+        try:
+            return cache_salt.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidArgumentError(f"cache_salt is not valid UTF-8: {e}") from None
+    if isinstance(cache_salt, bytes):
+        return cache_salt
+    raise InvalidArgumentTypeError(
+        f"cache_salt must be str or bytes, got {type(cache_salt).__name__}"
+    )
+
+
+def _lora(lora_id: object) -> int | None:
+    return None if lora_id is None else _check_int(lora_id, "lora_id", 0, _U64)
+
+
+def _extras(salt: bytes | None, lora_id: int | None) -> bytes:
+    """The tail of every block message: flags, then the optional salt and LoRA id."""
+    flags = (1 if salt is not None else 0) | (2 if lora_id is not None else 0)
+    out = bytes([flags])
+    if salt is not None:
+        if len(salt) >= _U32:
+            raise InvalidArgumentError("cache_salt longer than 2**32 - 1 bytes")
+        out += struct.pack("<I", len(salt)) + salt
+    if lora_id is not None:
+        out += struct.pack("<Q", lora_id)
+    return out
+
+
+def _root(h: HashFn, seed: int) -> bytes:
+    return h(b"PKV1root" + struct.pack("<Q", seed))
+
+
+def _block_digest(h: HashFn, parent: bytes, tokens: Sequence[int], extras: bytes) -> bytes:
+    msg = b"PKV1" + parent + struct.pack(f"<I{len(tokens)}I", len(tokens), *tokens) + extras
+    return h(msg)
+
+
+def hash_blocks(
+    token_ids: object,
+    block_size: int,
+    *,
+    cache_salt: str | bytes | None = None,
+    lora_id: int | None = None,
+    hash_algo: str = "sha256",
+    seed: int = 0,
+) -> list[bytes]:
+    """The chained digests of the full blocks of `token_ids` (pure-Python `pagedkv.hash_blocks`)."""
+    # Arguments in signature order (docs/inputs.md). Empty token ids: no full block, [].
+    toks = _int_list(token_ids, "token_ids", 0, _U32)
+    b = _check_int(block_size, "block_size", 1, MAX_BLOCK_SIZE + 1)
+    salt = _salt_bytes(cache_salt)
+    lora = _lora(lora_id)
+    h = _hash_fn(hash_algo)
+    parent = _root(h, _check_int(seed, "seed", 0, _U64))
+    extras = _extras(salt, lora)
+    out = []
+    for i in range(len(toks) // b):
+        parent = _block_digest(h, parent, toks[i * b : (i + 1) * b], extras)
+        out.append(parent)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The manager
+# --------------------------------------------------------------------------------------------
+
+
+class _Seq:
+    """Per-sequence state (docs/semantics.md, "Per-sequence state")."""
+
+    __slots__ = (
+        "blocks",
+        "cpu_blocks",
+        "digests",
+        "extras",
+        "hits",
+        "lora_id",
+        "salt",
+        "scheduled",
+        "swapped",
+        "tokens",
+    )
+
+    def __init__(self, salt: bytes | None, lora_id: int | None) -> None:
+        self.blocks: list[int] = []  # GPU table
+        self.tokens: list[int] = []  # every known token (the events need full blocks' tokens)
+        self.digests: list[bytes] = []  # chain digests of full blocks (prefix caching only)
+        self.scheduled = 0  # `s`: tokens scheduled for compute; only their full blocks register
+        self.hits = 0  # `h`: leading blocks served from the prefix cache
+        self.salt = salt
+        self.lora_id = lora_id
+        self.extras = _extras(salt, lora_id)
+        self.swapped = False
+        self.cpu_blocks: list[int] = []
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    def copy(self) -> _Seq:
+        c = _Seq(self.salt, self.lora_id)
+        c.blocks = list(self.blocks)
+        c.tokens = list(self.tokens)
+        c.digests = list(self.digests)
+        c.scheduled = self.scheduled
+        c.hits = self.hits
+        return c
+
+
+class ReferenceBlockManager:
+    """Paged KV-cache block manager, pure Python; see docs/semantics.md.
+
+    With `groups=[KVCacheGroup(...), ...]` the constructor builds the hybrid-model manager of
+    `pagedkv_reference.groups` (a subclass: one block table per group, block 0 the null block).
+    """
+
+    def __new__(cls, *args: Any, groups: object = None, **kwargs: Any) -> ReferenceBlockManager:
+        if groups is not None and cls is ReferenceBlockManager:
+            from pagedkv_reference.groups import GroupedReferenceBlockManager
+
+            return super().__new__(GroupedReferenceBlockManager)
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        *,
+        num_cpu_blocks: int = 0,
+        enable_prefix_caching: bool = True,
+        hash_algo: str = "sha256",
+        hash_seed: int = 0,
+        watermark: float = 0.01,
+        enable_kv_events: bool = False,
+        record_evictions: bool = False,
+        groups: Iterable[KVCacheGroup] | None = None,
+    ) -> None:
+        # Arguments in signature order (docs/inputs.md).
+        self._num_blocks = _check_int(num_blocks, "num_blocks", 1, _I32_MAX + 1)
+        self._block_size = _check_int(block_size, "block_size", 1, MAX_BLOCK_SIZE + 1)
+        self._num_cpu_blocks = _check_int(num_cpu_blocks, "num_cpu_blocks", 0, _I32_MAX + 1)
+        self._caching = _check_bool(enable_prefix_caching, "enable_prefix_caching")
+        self._hash = _hash_fn(hash_algo)
+        self._root = _root(self._hash, _check_int(hash_seed, "hash_seed", 0, _U64))
+        self._watermark_blocks = int(_watermark(watermark) * self._num_blocks)
+        self._events_on = _check_bool(enable_kv_events, "enable_kv_events")
+        self._record_evictions = _check_bool(record_evictions, "record_evictions")
+        # (block, group, digest) of the evictions of the call in progress that asked for
+        # them (`evicted=`; docs/tiers.md), else None
+        self._duty: Evicted | None = None
+        self._groups = () if groups is None else check_groups(groups, self._block_size)
+
+        n = self._num_blocks
+        self._free: list[int] = list(range(n - 1, -1, -1))  # LIFO: pops 0, 1, 2, ...
+        self._rc: list[int] = [0] * n
+        self._hashed: list[bytes | None] = [None] * n  # digest a block is registered under
+        self._index: dict[bytes, int] = {}  # prefix index: digest -> block
+        self._lru: OrderedDict[int, None] = OrderedDict()  # CACHED blocks, oldest first
+        self._cpu_free: list[int] = list(range(self._num_cpu_blocks - 1, -1, -1))
+        self._seqs: dict[int, _Seq] = {}
+        self._events: list[KVEvent] = []
+
+        self._prefix_queries = 0
+        self._prefix_hits = 0
+        self._evictions = 0
+        self._cow_copies = 0
+        self._swapped_out_blocks = 0
+        self._swapped_in_blocks = 0
+        self._registered_blocks = 0
+        self._unregistered_blocks = 0
+        self._truncated_blocks = 0
+        # (queried, hit) tokens of the last RECENT_WINDOW allocations (vLLM's recent hit rate)
+        self._recent: deque[tuple[int, int]] = deque(maxlen=RECENT_WINDOW)
+
+    # ---------------------------------------------------------------- block lifecycle helpers
+
+    def _available(self) -> int:
+        return len(self._free) + len(self._lru)
+
+    def _unindex(self, b: int) -> None:
+        """Take block `b` out of the prefix index (it stays where it is)."""
+        d = self._hashed[b]
+        assert d is not None
+        del self._index[d]
+        self._hashed[b] = None
+        if self._events_on:
+            self._events.append(BlockRemoved(block_hashes=[d], medium="GPU"))
+
+    def _take(self) -> int:
+        """One new block: pop the free stack, else evict the oldest CACHED block."""
+        if self._free:
+            b = self._free.pop()
+        else:
+            b, _ = self._lru.popitem(last=False)
+            self._log_eviction(b, 0)
+            self._unindex(b)
+            self._evictions += 1
+        self._rc[b] = 1
+        return b
+
+    def _log_eviction(self, b: int, group: int) -> None:
+        """Report an eviction (before the block leaves the index) to the call in progress,
+        if it asked for its evictions."""
+        digest = self._hashed[b]
+        if self._duty is not None and digest is not None:
+            self._duty.append((b, group, digest))
+
+    @contextmanager
+    def _duties(self, evicted: Evicted | None) -> Iterator[None]:
+        """Run a block-taking call's body, appending the evictions it made to `evicted`
+        (when given) before it returns or raises."""
+        if evicted is None:
+            yield
+            return
+        if not isinstance(evicted, list):
+            raise InvalidArgumentTypeError("evicted must be a list or None")
+        if not self._record_evictions:
+            raise InvalidArgumentError("evicted= needs a manager built with record_evictions=True")
+        outer, self._duty = self._duty, []
+        try:
+            yield
+        finally:
+            mine, self._duty = self._duty, outer
+            evicted.extend(mine)
+            if outer is not None:
+                outer.extend(mine)
+
+    @property
+    def num_groups(self) -> int:
+        """KV-cache groups (1 without `groups=`)."""
+        return max(1, len(self._groups))
+
+    @property
+    def record_evictions(self) -> bool:
+        """Whether calls report the cached blocks they evict (`evicted=`)."""
+        return self._record_evictions
+
+    def _release(self, b: int) -> None:
+        self._rc[b] -= 1
+        if self._rc[b] == 0:
+            if self._hashed[b] is not None:
+                self._lru[b] = None  # newest end
+            else:
+                self._free.append(b)
+
+    def _release_all(self, blocks: list[int]) -> None:
+        """Release a table's blocks tail first: hashed tails are queued (and evicted) first,
+        and the unhashed ones go on the free stack so that the tail ends on top and is
+        reused first (vLLM puts them, tail first, at the head of its free queue)."""
+        freed: list[int] = []
+        for b in reversed(blocks):  # tail first
+            self._rc[b] -= 1
+            if self._rc[b] == 0:
+                if self._hashed[b] is not None:
+                    self._lru[b] = None  # newest end
+                else:
+                    freed.append(b)
+        self._free.extend(reversed(freed))
+
+    def _stored(self, seq: _Seq, i: int, medium: str) -> BlockStored:
+        bs = self._block_size
+        return BlockStored(
+            block_hashes=[seq.digests[i]],
+            parent_block_hash=seq.digests[i - 1] if i > 0 else None,
+            token_ids=seq.tokens[i * bs : (i + 1) * bs],
+            block_size=bs,
+            lora_id=seq.lora_id,
+            medium=medium,
+        )
+
+    def _register(self, seq: _Seq, lo: int, hi: int) -> None:
+        """Table indices `lo .. hi - 1` of `seq` became full of scheduled tokens: register
+        each under its digest, in order, unless another block already holds that digest."""
+        if not self._caching:
+            return
+        for i in range(lo, hi):
+            d = seq.digests[i]
+            if d in self._index:
+                continue  # another block holds this content: this one stays unhashed
+            b = seq.blocks[i]
+            self._index[d] = b
+            self._hashed[b] = d
+            self._registered_blocks += 1
+            if self._events_on:
+                self._events.append(self._stored(seq, i, "GPU"))
+
+    def _extend_digests(self, seq: _Seq) -> None:
+        """Compute the digests of the blocks that are full but not yet digested."""
+        bs = self._block_size
+        parent = seq.digests[-1] if seq.digests else self._root
+        for i in range(len(seq.digests), seq.num_tokens // bs):
+            parent = _block_digest(
+                self._hash, parent, seq.tokens[i * bs : (i + 1) * bs], seq.extras
+            )
+            seq.digests.append(parent)
+
+    def _hits(self, seq: _Seq) -> list[int]:
+        """The cached blocks of the longest indexed prefix of `seq`'s digests, leaving at
+        least one token to compute (`h <= (n - 1) // B`)."""
+        hits: list[int] = []
+        for d in seq.digests[: (seq.num_tokens - 1) // self._block_size]:
+            b = self._index.get(d)
+            if b is None:
+                break
+            hits.append(b)
+        return hits
+
+    def _probe(self, toks: list[int], salt: bytes | None, lora: int | None) -> list[int]:
+        """The hit blocks `allocate` would pin for this prompt now; changes nothing."""
+        if not self._caching:
+            return []
+        seq = _Seq(salt, lora)
+        seq.tokens = toks
+        self._extend_digests(seq)
+        return self._hits(seq)
+
+    def _get(self, seq_id: object) -> tuple[int, _Seq]:
+        sid = _seq_id(seq_id)
+        seq = self._seqs.get(sid)
+        if seq is None:
+            raise UnknownSequenceError(f"unknown sequence id {sid}")
+        return sid, seq
+
+    def _resident(self, seq_id: object) -> tuple[int, _Seq]:
+        sid, seq = self._get(seq_id)
+        if seq.swapped:
+            raise SequenceSwappedError(f"sequence {sid} is swapped out")
+        return sid, seq
+
+    def _appendable(self, seq_id: object) -> _Seq:
+        """A resident sequence whose prompt is fully scheduled (append's state checks)."""
+        sid, seq = self._resident(seq_id)
+        if seq.scheduled < seq.num_tokens:
+            raise InvalidArgumentError(
+                f"sequence {sid} has {seq.num_tokens - seq.scheduled} prompt tokens not yet "
+                "scheduled: extend it first"
+            )
+        return seq
+
+    def _write_need(self, seq: _Seq, end: int, lookahead: int) -> tuple[list[int], int]:
+        """Writing positions `scheduled .. end - 1` plus `lookahead` slots: the table indices
+        that need copy-on-write (shared blocks; no block there is hashed), and the number of
+        new blocks past the table."""
+        bs = self._block_size
+        last = _cdiv(end + lookahead, bs)  # one past the last written table index
+        first = seq.scheduled // bs
+        cow = [i for i in range(first, min(last, len(seq.blocks))) if self._rc[seq.blocks[i]] > 1]
+        return cow, max(0, last - len(seq.blocks))
+
+    def _copy(self, seq: _Seq, i: int) -> tuple[int, int]:
+        """Copy-on-write of the shared table entry `i`: a new block replaces it."""
+        src = seq.blocks[i]
+        dst = self._take()
+        seq.blocks[i] = dst
+        self._rc[src] -= 1  # stays >= 1: others hold it
+        self._cow_copies += 1
+        return src, dst
+
+    def _write(self, seq: _Seq, cow: list[int], new: int) -> list[tuple[int, int]]:
+        pairs = [self._copy(seq, i) for i in cow]
+        for _ in range(new):
+            seq.blocks.append(self._take())
+        return pairs
+
+    def _schedule(self, seq: _Seq, end: int) -> None:
+        """Tokens up to `end` are scheduled: register the blocks that became full of them."""
+        bs = self._block_size
+        lo = seq.scheduled // bs
+        seq.scheduled = end
+        self._register(seq, lo, end // bs)
+
+    # ---------------------------------------------------------------- operations
+
+    def allocate(
+        self,
+        seq_id: int,
+        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        *,
+        num_new_tokens: int | None = None,
+        cache_salt: str | bytes | None = None,
+        lora_id: int | None = None,
+        lookahead: int = 0,
+        evicted: Evicted | None = None,
+    ) -> int | None:
+        """Give a new sequence the blocks of its cache hit plus `num_new_tokens` prompt
+        tokens (all by default); return the cached prompt tokens. `evicted`: see `_duties`."""
+        with self._duties(evicted):
+            return self._allocate(seq_id, token_ids, num_new_tokens, cache_salt, lora_id, lookahead)
+
+    def _allocate(
+        self,
+        seq_id: int,
+        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        num_new_tokens: int | None,
+        cache_salt: str | bytes | None,
+        lora_id: int | None,
+        lookahead: int,
+    ) -> int | None:
+        sid = _seq_id(seq_id)
+        toks = _tokens(token_ids)
+        k = _opt_count(num_new_tokens)
+        salt = _salt_bytes(cache_salt)
+        lora = _lora(lora_id)
+        la = _check_int(lookahead, "lookahead", 0, _I64_MAX + 1)
+        n = len(toks)
+        k = _fits_prompt(k, n)
+        if sid in self._seqs:
+            raise DuplicateSequenceError(f"sequence id {sid} already exists")
+        seq = self._new_seq(salt, lora)
+        seq.tokens = toks
+        if self._caching:
+            self._extend_digests(seq)
+        return self._admit(sid, seq, k, la)
+
+    def _new_seq(self, salt: bytes | None, lora: int | None) -> _Seq:
+        return _Seq(salt, lora)
+
+    def _admit(self, sid: int, seq: _Seq, k: int, la: int) -> int | None:
+        """`allocate` once its checks passed: pin the hits, take the new blocks, register."""
+        bs = self._block_size
+        n = seq.num_tokens
+        hits = self._hits(seq) if self._caching else []
+        h = len(hits)
+        s = min(h * bs + k, n)
+        total = _cdiv(s + la, bs)
+        # Errors before the capacity answer: a hit block already at the holder limit.
+        for b in hits:
+            if self._rc[b] >= MAX_REFCOUNT:
+                raise RefcountOverflowError(f"block {b} already has {MAX_REFCOUNT} holders")
+        need = (total - h) + sum(1 for b in hits if self._rc[b] == 0)
+        if need > self._available():
+            return None
+
+        for b in hits:
+            if self._rc[b] == 0:
+                del self._lru[b]  # CACHED -> OWNED
+            self._rc[b] += 1
+        seq.blocks = hits + [self._take() for _ in range(total - h)]
+        seq.hits = h
+        seq.scheduled = h * bs
+        self._schedule(seq, s)
+        self._admitted(sid, seq, h)
+        return h * bs
+
+    def _admitted(self, sid: int, seq: _Seq, h: int) -> None:
+        """Count the prompt's lookup and its hit of `h` blocks; keep the sequence."""
+        if self._caching:
+            self._prefix_queries += seq.num_tokens
+            self._prefix_hits += h * self._block_size
+            self._recent.append((seq.num_tokens, h * self._block_size))
+        self._seqs[sid] = seq
+
+    def extend(
+        self,
+        seq_id: int,
+        num_new_tokens: int,
+        *,
+        lookahead: int = 0,
+        evicted: Evicted | None = None,
+    ) -> list[tuple[int, int]] | None:
+        """Schedule the next `num_new_tokens` prompt tokens (chunked prefill); return the
+        copy-on-write pairs, or None."""
+        with self._duties(evicted):
+            return self._extend(seq_id, num_new_tokens, lookahead)
+
+    def _extend(
+        self, seq_id: int, num_new_tokens: int, lookahead: int
+    ) -> list[tuple[int, int]] | None:
+        sid = _seq_id(seq_id)
+        k = _check_int(num_new_tokens, "num_new_tokens", 1, _I64_MAX + 1)
+        la = _check_int(lookahead, "lookahead", 0, _I64_MAX + 1)
+        _, seq = self._resident(sid)
+        left = seq.num_tokens - seq.scheduled
+        if k > left:
+            raise InvalidArgumentError(
+                f"num_new_tokens {k} out of range [1, {left}] for sequence {sid} "
+                f"({left} prompt tokens left to schedule)"
+            )
+        return self._extend_to(seq, seq.scheduled + k, la)
+
+    def _extend_to(self, seq: _Seq, m: int, la: int) -> list[tuple[int, int]] | None:
+        """`extend` once its checks passed: schedule the prompt up to `m`."""
+        cow, new = self._write_need(seq, m, la)
+        if len(cow) + new > self._available():
+            return None
+        pairs = self._write(seq, cow, new)
+        self._schedule(seq, m)
+        return pairs
+
+    def append(
+        self,
+        seq_id: int,
+        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        *,
+        lookahead: int = 0,
+        evicted: Evicted | None = None,
+    ) -> list[tuple[int, int]] | None:
+        """Add tokens to a resident, fully scheduled sequence, plus `lookahead` draft slots
+        past them; return the copy-on-write pairs, or None."""
+        with self._duties(evicted):
+            return self._append(seq_id, token_ids, lookahead)
+
+    def _append(
+        self,
+        seq_id: int,
+        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        lookahead: int,
+    ) -> list[tuple[int, int]] | None:
+        sid = _seq_id(seq_id)
+        toks = _tokens(token_ids)  # argument checks before state checks
+        la = _check_int(lookahead, "lookahead", 0, _I64_MAX + 1)
+        seq = self._appendable(sid)
+        if seq.num_tokens + len(toks) > MAX_LEN:
+            raise InvalidArgumentError(f"sequence {sid} would hold more than {MAX_LEN} tokens")
+        return self._append_tokens(seq, toks, la)
+
+    def _append_tokens(self, seq: _Seq, toks: list[int], la: int) -> list[tuple[int, int]] | None:
+        """`append` once its checks passed."""
+        cow, new = self._write_need(seq, seq.num_tokens + len(toks), la)
+        if len(cow) + new > self._available():
+            return None
+        return self._do_append(seq, toks, cow, new)
+
+    def _do_append(
+        self, seq: _Seq, toks: list[int], cow: list[int], new: int
+    ) -> list[tuple[int, int]]:
+        pairs = self._write(seq, cow, new)
+        seq.tokens.extend(toks)
+        if self._caching:
+            self._extend_digests(seq)
+        self._schedule(seq, seq.num_tokens)
+        return pairs
+
+    def truncate(
+        self, seq_id: int, num_tokens: int, *, evicted: Evicted | None = None
+    ) -> list[tuple[int, int]] | None:
+        """Drop every token past `num_tokens` and the blocks past them (rejected drafts);
+        return the copy-on-write pairs (a shared hashed block left partial), or None."""
+        with self._duties(evicted):
+            return self._truncate(seq_id, num_tokens)
+
+    def _truncate(self, seq_id: int, num_tokens: int) -> list[tuple[int, int]] | None:
+        sid = _seq_id(seq_id)
+        m = _check_int(num_tokens, "num_tokens", 1, _I64_MAX + 1)
+        _, seq = self._resident(sid)
+        if m > seq.num_tokens:
+            raise InvalidArgumentError(
+                f"num_tokens {m} out of range [1, {seq.num_tokens}] for sequence {sid}"
+            )
+        return self._truncate_to(seq, m)
+
+    def _truncate_to(self, seq: _Seq, m: int) -> list[tuple[int, int]] | None:
+        """`truncate` once its checks passed."""
+        bs = self._block_size
+        i = m // bs
+        # A hashed block left partial would be written next: no hashed block may sit there.
+        # Held alone, it leaves the index; shared, it is copied (after the releases below).
+        copy = False
+        if m % bs and i < len(seq.blocks) and self._hashed[seq.blocks[i]] is not None:
+            if self._rc[seq.blocks[i]] == 1:
+                self._unindex(seq.blocks[i])
+            elif self._available() == 0:
+                return None
+            else:
+                copy = True
+        keep = _cdiv(m, bs)
+        dropped = seq.blocks[keep:]
+        del seq.blocks[keep:]
+        self._release_all(dropped)  # hashed ones become CACHED: their KV was computed
+        self._truncated_blocks += len(dropped)
+        pairs = [self._copy(seq, i)] if copy else []
+        del seq.tokens[m:]
+        del seq.digests[i:]
+        seq.scheduled = min(seq.scheduled, m)
+        seq.hits = min(seq.hits, i)
+        return pairs
+
+    def fork(self, parent_id: int, child_id: int, *, evicted: Evicted | None = None) -> None:
+        """The child shares every block of the parent (evicts nothing)."""
+        with self._duties(evicted):
+            self._fork(parent_id, child_id)
+
+    def _fork(self, parent_id: int, child_id: int) -> None:
+        pid = _seq_id(parent_id, "parent_id")
+        cid = _seq_id(child_id, "child_id")  # both arguments before any state check
+        _, parent = self._resident(pid)
+        if cid in self._seqs:
+            raise DuplicateSequenceError(f"sequence id {cid} already exists")
+        for b in self._held(parent):
+            if self._rc[b] >= MAX_REFCOUNT:
+                raise RefcountOverflowError(f"block {b} already has {MAX_REFCOUNT} holders")
+        child = parent.copy()
+        for b in self._held(child):
+            self._rc[b] += 1
+        self._seqs[cid] = child
+
+    def _held(self, seq: _Seq) -> list[int]:
+        """The GPU blocks a resident sequence holds a reference to."""
+        return seq.blocks
+
+    def free(self, seq_id: int, *, num_computed_tokens: int | None = None) -> None:
+        """Release a sequence's blocks, tail first, and forget it. The blocks it registered
+        past its `num_computed_tokens` are withdrawn from the prefix index first."""
+        sid = _seq_id(seq_id)
+        c = (
+            None
+            if num_computed_tokens is None
+            else _check_int(num_computed_tokens, "num_computed_tokens", 0, _I64_MAX + 1)
+        )
+        _, seq = self._get(sid)
+        if c is not None and c > seq.num_tokens:
+            raise InvalidArgumentError(
+                f"num_computed_tokens {c} out of range [0, {seq.num_tokens}] for sequence {sid}"
+            )
+        self._free_one(sid, c)
+
+    def _free_one(self, sid: int, computed: int | None = None) -> None:
+        seq = self._seqs.pop(sid)
+        if seq.swapped:
+            self._cpu_free.extend(reversed(seq.cpu_blocks))
+            self._cpu_removed(seq)
+            return
+        bs = self._block_size
+        c = seq.scheduled if computed is None else computed
+        # Registered (by this sequence or the one it was forked from) but never computed:
+        # no holder has valid KV in it, so it must never be served as a hit again. Other
+        # holders keep it as an ordinary unhashed block.
+        for i in range(seq.scheduled // bs - 1, max(seq.hits, c // bs) - 1, -1):  # tail first
+            b = seq.blocks[i]
+            if self._hashed[b] is not None and self._hashed[b] == seq.digests[i]:
+                self._unindex(b)
+                self._unregistered_blocks += 1
+        self._release_all(seq.blocks)
+
+    def _cpu_removed(self, seq: _Seq) -> None:
+        """The CPU copies of the blocks `swap_out` stored are gone."""
+        if self._events_on and self._caching:
+            for d in seq.digests[: seq.scheduled // self._block_size]:
+                self._events.append(BlockRemoved(block_hashes=[d], medium="CPU"))
+
+    def swap_out(self, seq_id: int) -> list[tuple[int, int]] | None:
+        """Move a resident sequence to CPU blocks; return the (gpu, cpu) pairs, or None."""
+        _, seq = self._resident(seq_id)
+        if len(seq.blocks) > len(self._cpu_free):
+            return None
+        pairs = [(g, self._cpu_free.pop()) for g in seq.blocks]
+        self._release_all(seq.blocks)
+        seq.cpu_blocks = [c for _, c in pairs]
+        seq.blocks = []
+        seq.swapped = True
+        self._swapped_out_blocks += len(pairs)
+        if self._events_on and self._caching:
+            for i in range(seq.scheduled // self._block_size):
+                self._events.append(self._stored(seq, i, "CPU"))
+        return pairs
+
+    def swap_in(
+        self, seq_id: int, *, evicted: Evicted | None = None
+    ) -> list[tuple[int, int]] | None:
+        """Move a swapped sequence back to GPU blocks; return the (cpu, gpu) pairs, or None."""
+        with self._duties(evicted):
+            return self._swap_in(seq_id)
+
+    def _swap_in(self, seq_id: int) -> list[tuple[int, int]] | None:
+        sid, seq = self._get(seq_id)
+        if not seq.swapped:
+            raise SequenceNotSwappedError(f"sequence {sid} is not swapped out")
+        # Every swapped block gets a fresh GPU block: cached copies of its content are not
+        # reused, and its full scheduled blocks are registered afresh (or stay unhashed).
+        need = len(seq.cpu_blocks)
+        if need > self._available():
+            return None
+        pairs = [(c, self._take()) for c in seq.cpu_blocks]
+        self._cpu_free.extend(reversed(seq.cpu_blocks))
+        self._cpu_removed(seq)
+        seq.blocks = [g for _, g in pairs]
+        seq.cpu_blocks = []
+        seq.swapped = False
+        self._register(seq, 0, seq.scheduled // self._block_size)
+        self._swapped_in_blocks += need
+        return pairs
+
+    def lookup(
+        self,
+        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        *,
+        cache_salt: str | bytes | None = None,
+        lora_id: int | None = None,
+    ) -> int:
+        """The prompt tokens `allocate` would serve from the cache now; touches nothing."""
+        toks = _tokens(token_ids)
+        salt = _salt_bytes(cache_salt)
+        lora = _lora(lora_id)
+        return self._hit_tokens(toks, salt, lora)
+
+    def _hit_tokens(self, toks: list[int], salt: bytes | None, lora: int | None) -> int:
+        return len(self._probe(toks, salt, lora)) * self._block_size
+
+    def lookup_many(
+        self,
+        prompts: Iterable[Sequence[int] | npt.NDArray[np.integer[Any]]],
+        *,
+        cache_salt: str | bytes | None = None,
+        lora_id: int | None = None,
+    ) -> list[int]:
+        """`lookup` of each prompt, in order (as `pagedkv.BlockManager.lookup_many`)."""
+        return [self.lookup(p, cache_salt=cache_salt, lora_id=lora_id) for p in prompts]
+
+    def _status(self, total: int, need: int) -> AllocStatus:
+        wm = self._watermark_blocks
+        if self._num_blocks - total < wm:
+            return AllocStatus.NEVER
+        if self._available() - need >= wm:
+            return AllocStatus.OK
+        return AllocStatus.LATER
+
+    def can_allocate(
+        self,
+        num_tokens_or_token_ids: int | Sequence[int] | npt.NDArray[np.integer[Any]],
+        *,
+        num_new_tokens: int | None = None,
+        cache_salt: str | bytes | None = None,
+        lora_id: int | None = None,
+    ) -> AllocStatus:
+        """Would this prompt (a token count, or its token ids: then its cache hit counts)
+        fit now (OK), later (LATER) or never (NEVER)?"""
+        arg = num_tokens_or_token_ids
+        count = _int_value(arg)
+        toks: list[int] | None = None
+        if count is None:
+            toks = _tokens(arg)
+            n = len(toks)
+        elif count < 1:
+            raise InvalidArgumentError(f"num_tokens {count} must be at least 1")
+        else:
+            n = count  # any size: NEVER when too big
+        k = _opt_count(num_new_tokens)
+        salt = _salt_bytes(cache_salt)
+        lora = _lora(lora_id)
+        k = _fits_prompt(k, n)
+        return self._alloc_status(toks, n, k, salt, lora)
+
+    def _alloc_status(
+        self, toks: list[int] | None, n: int, k: int, salt: bytes | None, lora: int | None
+    ) -> AllocStatus:
+        """`can_allocate` once its checks passed (`toks` None: a count, no hit credited)."""
+        bs = self._block_size
+        if toks is None:
+            total = _cdiv(k, bs)
+            return self._status(total, total)
+        hits = self._probe(toks, salt, lora)
+        h = len(hits)
+        total = _cdiv(min(h * bs + k, n), bs)
+        return self._status(total, total - h + sum(1 for b in hits if self._rc[b] == 0))
+
+    def can_swap_in(self, seq_id: int) -> AllocStatus:
+        """Would the swapped sequence fit now, later or never?"""
+        sid, seq = self._get(seq_id)
+        if not seq.swapped:
+            raise SequenceNotSwappedError(f"sequence {sid} is not swapped out")
+        return self._status(len(seq.cpu_blocks), len(seq.cpu_blocks))
+
+    # ---------------------------------------------------------------- batch calls
+
+    def append_batch(
+        self,
+        seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        *,
+        lookahead: int = 0,
+        evicted: Evicted | None = None,
+    ) -> npt.NDArray[np.int32] | None:
+        """One token per sequence; the copy-on-write pairs as an int32 (k, 2) array, or None."""
+        with self._duties(evicted):
+            return self._append_batch(seq_ids, token_ids, lookahead)
+
+    def _append_batch(
+        self,
+        seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        lookahead: int,
+    ) -> npt.NDArray[np.int32] | None:
+        ids = _seq_ids(seq_ids)
+        toks = _int_list(token_ids, "token_ids", 0, _U32)
+        la = _check_int(lookahead, "lookahead", 0, _I64_MAX + 1)
+        if len(ids) != len(toks):
+            raise InvalidArgumentError(
+                f"seq_ids and token_ids lengths differ ({len(ids)} != {len(toks)})"
+            )
+        _distinct(ids)
+        seqs = [self._appendable(s) for s in ids]  # per sequence, in batch order
+        return self._append_each(seqs, toks, la)
+
+    def _append_each(
+        self, seqs: list[_Seq], toks: list[int], la: int
+    ) -> npt.NDArray[np.int32] | None:
+        """`append_batch` once its checks passed."""
+        need = 0
+        for seq in seqs:
+            cow, new = self._write_need(seq, seq.num_tokens + 1, la)
+            need += len(cow) + new
+        if need > self._available():
+            return None
+        pairs: list[tuple[int, int]] = []
+        for seq, t in zip(seqs, toks, strict=True):
+            # An earlier append may have unshared a block: count again.
+            cow, new = self._write_need(seq, seq.num_tokens + 1, la)
+            pairs.extend(self._do_append(seq, [t], cow, new))
+        return np.array(pairs, dtype=np.int32).reshape(len(pairs), 2)
+
+    def free_batch(self, seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]]) -> None:
+        """Free each sequence, in the given order."""
+        ids = _seq_ids(seq_ids)
+        _distinct(ids)
+        for s in ids:
+            self._get(s)
+        for s in ids:
+            self._free_one(s)
+
+    def running_batch(
+        self, seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None
+    ) -> ReferenceRunningBatch:
+        """A `RunningBatch` over this manager's sequences, holding `seq_ids` (default none)."""
+        from pagedkv_reference.running import ReferenceRunningBatch
+
+        batch = ReferenceRunningBatch(self)
+        if seq_ids is not None:
+            batch.add(seq_ids)
+        return batch
+
+    def _group_arg(self, group: object) -> int:
+        """A group index in `[0, len(groups))` (only `0` without groups)."""
+        return _check_int(group, "group", 0, max(1, len(self._groups)))
+
+    def _table(self, seq: _Seq, group: int) -> list[int]:
+        """The GPU table of a resident sequence in that group."""
+        return seq.blocks
+
+    def block_tables(
+        self,
+        seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        pad: int = -1,
+        *,
+        group: int = 0,
+    ) -> npt.NDArray[np.int32]:
+        """The GPU tables (of `group`) as an int32 (batch, max blocks) array, padded with
+        `pad`."""
+        ids = _seq_ids(seq_ids)
+        p = _check_int(pad, "pad", _I32_MIN, _I32_MAX + 1)
+        g = self._group_arg(group)
+        tables = [self._table(self._resident(s)[1], g) for s in ids]
+        width = max((len(t) for t in tables), default=0)
+        out = np.full((len(tables), width), p, dtype=np.int32)
+        for r, t in enumerate(tables):
+            out[r, : len(t)] = t
+        return out
+
+    def slot_mapping(
+        self,
+        seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        num_new_tokens: int | Sequence[int] | npt.NDArray[np.integer[Any]],
+        *,
+        lookahead: int = 0,
+        group: int = 0,
+    ) -> npt.NDArray[np.int64]:
+        """The int64 slots (in `group`'s table) of each sequence's last `num_new_tokens`
+        scheduled tokens, then of its `lookahead` draft positions past them, concatenated."""
+        ids = _seq_ids(seq_ids)
+        counts = _counts(num_new_tokens, len(ids))
+        la = _check_int(lookahead, "lookahead", 0, _I64_MAX + 1)
+        g = self._group_arg(group)
+        if len(counts) != len(ids):
+            raise InvalidArgumentError(
+                f"num_new_tokens has {len(counts)} entries for {len(ids)} sequences"
+            )
+        bs = self._block_size
+        seqs = []
+        for sid, k in zip(ids, counts, strict=True):  # per sequence: known, resident, fits
+            _, s = self._resident(sid)
+            if k > s.scheduled:
+                raise InvalidArgumentError(
+                    f"num_new_tokens {k} out of range [1, {s.scheduled}] for sequence {sid}"
+                )
+            room = len(self._table(s, g)) * bs - s.scheduled
+            if la > room:
+                raise InvalidArgumentError(
+                    f"lookahead {la}: sequence {sid} has room for "
+                    f"{room} slots past its scheduled tokens"
+                )
+            seqs.append(s)
+        slots: list[int] = []
+        for s, k in zip(seqs, counts, strict=True):
+            t = self._table(s, g)
+            slots.extend(t[p // bs] * bs + p % bs for p in range(s.scheduled - k, s.scheduled + la))
+        return np.array(slots, dtype=np.int64)
+
+    def flashinfer_page_table(
+        self, seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]], *, group: int = 0
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        """(kv_indptr, kv_indices, kv_last_page_len) of the scheduled tokens (in `group`'s
+        table), int32, in FlashInfer's paged layout."""
+        ids = _seq_ids(seq_ids)
+        g = self._group_arg(group)
+        seqs = [self._resident(s)[1] for s in ids]
+        bs = self._block_size
+        indptr = [0]
+        indices: list[int] = []
+        last: list[int] = []
+        for s in seqs:
+            pages = _cdiv(s.scheduled, bs)
+            indices.extend(self._table(s, g)[:pages])
+            indptr.append(len(indices))
+            last.append(s.scheduled - (pages - 1) * bs)
+        return (
+            np.array(indptr, dtype=np.int32),
+            np.array(indices, dtype=np.int32),
+            np.array(last, dtype=np.int32),
+        )
+
+    # ---------------------------------------------------------------- queries
+
+    def block_table(self, seq_id: int, *, group: int = 0) -> list[int]:
+        """The GPU block ids of a resident sequence (its table in `group`)."""
+        sid = _seq_id(seq_id)
+        g = self._group_arg(group)
+        return list(self._table(self._resident(sid)[1], g))
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self._get(seq_id)[1].num_tokens
+
+    def num_scheduled_tokens(self, seq_id: int) -> int:
+        """The tokens scheduled for compute so far (`s`)."""
+        return self._get(seq_id)[1].scheduled
+
+    def table_digest(self, seq_id: int) -> int:
+        """A 64-bit digest of the GPU table (position-aware): equal tables, equal digests.
+
+        A swapped-out sequence has an empty GPU table."""
+        blocks = self._get(seq_id)[1].blocks
+        raw = np.array(blocks, dtype=np.int64).tobytes()
+        return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
+
+    def block_hashes(self, seq_id: int) -> list[bytes]:
+        """The chain digests of the sequence's full blocks."""
+        return list(self._get(seq_id)[1].digests)
+
+    def is_swapped(self, seq_id: int) -> bool:
+        return self._get(seq_id)[1].swapped
+
+    def __contains__(self, seq_id: object) -> bool:
+        v = _int_value(seq_id)  # anything but a scalar int (a bool too) is not an id
+        return v is not None and v in self._seqs
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._lru)
+
+    @property
+    def num_available_blocks(self) -> int:
+        return self._available()
+
+    @property
+    def num_free_cpu_blocks(self) -> int:
+        return len(self._cpu_free)
+
+    @property
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    def stats(self) -> Stats:
+        resident = [s for s in self._seqs.values() if not s.swapped]
+        free = len(self._free)
+        cached = len(self._lru)
+        return Stats(
+            num_blocks=self._num_blocks,
+            block_size=self._block_size,
+            free_blocks=free,
+            used_blocks=self._num_blocks - free - cached,
+            cached_blocks=cached,
+            num_cpu_blocks=self._num_cpu_blocks,
+            free_cpu_blocks=len(self._cpu_free),
+            num_sequences=len(self._seqs),
+            prefix_queries=self._prefix_queries,
+            prefix_hits=self._prefix_hits,
+            evictions=self._evictions,
+            cow_copies=self._cow_copies,
+            swapped_out_blocks=self._swapped_out_blocks,
+            swapped_in_blocks=self._swapped_in_blocks,
+            reserved_slots=sum(len(s.blocks) for s in resident) * self._block_size,
+            used_slots=sum(s.scheduled for s in resident),
+            recent_prefix_queries=sum(q for q, _ in self._recent),
+            recent_prefix_hits=sum(h for _, h in self._recent),
+            registered_blocks=self._registered_blocks,
+            unregistered_blocks=self._unregistered_blocks,
+            truncated_blocks=self._truncated_blocks,
+        )
+
+    def print_memory_stats(self, file: TextIO | None = None) -> None:
+        """Print a human-readable summary of `stats()` (to stdout by default)."""
+        print(self.stats(), file=sys.stdout if file is None else file)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every CACHED block, unless some block is OWNED (then return False)."""
+        if any(rc > 0 for rc in self._rc):
+            return False
+        self._clear_cached()
+        self._index.clear()
+        self._prefix_queries = 0  # a fresh cache starts a fresh hit rate (as vLLM's does)
+        self._prefix_hits = 0
+        self._recent.clear()
+        if self._events_on:
+            self._events.append(AllBlocksCleared())
+        return True
+
+    def _clear_cached(self) -> None:
+        """Reset's move of the CACHED blocks to the free stack: under the free blocks, oldest
+        first (vLLM only drops their hashes, so they stay behind every free block in its
+        free queue and are reused last, oldest first)."""
+        for b in self._lru:
+            self._hashed[b] = None
+        self._free[:0] = reversed(self._lru)  # the oldest ends just under the free blocks
+        self._lru.clear()
+
+    def drain_events(self) -> list[KVEvent]:
+        out, self._events = self._events, []
+        return out
+
+    # ---------------------------------------------------------------- audit
+
+    def check_invariants(self) -> None:
+        """Audit the lifecycle contract; raise InvariantError naming the first violation."""
+
+        def fail(msg: str) -> NoReturn:
+            raise InvariantError(msg)
+
+        n = self._num_blocks
+        bs = self._block_size
+        rc = [0] * n
+        for sid, s in self._seqs.items():
+            if not 1 <= s.scheduled <= s.num_tokens:
+                fail(f"sequence {sid}: {s.scheduled} scheduled of {s.num_tokens} tokens")
+            if not 0 <= s.hits * bs <= s.scheduled:
+                fail(f"sequence {sid}: {s.hits} hit blocks, {s.scheduled} scheduled tokens")
+            if s.swapped:
+                if s.blocks:
+                    fail(f"swapped sequence {sid} holds GPU blocks {s.blocks}")
+                if len(s.cpu_blocks) < _cdiv(s.scheduled, bs):
+                    fail(f"swapped sequence {sid} has too few CPU blocks")
+            else:
+                if s.cpu_blocks:
+                    fail(f"resident sequence {sid} holds CPU blocks {s.cpu_blocks}")
+                if len(s.blocks) * bs < s.scheduled:
+                    fail(f"sequence {sid} has {len(s.blocks)} blocks for {s.scheduled} tokens")
+                for b in s.blocks:
+                    if not 0 <= b < n:
+                        fail(f"sequence {sid} holds block id {b} out of range")
+                    rc[b] += 1
+            want = s.num_tokens // bs if self._caching else 0
+            if len(s.digests) != want:
+                fail(f"sequence {sid} has {len(s.digests)} digests, expected {want}")
+            if self._caching:
+                expect = _Seq(s.salt, s.lora_id)
+                expect.tokens = s.tokens
+                self._extend_digests(expect)
+                if expect.digests != s.digests:
+                    fail(f"sequence {sid} digests do not match its tokens")
+            # Registration follows scheduling: every holder of a hashed block has it among its
+            # full scheduled blocks, under that block's digest (so no write reaches it).
+            for i, b in enumerate(s.blocks):
+                d = self._hashed[b]
+                if d is None:
+                    continue
+                if i >= s.scheduled // bs:
+                    fail(
+                        f"sequence {sid} block {b} at index {i} is hashed but not full of "
+                        f"scheduled tokens ({s.scheduled})"
+                    )
+                if d != s.digests[i]:
+                    fail(f"sequence {sid} block {b} hashed under another digest")
+        for b in range(n):
+            if rc[b] != self._rc[b]:
+                fail(f"block {b}: refcount {self._rc[b]}, tables hold {rc[b]}")
+
+        free_set = set(self._free)
+        if len(free_set) != len(self._free):
+            fail("free stack holds a block twice")
+        for b in self._free:
+            if not 0 <= b < n:
+                fail(f"free stack holds block id {b} out of range")
+            if self._rc[b] != 0:
+                fail(f"free block {b} has refcount {self._rc[b]}")
+            if self._hashed[b] is not None:
+                fail(f"free block {b} is hashed")
+        for b in self._lru:
+            if self._rc[b] != 0:
+                fail(f"cached block {b} has refcount {self._rc[b]}")
+            if b in free_set:
+                fail(f"block {b} is both free and cached")
+            if self._hashed[b] is None:
+                fail(f"cached block {b} is not hashed")
+        for d, b in self._index.items():
+            if self._hashed[b] != d:
+                fail(f"prefix index maps a digest to block {b}, which is not hashed under it")
+        num_hashed = sum(1 for d in self._hashed if d is not None)
+        if num_hashed != len(self._index):
+            fail(f"{num_hashed} blocks are hashed but the index holds {len(self._index)}")
+        if not self._caching and self._index:
+            fail("prefix index not empty with prefix caching disabled")
+        owned = sum(1 for r in self._rc if r > 0)
+        if owned + len(self._free) + len(self._lru) != n:
+            fail(f"owned {owned} + free {len(self._free)} + cached {len(self._lru)} != {n} blocks")
+        for b in range(n):
+            if self._rc[b] == 0 and b not in free_set and b not in self._lru:
+                fail(f"block {b} has refcount 0 but is neither free nor cached")
+
+        cpu = list(self._cpu_free)
+        for s in self._seqs.values():
+            cpu.extend(s.cpu_blocks)
+        if sorted(cpu) != list(range(self._num_cpu_blocks)):
+            fail("CPU blocks: free stack and swapped sequences do not partition the CPU space")
+        if not self._events_on and self._events:
+            fail("events queued with events disabled")
+        st = self.stats()
+        if len(self._recent) > RECENT_WINDOW or not (
+            st.recent_prefix_hits <= st.recent_prefix_queries <= self._prefix_queries
+            and st.recent_prefix_hits <= self._prefix_hits
+        ):
+            fail("the recent hit-rate window does not fit the totals")
