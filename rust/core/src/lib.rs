@@ -1,18 +1,31 @@
 //! pagedkv-core: a paged KV-cache block manager with no Python dependency.
 //!
-//! The parts, one file each: `block_state` (one atomic word per block: refcount, hashed,
-//! generation), `gate` (reset excludes every ownership change), `seq_map` (live ids and how
-//! they come and go), `alloc` (fallible allocation), `duties` (the evictions a call must copy out, returned to it), `free_stack` (lock-free LIFO of free ids), `lru_queue` (eviction order of cached
-//! blocks), `prefix_index` (digest -> block, lock-free reads), `block_pool` (the lifecycle
-//! transitions and admission), `cpu_pool` (swap space), `hashing` (chained digests),
-//! `hit_tag` (secret tags that confirm hits under a weak hash), `sequence` (a block table), `manager` (the operations), `batch`, `decode` (the one-token step), `running` (persistent running batches), `swap`, `audit`,
-//! `events`, `stats`, `config`, `error`.
+//! The parts, one file each.
+//!
+//! - Blocks: `block_state` (one atomic word per block: refcount, hashed, generation),
+//!   `free_stack` (lock-free LIFO of free ids), `lru_queue` (eviction order of cached blocks),
+//!   `prefix_index` (digest -> block, lock-free reads), `block_pool` (the lifecycle
+//!   transitions, admission, per-group tallies), `cpu_pool` (swap space).
+//! - Content: `hashing` (chained digests, group keys), `hit_tag` (secret tags that confirm
+//!   hits under a weak hash).
+//! - Sequences: `sequence` (a sequence's tables, one per group), `seq_map` (live ids and how
+//!   they come and go), `gate` (reset excludes every ownership change).
+//! - The manager, split by operation: `manager` (the struct, construction, locking helpers),
+//!   `allocate`, `schedule` (append, extend), `truncate`, `lifecycle` (fork, free, reset),
+//!   `swap`, `admission` (lookup, can_allocate), `queries`, `batch`, `decode` (the one-token
+//!   step), `running` (persistent running batches), `audit`.
+//! - KV-cache groups: `policy` (what each kind of group keeps; the hybrid hit), `grouped`
+//!   (the operations on every layout but one full-attention group).
+//! - Device duties: `duties` (the evictions a call must copy out, returned to it).
+//! - `events`, `stats`, `counters`, `config`, `error`, `alloc` (fallible allocation).
 //!
 //! Lifecycle of a GPU block (docs/semantics.md): FREE -> OWNED(rc >= 1) -> FREE (unhashed) or
 //! CACHED (hashed, rc 0) -> OWNED (prefix hit) or evicted -> OWNED by a new holder.
 //! FREE + OWNED + CACHED = num_blocks at every quiescent moment (`check_invariants`).
 
+mod admission;
 mod alloc;
+mod allocate;
 mod audit;
 mod batch;
 mod block_pool;
@@ -35,6 +48,7 @@ mod guard_tests;
 mod hashing;
 mod hit_tag;
 mod id_hasher;
+mod lifecycle;
 #[cfg(all(test, not(loom)))]
 mod lock_choice_tests;
 #[cfg(all(test, loom))]
@@ -44,12 +58,15 @@ mod manager;
 mod policy;
 mod pool_audit;
 mod prefix_index;
+mod queries;
 mod running;
+mod schedule;
 mod seq_map;
 mod sequence;
 mod stats;
 mod swap;
 mod sync;
+mod truncate;
 
 pub use block_state::RC_MAX;
 pub use config::{Config, MAX_BLOCKS};

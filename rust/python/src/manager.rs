@@ -272,12 +272,10 @@ impl PyBlockManager {
         let detach = toks.len() >= DETACH_MIN_TOKENS;
         let mut toks = toks;
         // The converted tokens move into the core on success: no second copy of a prompt.
-        run_evicting(
-            py,
-            detach,
-            evicted.as_ref(),
-            || self.inner.allocate_from(id, &mut toks, salt.as_deref(), lora, new, lookahead),
-        )
+        run_evicting(py, detach, evicted.as_ref(), || {
+            self.inner
+                .allocate_from(id, &mut toks, salt.as_deref(), lora, new, lookahead)
+        })
     }
 
     /// Schedule the next `num_new_tokens` tokens of the prompt (chunked prefill).
@@ -300,12 +298,9 @@ impl PyBlockManager {
         let id = self::seq_id(seq_id)?;
         let k = int_arg(num_new_tokens, "num_new_tokens", 1, i64::MAX)? as usize;
         let lookahead = lookahead_arg(&lookahead)?;
-        run_evicting(
-            py,
-            false,
-            evicted.as_ref(),
-            || self.inner.extend(id, k, lookahead),
-        )
+        run_evicting(py, false, evicted.as_ref(), || {
+            self.inner.extend(id, k, lookahead)
+        })
     }
 
     /// Append generated tokens to a fully scheduled sequence, and reserve `lookahead`
@@ -357,12 +352,7 @@ impl PyBlockManager {
         let evicted = evicted_arg(evicted, self.records())?;
         let id = self::seq_id(seq_id)?;
         let m = int_arg(num_tokens, "num_tokens", 1, i64::MAX)? as usize;
-        run_evicting(
-            py,
-            false,
-            evicted.as_ref(),
-            || self.inner.truncate(id, m),
-        )
+        run_evicting(py, false, evicted.as_ref(), || self.inner.truncate(id, m))
     }
 
     /// Prompt tokens `allocate` would serve from the prefix cache now.
@@ -406,12 +396,7 @@ impl PyBlockManager {
             id_arg(parent_id, "parent_id")?,
             id_arg(child_id, "child_id")?,
         );
-        run_evicting(
-            py,
-            false,
-            evicted.as_ref(),
-            || self.inner.fork(p, c),
-        )
+        run_evicting(py, false, evicted.as_ref(), || self.inner.fork(p, c))
     }
 
     /// Release the sequence's blocks, tail first, and forget it. Registered blocks stay
@@ -461,12 +446,7 @@ impl PyBlockManager {
     ) -> PyResult<Option<Pairs>> {
         let evicted = evicted_arg(evicted, self.records())?;
         let id = self::seq_id(seq_id)?;
-        run_evicting(
-            py,
-            false,
-            evicted.as_ref(),
-            || self.inner.swap_in(id),
-        )
+        run_evicting(py, false, evicted.as_ref(), || self.inner.swap_in(id))
     }
 
     /// Whether a prompt fits now: `AllocStatus.OK`, `LATER` (not now, keeping the
@@ -542,12 +522,9 @@ impl PyBlockManager {
         let toks = batch_tokens(token_ids)?;
         let lookahead = lookahead_arg(&lookahead)?;
         let detach = ids.len() >= DETACH_MIN_BATCH;
-        let pairs = run_evicting(
-            py,
-            detach,
-            evicted.as_ref(),
-            || self.inner.append_batch_lookahead(&ids, &toks, lookahead),
-        )?;
+        let pairs = run_evicting(py, detach, evicted.as_ref(), || {
+            self.inner.append_batch_lookahead(&ids, &toks, lookahead)
+        })?;
         pairs.map(|p| pairs_array(py, p)).transpose()
     }
 

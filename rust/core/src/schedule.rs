@@ -1,0 +1,280 @@
+//! Scheduling more tokens of a sequence: `append` (new tokens) and `extend` (more of the
+//! known prompt, chunked prefill), with the helpers that write, hash and register blocks.
+
+use crate::counters;
+use crate::error::{invalid, Error, Result};
+use crate::events::{KvEvent, Medium};
+use crate::grouped::StepReq;
+use crate::hashing::Digest;
+use crate::manager::{cdiv, check_append, check_extend, prefix_lock_of, BlockManager};
+use crate::sequence::Sequence;
+
+impl BlockManager {
+    /// The number of leading blocks of `seq` that are full of scheduled tokens: those that
+    /// are (or were offered to be) registered.
+    pub(crate) fn registrable(&self, seq: &Sequence) -> usize {
+        (seq.scheduled / self.block_size()).min(seq.digests.len())
+    }
+
+    /// The event that stores full block `i` of `seq` on `medium`.
+    pub(crate) fn stored_event(&self, seq: &Sequence, i: usize, medium: Medium) -> KvEvent {
+        let bs = self.block_size();
+        KvEvent::BlockStored {
+            block_hash: seq.digests[i],
+            parent_block_hash: i.checked_sub(1).map(|p| seq.digests[p]),
+            token_ids: seq.tokens[i * bs..(i + 1) * bs].to_vec(),
+            lora_id: seq.lora_id,
+            medium,
+            group: 0,
+        }
+    }
+
+    /// Register the full blocks `range` of `seq` under their digests (`seq.digests[i]`), and
+    /// count those that were new with one update of the shared counter.
+    pub(crate) fn register(&self, seq: &Sequence, range: std::ops::Range<usize>) {
+        let mut new = 0;
+        for i in range {
+            let event = || self.stored_event(seq, i, Medium::Gpu);
+            new += usize::from(
+                self.gpu
+                    .register(seq.blocks[i], seq.digests[i], seq.tag(i), event),
+            );
+        }
+        if new > 0 {
+            counters::add(&self.counters.registered_blocks, new);
+            if let Some(t) = self.gpu.tally(0) {
+                counters::add(&t.registered, new);
+            }
+        }
+    }
+
+    /// Release a table's blocks, tail first.
+    pub(crate) fn release_blocks(&self, blocks: &[u32], digests: &[Digest]) -> Result<()> {
+        self.gpu.release_table(blocks, digests)
+    }
+
+    /// Blocks that writing positions `from .. to` of `seq` needs: copy-on-write copies of
+    /// the shared table entries it covers plus new blocks past the table.
+    pub(crate) fn write_need(&self, seq: &Sequence, from: usize, to: usize) -> usize {
+        let bs = self.block_size();
+        let end = cdiv(to, bs);
+        let shared = (from / bs..end.min(seq.blocks.len()))
+            .filter(|&i| self.gpu.state(seq.blocks[i]).load().rc() > 1)
+            .count();
+        shared + end.saturating_sub(seq.blocks.len())
+    }
+
+    /// Blocks that appending `k` tokens and reserving `lookahead` slots past them needs.
+    pub(crate) fn append_need(&self, seq: &Sequence, k: usize, lookahead: usize) -> usize {
+        let n = seq.tokens.len();
+        self.write_need(seq, n, (n + k).saturating_add(lookahead))
+    }
+
+    /// Room for `k` more tokens in `seq`, reserved before an append changes anything, so that
+    /// running out of memory is an error that changed nothing.
+    pub(crate) fn reserve_tokens(&self, seq: &mut Sequence, k: usize) -> Result<()> {
+        crate::alloc::try_grow(&mut seq.tokens, k, "a sequence's tokens")
+    }
+
+    /// Make positions `from .. to` of `seq` writable with the `write_need` units the caller
+    /// reserved in `spare`: copy the shared table entries (pairs to `pairs`), add blocks.
+    /// Unused units stay in `spare`.
+    pub(crate) fn write_reserved(
+        &self,
+        seq: &mut Sequence,
+        from: usize,
+        to: usize,
+        spare: &mut usize,
+        pairs: &mut Vec<(u32, u32)>,
+    ) -> Result<()> {
+        let bs = self.block_size();
+        let end = cdiv(to, bs);
+        for i in from / bs..end.min(seq.blocks.len()) {
+            let src = seq.blocks[i];
+            // Another holder may have dropped its reference since `write_need` (refcounts of
+            // a locked sequence's blocks only fall): then the block is ours to write.
+            if self.gpu.state(src).load().rc() > 1 {
+                *spare = spare
+                    .checked_sub(1)
+                    .ok_or_else(|| Error::Broken("copy-on-write beyond its reservation".into()))?;
+                let dst = self.gpu.take();
+                pairs.push((src, dst));
+                seq.replace_block(i, dst);
+                self.gpu.release(src, seq.digests.get(i))?;
+                counters::add(&self.counters.cow_copies, 1);
+            }
+        }
+        while seq.blocks.len() < end {
+            *spare = spare
+                .checked_sub(1)
+                .ok_or_else(|| Error::Broken("a write beyond its reservation".into()))?;
+            seq.push_block(self.gpu.take());
+        }
+        Ok(())
+    }
+
+    /// Append `tokens` (and make `lookahead` slots past them writable) to a sequence whose
+    /// `append_need` units the caller reserved in `spare`, and whose token room
+    /// `reserve_tokens` reserved; copy-on-write pairs go to `pairs`. Unused units stay in
+    /// `spare`.
+    pub(crate) fn append_reserved(
+        &self,
+        seq: &mut Sequence,
+        tokens: &[u32],
+        lookahead: usize,
+        spare: &mut usize,
+        pairs: &mut Vec<(u32, u32)>,
+    ) -> Result<()> {
+        let n = seq.tokens.len();
+        let m = n + tokens.len();
+        self.write_reserved(seq, n, m.saturating_add(lookahead), spare, pairs)?;
+        // The caller reserved the room (`reserve_tokens`): this cannot fail half way.
+        seq.tokens.extend_from_slice(tokens);
+        self.extend_digests(seq);
+        self.schedule_to(seq, m);
+        Ok(())
+    }
+
+    /// Compute the digests (and tags) of blocks that became full of known tokens.
+    pub(crate) fn extend_digests(&self, seq: &mut Sequence) {
+        if !self.caching() {
+            return;
+        }
+        let bs = self.block_size();
+        for i in seq.digests.len()..seq.tokens.len() / bs {
+            let parent = i
+                .checked_sub(1)
+                .map_or_else(|| self.hasher.root(), |p| seq.digests[p]);
+            let d = self
+                .hasher
+                .hash_block(&parent, &seq.tokens[i * bs..(i + 1) * bs], &seq.extras);
+            seq.digests.push(d);
+            if let Some(t) = &self.tagger {
+                let parent = i.checked_sub(1).map_or_else(|| t.root(), |p| seq.tags[p]);
+                let tag = t.tag_block(parent, &seq.tokens[i * bs..(i + 1) * bs], &seq.extras);
+                seq.tags.push(tag);
+            }
+        }
+    }
+
+    /// Mark the first `upto` tokens scheduled and register the blocks that became full of
+    /// scheduled tokens.
+    pub(crate) fn schedule_to(&self, seq: &mut Sequence, upto: usize) {
+        let before = self.registrable(seq);
+        seq.scheduled = upto;
+        self.register(seq, before..self.registrable(seq));
+    }
+
+    /// The prefix lock that scheduling `seq` up to `upto` tokens, `new` of them appended now,
+    /// needs: `Some` when caching is on and a block becomes full of scheduled tokens (and is
+    /// then registered). Computed before any change, so that waiting for it can still back
+    /// out.
+    pub(crate) fn schedule_prefix_key(
+        &self,
+        seq: &Sequence,
+        upto: usize,
+        new: &[u32],
+    ) -> Option<usize> {
+        let bs = self.block_size();
+        if !self.caching() || upto / bs <= seq.scheduled / bs {
+            return None;
+        }
+        if let Some(first) = seq.digests.first() {
+            return Some(prefix_lock_of(first));
+        }
+        let have = seq.tokens.len().min(bs);
+        let mut block = seq.tokens[..have].to_vec();
+        block.extend_from_slice(&new[..bs - have]);
+        let first = self
+            .hasher
+            .hash_block(&self.hasher.root(), &block, &seq.extras);
+        Some(prefix_lock_of(&first))
+    }
+
+    /// Add generated tokens. Returns the copy-on-write pairs, or `None` when the blocks do
+    /// not fit (nothing changed).
+    pub fn append(&self, id: u64, tokens: &[u32]) -> Result<Option<Vec<(u32, u32)>>> {
+        self.append_lookahead(id, tokens, 0)
+    }
+
+    /// `append` that also makes `lookahead` slots past the new tokens writable (draft tokens
+    /// of speculative decoding).
+    pub fn append_lookahead(
+        &self,
+        id: u64,
+        tokens: &[u32],
+        lookahead: usize,
+    ) -> Result<Option<Vec<(u32, u32)>>> {
+        if tokens.is_empty() {
+            return Err(invalid("token_ids must not be empty"));
+        }
+        self.with_seq(id, true, |seq| {
+            if seq.is_swapped() {
+                return Err(Error::Swapped(id));
+            }
+            check_append(id, seq.tokens.len(), seq.scheduled, tokens.len())?;
+            let upto = seq.tokens.len() + tokens.len();
+            if !self.plain() {
+                let req = StepReq {
+                    new: tokens,
+                    m: upto,
+                    to: upto.saturating_add(lookahead),
+                };
+                return self.step_grouped(&mut [seq], &[req], None);
+            }
+            self.reserve_tokens(seq, tokens.len())?;
+            let keys = self
+                .schedule_prefix_key(seq, upto, tokens)
+                .into_iter()
+                .collect();
+            let _prefix = self.lock_prefixes(keys)?;
+            let need = self.append_need(seq, tokens.len(), lookahead);
+            if !self.gpu.reserve(need) {
+                return Ok(None);
+            }
+            let mut spare = need;
+            let mut pairs = Vec::new();
+            self.append_reserved(seq, tokens, lookahead, &mut spare, &mut pairs)?;
+            self.gpu.unreserve(spare);
+            Ok(Some(pairs))
+        })
+    }
+
+    /// Schedule the next `k` tokens of the known prompt (chunked prefill), making `lookahead`
+    /// slots past them writable. Returns the copy-on-write pairs, or `None` when the blocks
+    /// do not fit (nothing changed).
+    pub fn extend(&self, id: u64, k: usize, lookahead: usize) -> Result<Option<Vec<(u32, u32)>>> {
+        self.with_seq(id, true, |seq| {
+            if seq.is_swapped() {
+                return Err(Error::Swapped(id));
+            }
+            check_extend(id, seq.tokens.len(), seq.scheduled, k)?;
+            let from = seq.scheduled;
+            let upto = from + k;
+            if !self.plain() {
+                let req = StepReq {
+                    new: &[],
+                    m: upto,
+                    to: upto.saturating_add(lookahead),
+                };
+                return self.step_grouped(&mut [seq], &[req], None);
+            }
+            let keys = self
+                .schedule_prefix_key(seq, upto, &[])
+                .into_iter()
+                .collect();
+            let _prefix = self.lock_prefixes(keys)?;
+            let to = upto.saturating_add(lookahead);
+            let need = self.write_need(seq, from, to);
+            if !self.gpu.reserve(need) {
+                return Ok(None);
+            }
+            let mut spare = need;
+            let mut pairs = Vec::new();
+            self.write_reserved(seq, from, to, &mut spare, &mut pairs)?;
+            self.schedule_to(seq, upto);
+            self.gpu.unreserve(spare);
+            Ok(Some(pairs))
+        })
+    }
+}

@@ -1,0 +1,64 @@
+//! `truncate`: dropping a sequence's tokens past a point (rejected drafts, rollbacks).
+
+use crate::counters;
+use crate::error::{invalid, Error, Result};
+use crate::manager::{cdiv, BlockManager};
+
+impl BlockManager {
+    /// Drop every token past `m` and the table entries past them (their blocks are released
+    /// tail first; hashed ones stay cached). A hashed block left partial is withdrawn from
+    /// the cache when this sequence holds it alone, else copied (it must not be written).
+    /// Returns the copy-on-write pairs, or `None` when a needed copy does not fit (nothing
+    /// changed).
+    pub fn truncate(&self, id: u64, m: usize) -> Result<Option<Vec<(u32, u32)>>> {
+        self.with_seq(id, true, |seq| {
+            if seq.is_swapped() {
+                return Err(Error::Swapped(id));
+            }
+            let n = seq.tokens.len();
+            if m == 0 || m > n {
+                return Err(invalid(format!(
+                    "num_tokens {m} for sequence {id} must be in 1..={n}"
+                )));
+            }
+            if !self.plain() {
+                return self.truncate_grouped(id, seq, m);
+            }
+            let bs = self.block_size();
+            let last = m / bs;
+            let partial = (m % bs != 0)
+                .then(|| seq.blocks.get(last).copied())
+                .flatten()
+                .filter(|&b| self.gpu.state(b).load().hashed());
+            // A hashed partial block was full: its digest is `digests[last]`. Withdrawing it
+            // is the only change before the copy's reservation, and only a refusal leads on.
+            let copy = match partial {
+                Some(b) if !self.gpu.retract(b, &seq.digests[last], true) => {
+                    if !self.gpu.reserve(1) {
+                        return Ok(None);
+                    }
+                    Some(b)
+                }
+                _ => None,
+            };
+            let keep = cdiv(m, bs).min(seq.blocks.len());
+            let dropped = seq.truncate_blocks(keep);
+            self.release_blocks(&dropped, seq.digests.get(keep..).unwrap_or_default())?;
+            counters::add(&self.counters.truncated_blocks, dropped.len());
+            let mut pairs = Vec::new();
+            if let Some(src) = copy {
+                let dst = self.gpu.take();
+                pairs.push((src, dst));
+                seq.replace_block(last, dst);
+                self.gpu.release(src, Some(&seq.digests[last]))?;
+                counters::add(&self.counters.cow_copies, 1);
+            }
+            seq.tokens.truncate(m);
+            seq.digests.truncate(seq.digests.len().min(last));
+            seq.tags.truncate(seq.tags.len().min(last));
+            seq.scheduled = seq.scheduled.min(m);
+            seq.hit_blocks = seq.hit_blocks.min(last);
+            Ok(Some(pairs))
+        })
+    }
+}
