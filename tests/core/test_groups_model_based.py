@@ -24,6 +24,7 @@ from test_model_based import DUTIES, normalize, run
 FULL = KVCacheGroup("full")
 CONFIGS: dict[str, tuple[int, list[KVCacheGroup]]] = {
     "full-only": (2, [FULL]),
+    "two-full": (2, [FULL, FULL]),
     "full+window": (2, [FULL, KVCacheGroup("sliding_window", window=4)]),
     "window-first": (2, [KVCacheGroup("sliding_window", window=3), FULL]),
     "gemma-like": (
