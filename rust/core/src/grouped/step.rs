@@ -1,0 +1,214 @@
+//! A scheduling step on every layout: release what each group no longer needs, write the
+//! new positions in every group, register what became full (see the module docs in
+//! `mod.rs` for why a refused step changes nothing).
+
+use crate::counters;
+use crate::error::Result;
+use crate::manager::{cdiv, prefix_lock_of, BlockManager};
+use crate::sequence::Sequence;
+use std::collections::HashMap;
+
+use super::{StepReq, NULL};
+
+impl BlockManager {
+    /// Entries each sequence's groups no longer need at its next position, `(g, i)` group
+    /// by group, tail first.
+    pub(crate) fn skipped(&self, seq: &Sequence) -> Vec<(usize, usize)> {
+        let p = seq.scheduled;
+        let mut out = Vec::new();
+        for g in 0..seq.num_groups() {
+            let lo = seq.nulls(g);
+            let hi = self.first_needed(g, p).min(seq.table(g).len());
+            out.extend((lo..hi).rev().map(|i| (g, i)));
+        }
+        out
+    }
+
+    /// Blocks writing positions `p .. to` of `seq` takes in every group: copies of shared
+    /// entries plus new entries.
+    pub(crate) fn grouped_write_need(&self, seq: &Sequence, p: usize, to: usize) -> usize {
+        let bs = self.block_size();
+        let end = cdiv(to, bs);
+        let len = seq.blocks.len();
+        let mut need = 0usize;
+        for g in 0..seq.num_groups() {
+            need += (p / bs..end.min(len))
+                .filter(|&i| self.gpu.state(seq.table(g)[i]).load().rc() > 1)
+                .count();
+            need = need.saturating_add(end.saturating_sub(len));
+        }
+        need
+    }
+
+    /// Make positions `p .. to` writable in every group with units from `spare`: per group,
+    /// copy the shared entries (pairs to `pairs`), then add entries.
+    pub(crate) fn grouped_write(
+        &self,
+        seq: &mut Sequence,
+        p: usize,
+        to: usize,
+        spare: &mut usize,
+        pairs: &mut Vec<(u32, u32)>,
+    ) -> Result<()> {
+        let bs = self.block_size();
+        let end = cdiv(to, bs);
+        let len = seq.blocks.len();
+        for g in 0..seq.num_groups() {
+            for i in p / bs..end.min(len) {
+                let src = seq.table(g)[i];
+                // Refcounts of a locked sequence's unregistered blocks only fall: a block
+                // another holder let go of since the count is ours to write.
+                if self.gpu.state(src).load().rc() > 1 {
+                    let dst = self.take_for(g, spare)?;
+                    pairs.push((src, dst));
+                    seq.set_entry(g, i, dst);
+                    let key = seq.digests.get(i).map(|d| d.keyed(g as u8));
+                    self.gpu.release(src, key.as_ref())?;
+                    counters::add(&self.counters.cow_copies, 1);
+                }
+            }
+            for _ in len..end {
+                let b = self.take_for(g, spare)?;
+                seq.push_entry(g, b);
+            }
+        }
+        Ok(())
+    }
+
+    /// One step of each locked sequence (batch order), all or nothing: every sequence's
+    /// skipped entries are released first, then each is written, then each registered.
+    /// Returns the copy-on-write pairs, or `None` when the blocks do not fit (nothing
+    /// changed). Pushes each sequence's new slots per group to `slots` when given.
+    pub(crate) fn step_grouped(
+        &self,
+        seqs: &mut [&mut Sequence],
+        reqs: &[StepReq<'_>],
+        slots: Option<&mut Vec<Vec<i64>>>,
+    ) -> Result<Option<Vec<(u32, u32)>>> {
+        let bs = self.block_size();
+        let mut keys = Vec::new();
+        let mut skipped = Vec::with_capacity(seqs.len());
+        for (seq, req) in seqs.iter_mut().zip(reqs) {
+            // Room first, so that running out of memory fails before anything changed.
+            self.reserve_tokens(seq, req.new.len())?;
+            let more = cdiv(req.to, bs).saturating_sub(seq.blocks.len());
+            seq.reserve_entries(more)?;
+            let s = self.skipped(seq);
+            if !s.is_empty() && self.config.enable_prefix_caching {
+                if let Some(first) = seq.digests.first() {
+                    keys.push(prefix_lock_of(first));
+                }
+            }
+            keys.extend(self.schedule_prefix_key(seq, req.m, req.new));
+            skipped.push(s);
+        }
+        let _prefix = self.lock_prefixes(keys)?;
+        // References the releases drop per block (a block shared by two sequences of the
+        // batch is dropped twice) and the blocks they free.
+        let mut drops: HashMap<u32, u32> = HashMap::new();
+        let mut need = 0usize;
+        for ((seq, req), s) in seqs.iter().zip(reqs).zip(&skipped) {
+            for &(g, i) in s {
+                *drops.entry(seq.table(g)[i]).or_insert(0) += 1;
+            }
+            let p = seq.scheduled;
+            need = need.saturating_add(self.grouped_write_need(seq, p, req.to));
+        }
+        let freed = drops
+            .iter()
+            .filter(|(&b, &k)| self.gpu.state(b).load().rc() == k)
+            .count();
+        let reserved = need.saturating_sub(freed);
+        if !self.gpu.reserve(reserved) {
+            return Ok(None);
+        }
+        let mut spare = reserved;
+        for (seq, s) in seqs.iter_mut().zip(&skipped) {
+            spare += self.release_skipped(seq, s)?;
+        }
+        let mut pairs = Vec::new();
+        for (seq, req) in seqs.iter_mut().zip(reqs) {
+            let p = seq.scheduled;
+            self.grouped_write(seq, p, req.to, &mut spare, &mut pairs)?;
+            // The caller reserved the room (`reserve_tokens`): this cannot fail half way.
+            seq.tokens.extend_from_slice(req.new);
+            self.extend_digests(seq);
+        }
+        for (seq, req) in seqs.iter_mut().zip(reqs) {
+            let before = self.registrable(seq);
+            seq.scheduled = req.m;
+            self.register_groups(seq, before..self.registrable(seq));
+        }
+        if let Some(out) = slots {
+            for (g, row) in out.iter_mut().enumerate() {
+                for (seq, req) in seqs.iter().zip(reqs) {
+                    let n = req.m - 1;
+                    row.push(i64::from(seq.table(g)[n / bs]) * bs as i64 + (n % bs) as i64);
+                }
+            }
+        }
+        self.gpu.unreserve(spare);
+        Ok(Some(pairs))
+    }
+
+    /// Release the planned skipped entries of one sequence (null them; group by group, tail
+    /// first), keeping the units of the blocks that leave. Returns those units.
+    pub(crate) fn release_skipped(
+        &self,
+        seq: &mut Sequence,
+        skipped: &[(usize, usize)],
+    ) -> Result<usize> {
+        let mut kept = 0;
+        let mut k = 0;
+        while k < skipped.len() {
+            // One group's run: positions hi-1 down to lo, contiguous.
+            let g = skipped[k].0;
+            let run = skipped[k..].iter().take_while(|(h, _)| *h == g).count();
+            let hi = skipped[k].1 + 1;
+            let lo = skipped[k + run - 1].1;
+            kept += self.release_entries(seq, g, lo..hi, true)?;
+            for i in lo..hi {
+                seq.set_entry(g, i, NULL);
+            }
+            k += run;
+        }
+        Ok(kept)
+    }
+
+    /// One token to each locked sequence (batch order) with `lookahead` slots past it, for
+    /// `append_batch` and a running batch's step, keeping the `stats()` tallies.
+    pub(crate) fn step_batch_grouped(
+        &self,
+        seqs: &mut [&mut Sequence],
+        tokens: &[u32],
+        lookahead: usize,
+        slots: Option<&mut Vec<Vec<i64>>>,
+    ) -> Result<Option<Vec<(u32, u32)>>> {
+        let bs = self.block_size();
+        let reqs: Vec<StepReq<'_>> = seqs
+            .iter()
+            .zip(tokens)
+            .map(|(seq, t)| {
+                let m = seq.tokens.len() + 1;
+                StepReq {
+                    new: std::slice::from_ref(t),
+                    m,
+                    to: m.saturating_add(lookahead),
+                }
+            })
+            .collect();
+        let before = seqs.iter().fold((0, 0), |acc, s| {
+            let f = s.footprint(bs);
+            (acc.0 + f.0, acc.1 + f.1)
+        });
+        let out = self.step_grouped(seqs, &reqs, slots)?;
+        if out.is_some() {
+            let after = seqs.iter().fold((0, 0), |acc, s| {
+                let f = s.footprint(bs);
+                (acc.0 + f.0, acc.1 + f.1)
+            });
+            self.account(before, after);
+        }
+        Ok(out)
+    }
+}
