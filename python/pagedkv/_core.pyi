@@ -205,7 +205,8 @@ class RunningBatch:
     def step(
         self, token_ids: _TokenIds, *, evicted: _Evicted | None = None
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]] | None:
-        """One token per member: `(slot_mapping, cow_pairs)`, or None if it does not fit."""
+        """One token per member: `(slot_mapping, cow_pairs)`, or None if it does not fit;
+        with `groups=` the slot mapping has one row per group."""
     @property
     def seq_ids(self) -> list[int]:
         """The members' ids in batch order."""
