@@ -56,7 +56,7 @@ impl BlockManager {
             }
             if let Some(cpu) = &seq.cpu_blocks {
                 ensure!(
-                    seq.blocks.is_empty() && seq.more.is_empty(),
+                    seq.blocks.is_empty() && seq.more().is_empty(),
                     "swapped sequence {id} holds GPU blocks"
                 );
                 ensure!(
@@ -65,8 +65,8 @@ impl BlockManager {
                     cpu.len()
                 );
                 ensure!(
-                    seq.cpu_more.len() + 1 == self.kinds.len()
-                        && seq.cpu_more.iter().all(|t| t.len() == cpu.len()),
+                    seq.cpu_more().len() + 1 == self.kinds.len()
+                        && seq.cpu_more().iter().all(|t| t.len() == cpu.len()),
                     "swapped sequence {id} has CPU tables of other shapes than its groups"
                 );
                 for c in Self::cpu_held(seq) {
@@ -95,7 +95,7 @@ impl BlockManager {
             );
             ensure!(
                 seq.num_groups() == self.kinds.len()
-                    && seq.more.iter().all(|t| t.len() == seq.blocks.len())
+                    && seq.more().iter().all(|t| t.len() == seq.blocks.len())
                     && seq.null_block == self.null,
                 "sequence {id} has tables of other shapes than its groups"
             );

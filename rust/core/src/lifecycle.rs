@@ -118,12 +118,12 @@ impl BlockManager {
                 self.cpu_copies_removed(seq);
                 self.cpu.give_back(&Self::cpu_held(seq));
                 seq.cpu_blocks = None;
-                seq.cpu_more.clear();
+                seq.set_more(Vec::new(), Vec::new());
                 return Ok(());
             }
             self.release_all_groups(seq)?;
             seq.clear_blocks();
-            seq.more.clear();
+            seq.set_more(Vec::new(), Vec::new());
             return Ok(());
         }
         if let Some(cpu) = seq.cpu_blocks.take() {

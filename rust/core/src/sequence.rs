@@ -29,18 +29,25 @@ pub struct Sequence {
     /// `Some` while swapped out: the CPU blocks holding group 0's KV, logical order
     /// (`SWAPPED_NULL` where the table held the null block).
     pub cpu_blocks: Option<Vec<u32>>,
-    /// The tables of groups `1..` (KV-cache groups; empty with one group): each as long as
-    /// `blocks`, starting with a run of null entries (block 0, positions that group no longer
-    /// needs). Empty while swapped out.
-    pub more: Vec<Vec<u32>>,
-    /// While swapped out: the CPU blocks of groups `1..`, shaped as `more` was.
-    pub cpu_more: Vec<Vec<u32>>,
+    /// Groups `1..`'s tables (KV-cache groups), boxed so that a sequence of one group stays
+    /// as small as before (the decode step's misses are per sequence). `None` with one group.
+    others: Option<Box<Others>>,
     /// Whether block 0 is the manager's null block (then a table's leading zeros are null
     /// entries, not a block).
     pub null_block: bool,
     /// Sum over `i` of `mix(i, blocks[i])`: equal tables give equal digests, and replacing
     /// one entry updates it in O(1).
     pub table_digest: u64,
+}
+
+/// The tables of a sequence's groups `1..`.
+#[derive(Debug, Clone, Default)]
+struct Others {
+    /// Each as long as `blocks`, starting with a run of null entries (block 0, positions that
+    /// group no longer needs). Empty while swapped out.
+    tables: Vec<Vec<u32>>,
+    /// While swapped out: the CPU blocks of groups `1..`, shaped as `tables` was.
+    cpu: Vec<Vec<u32>>,
 }
 
 /// A position-aware 64-bit mix of one table entry (splitmix64's finaliser).
@@ -63,11 +70,33 @@ impl Sequence {
             extras,
             lora_id,
             cpu_blocks: None,
-            more: Vec::new(),
-            cpu_more: Vec::new(),
+            others: None,
             null_block: false,
             table_digest: 0,
         }
+    }
+
+    /// Groups `1..`'s tables (empty with one group, and while swapped out).
+    pub fn more(&self) -> &[Vec<u32>] {
+        self.others.as_ref().map_or(&[], |o| &o.tables)
+    }
+
+    /// While swapped out, groups `1..`'s CPU tables.
+    pub fn cpu_more(&self) -> &[Vec<u32>] {
+        self.others.as_ref().map_or(&[], |o| &o.cpu)
+    }
+
+    /// Set groups `1..`'s tables and CPU tables.
+    pub fn set_more(&mut self, tables: Vec<Vec<u32>>, cpu: Vec<Vec<u32>>) {
+        self.others = if tables.is_empty() && cpu.is_empty() {
+            None
+        } else {
+            Some(Box::new(Others { tables, cpu }))
+        };
+    }
+
+    fn others_mut(&mut self) -> &mut Others {
+        self.others.get_or_insert_with(Box::default)
     }
 
     /// Leading null entries of group `g`'s table.
@@ -80,7 +109,7 @@ impl Sequence {
 
     /// The number of groups whose tables this sequence holds.
     pub fn num_groups(&self) -> usize {
-        1 + self.more.len()
+        1 + self.more().len()
     }
 
     /// Group `g`'s table (group 0's is `blocks`).
@@ -88,7 +117,7 @@ impl Sequence {
         if g == 0 {
             &self.blocks
         } else {
-            &self.more[g - 1]
+            &self.more()[g - 1]
         }
     }
 
@@ -97,7 +126,7 @@ impl Sequence {
         if g == 0 {
             self.push_block(block);
         } else {
-            self.more[g - 1].push(block);
+            self.others_mut().tables[g - 1].push(block);
         }
     }
 
@@ -106,7 +135,7 @@ impl Sequence {
         if g == 0 {
             self.replace_block(i, block);
         } else {
-            self.more[g - 1][i] = block;
+            self.others_mut().tables[g - 1][i] = block;
         }
     }
 
@@ -115,7 +144,7 @@ impl Sequence {
         if g == 0 {
             self.truncate_blocks(len)
         } else {
-            let t = &mut self.more[g - 1];
+            let t = &mut self.others_mut().tables[g - 1];
             t.split_off(len.min(t.len()))
         }
     }
@@ -123,7 +152,7 @@ impl Sequence {
     /// Room for `k` more entries in every table, so that a step cannot fail half way.
     pub fn reserve_entries(&mut self, k: usize) -> crate::error::Result<()> {
         crate::alloc::try_grow(&mut self.blocks, k, "a block table")?;
-        for t in &mut self.more {
+        for t in self.others.iter_mut().flat_map(|o| o.tables.iter_mut()) {
             crate::alloc::try_grow(t, k, "a block table")?;
         }
         Ok(())
@@ -131,7 +160,7 @@ impl Sequence {
 
     /// Every group's table digest mixed: group 0's term is the single-group digest.
     pub fn all_tables_digest(&self) -> u64 {
-        self.more
+        self.more()
             .iter()
             .enumerate()
             .fold(self.table_digest, |acc, (k, t)| {
@@ -218,6 +247,17 @@ impl Sequence {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sequence_fits_three_cache_lines_whatever_its_groups() {
+        // The decode step touches every member's sequence: groups `1..` are boxed so that a
+        // single-group sequence pays nothing for them.
+        assert!(
+            std::mem::size_of::<Sequence>() <= 192,
+            "{}",
+            std::mem::size_of::<Sequence>()
+        );
+    }
 
     #[test]
     fn table_digest_tracks_pushes_and_replacements() {

@@ -148,7 +148,7 @@ impl BlockManager {
         if let Some(first) = tables.next() {
             first.into_iter().for_each(|b| seq.push_block(b));
         }
-        seq.more = tables.collect();
+        seq.set_more(tables.collect(), Vec::new());
         seq.null_block = self.null;
     }
 

@@ -39,10 +39,9 @@ impl BlockManager {
         // Hashed blocks stay CACHED on the GPU (a later prompt may hit them).
         self.release_all_groups(seq)?;
         seq.clear_blocks();
-        seq.more.clear();
         let mut rows = rows.into_iter();
         seq.cpu_blocks = rows.next();
-        seq.cpu_more = rows.collect();
+        seq.set_more(Vec::new(), rows.collect());
         counters::add(&self.counters.swapped_out_blocks, count);
         self.for_each_cpu_copy(seq, |g, i| {
             self.gpu
@@ -56,13 +55,13 @@ impl BlockManager {
         if g == 0 {
             seq.cpu_blocks.as_deref().unwrap_or_default()
         } else {
-            &seq.cpu_more[g - 1]
+            &seq.cpu_more()[g - 1]
         }
     }
 
     /// Every CPU block a swapped sequence holds, group by group in table order.
     pub(crate) fn cpu_held(seq: &Sequence) -> Vec<u32> {
-        (0..1 + seq.cpu_more.len())
+        (0..1 + seq.cpu_more().len())
             .flat_map(|g| Self::cpu_table(seq, g).iter().copied())
             .filter(|&c| c != SWAPPED_NULL)
             .collect()
@@ -76,8 +75,8 @@ impl BlockManager {
         }
         let mut spare = held.len();
         let mut pairs = Vec::with_capacity(held.len());
-        let mut tables = Vec::with_capacity(1 + seq.cpu_more.len());
-        for g in 0..1 + seq.cpu_more.len() {
+        let mut tables = Vec::with_capacity(1 + seq.cpu_more().len());
+        for g in 0..1 + seq.cpu_more().len() {
             let mut table = Vec::with_capacity(Self::cpu_table(seq, g).len());
             for &c in Self::cpu_table(seq, g) {
                 if c == SWAPPED_NULL {
@@ -93,7 +92,6 @@ impl BlockManager {
         self.cpu.give_back(&held);
         self.cpu_copies_removed(seq);
         seq.cpu_blocks = None;
-        seq.cpu_more.clear();
         self.install_tables(seq, tables);
         self.register_groups(seq, 0..self.registrable(seq));
         counters::add(&self.counters.swapped_in_blocks, held.len());
@@ -108,7 +106,7 @@ impl BlockManager {
             return;
         }
         let reg = self.registrable(seq);
-        for g in 0..1 + seq.cpu_more.len() {
+        for g in 0..1 + seq.cpu_more().len() {
             for (i, &c) in Self::cpu_table(seq, g).iter().enumerate().take(reg) {
                 if c != SWAPPED_NULL {
                     f(g, i);
