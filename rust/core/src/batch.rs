@@ -138,7 +138,7 @@ pub(crate) fn state_error(
 ) -> Option<Error> {
     match (cell, seq) {
         (Some(c), Some(seq)) if c.is_live() => {
-            (resident && seq.is_swapped()).then_some(Error::Swapped(id))
+            (resident && seq.is_swapped()).then(|| Error::Swapped(id))
         }
         _ => Some(Error::UnknownSequence(id)),
     }

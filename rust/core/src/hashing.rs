@@ -325,6 +325,7 @@ pub(crate) fn sample_digests(n: u32) -> Vec<Digest> {
         .collect()
 }
 
+#[inline]
 fn fill_le(buf: &mut [u8], tokens: &[u32]) -> usize {
     for (dst, t) in buf.chunks_exact_mut(4).zip(tokens) {
         dst.copy_from_slice(&t.to_le_bytes());
