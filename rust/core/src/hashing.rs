@@ -53,12 +53,37 @@ pub struct Digest {
     len: u8,
 }
 
+/// `GROUP_STREAMS[g]`: the words group `g`'s keys XOR into a digest (`Digest::keyed`):
+/// splitmix64 of the group, one word per 8 bytes of digest; group 0's are zero. A table, so
+/// that keying costs four XORs, not four mixes (hybrid hits key every look).
+static GROUP_STREAMS: [[u64; 4]; 256] = group_streams();
+
+const fn group_streams() -> [[u64; 4]; 256] {
+    let mut out = [[0u64; 4]; 256];
+    let mut g = 1;
+    while g < 256 {
+        let mut z = g as u64;
+        let mut w = 0;
+        while w < 4 {
+            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            out[g][w] = x ^ (x >> 31);
+            w += 1;
+        }
+        g += 1;
+    }
+    out
+}
+
 impl Digest {
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len as usize]
     }
 
     /// The 32 bytes as four little-endian words (zero padded), for atomic storage.
+    #[inline]
     pub fn words(&self) -> [u64; 4] {
         let mut out = [0u64; 4];
         for (w, chunk) in out.iter_mut().zip(self.bytes.chunks_exact(8)) {
@@ -75,22 +100,25 @@ impl Digest {
     /// An involution: keying a key with the same group gives the digest back. Two keys of
     /// different groups collide only if their digests differ by exactly the XOR of the two
     /// streams, which for a collision-resistant digest is as hard as a collision.
+    #[inline]
     pub fn keyed(&self, group: u8) -> Digest {
         if group == 0 {
             return *self;
         }
+        let stream = &GROUP_STREAMS[group as usize];
         let mut out = *self;
-        let mut z = u64::from(group);
-        for chunk in out.bytes[..self.len as usize].chunks_mut(8) {
-            // splitmix64: a distinct, well-mixed word per group and position.
-            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut w = z;
-            w = (w ^ (w >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            w = (w ^ (w >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            w ^= w >> 31;
-            for (b, k) in chunk.iter_mut().zip(w.to_le_bytes()) {
-                *b ^= k;
+        let len = self.len as usize;
+        for (i, k) in stream.iter().enumerate() {
+            let lo = 8 * i;
+            if lo >= len {
+                break;
             }
+            // Whole words (every digest length is a multiple of 8), XORed as words.
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&out.bytes[lo..lo + 8]);
+            let x = (u64::from_le_bytes(w) ^ k).to_le_bytes();
+            let n = (len - lo).min(8);
+            out.bytes[lo..lo + n].copy_from_slice(&x[..n]);
         }
         out
     }

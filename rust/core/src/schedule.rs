@@ -220,7 +220,7 @@ impl BlockManager {
                     m: upto,
                     to: upto.saturating_add(lookahead),
                 };
-                return self.step_grouped(&mut [seq], &[req], None);
+                return self.step_grouped(&mut [seq], &[req], None, false);
             }
             self.reserve_tokens(seq, tokens.len())?;
             let keys = self
@@ -257,7 +257,7 @@ impl BlockManager {
                     m: upto,
                     to: upto.saturating_add(lookahead),
                 };
-                return self.step_grouped(&mut [seq], &[req], None);
+                return self.step_grouped(&mut [seq], &[req], None, false);
             }
             let keys = self
                 .schedule_prefix_key(seq, upto, &[])

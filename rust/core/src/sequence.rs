@@ -104,7 +104,9 @@ impl Sequence {
         if !self.null_block {
             return 0;
         }
-        self.table(g).iter().take_while(|&&b| b == 0).count()
+        // The nulls are a leading run and no other entry is 0 (the null block is never
+        // handed out): a binary search finds the run's end.
+        self.table(g).partition_point(|&b| b == 0)
     }
 
     /// The number of groups whose tables this sequence holds.

@@ -84,6 +84,7 @@ impl BlockManager {
         seqs: &mut [&mut Sequence],
         reqs: &[StepReq<'_>],
         slots: Option<&mut Vec<Vec<i64>>>,
+        account: bool,
     ) -> Result<Option<Vec<(u32, u32)>>> {
         let bs = self.block_size();
         let mut keys = Vec::new();
@@ -123,13 +124,22 @@ impl BlockManager {
             return Ok(None);
         }
         let mut spare = reserved;
+        // The `stats()` tallies' change (`account`), from what the step does rather than from
+        // every table's footprint: each released entry stops reserving and using `bs` slots,
+        // each new position adds `bs` reserved slots per group, each scheduled token one used
+        // slot per group.
+        let (mut gone, mut grown) = (0u64, (0u64, 0u64));
         for (seq, s) in seqs.iter_mut().zip(&skipped) {
             spare += self.release_skipped(seq, s)?;
+            gone += (s.len() * bs) as u64;
         }
         let mut pairs = Vec::new();
         for (seq, req) in seqs.iter_mut().zip(reqs) {
             let p = seq.scheduled;
+            let (len, g) = (seq.blocks.len(), seq.num_groups() as u64);
             self.grouped_write(seq, p, req.to, &mut spare, &mut pairs)?;
+            grown.0 += g * ((seq.blocks.len() - len) * bs) as u64;
+            grown.1 += g * (req.m - p) as u64;
             // The caller reserved the room (`reserve_tokens`): this cannot fail half way.
             seq.tokens.extend_from_slice(req.new);
             self.extend_digests(seq);
@@ -148,6 +158,9 @@ impl BlockManager {
             }
         }
         self.gpu.unreserve(spare);
+        if account {
+            self.account((gone, gone), grown);
+        }
         Ok(Some(pairs))
     }
 
@@ -184,7 +197,6 @@ impl BlockManager {
         lookahead: usize,
         slots: Option<&mut Vec<Vec<i64>>>,
     ) -> Result<Option<Vec<(u32, u32)>>> {
-        let bs = self.block_size();
         let reqs: Vec<StepReq<'_>> = seqs
             .iter()
             .zip(tokens)
@@ -197,18 +209,6 @@ impl BlockManager {
                 }
             })
             .collect();
-        let before = seqs.iter().fold((0, 0), |acc, s| {
-            let f = s.footprint(bs);
-            (acc.0 + f.0, acc.1 + f.1)
-        });
-        let out = self.step_grouped(seqs, &reqs, slots)?;
-        if out.is_some() {
-            let after = seqs.iter().fold((0, 0), |acc, s| {
-                let f = s.footprint(bs);
-                (acc.0 + f.0, acc.1 + f.1)
-            });
-            self.account(before, after);
-        }
-        Ok(out)
+        self.step_grouped(seqs, &reqs, slots, true)
     }
 }
