@@ -138,7 +138,13 @@ pub(crate) fn state_error(
 ) -> Option<Error> {
     match (cell, seq) {
         (Some(c), Some(seq)) if c.is_live() => {
-            (resident && seq.is_swapped()).then(|| Error::Swapped(id))
+            // Built only when returned: `then_some` would build and drop an `Error` (its
+            // drop glue) for every healthy sequence of every step.
+            if resident && seq.is_swapped() {
+                Some(Error::Swapped(id))
+            } else {
+                None
+            }
         }
         _ => Some(Error::UnknownSequence(id)),
     }
