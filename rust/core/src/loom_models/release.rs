@@ -88,3 +88,29 @@ fn fork_racing_free_never_exposes_the_shared_block() {
         pool.audit(&[2]).unwrap();
     });
 }
+
+/// A step's held release (`release_table_held`, `grouped/step.rs`) racing another caller's
+/// reservation: the released block's unit stays with the step, so the racer never reserves
+/// it, and the step's take finds the block, FREE or (hashed) CACHED and evicted.
+#[test]
+fn a_held_release_keeps_its_unit_from_a_racing_reserver() {
+    for hashed in [false, true] {
+        loom::model(move || {
+            let d = digest(1);
+            let key = hashed.then_some(d);
+            let pool = pool_with_owned_block(1, 1, key);
+            let racer = {
+                let pool = pool.clone();
+                thread::spawn(move || pool.reserve(1))
+            };
+            let kept = pool.release_table_held(&[0], key.as_slice()).unwrap();
+            assert_eq!(kept, 1, "the step keeps the unit of the block it freed");
+            let b = pool.take();
+            assert!(!racer.join().unwrap(), "the racer reserved a held unit");
+            assert_eq!(b, 0);
+            pool.audit(&[1]).unwrap();
+            assert_eq!(pool.num_available(), 0);
+            assert!(!pool.state(0).load().hashed());
+        });
+    }
+}
