@@ -5,16 +5,19 @@ Two workloads, each thread on its own sequences:
 - decode: 64 sequences per thread, 256 `append_batch` steps of one token each (a scheduler
   step; batches of 64 release the GIL, so the Rust core runs on several cores at once);
 - churn: allocate a 64-token prompt (sharing a 48-token prefix with every other thread) and
-  free it again, one sequence at a time (small calls that keep the GIL: the honest worst case).
+  free it again, one sequence at a time (small calls that keep the GIL: the honest worst case);
+- hybrid decode: the decode workload on a hybrid layout (gpt-oss's: one full-attention group
+  and one sliding-window group of 128 tokens), the same lock-free manager with two tables per
+  sequence and window releases every few steps.
 
 As pytest-benchmark tests (`pytest benches/test_bench_threads.py`), or, for the table in
 `benches/results/`, as a script on the machine to measure:
 
     python benches/test_bench_threads.py [--out benches/results/thread_scaling-<machine>.md]
 
-It prints (and writes) tokens/s for decode and operations/s for churn at 1, 2, 4, 8 and 16
-threads, with the machine's CPU count and model. A machine with N cores can scale to N threads
-at most; CI's 2 vCPUs behave like about one core.
+It prints (and writes) tokens/s for decode, operations/s for churn and tokens/s for hybrid
+decode at 1, 2, 4, 8 and 16 threads, with the machine's CPU count and model. A machine with N
+cores can scale to N threads at most; CI's 2 vCPUs behave like about one core.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pagedkv import BlockManager
+from pagedkv import BlockManager, KVCacheGroup
 
 B = 16
 PER_THREAD = 64
@@ -75,9 +78,20 @@ class _Crew:
             t.join()
 
 
-def decode_workload(threads: int, steps: int) -> tuple[BlockManager, Callable[[int], None], int]:
+HYBRID = [KVCacheGroup("full"), KVCacheGroup("sliding_window", window=128)]
+
+
+def decode_workload(
+    threads: int, steps: int, groups: list[KVCacheGroup] | None = None
+) -> tuple[BlockManager, Callable[[int], None], int]:
     """(manager, per-thread work for one round, tokens appended per round)."""
-    m = BlockManager(threads * PER_THREAD * (steps // B + 8) + 64, B, enable_prefix_caching=False)
+    tables = 1 if groups is None else len(groups)
+    m = BlockManager(
+        tables * threads * PER_THREAD * (steps // B + 8) + 64,
+        B,
+        enable_prefix_caching=False,
+        groups=groups,
+    )
     rng = np.random.default_rng(6)
     id_sets = [
         np.arange(t * 10_000, t * 10_000 + PER_THREAD, dtype=np.int64) for t in range(threads)
@@ -98,6 +112,13 @@ def decode_workload(threads: int, steps: int) -> tuple[BlockManager, Callable[[i
             m.allocate(s, [s, 1, 2])
 
     return m, work, threads * PER_THREAD * steps
+
+
+def hybrid_decode_workload(
+    threads: int, steps: int
+) -> tuple[BlockManager, Callable[[int], None], int]:
+    """`decode_workload` on the hybrid layout (`HYBRID`)."""
+    return decode_workload(threads, steps, HYBRID)
 
 
 def churn_workload(threads: int, rounds: int) -> tuple[BlockManager, Callable[[int], None], int]:
@@ -133,6 +154,13 @@ def test_decode_scaling(benchmark: Any, threads: int) -> None:
     """Per thread: 32 append_batch steps over 64 sequences."""
     benchmark.group = "threads: decode, per thread 64 seqs x 32 append_batch"
     _bench(benchmark, decode_workload, threads, 32, "tokens")
+
+
+@pytest.mark.parametrize("threads", THREADS[:4])
+def test_hybrid_decode_scaling(benchmark: Any, threads: int) -> None:
+    """Per thread: 32 append_batch steps over 64 sequences of a full + sliding-window model."""
+    benchmark.group = "threads: hybrid decode, per thread 64 seqs x 32 append_batch"
+    _bench(benchmark, hybrid_decode_workload, threads, 32, "tokens")
 
 
 @pytest.mark.parametrize("threads", THREADS[:4])
@@ -180,19 +208,23 @@ def main() -> None:
     for n in args.threads:
         dec = measure(decode_workload, n, 256, args.seconds)
         churn = measure(churn_workload, n, 2, args.seconds)
+        hyb = measure(hybrid_decode_workload, n, 256, args.seconds)
         base.setdefault("d", dec)
         base.setdefault("c", churn)
+        base.setdefault("h", hyb)
         rows.append(
             f"| {n} | {dec / 1e6:.2f} M | {dec / base['d']:.2f}x "
-            f"| {churn / 1e6:.3f} M | {churn / base['c']:.2f}x |"
+            f"| {churn / 1e6:.3f} M | {churn / base['c']:.2f}x "
+            f"| {hyb / 1e6:.2f} M | {hyb / base['h']:.2f}x |"
         )
         print(rows[-1], flush=True)
     head = [
         f"Machine: {_cpu_model()}, {os.cpu_count()} logical CPUs ({platform.machine()}), "
         f"Python {platform.python_version()}.",
         "",
-        "| threads | decode tokens/s | vs 1 thread | churn ops/s | vs 1 thread |",
-        "|---|---|---|---|---|",
+        "| threads | decode tokens/s | vs 1 thread | churn ops/s | vs 1 thread "
+        "| hybrid decode tokens/s | vs 1 thread |",
+        "|---|---|---|---|---|---|---|",
     ]
     table = "\n".join(head + rows) + "\n"
     print(table)
