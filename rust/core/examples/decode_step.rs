@@ -7,6 +7,9 @@
 use pagedkv_core::{BlockManager, Config};
 use std::time::{Duration, Instant};
 
+#[path = "support/prompts.rs"]
+mod prompts;
+
 fn main() {
     for caching in [true, false] {
         for running in [false, true] {
@@ -28,20 +31,7 @@ fn run(caching: bool, running: bool) -> f64 {
     config.enable_prefix_caching = caching;
     let m = BlockManager::new(config).unwrap();
     let ids: Vec<u64> = (0..256).collect();
-    let mut seed = 3u64;
-    let prompts: Vec<Vec<u32>> = ids
-        .iter()
-        .map(|&i| {
-            (0..100 + i)
-                .map(|_| {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    seed as u32 >> 1
-                })
-                .collect()
-        })
-        .collect();
+    let prompts = prompts::decode_prompts(&ids);
     let toks = vec![7u32; 256];
     // The best cycle of 64 steps: the machine is shared, and noise only ever adds time.
     let mut best = Duration::MAX;

@@ -8,6 +8,9 @@
 use pagedkv_core::{BlockManager, Config, GroupKind};
 use std::time::{Duration, Instant};
 
+#[path = "support/prompts.rs"]
+mod prompts;
+
 fn main() {
     let sw = GroupKind::SlidingWindow { window: 128 };
     let layouts: [(&str, Option<Vec<GroupKind>>); 3] = [
@@ -33,20 +36,7 @@ fn run(kinds: Option<Vec<GroupKind>>) -> f64 {
     }
     .unwrap();
     let ids: Vec<u64> = (0..256).collect();
-    let mut seed = 3u64;
-    let prompts: Vec<Vec<u32>> = ids
-        .iter()
-        .map(|&i| {
-            (0..100 + i)
-                .map(|_| {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    seed as u32 >> 1
-                })
-                .collect()
-        })
-        .collect();
+    let prompts = prompts::decode_prompts(&ids);
     let toks = vec![7u32; 256];
     // The best cycle of 64 steps: the machine is shared, and noise only ever adds time.
     let mut best = Duration::MAX;

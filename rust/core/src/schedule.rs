@@ -16,17 +16,9 @@ impl BlockManager {
         (seq.scheduled / self.block_size()).min(seq.digests.len())
     }
 
-    /// The event that stores full block `i` of `seq` on `medium`.
+    /// The event that stores full block `i` of `seq` on `medium` (group 0).
     pub(crate) fn stored_event(&self, seq: &Sequence, i: usize, medium: Medium) -> KvEvent {
-        let bs = self.block_size();
-        KvEvent::BlockStored {
-            block_hash: seq.digests[i],
-            parent_block_hash: i.checked_sub(1).map(|p| seq.digests[p]),
-            token_ids: seq.tokens[i * bs..(i + 1) * bs].to_vec(),
-            lora_id: seq.lora_id,
-            medium,
-            group: 0,
-        }
+        self.stored_event_of(seq, 0, i, medium)
     }
 
     /// Register the full blocks `range` of `seq` under their digests (`seq.digests[i]`), and
