@@ -67,6 +67,7 @@ def _fmt(seconds: float) -> str:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    _vllm_summary(terminalreporter)
     pairs = {g: m for g, m in _MEANS.items() if "rust" in m and "reference" in m}
     if not pairs:
         return
@@ -77,4 +78,18 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         tr.write_line(
             f"{group:<{width}}  rust {_fmt(m['rust'])}  reference {_fmt(m['reference'])}"
             f"  speedup {m['reference'] / m['rust']:8.1f}x"
+        )
+
+
+def _vllm_summary(tr: Any) -> None:
+    """vLLM's scheduler step with vLLM's manager against pagedkv's (test_bench_vllm_step)."""
+    pairs = {g: m for g, m in _MEANS.items() if "vllm" in m and "pagedkv" in m}
+    if not pairs:
+        return
+    tr.section("vLLM scheduler step: vLLM's KV-cache manager vs pagedkv's (mean per step)")
+    width = max(len(g) for g in pairs)
+    for group, m in sorted(pairs.items()):
+        tr.write_line(
+            f"{group:<{width}}  vllm {_fmt(m['vllm'])}  pagedkv {_fmt(m['pagedkv'])}"
+            f"  pagedkv/vllm {m['pagedkv'] / m['vllm']:6.2f}"
         )

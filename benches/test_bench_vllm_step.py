@@ -1,0 +1,78 @@
+"""vLLM 0.33's scheduler step with vLLM's KV-cache manager and with pagedkv's, side by side.
+
+One step is `schedule()` plus `update_from_output()` with fake model output (one sampled
+token per request), at 64, 256 and 1,024 running requests that share prefixes: four system
+prompts of 512 tokens, each request adding 64 tokens of its own. All requests are admitted
+and prefilled before timing, so the timed steps are decode steps of the whole batch (the
+steady state of a serving engine); `max_tokens` is large enough that none finishes.
+
+    pytest benches/test_bench_vllm_step.py --benchmark-group-by=param:running
+
+The two managers of a size are in one pytest-benchmark group; the ratio table at the end of
+the session (benches/conftest.py) gives pagedkv's mean over vLLM's per size.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.request import Request
+
+from vllm_scheduler import build_scheduler, step
+
+BLOCK = 16
+SYSTEM = 512
+OWN = 64
+
+
+def _prompts(n: int) -> list[list[int]]:
+    rng = random.Random(0)
+    systems = [[rng.randrange(1, 50_000) for _ in range(SYSTEM)] for _ in range(4)]
+    return [systems[i % 4] + [rng.randrange(1, 50_000) for _ in range(OWN)] for i in range(n)]
+
+
+def _running(which: str, n: int) -> Any:
+    init_none_hash(sha256)
+    blocks_each = (SYSTEM + OWN + 2048) // BLOCK
+    scheduler = build_scheduler(
+        which,
+        num_blocks=n * blocks_each + 64,
+        max_num_seqs=n,
+        max_num_batched_tokens=max(8192, n * 2),
+    )
+    hasher = get_request_block_hasher(BLOCK, sha256)
+    for i, prompt in enumerate(_prompts(n)):
+        scheduler.add_request(
+            Request(
+                request_id=str(i),
+                prompt_token_ids=prompt,
+                sampling_params=SamplingParams(max_tokens=100_000, ignore_eos=True),
+                pooling_params=None,
+                block_hasher=hasher,
+            )
+        )
+    while len(scheduler.running) < n or any(
+        r.num_computed_tokens < r.num_tokens - 1 for r in scheduler.running
+    ):
+        step(scheduler)
+    return scheduler
+
+
+@pytest.mark.parametrize("running", [64, 256, 1024])
+@pytest.mark.parametrize("impl", ["vllm", "pagedkv"])
+def test_scheduler_step(benchmark: Any, record: Any, impl: str, running: int) -> None:
+    scheduler = _running(impl, running)
+    benchmark.group = f"vllm scheduler step, {running} running"
+    benchmark.pedantic(step, args=(scheduler,), rounds=30, warmup_rounds=3)
+    out = step(scheduler)
+    assert len(scheduler.running) == running
+    assert out is not None
+    record(benchmark, benchmark.group, impl)

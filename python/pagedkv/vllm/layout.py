@@ -1,0 +1,81 @@
+"""`Layout`: vLLM's KV-cache groups as pagedkv groups, and how block ids line up.
+
+Each vLLM group becomes one pagedkv group of the same kind, one to one and in order: full
+attention, sliding window, chunked local attention, Mamba state. pagedkv's groups share one
+block size, so a layout whose groups differ in block size (vLLM pads Mamba's state blocks
+larger) is refused, as is cross-attention (its blocks follow encoder tokens, which pagedkv's
+sequences do not have).
+"""
+
+from __future__ import annotations
+
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+
+from pagedkv.groups import KVCacheGroup
+
+
+def group_of(spec: KVCacheSpec) -> KVCacheGroup:
+    """The pagedkv group of one vLLM KV-cache spec."""
+    if isinstance(spec, CrossAttentionSpec):
+        raise NotImplementedError(
+            "pagedkv.vllm: cross-attention groups are not supported (their blocks follow "
+            "encoder tokens, not the sequence's)"
+        )
+    if isinstance(spec, SlidingWindowSpec):
+        return KVCacheGroup("sliding_window", window=spec.sliding_window)
+    if isinstance(spec, ChunkedLocalAttentionSpec):
+        return KVCacheGroup("chunked_local", chunk=spec.attention_chunk_size)
+    if isinstance(spec, MambaSpec):
+        return KVCacheGroup("state")
+    if isinstance(spec, FullAttentionSpec) and spec.sliding_window is not None:
+        return KVCacheGroup("sliding_window", window=spec.sliding_window)
+    if isinstance(spec, FullAttentionSpec) and spec.attention_chunk_size is not None:
+        return KVCacheGroup("chunked_local", chunk=spec.attention_chunk_size)
+    if isinstance(spec, FullAttentionSpec):
+        return KVCacheGroup("full")
+    raise NotImplementedError(f"pagedkv.vllm: KV-cache spec {type(spec).__name__} is not supported")
+
+
+class Layout:
+    """The pagedkv side of a `KVCacheConfig`."""
+
+    def __init__(self, config: KVCacheConfig, hash_block_size: int) -> None:
+        specs = [g.kv_cache_spec for g in config.kv_cache_groups]
+        if not specs:
+            raise ValueError("pagedkv.vllm: the KV-cache config has no groups")
+        sizes = {s.block_size for s in specs}
+        if len(sizes) != 1:
+            raise NotImplementedError(
+                f"pagedkv.vllm: KV-cache groups with different block sizes {sorted(sizes)} "
+                "are not supported (pagedkv's groups share one block size)"
+            )
+        self.specs = specs
+        self.block_size = sizes.pop()
+        if self.block_size % hash_block_size:
+            raise ValueError(
+                f"block size {self.block_size} is not a multiple of the hash block size "
+                f"{hash_block_size}"
+            )
+        self.hash_block_size = hash_block_size
+        self.hash_ratio = self.block_size // hash_block_size
+        self.groups = [group_of(s) for s in specs]
+        self.num_groups = len(specs)
+        plain = len(self.groups) == 1 and self.groups[0].kind == "full"
+        # pagedkv has a null block (block 0) exactly when some group is not full attention;
+        # vLLM always reserves block 0. Without pagedkv's, its ids are vLLM's minus one.
+        has_null = any(g.kind != "full" for g in self.groups)
+        self.offset = 0 if has_null else 1
+        self.num_vllm_blocks = config.num_blocks
+        self.core_num_blocks = config.num_blocks - self.offset
+        self.core_groups = None if plain else self.groups
+
+
+__all__ = ["Layout", "group_of"]

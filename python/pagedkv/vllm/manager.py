@@ -1,0 +1,512 @@
+"""`KVCacheManager`: vLLM 0.33's KV-cache manager interface over one pagedkv `BlockManager`.
+
+vLLM's scheduler keeps a request's progress (`num_computed_tokens`) and asks the manager for
+slots; pagedkv keeps a sequence's known and scheduled tokens. Each call maps one onto the
+other (docs/vllm.md has the table):
+
+- a request's prefix hit and its blocks are keyed by vLLM's own `request.block_hashes`
+  (caller keys: multimodal inputs, LoRA names, salts and the hash block size are in them),
+  so hits and events agree with vLLM's;
+- `allocate_slots` of a new request is one `allocate` that takes exactly the hit the
+  scheduler decided on (`max_hit_tokens`); of a running request one `extend` (prompt
+  chunk) or `append` (new known tokens; draft, lookahead and placeholder slots as
+  `lookahead`, with no token when none is known yet);
+- `delay_cache_blocks` holds registration until `cache_blocks`; `evict_blocks` evicts by id.
+
+Block ids are vLLM's: vLLM reserves block 0 as its null block, so a plain pagedkv manager
+(no null block) serves ids shifted by one; with a group that is not full attention pagedkv's
+block 0 is the null block too and ids are the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from vllm.distributed.kv_events import KVCacheEvent
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
+from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.metrics.stats import PrefixCacheStats
+from vllm.v1.request import Request, RequestStatus
+
+from pagedkv import _core
+from pagedkv.vllm.blocks import PagedKVCacheBlocks, ids_of
+from pagedkv.vllm.events import EventTranslator
+from pagedkv.vllm.layout import Layout
+from pagedkv.vllm.views import BlockPoolView, CoordinatorView
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _Seq:
+    """What pagedkv holds for one request, mirrored here so that a step needs one call."""
+
+    __slots__ = ("have", "held", "nkeys", "scheduled", "sid", "table_len")
+
+    def __init__(
+        self, sid: int, have: int, scheduled: int, nkeys: int, table_len: int, held: bool
+    ) -> None:
+        self.sid = sid  # pagedkv's sequence id
+        self.have = have  # tokens pagedkv knows (num_tokens)
+        self.scheduled = scheduled  # of them scheduled (num_scheduled_tokens)
+        self.nkeys = nkeys  # vLLM block hashes handed over as keys
+        self.table_len = table_len  # entries of each group's block table
+        self.held = held  # registration held (delay_cache_blocks) until cache_blocks
+
+
+class KVCacheManager:
+    """vLLM's `KVCacheManager`, same constructor, backed by `pagedkv._core.BlockManager`."""
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_in_flight_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: Any | None = None,
+        watermark: float = 0.0,
+        enable_mamba_shared_prefix_checkpoint: bool = False,
+    ) -> None:
+        if dcp_world_size != 1 or pcp_world_size != 1:
+            raise NotImplementedError(
+                "pagedkv.vllm: decode/prefill context parallelism (dcp/pcp world size > 1) "
+                "is not supported"
+            )
+        assert watermark >= 0.0, "watermark must be non-negative"
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.use_eagle = use_eagle
+        self.log_stats = log_stats
+        self.metrics_collector = metrics_collector
+        self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
+        self.kv_cache_config = kv_cache_config
+        self.layout = layout = Layout(kv_cache_config, hash_block_size)
+        self.num_kv_cache_groups = layout.num_groups
+        self.block_size = layout.block_size
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self.mamba_shared_prefix_checkpoint = False
+        self.retained_hit_group_ids: tuple[int, ...] = ()
+        self.core = _core.BlockManager(
+            layout.core_num_blocks,
+            layout.block_size,
+            enable_prefix_caching=enable_caching,
+            watermark=0.0,
+            enable_kv_events=enable_kv_cache_events,
+            groups=layout.core_groups,
+        )
+        # vLLM id = pagedkv id + offset (1 when pagedkv has no null block of its own).
+        self.offset = layout.offset
+        # request id -> what pagedkv holds for it (`_Seq`)
+        self._seqs: dict[str, _Seq] = {}
+        # Sequences popped by `pop_blocks_for_free`, freed when their blocks come back.
+        self._next_id = 0
+        self._pending_copies: list[KVCacheBlockCopy] = []
+        self.events = EventTranslator(self, enable_kv_cache_events)
+        self.block_pool = BlockPoolView(self)
+        self.coordinator = CoordinatorView(self)
+        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(layout.num_groups)))
+
+    # -- statistics ---------------------------------------------------------------------------
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        if not self.log_stats:
+            return None
+        stats = self.prefix_cache_stats
+        self.prefix_cache_stats = PrefixCacheStats()
+        return stats
+
+    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
+            return
+        assert self.prefix_cache_stats is not None
+        self.prefix_cache_stats.record(
+            num_tokens=request.num_tokens,
+            num_hits=num_hits,
+            preempted=request.num_preemptions > 0,
+        )
+
+    # -- keys -----------------------------------------------------------------------------
+    def _keys(self, request: Request, start: int, stop: int) -> list[bytes]:
+        """vLLM's keys of blocks `start..stop` (at the block size; the hash of a block is the
+        one at its last hash-block boundary, as vLLM's `BlockHashListWithBlockSize`)."""
+        hashes = request.block_hashes
+        r = self.layout.hash_ratio
+        if r == 1:
+            return list(hashes[start:stop])
+        return [hashes[(i + 1) * r - 1] for i in range(start, stop)]
+
+    def _num_keys(self, request: Request) -> int:
+        return len(request.block_hashes) // self.layout.hash_ratio
+
+    # -- lookups ----------------------------------------------------------------------------
+    def get_computed_blocks(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int]:
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0
+        if max_cache_hit_length is None:
+            max_cache_hit_length = request.num_tokens - 1
+        n = request.num_tokens
+        keys = self._keys(request, 0, min(self._num_keys(request), n // self.block_size))
+        hit, ids = self.core.lookup_blocks(
+            range(n), block_hashes=keys, max_hit_tokens=max(max_cache_hit_length, 0)
+        )
+        if self.use_eagle and hit:
+            # EAGLE drafts from the last block's hidden states: recompute that block.
+            hit -= self.block_size
+            ids = [g[:-1] for g in ids]
+        if not hit:
+            return self.empty_kv_cache_blocks, 0, 0
+        off = self.offset
+        blocks = PagedKVCacheBlocks(tuple([b + off for b in g] for g in ids))
+        return blocks, hit, 0
+
+    def get_computed_blocks_for_connector(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int, bool]:
+        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+
+    # -- allocation -------------------------------------------------------------------------
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
+    ) -> KVCacheBlocks | None:
+        if (
+            num_new_tokens == 0
+            and num_external_computed_tokens == 0
+            and (num_new_computed_tokens == 0)
+        ):
+            raise ValueError(
+                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
+            )
+        if num_encoder_tokens:
+            raise NotImplementedError(
+                "pagedkv.vllm: cross-attention (encoder tokens) is not supported"
+            )
+        local = request.num_computed_tokens + num_new_computed_tokens
+        total_computed = min(local + num_external_computed_tokens, self.max_model_len)
+        target = total_computed + num_new_tokens
+        need = min(target + num_lookahead_tokens, self.max_model_len)
+        # pagedkv schedules known tokens only: the rest of `need` are lookahead slots (drafts,
+        # async placeholders, EAGLE's lookahead).
+        upto = min(target, request.num_tokens)
+        floor = reserved_blocks
+        if has_scheduled_reqs and request.status in (
+            RequestStatus.WAITING,
+            RequestStatus.PREEMPTED,
+        ):
+            floor += self.watermark_blocks
+        rec = self._seqs.get(request.request_id)
+        if rec is None:
+            return self._allocate_new(
+                request, local, upto, need, delay_cache_blocks, full_sequence_must_fit, floor
+            )
+        had = rec.table_len
+        grow = max(_cdiv(need, self.block_size) - had, 0) * self.num_kv_cache_groups
+        if grow and floor and grow + floor > self.block_pool.get_num_free_blocks():
+            return None
+        slots = self._advance(request, rec, upto, need)
+        if slots is None:
+            return None
+        if rec.held and not delay_cache_blocks:
+            self.core.register(rec.sid)
+            rec.held = False
+        length = max(had, _cdiv(slots, self.block_size))
+        if length == had:
+            return self.empty_kv_cache_blocks
+        rec.table_len = length
+        return self._blocks_of(rec.sid, had, length)
+
+    def _allocate_new(
+        self,
+        request: Request,
+        hit: int,
+        upto: int,
+        need: int,
+        delay: bool,
+        full_sequence_must_fit: bool,
+        floor: int,
+    ) -> KVCacheBlocks | None:
+        """A request pagedkv does not hold yet: one `allocate` taking exactly the `hit`
+        tokens the scheduler took from `get_computed_blocks` (it may have capped them)."""
+        core = self.core
+        bs = self.block_size
+        rid = request.request_id
+        n = request.num_tokens
+        nkeys = min(self._num_keys(request), n // bs) if self.enable_caching else 0
+        keys = self._keys(request, 0, nkeys) if nkeys else None
+        if floor or full_sequence_must_fit:
+            whole = min(n, self.max_model_len) if full_sequence_must_fit else need
+            _, fresh, revived = core.allocation_cost(
+                range(n),
+                num_new_tokens=max(min(whole, n) - hit, 1),
+                block_hashes=keys,
+                max_hit_tokens=hit,
+                lookahead=max(whole - n, 0),
+            )
+            if fresh + revived + floor > self.block_pool.get_num_free_blocks():
+                return None
+        sid = self._next_id
+        got = core.allocate(
+            sid,
+            request.all_token_ids[:n],
+            num_new_tokens=upto - hit,
+            block_hashes=keys,
+            max_hit_tokens=hit,
+            lookahead=need - upto,
+            register=not delay,
+        )
+        if got is None:
+            return None
+        self._next_id += 1
+        if got != hit:
+            core.free(sid)
+            raise RuntimeError(
+                f"request {rid}: the cache served {got} prefix tokens where the scheduler "
+                f"counted {hit} (a hit evicted between get_computed_blocks and allocate_slots)"
+            )
+        length = _cdiv(need, bs)
+        self._seqs[rid] = _Seq(sid, n, upto, nkeys, length, delay)
+        self.events.note_keys(sid, keys, 0)
+        return self._blocks_of(sid, hit // bs, length)
+
+    def _advance(self, request: Request, rec: _Seq, upto: int, need: int) -> int | None:
+        """Bring a held sequence to `upto` scheduled tokens and `need` slots: at most one
+        `extend` (the prompt's next chunk) and one `append` (new known tokens, or slots with
+        no known token). Returns the slots now writable, or None when they do not fit."""
+        core = self.core
+        if upto < rec.scheduled:
+            # The scheduler rolled the request back (a failed load): forget what follows.
+            if core.truncate(rec.sid, upto) is None:
+                return None
+            rec.have = rec.scheduled = upto
+            rec.nkeys = min(rec.nkeys, upto // self.block_size)
+        if rec.scheduled < rec.have:
+            step = min(upto, rec.have) - rec.scheduled
+            if upto <= rec.have:
+                if not step:
+                    return rec.scheduled
+                pairs = core.extend(rec.sid, step, lookahead=max(need - upto, 0))
+                if pairs is None:
+                    return None
+                self._note_copies(pairs)
+                rec.scheduled = upto
+                return max(need, upto)
+            pairs = core.extend(rec.sid, step)
+            if pairs is None:
+                return None
+            self._note_copies(pairs)
+            rec.scheduled = rec.have
+        return self._append(request, rec, upto, need)
+
+    def _append(self, request: Request, rec: _Seq, upto: int, need: int) -> int | None:
+        have = rec.have
+        new = request.all_token_ids[have:upto] if upto > have else []
+        end = max(upto, have)
+        lookahead = max(need - end, 0)
+        keys = None
+        if self.enable_caching:
+            room = min(self._num_keys(request), end // self.block_size)
+            if room > rec.nkeys:
+                keys = self._keys(request, rec.nkeys, room)
+        if not new and not lookahead and keys is None:
+            return end
+        pairs = self.core.append(rec.sid, new, lookahead=lookahead, block_hashes=keys)
+        if pairs is None:
+            return None
+        self._note_copies(pairs)
+        rec.have = rec.scheduled = end
+        if keys is not None:
+            self.events.note_keys(rec.sid, keys, rec.nkeys)
+            rec.nkeys += len(keys)
+        return end + lookahead
+
+    def _note_copies(self, pairs: Any) -> None:
+        off = self.offset
+        for src, dst in pairs:
+            self._pending_copies.append(KVCacheBlockCopy(int(src) + off, int(dst) + off))
+
+    def _blocks_of(self, sid: int, start: int, stop: int) -> PagedKVCacheBlocks:
+        off = self.offset
+        core = self.core
+        return PagedKVCacheBlocks(
+            tuple(
+                [b + off for b in core.block_table(sid, group=g)[start:stop]]
+                for g in range(self.num_kv_cache_groups)
+            )
+        )
+
+    # -- registration -------------------------------------------------------------------------
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        if not self.enable_caching:
+            return
+        rec = self._seqs.get(request.request_id)
+        if rec is None:
+            return
+        room = min(self._num_keys(request), rec.have // self.block_size)
+        keys = self._keys(request, rec.nkeys, room) if room > rec.nkeys else None
+        n = min(num_computed_tokens, rec.scheduled)
+        self.core.register(rec.sid, num_tokens=n, block_hashes=keys)
+        if keys is not None:
+            self.events.note_keys(rec.sid, keys, rec.nkeys)
+            rec.nkeys = room
+        if n >= rec.scheduled:
+            rec.held = False
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        off = self.offset
+        # vLLM's null block (0) is never cached; with offset 1 it is not a pagedkv block.
+        ids = [b - off for b in block_ids if b > 0]
+        if ids:
+            self.core.evict_blocks(ids)
+
+    # -- freeing ----------------------------------------------------------------------------
+    def free(self, request: Request) -> None:
+        rec = self._seqs.pop(request.request_id, None)
+        if rec is not None:
+            self.core.free(rec.sid)
+            self.events.forget(rec.sid)
+
+    def pop_blocks_for_free(self, request: Request) -> list[Any]:
+        """The request's blocks, each tagged with its sequence, which stays alive until they
+        come back through `block_pool.free_blocks` (vLLM's deferred frees)."""
+        rec = self._seqs.pop(request.request_id, None)
+        if rec is None:
+            return []
+        blocks = [b for g in self._blocks_of(rec.sid, 0, rec.table_len).blocks for b in g]
+        for b in blocks:
+            b.pagedkv_seq = rec.sid  # type: ignore[attr-defined]
+        return blocks
+
+    def free_popped(self, blocks: Iterable[Any]) -> None:
+        """Free the sequences whose blocks `pop_blocks_for_free` handed out."""
+        seen: set[int] = set()
+        for b in blocks:
+            sid = getattr(b, "pagedkv_seq", None)
+            if sid is not None and sid not in seen:
+                seen.add(sid)
+                self.core.free(sid)
+                self.events.forget(sid)
+
+    def remove_skipped_blocks(
+        self,
+        request_id: str,
+        processed_computed_tokens: int,
+        num_prompt_tokens: int | None = None,
+    ) -> None:
+        # pagedkv releases a window's skipped blocks itself when a step passes them.
+        return None
+
+    def reset_prefix_cache(self) -> bool:
+        if not self.core.reset_prefix_cache():
+            return False
+        if self.log_stats:
+            assert self.prefix_cache_stats is not None
+            self.prefix_cache_stats.reset = True
+        return True
+
+    # -- queries ----------------------------------------------------------------------------
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return [0] * self.num_kv_cache_groups
+
+    def take_events(self) -> list[KVCacheEvent]:
+        return self.events.take()
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        rec = self._seqs.get(request_id)
+        if rec is None:
+            return self.empty_kv_cache_blocks
+        return self._blocks_of(rec.sid, 0, rec.table_len)
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        rec = self._seqs.get(request_id)
+        if rec is None:
+            return tuple([] for _ in range(self.num_kv_cache_groups))
+        return self._blocks_of(rec.sid, 0, rec.table_len).ids
+
+    def get_block_ids_for_computed_tokens(
+        self, request_id: str, num_computed_tokens: int
+    ) -> tuple[list[int], ...]:
+        n = _cdiv(num_computed_tokens, self.block_size)
+        return tuple(ids[:n] for ids in self.get_block_ids(request_id))
+
+    def num_cached_blocks(self, request_id: str) -> int:
+        """The request's blocks in the prefix cache: full of scheduled tokens, keyed, not
+        held (vLLM's `num_cached_block`)."""
+        rec = self._seqs.get(request_id)
+        if rec is None or not self.enable_caching or rec.held:
+            return 0
+        return min(rec.scheduled // self.block_size, rec.nkeys)
+
+    def estimate_cached_tokens(self, request: Request) -> int:
+        return self.num_cached_blocks(request.request_id) * self.block_size
+
+    def request_ids(self) -> list[str]:
+        return list(self._seqs)
+
+    def truncate_computed_blocks(
+        self, blocks: KVCacheBlocks, num_computed_tokens: int
+    ) -> KVCacheBlocks:
+        assert num_computed_tokens % self.block_size == 0
+        n = num_computed_tokens // self.block_size
+        ids = ids_of(blocks)
+        if not any(ids):
+            return self.empty_kv_cache_blocks
+        return PagedKVCacheBlocks(tuple(list(g[:n]) for g in ids))
+
+    def take_new_block_ids(self) -> list[int]:
+        # No group here needs its new blocks zeroed (attention groups only).
+        return []
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        return None
+
+    def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[Any]]:
+        copies, self._pending_copies = self._pending_copies, []
+        # pagedkv's copy-on-write has already released the sources: nothing is retained.
+        return copies, []
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        return {}
+
+    def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
+        return []
+
+    def new_step_starts(self) -> None:
+        return None
+
+    def create_kv_cache_blocks(self, blocks: tuple[Sequence[Any], ...]) -> KVCacheBlocks:
+        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+
+
+__all__ = ["KVCacheManager"]

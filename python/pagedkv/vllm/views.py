@@ -1,0 +1,159 @@
+"""Read-only views of the manager shaped like the vLLM internals its scheduler and tests read.
+
+vLLM's scheduler reaches into `coordinator.single_type_managers[i]` (block size, spec) and
+`block_pool` (free blocks, usage, deferred frees); its tests read `req_to_blocks`,
+`num_cached_block`, `free_block_queue.num_free_blocks` and every block's `ref_cnt`. These
+views answer from pagedkv on demand: none of them costs anything on the per-step path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_cache_interface import KVCacheSpec
+
+    from pagedkv.vllm.manager import KVCacheManager
+
+
+class _FreeQueueView:
+    def __init__(self, pool: BlockPoolView) -> None:
+        self._pool = pool
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._pool.get_num_free_blocks()
+
+
+class BlockPoolView:
+    """vLLM's `BlockPool` as the scheduler and tests read it."""
+
+    def __init__(self, manager: KVCacheManager) -> None:
+        self._m = manager
+        self.num_gpu_blocks = manager.layout.num_vllm_blocks
+        self.enable_caching = manager.enable_caching
+        self.hash_block_size = manager.layout.hash_block_size
+        self.free_block_queue = _FreeQueueView(self)
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks no request holds (free or cached), vLLM's null block aside."""
+        return int(self._m.core.num_available_blocks)
+
+    def get_usage(self) -> float:
+        usable = self.num_gpu_blocks - 1
+        if not usable:
+            return 0.0
+        return 1.0 - self.get_num_free_blocks() / usable
+
+    def free_blocks(self, ordered_blocks: Iterable[Any]) -> None:
+        """Give back blocks `pop_blocks_for_free` handed out (vLLM's deferred frees)."""
+        self._m.free_popped(ordered_blocks)
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        self._m.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        return self._m.reset_prefix_cache()
+
+    @property
+    def blocks(self) -> list[KVCacheBlock]:
+        """Every block with its reference count (the requests' tables that hold it)."""
+        counts = [0] * self.num_gpu_blocks
+        for rid in self._m.request_ids():
+            for group in self._m.get_block_ids(rid):
+                for b in group:
+                    if b:
+                        counts[b] += 1
+        return [KVCacheBlock(block_id=i, ref_cnt=c, is_null=i == 0) for i, c in enumerate(counts)]
+
+
+class _ReqToBlocks(Mapping[str, list[KVCacheBlock]]):
+    def __init__(self, manager: KVCacheManager, group: int) -> None:
+        self._m = manager
+        self._g = group
+
+    def __getitem__(self, rid: str) -> list[KVCacheBlock]:
+        if rid not in self._m.request_ids():
+            raise KeyError(rid)
+        ids = self._m.get_block_ids(rid)[self._g]
+        return [KVCacheBlock(block_id=b, is_null=b == 0) for b in ids]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._m.request_ids())
+
+    def __len__(self) -> int:
+        return len(self._m.request_ids())
+
+
+class _NumCachedBlock(Mapping[str, int]):
+    def __init__(self, manager: KVCacheManager) -> None:
+        self._m = manager
+
+    def __getitem__(self, rid: str) -> int:
+        if rid not in self._m.request_ids():
+            raise KeyError(rid)
+        return self._m.num_cached_blocks(rid)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._m.request_ids())
+
+    def __len__(self) -> int:
+        return len(self._m.request_ids())
+
+
+class SingleTypeManagerView:
+    """One KV-cache group, as vLLM's `SingleTypeKVCacheManager` is read."""
+
+    retains_longer_hit = False
+    records_new_block_ids = False
+
+    def __init__(self, manager: KVCacheManager, group: int, spec: KVCacheSpec) -> None:
+        self.kv_cache_group_id = group
+        self.kv_cache_spec = spec
+        self.block_size = spec.block_size
+        self.req_to_blocks = _ReqToBlocks(manager, group)
+        self.num_cached_block = _NumCachedBlock(manager)
+
+    def take_new_block_ids(self) -> list[int]:
+        return []
+
+
+class CoordinatorView:
+    """vLLM's KV-cache coordinator as the scheduler reads it."""
+
+    enable_partial_hash_hits = False
+    num_reprefillable_tokens = 0
+    eagle_group_ids: tuple[int, ...] = ()
+
+    def __init__(self, manager: KVCacheManager) -> None:
+        self._m = manager
+        self.block_pool = manager.block_pool
+        self.single_type_managers: Sequence[SingleTypeManagerView] = [
+            SingleTypeManagerView(manager, g, spec) for g, spec in enumerate(manager.layout.specs)
+        ]
+        self.full_attention_group_id = next(
+            (g for g, k in enumerate(manager.layout.groups) if k.kind == "full"), 0
+        )
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: tuple[Sequence[Any], ...],
+        num_encoder_tokens: int,
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
+    ) -> int:
+        """Blocks the request still needs to hold `num_tokens` tokens: new table entries in
+        every group (the scheduler's admission estimate for a running request)."""
+        bs = self._m.block_size
+        have = len(self._m.get_block_ids(request_id)[0])
+        hit = len(new_computed_blocks[0]) if new_computed_blocks else 0
+        want = -(-num_tokens // bs)
+        return max(want - have - hit, 0) * self._m.num_kv_cache_groups

@@ -1,0 +1,128 @@
+"""pagedkv's vLLM manager against vLLM's own, call by call, on the same requests.
+
+Both managers get the calls vLLM's scheduler makes (prefix lookup, allocation with the hit,
+prompt chunks, decode steps with drafts, frees) for the same `Request` objects, and must
+agree on every hit, every refusal and the free-block count after every call.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm.v1.request import RequestStatus
+
+from vllm_objects import (
+    KVCacheManager,
+    VllmKVCacheManager,
+    make_manager,
+    make_request,
+)
+
+BS = 16
+
+
+class Pair:
+    """The two managers side by side; every call is made on both and compared."""
+
+    def __init__(self, num_blocks: int, **kwargs: Any) -> None:
+        self.theirs = make_manager(VllmKVCacheManager, num_blocks, **kwargs)
+        self.ours = make_manager(KVCacheManager, num_blocks, **kwargs)
+        self.calls = 0
+
+    def check_free(self) -> None:
+        assert (
+            self.ours.block_pool.get_num_free_blocks()
+            == self.theirs.block_pool.get_num_free_blocks()
+        ), f"free blocks differ after call {self.calls}"
+        assert self.ours.usage == pytest.approx(self.theirs.usage)
+
+    def admit(self, req: Any, chunk: int | None = None) -> bool:
+        self.calls += 1
+        b1, h1, _ = self.theirs.get_computed_blocks(req)
+        b2, h2, _ = self.ours.get_computed_blocks(req)
+        assert h2 == h1, f"hit of {req.request_id}: pagedkv {h2}, vLLM {h1}"
+        assert len(b2.get_block_ids()[0]) == len(b1.get_block_ids()[0])
+        new = req.num_tokens - h1 if chunk is None else min(chunk, req.num_tokens - h1)
+        o1 = self.theirs.allocate_slots(req, new, h1, b1)
+        o2 = self.ours.allocate_slots(req, new, h2, b2)
+        assert (o1 is None) == (o2 is None), f"admission of {req.request_id} differs"
+        if o1 is not None:
+            assert len(o2.get_block_ids()[0]) == len(o1.get_block_ids()[0])
+            req.num_computed_tokens = h1 + new
+            req.status = RequestStatus.RUNNING
+        self.check_free()
+        return o1 is not None
+
+    def step(self, req: Any, new: int, lookahead: int = 0) -> bool:
+        self.calls += 1
+        o1 = self.theirs.allocate_slots(req, new, num_lookahead_tokens=lookahead)
+        o2 = self.ours.allocate_slots(req, new, num_lookahead_tokens=lookahead)
+        assert (o1 is None) == (o2 is None), f"step of {req.request_id} differs"
+        if o1 is not None:
+            assert len(o2.get_block_ids()[0]) == len(o1.get_block_ids()[0])
+            req.num_computed_tokens += new
+        self.check_free()
+        return o1 is not None
+
+    def free(self, req: Any) -> None:
+        self.calls += 1
+        self.theirs.free(req)
+        self.ours.free(req)
+        self.check_free()
+        assert self.ours.get_block_ids(req.request_id) == ([],)
+
+
+def test_prompt_decode_free_without_pressure() -> None:
+    pair = Pair(256)
+    shared = list(range(1000, 1000 + 3 * BS))
+    reqs = [make_request(f"r{i}", shared + [i] * (BS + i)) for i in range(4)]
+    for r in reqs:
+        assert pair.admit(r)
+    for _ in range(20):
+        for r in reqs:
+            r.append_output_token_ids(7)
+            assert pair.step(r, 1)
+    for r in reqs:
+        pair.free(r)
+    again = make_request("again", shared + [0] * BS)
+    assert pair.admit(again)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_workload_agrees(seed: int) -> None:
+    """Shared system prompts, chunked prefill, decode with drafts, frees, eviction."""
+    rng = random.Random(seed)
+    pair = Pair(rng.choice([24, 48, 96]))
+    prompts = [[rng.randrange(50_000) for _ in range(rng.randrange(BS, 5 * BS))] for _ in range(3)]
+    running: list[Any] = []
+    prefilling: dict[str, int] = {}
+    for n in range(120):
+        action = rng.random()
+        if action < 0.35 or not running:
+            tail = [rng.randrange(50_000) for _ in range(rng.randrange(1, 3 * BS))]
+            req = make_request(f"q{n}", rng.choice(prompts) + tail)
+            chunk = rng.choice([None, BS, 2 * BS + 3])
+            if pair.admit(req, chunk):
+                running.append(req)
+                if req.num_computed_tokens < req.num_tokens:
+                    prefilling[req.request_id] = 1
+        elif action < 0.85:
+            req = rng.choice(running)
+            if req.request_id in prefilling:
+                left = req.num_tokens - req.num_computed_tokens
+                if pair.step(req, min(left, BS + 5)) and left <= BS + 5:
+                    del prefilling[req.request_id]
+            else:
+                req.append_output_token_ids(rng.randrange(50_000))
+                pair.step(req, 1, lookahead=rng.choice([0, 0, 2]))
+        else:
+            req = running.pop(rng.randrange(len(running)))
+            prefilling.pop(req.request_id, None)
+            pair.free(req)
+    for req in running:
+        pair.free(req)
