@@ -8,6 +8,6 @@ from __future__ import annotations
 
 from pagedkv.vllm.blocks import PagedKVCacheBlocks
 from pagedkv.vllm.manager import KVCacheManager
-from pagedkv.vllm.scheduler import Scheduler
+from pagedkv.vllm.scheduler import AsyncScheduler, Scheduler
 
-__all__ = ["KVCacheManager", "PagedKVCacheBlocks", "Scheduler"]
+__all__ = ["AsyncScheduler", "KVCacheManager", "PagedKVCacheBlocks", "Scheduler"]

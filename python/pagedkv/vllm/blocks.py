@@ -35,7 +35,7 @@ class PagedKVCacheBlocks(KVCacheBlocks):
         # `get_unhashed_block_ids`); None: none of them is.
         self._hashed = hashed
 
-    @property  # type: ignore[override]
+    @property
     def blocks(self) -> tuple[Sequence[KVCacheBlock], ...]:
         return tuple(
             [KVCacheBlock(block_id=b, is_null=b == 0) for b in group] for group in self._ids
@@ -51,7 +51,7 @@ class PagedKVCacheBlocks(KVCacheBlocks):
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, KVCacheBlocks):
-            return self.get_block_ids() == other.get_block_ids()
+            return bool(self.get_block_ids() == other.get_block_ids())
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
@@ -59,7 +59,7 @@ class PagedKVCacheBlocks(KVCacheBlocks):
     def __repr__(self) -> str:
         return f"PagedKVCacheBlocks({self._ids!r})"
 
-    def get_block_ids(  # type: ignore[override]
+    def get_block_ids(
         self, allow_none: bool = False, *, group_ids: Sequence[int] | None = None
     ) -> tuple[list[int], ...] | None:
         groups = self._ids if group_ids is None else tuple(self._ids[g] for g in group_ids)

@@ -58,7 +58,7 @@ class Layout:
                 "are not supported (pagedkv's groups share one block size)"
             )
         self.specs = specs
-        self.block_size = sizes.pop()
+        self.block_size: int = int(sizes.pop())
         if self.block_size % hash_block_size:
             raise ValueError(
                 f"block size {self.block_size} is not a multiple of the hash block size "
@@ -73,7 +73,7 @@ class Layout:
         # vLLM always reserves block 0. Without pagedkv's, its ids are vLLM's minus one.
         has_null = any(g.kind != "full" for g in self.groups)
         self.offset = 0 if has_null else 1
-        self.num_vllm_blocks = config.num_blocks
+        self.num_vllm_blocks: int = int(config.num_blocks)
         self.core_num_blocks = config.num_blocks - self.offset
         self.core_groups = None if plain else self.groups
 

@@ -155,7 +155,7 @@ class KVCacheManager:
         return [hashes[(i + 1) * r - 1] for i in range(start, stop)]
 
     def _num_keys(self, request: Request) -> int:
-        return len(request.block_hashes) // self.layout.hash_ratio
+        return int(len(request.block_hashes) // self.layout.hash_ratio)
 
     # -- lookups ----------------------------------------------------------------------------
     def get_computed_blocks(
@@ -405,7 +405,7 @@ class KVCacheManager:
             return []
         blocks = [b for g in self._blocks_of(rec.sid, 0, rec.table_len).blocks for b in g]
         for b in blocks:
-            b.pagedkv_seq = rec.sid  # type: ignore[attr-defined]
+            b.pagedkv_seq = rec.sid
         return blocks
 
     def free_popped(self, blocks: Iterable[Any]) -> None:

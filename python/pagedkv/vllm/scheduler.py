@@ -1,8 +1,10 @@
-"""`Scheduler`: vLLM's v1 scheduler building pagedkv's `KVCacheManager`.
+"""`Scheduler` and `AsyncScheduler`: vLLM's v1 schedulers building pagedkv's `KVCacheManager`.
 
 vLLM's scheduler constructs its manager from the module-level name `KVCacheManager` in
-`vllm.v1.core.sched.scheduler`; this subclass binds that name to pagedkv's manager for the
-duration of its own construction only, so other schedulers in the process keep vLLM's.
+`vllm.v1.core.sched.scheduler`; these subclasses bind that name to pagedkv's manager for the
+duration of their own construction only, so other schedulers in the process keep vLLM's.
+`--scheduler-cls pagedkv.vllm.Scheduler`, or `pagedkv.vllm.AsyncScheduler` with
+`--async-scheduling` (vLLM picks its own async class only when no class is given).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import threading
 from typing import Any
 
 import vllm.v1.core.sched.scheduler as _vllm_scheduler
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler as _VllmAsyncScheduler
 
 from pagedkv.vllm.manager import KVCacheManager
 
@@ -18,17 +21,28 @@ from pagedkv.vllm.manager import KVCacheManager
 _BUILDING = threading.Lock()
 
 
+def _build(init: Any, this: Any, args: Any, kwargs: Any) -> None:
+    with _BUILDING:
+        saved = _vllm_scheduler.KVCacheManager
+        _vllm_scheduler.KVCacheManager = KVCacheManager
+        try:
+            init(this, *args, **kwargs)
+        finally:
+            _vllm_scheduler.KVCacheManager = saved
+
+
 class Scheduler(_vllm_scheduler.Scheduler):
     """`--scheduler-cls pagedkv.vllm.Scheduler`: vLLM's scheduler over pagedkv's blocks."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        with _BUILDING:
-            saved = _vllm_scheduler.KVCacheManager
-            _vllm_scheduler.KVCacheManager = KVCacheManager  # type: ignore[misc,assignment]
-            try:
-                super().__init__(*args, **kwargs)
-            finally:
-                _vllm_scheduler.KVCacheManager = saved  # type: ignore[misc]
+        _build(_vllm_scheduler.Scheduler.__init__, self, args, kwargs)
 
 
-__all__ = ["Scheduler"]
+class AsyncScheduler(_VllmAsyncScheduler):
+    """vLLM's asynchronous scheduler (`--async-scheduling`) over pagedkv's blocks."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _build(_VllmAsyncScheduler.__init__, self, args, kwargs)
+
+
+__all__ = ["AsyncScheduler", "Scheduler"]

@@ -46,7 +46,7 @@ class BlockPoolView:
         usable = self.num_gpu_blocks - 1
         if not usable:
             return 0.0
-        return 1.0 - self.get_num_free_blocks() / usable
+        return 1.0 - self.get_num_free_blocks() / int(usable)
 
     def free_blocks(self, ordered_blocks: Iterable[Any]) -> None:
         """Give back blocks `pop_blocks_for_free` handed out (vLLM's deferred frees)."""
@@ -152,7 +152,7 @@ class CoordinatorView:
     ) -> int:
         """Blocks the request still needs to hold `num_tokens` tokens: new table entries in
         every group (the scheduler's admission estimate for a running request)."""
-        bs = self._m.block_size
+        bs: int = self._m.block_size
         have = len(self._m.get_block_ids(request_id)[0])
         hit = len(new_computed_blocks[0]) if new_computed_blocks else 0
         want = -(-num_tokens // bs)
