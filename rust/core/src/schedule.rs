@@ -19,6 +19,15 @@ impl BlockManager {
             .min(seq.hold_limit())
     }
 
+    /// Whether `seq` must leave block `b` unregistered because it is caller-keyed and shares
+    /// the (unregistered) block with its forks: they share the keys they had when forked,
+    /// not those given later, so they could disagree on its digest, and every holder of a
+    /// hashed block must release it under that block's digest. Only forks share an
+    /// unregistered block, and under this sequence's lock none can fork it while `rc == 1`.
+    pub(crate) fn shared_keyed(&self, seq: &Sequence, b: u32) -> bool {
+        seq.keyed && self.gpu.state(b).load().rc() > 1
+    }
+
     /// The event that stores full block `i` of `seq` on `medium` (group 0).
     pub(crate) fn stored_event(&self, seq: &Sequence, i: usize, medium: Medium) -> KvEvent {
         self.stored_event_of(seq, 0, i, medium)
@@ -29,6 +38,9 @@ impl BlockManager {
     pub(crate) fn register_range(&self, seq: &Sequence, range: std::ops::Range<usize>) -> usize {
         let mut new = 0;
         for i in range {
+            if self.shared_keyed(seq, seq.blocks[i]) {
+                continue;
+            }
             let event = || self.stored_event(seq, i, Medium::Gpu);
             new += usize::from(
                 self.gpu

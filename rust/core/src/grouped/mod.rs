@@ -116,7 +116,7 @@ impl BlockManager {
         for g in 0..seq.num_groups() {
             for i in range.clone() {
                 let b = seq.table(g)[i];
-                if self.is_null(b) {
+                if self.is_null(b) || self.shared_keyed(seq, b) {
                     continue;
                 }
                 let event = || self.stored_event_of(seq, g, i, Medium::Gpu);
