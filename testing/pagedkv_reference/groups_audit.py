@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from pagedkv.errors import InvariantError
 from pagedkv_reference.groups import CPU_NULL, NULL, _GSeq, _gseq, leading_nulls
-from pagedkv_reference.manager import RECENT_WINDOW, _Seq
+from pagedkv_reference.manager import RECENT_WINDOW
 
 if TYPE_CHECKING:
     from pagedkv_reference.groups import GroupedReferenceBlockManager as Manager

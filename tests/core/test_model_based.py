@@ -349,9 +349,7 @@ class ManagerComparison(RuleBasedStateMachine):
         if self.keyed_history and how >= 2:
             toks, fam = data.draw(st.sampled_from(self.keyed_history), label="keyed prompt")
             cut = data.draw(st.integers(1, len(toks)), label="prefix length")
-            return toks[:cut] + fresh[: data.draw(st.integers(0, 2))], (
-                fam if how >= 3 else family
-            )
+            return toks[:cut] + fresh[: data.draw(st.integers(0, 2))], (fam if how >= 3 else family)
         if self.history and how == 1:
             return self.earlier_prompt(data, [])[0], family
         return fresh, family
