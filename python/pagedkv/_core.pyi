@@ -23,6 +23,8 @@ _Salt: TypeAlias = str | bytes | None
 _HashAlgo: TypeAlias = Literal["sha256", "xxh3_128"]
 # `evicted=`: the list a block-taking call appends its evictions to, (block, group, digest).
 _Evicted: TypeAlias = list[tuple[int, int, bytes]]
+# `block_hashes=`: the caller's keys of full blocks (exact lists and tuples of 1..=128 bytes).
+_Keys: TypeAlias = list[bytes] | tuple[bytes, ...]
 
 __all__ = ["BlockManager", "RunningBatch", "__version__", "hash_blocks"]
 
@@ -69,11 +71,17 @@ class BlockManager:
         lora_id: _Int | None = None,
         lookahead: _Int = 0,
         evicted: _Evicted | None = None,
+        block_hashes: _Keys | None = None,
+        max_hit_tokens: _Int | None = None,
+        register: bool = True,
     ) -> int | None:
         """Give a new sequence its blocks for the hit plus `num_new_tokens` prompt tokens
         (default all); returns the prefix-hit tokens, or None if full. `evicted` (with
         `record_evictions=True`) gets the (block, group, digest) of each cached block this
-        call evicted, appended before it returns or raises."""
+        call evicted, appended before it returns or raises. `block_hashes`: the caller's
+        keys of the full blocks (the sequence is keyed by them, not its tokens);
+        `max_hit_tokens` caps the hit; `register=False` holds registration until
+        `register`."""
     def extend(
         self,
         seq_id: _Int,
@@ -90,9 +98,17 @@ class BlockManager:
         *,
         lookahead: _Int = 0,
         evicted: _Evicted | None = None,
+        block_hashes: _Keys | None = None,
     ) -> list[tuple[int, int]] | None:
-        """Append tokens (and reserve `lookahead` draft slots past them); returns the
-        copy-on-write (src, dst) pairs, or None if full."""
+        """Append tokens (and reserve `lookahead` draft slots past them; tokens may be empty
+        with lookahead or keys); returns the copy-on-write (src, dst) pairs, or None if full.
+        `block_hashes` continues a caller-keyed sequence's keys."""
+    def register(
+        self, seq_id: _Int, *, num_tokens: _Int | None = None, block_hashes: _Keys | None = None
+    ) -> int:
+        """Register the full, keyed, scheduled blocks below `num_tokens` (default all) after
+        adding `block_hashes`, lifting the hold up to there; returns the blocks newly
+        registered."""
     def truncate(
         self, seq_id: _Int, num_tokens: _Int, *, evicted: _Evicted | None = None
     ) -> list[tuple[int, int]] | None:
@@ -103,7 +119,13 @@ class BlockManager:
         """Release the sequence's blocks, tail first, and forget it; blocks past
         `num_computed_tokens` that it registered and holds alone leave the cache."""
     def lookup(
-        self, token_ids: _TokenIds, *, cache_salt: _Salt = None, lora_id: _Int | None = None
+        self,
+        token_ids: _TokenIds,
+        *,
+        cache_salt: _Salt = None,
+        lora_id: _Int | None = None,
+        block_hashes: _Keys | None = None,
+        max_hit_tokens: _Int | None = None,
     ) -> int:
         """Prompt tokens `allocate` would serve from the cache now; changes nothing."""
     def swap_out(self, seq_id: _Int) -> list[tuple[int, int]] | None:
@@ -119,6 +141,8 @@ class BlockManager:
         num_new_tokens: _Int | None = None,
         cache_salt: _Salt = None,
         lora_id: _Int | None = None,
+        block_hashes: _Keys | None = None,
+        max_hit_tokens: _Int | None = None,
     ) -> AllocStatus:
         """OK / LATER / NEVER for a prompt (a length, or its token ids: then its cached
         prefix counts), keeping the watermark."""
@@ -165,6 +189,7 @@ class BlockManager:
     def num_scheduled_tokens(self, seq_id: _Int) -> int: ...
     def table_digest(self, seq_id: _Int) -> int: ...
     def block_hashes(self, seq_id: _Int) -> list[bytes]: ...
+    def num_block_hashes(self, seq_id: _Int) -> int: ...
     def is_swapped(self, seq_id: _Int) -> bool: ...
     def __contains__(self, seq_id: object, /) -> bool: ...
     def __len__(self) -> int: ...

@@ -67,6 +67,9 @@ class _GSeq(_Seq):
         c.digests = list(self.digests)
         c.scheduled = self.scheduled
         c.hits = self.hits
+        c.keyed = self.keyed
+        c.keys = list(self.keys)
+        c.hold = self.hold
         return c
 
 
@@ -143,6 +146,8 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
                 key = _key(g, seq.digests[i])
                 if b == self._null or key in self._index:
                     continue  # a released entry, or another block holds this content
+                if seq.keyed and self._rc[b] > 1:
+                    continue  # shared with forks, which may key it otherwise
                 self._index[key] = b
                 self._hashed[b] = seq.digests[i]
                 self._registered_blocks += 1
@@ -167,7 +172,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         """`h`: the hit in blocks of a digested prompt (0 without prefix caching)."""
         if not self._caching:
             return 0
-        cap = (seq.num_tokens - 1) // self._block_size  # at least one token to compute
+        cap = self._hit_cap(seq)  # at least one token to compute, at most the keys
         return hybrid_hit(
             self._groups,
             self._block_size,
@@ -183,13 +188,6 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
             a = first_needed(group, h, self._block_size)
             out.append([self._null] * a + [self._index[_key(g, d)] for d in seq.digests[a:h]])
         return out
-
-    def _probe_seq(self, toks: list[int], salt: bytes | None, lora: int | None) -> _Seq:
-        seq = _Seq(salt, lora)
-        seq.tokens = toks
-        if self._caching:
-            self._extend_digests(seq)
-        return seq
 
     # ------------------------------------------------------------ skipped entries, writes
 
@@ -286,6 +284,8 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         for g, table in enumerate(gs.tables):
             table.extend(self._take_in(g) for _ in range(total - h))
         gs.hits = h
+        if gs.hold is not None:
+            gs.hold = h
         gs.scheduled = h * bs
         self._schedule(gs, s)
         self._admitted(sid, gs, h)
@@ -308,12 +308,14 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
             self._schedule(gs, m)
         return pairs
 
-    def _append_tokens(self, seq: _Seq, toks: list[int], la: int) -> Pairs | None:
+    def _append_tokens(
+        self, seq: _Seq, toks: list[int], la: int, keys: list[bytes] | None = None
+    ) -> Pairs | None:
         gs = _gseq(seq)
         pairs = self._step(gs, gs.num_tokens + len(toks), la)
         if pairs is not None:
             self._add_tokens(gs, toks)
-            self._schedule(gs, gs.num_tokens)
+            self._schedule(gs, gs.num_tokens, keys)
         return pairs
 
     def _add_tokens(self, seq: _GSeq, toks: list[int]) -> None:
@@ -386,6 +388,9 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         pairs = [self._copy_in(gs.tables[g], g, i) for g in shared]
         del gs.tokens[m:]
         del gs.digests[i:]
+        del gs.keys[i:]
+        if gs.hold is not None:
+            gs.hold = min(gs.hold, i)
         gs.scheduled = min(gs.scheduled, m)
         gs.hits = min(gs.hits, i)
         return pairs
@@ -402,7 +407,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         # Registered (by this sequence or the one it was forked from) but never computed:
         # withdrawn, group by group, tail first; entries already released are not held.
         for table in seq.tables:
-            for i in range(seq.scheduled // bs - 1, lo - 1, -1):
+            for i in range(self._registrable(seq) - 1, lo - 1, -1):
                 d = self._hashed[table[i]]  # None for the null block, and without caching
                 if d is not None and d == seq.digests[i]:
                     self._unindex(table[i])
@@ -418,7 +423,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         if not (self._events_on and self._caching):
             return
         for g, table in enumerate(_gseq(seq).cpu_tables):
-            for i in range(seq.scheduled // self._block_size):
+            for i in range(self._registrable(seq)):
                 if table[i] != CPU_NULL:
                     d = seq.digests[i]
                     self._events.append(BlockRemoved(block_hashes=[d], medium="CPU", group_idx=g))
@@ -441,7 +446,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         self._swapped_out_blocks += len(held)
         if self._events_on and self._caching:
             for g, table in enumerate(gs.cpu_tables):
-                for i in range(gs.scheduled // self._block_size):
+                for i in range(self._registrable(gs)):
                     if table[i] != CPU_NULL:
                         stored = self._stored(gs, i, "CPU")
                         self._events.append(dataclasses.replace(stored, group_idx=g))
@@ -464,14 +469,21 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         gs.tables = [[self._null if c == CPU_NULL else next(it) for c in t] for t in gs.cpu_tables]
         gs.cpu_tables = []
         gs.swapped = False
-        self._register(gs, 0, gs.scheduled // self._block_size)
+        self._register(gs, 0, self._registrable(gs))
         self._swapped_in_blocks += len(owned)
         return [(c, b) for (_, c), b in zip(owned, gpu, strict=True)]
 
     # ------------------------------------------------------------ lookups, fit answers
 
-    def _hit_tokens(self, toks: list[int], salt: bytes | None, lora: int | None) -> int:
-        return self._hit(self._probe_seq(toks, salt, lora)) * self._block_size
+    def _hit_tokens(
+        self,
+        toks: list[int],
+        salt: bytes | None,
+        lora: int | None,
+        keys: list[bytes] | None = None,
+        cap: int | None = None,
+    ) -> int:
+        return self._hit(self._prompt(toks, salt, lora, keys, cap)) * self._block_size
 
     def _status(self, total: int, need: int) -> AllocStatus:
         wm = self._watermark_blocks
@@ -482,14 +494,21 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         return AllocStatus.LATER
 
     def _alloc_status(
-        self, toks: list[int] | None, n: int, k: int, salt: bytes | None, lora: int | None
+        self,
+        toks: list[int] | None,
+        n: int,
+        k: int,
+        salt: bytes | None,
+        lora: int | None,
+        keys: list[bytes] | None = None,
+        cap: int | None = None,
     ) -> AllocStatus:
         bs = self._block_size
         ng = len(self._groups)
-        if toks is None:  # a count: no hit credited, every entry new
+        if toks is None and keys is None:  # a count: no hit credited, every entry new
             total = ng * _cdiv(k, bs)
             return self._status(total, total)
-        probe = self._probe_seq(toks, salt, lora)
+        probe = self._prompt(n if toks is None else toks, salt, lora, keys, cap)
         h = self._hit(probe)
         pinned = [b for t in self._hit_tables(probe, h) for b in t if b != self._null]
         width = _cdiv(min(h * bs + k, n), bs)

@@ -175,6 +175,57 @@ def _fits_prompt(k: int | None, n: int) -> int:
     return k
 
 
+MAX_KEY_LEN = 128
+"""The longest caller key (`block_hashes=`), in bytes."""
+
+
+def _keys(block_hashes: object) -> list[bytes] | None:
+    """`block_hashes`: None, or an exact list or tuple of `bytes`, each 1..=MAX_KEY_LEN long."""
+    if block_hashes is None:
+        return None
+    if type(block_hashes) not in (list, tuple):
+        raise InvalidArgumentTypeError(
+            "block_hashes must be a list or tuple of bytes, or None, got "
+            f"{type(block_hashes).__name__}"
+        )
+    assert isinstance(block_hashes, list | tuple)
+    out: list[bytes] = []
+    for i, k in enumerate(block_hashes):
+        if not isinstance(k, bytes):
+            raise InvalidArgumentTypeError(
+                f"block_hashes[{i}] must be bytes, got {type(k).__name__}"
+            )
+        if not 1 <= len(k) <= MAX_KEY_LEN:
+            raise InvalidArgumentError(
+                f"block_hashes[{i}] has {len(k)} bytes: a key has 1..={MAX_KEY_LEN}"
+            )
+        out.append(bytes(k))
+    return out
+
+
+def _max_hit(max_hit_tokens: object) -> int | None:
+    """`max_hit_tokens`: None (no cap) or an int >= 0."""
+    if max_hit_tokens is None:
+        return None
+    return _check_int(max_hit_tokens, "max_hit_tokens", 0, _I64_MAX + 1)
+
+
+def _no_extras_with_keys(keys: list[bytes] | None, salt: bytes | None, lora: int | None) -> None:
+    if keys is not None and (salt is not None or lora is not None):
+        raise InvalidArgumentError(
+            "cache_salt and lora_id cannot be given with block_hashes (the caller's keys carry "
+            "the extra keys)"
+        )
+
+
+def _key_count(total: int, n: int, bs: int) -> None:
+    """At most one key per full block of `n` tokens."""
+    if total > n // bs:
+        raise InvalidArgumentError(
+            f"{total} block_hashes for {n} tokens: at most one per full block ({n // bs})"
+        )
+
+
 def _check_bool(x: object, what: str) -> bool:
     if not isinstance(x, bool):
         raise InvalidArgumentTypeError(f"{what} must be a bool, got {type(x).__name__}")
@@ -259,6 +310,11 @@ def _root(h: HashFn, seed: int) -> bytes:
     return h(b"PKV1root" + struct.pack("<Q", seed))
 
 
+def _key_digest(h: HashFn, key: bytes) -> bytes:
+    """The digest of a caller's block key: its own domain (`PKVk`), never a chain digest."""
+    return h(b"PKVk" + key)
+
+
 def _block_digest(h: HashFn, parent: bytes, tokens: Sequence[int], extras: bytes) -> bytes:
     msg = b"PKV1" + parent + struct.pack(f"<I{len(tokens)}I", len(tokens), *tokens) + extras
     return h(msg)
@@ -303,7 +359,11 @@ class _Seq:
         "digests",
         "extras",
         "hits",
+        "hold",
+        "keyed",
+        "keys",
         "lora_id",
+        "max_hit",
         "salt",
         "scheduled",
         "swapped",
@@ -316,6 +376,11 @@ class _Seq:
         self.digests: list[bytes] = []  # chain digests of full blocks (prefix caching only)
         self.scheduled = 0  # `s`: tokens scheduled for compute; only their full blocks register
         self.hits = 0  # `h`: leading blocks served from the prefix cache
+        # caller-keyed (`block_hashes=`): digests come from `keys`, never from the tokens
+        self.keyed = False
+        self.keys: list[bytes] = []  # the caller's keys (a caller-keyed sequence's)
+        self.hold: int | None = None  # held registration: only blocks below `hold` register
+        self.max_hit: int | None = None  # `max_hit_tokens` of the allocation in progress
         self.salt = salt
         self.lora_id = lora_id
         self.extras = _extras(salt, lora_id)
@@ -333,6 +398,9 @@ class _Seq:
         c.digests = list(self.digests)
         c.scheduled = self.scheduled
         c.hits = self.hits
+        c.keyed = self.keyed
+        c.keys = list(self.keys)
+        c.hold = self.hold
         return c
 
 
@@ -507,14 +575,39 @@ class ReferenceBlockManager:
             if d in self._index:
                 continue  # another block holds this content: this one stays unhashed
             b = seq.blocks[i]
+            if seq.keyed and self._rc[b] > 1:
+                continue  # shared with forks, which may key it otherwise: stays unhashed
             self._index[d] = b
             self._hashed[b] = d
             self._registered_blocks += 1
             if self._events_on:
                 self._events.append(self._stored(seq, i, "GPU"))
 
+    def _registrable(self, seq: _Seq) -> int:
+        """Leading blocks full of scheduled tokens, digested and below the hold: those that
+        are (or were offered to be) registered."""
+        r = min(seq.scheduled // self._block_size, len(seq.digests))
+        return r if seq.hold is None else min(r, seq.hold)
+
+    def _add_keys(self, seq: _Seq, keys: list[bytes]) -> None:
+        """Continue a caller-keyed sequence's keys (digests only with prefix caching)."""
+        if self._caching:  # without prefix caching keys are checked, then dropped
+            seq.keys.extend(keys)
+            seq.digests.extend(_key_digest(self._hash, k) for k in keys)
+
+    def _check_more_keys(self, sid: int, seq: _Seq, keys: list[bytes], n: int) -> None:
+        if not seq.keyed:
+            raise InvalidArgumentError(
+                f"sequence {sid} hashes its own tokens: block_hashes only continue the keys "
+                "of a sequence allocated with block_hashes"
+            )
+        _key_count(len(seq.digests) + len(keys), n, self._block_size)
+
     def _extend_digests(self, seq: _Seq) -> None:
-        """Compute the digests of the blocks that are full but not yet digested."""
+        """Compute the digests of the blocks that are full but not yet digested (a
+        caller-keyed sequence has only its keys' digests)."""
+        if seq.keyed:
+            return
         bs = self._block_size
         parent = seq.digests[-1] if seq.digests else self._root
         for i in range(len(seq.digests), seq.num_tokens // bs):
@@ -523,25 +616,59 @@ class ReferenceBlockManager:
             )
             seq.digests.append(parent)
 
+    def _hit_cap(self, seq: _Seq) -> int:
+        """The most blocks a prompt may hit: one token is always computed, and
+        `max_hit_tokens` caps it further."""
+        cap = (seq.num_tokens - 1) // self._block_size
+        if seq.max_hit is not None:
+            cap = min(cap, seq.max_hit // self._block_size)
+        return min(cap, len(seq.digests))
+
     def _hits(self, seq: _Seq) -> list[int]:
         """The cached blocks of the longest indexed prefix of `seq`'s digests, leaving at
-        least one token to compute (`h <= (n - 1) // B`)."""
+        least one token to compute (`h <= (n - 1) // B`), at most `_hit_cap`."""
         hits: list[int] = []
-        for d in seq.digests[: (seq.num_tokens - 1) // self._block_size]:
+        for d in seq.digests[: self._hit_cap(seq)]:
             b = self._index.get(d)
             if b is None:
                 break
             hits.append(b)
         return hits
 
-    def _probe(self, toks: list[int], salt: bytes | None, lora: int | None) -> list[int]:
+    def _prompt(
+        self,
+        toks: list[int] | int,
+        salt: bytes | None,
+        lora: int | None,
+        keys: list[bytes] | None = None,
+        cap: int | None = None,
+    ) -> _Seq:
+        """A digested prompt for a read-only look: its tokens (or, with keys, its length)."""
+        seq = self._new_seq(salt, lora)
+        if isinstance(toks, int):
+            # Only the length counts: enough of it that every key could hit.
+            toks = [0] * min(toks, (len(keys or []) + 1) * self._block_size)
+        seq.tokens = toks
+        seq.max_hit = cap
+        if keys is not None:
+            seq.keyed = True
+            self._add_keys(seq, keys)
+        elif self._caching:
+            self._extend_digests(seq)
+        return seq
+
+    def _probe(
+        self,
+        toks: list[int] | int,
+        salt: bytes | None,
+        lora: int | None,
+        keys: list[bytes] | None = None,
+        cap: int | None = None,
+    ) -> list[int]:
         """The hit blocks `allocate` would pin for this prompt now; changes nothing."""
         if not self._caching:
             return []
-        seq = _Seq(salt, lora)
-        seq.tokens = toks
-        self._extend_digests(seq)
-        return self._hits(seq)
+        return self._hits(self._prompt(toks, salt, lora, keys, cap))
 
     def _get(self, seq_id: object) -> tuple[int, _Seq]:
         sid = _seq_id(seq_id)
@@ -591,12 +718,14 @@ class ReferenceBlockManager:
             seq.blocks.append(self._take())
         return pairs
 
-    def _schedule(self, seq: _Seq, end: int) -> None:
-        """Tokens up to `end` are scheduled: register the blocks that became full of them."""
-        bs = self._block_size
-        lo = seq.scheduled // bs
+    def _schedule(self, seq: _Seq, end: int, keys: list[bytes] | None = None) -> None:
+        """Tokens up to `end` are scheduled (and a caller-keyed sequence's further `keys`
+        added): register the blocks that became registrable."""
+        lo = self._registrable(seq)
+        if keys:
+            self._add_keys(seq, keys)
         seq.scheduled = end
-        self._register(seq, lo, end // bs)
+        self._register(seq, lo, self._registrable(seq))
 
     # ---------------------------------------------------------------- operations
 
@@ -610,11 +739,26 @@ class ReferenceBlockManager:
         lora_id: int | None = None,
         lookahead: int = 0,
         evicted: Evicted | None = None,
+        block_hashes: list[bytes] | tuple[bytes, ...] | None = None,
+        max_hit_tokens: int | None = None,
+        register: bool = True,
     ) -> int | None:
         """Give a new sequence the blocks of its cache hit plus `num_new_tokens` prompt
-        tokens (all by default); return the cached prompt tokens. `evicted`: see `_duties`."""
+        tokens (all by default); return the cached prompt tokens. `evicted`: see `_duties`.
+        `block_hashes`: the caller's keys (the sequence is keyed by them, not its tokens);
+        `max_hit_tokens` caps the hit; `register=False` holds registration."""
         with self._duties(evicted):
-            return self._allocate(seq_id, token_ids, num_new_tokens, cache_salt, lora_id, lookahead)
+            return self._allocate(
+                seq_id,
+                token_ids,
+                num_new_tokens,
+                cache_salt,
+                lora_id,
+                lookahead,
+                block_hashes,
+                max_hit_tokens,
+                register,
+            )
 
     def _allocate(
         self,
@@ -624,6 +768,9 @@ class ReferenceBlockManager:
         cache_salt: str | bytes | None,
         lora_id: int | None,
         lookahead: int,
+        block_hashes: object = None,
+        max_hit_tokens: object = None,
+        register: object = True,
     ) -> int | None:
         sid = _seq_id(seq_id)
         toks = _tokens(token_ids)
@@ -631,14 +778,19 @@ class ReferenceBlockManager:
         salt = _salt_bytes(cache_salt)
         lora = _lora(lora_id)
         la = _check_int(lookahead, "lookahead", 0, _I64_MAX + 1)
+        keys = _keys(block_hashes)
+        cap = _max_hit(max_hit_tokens)
+        reg = _check_bool(register, "register")
         n = len(toks)
         k = _fits_prompt(k, n)
+        _no_extras_with_keys(keys, salt, lora)
+        if keys is not None:
+            _key_count(len(keys), n, self._block_size)
         if sid in self._seqs:
             raise DuplicateSequenceError(f"sequence id {sid} already exists")
-        seq = self._new_seq(salt, lora)
-        seq.tokens = toks
-        if self._caching:
-            self._extend_digests(seq)
+        seq = self._prompt(toks, salt, lora, keys, cap)
+        if not reg:
+            seq.hold = 0  # `_admit` raises it to the hit: only the hit's blocks are cached
         return self._admit(sid, seq, k, la)
 
     def _new_seq(self, salt: bytes | None, lora: int | None) -> _Seq:
@@ -666,6 +818,8 @@ class ReferenceBlockManager:
             self._rc[b] += 1
         seq.blocks = hits + [self._take() for _ in range(total - h)]
         seq.hits = h
+        if seq.hold is not None:
+            seq.hold = h
         seq.scheduled = h * bs
         self._schedule(seq, s)
         self._admitted(sid, seq, h)
@@ -723,42 +877,95 @@ class ReferenceBlockManager:
         *,
         lookahead: int = 0,
         evicted: Evicted | None = None,
+        block_hashes: list[bytes] | tuple[bytes, ...] | None = None,
     ) -> list[tuple[int, int]] | None:
         """Add tokens to a resident, fully scheduled sequence, plus `lookahead` draft slots
-        past them; return the copy-on-write pairs, or None."""
+        past them; return the copy-on-write pairs, or None. Tokens may be empty with
+        lookahead (slots only) or keys (keys only); `block_hashes` continue a caller-keyed
+        sequence's keys."""
         with self._duties(evicted):
-            return self._append(seq_id, token_ids, lookahead)
+            return self._append(seq_id, token_ids, lookahead, block_hashes)
 
     def _append(
         self,
         seq_id: int,
         token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
         lookahead: int,
+        block_hashes: object = None,
     ) -> list[tuple[int, int]] | None:
         sid = _seq_id(seq_id)
-        toks = _tokens(token_ids)  # argument checks before state checks
+        toks = _int_list(token_ids, "token_ids", 0, _U32)  # argument checks before state checks
         la = _check_int(lookahead, "lookahead", 0, _I64_MAX + 1)
+        keys = _keys(block_hashes)
+        if not toks and la == 0 and keys is None:
+            raise InvalidArgumentError(
+                "token_ids must not be empty (unless lookahead > 0 or block_hashes are given)"
+            )
         seq = self._appendable(sid)
         if seq.num_tokens + len(toks) > MAX_LEN:
             raise InvalidArgumentError(f"sequence {sid} would hold more than {MAX_LEN} tokens")
-        return self._append_tokens(seq, toks, la)
+        if keys is not None:
+            self._check_more_keys(sid, seq, keys, seq.num_tokens + len(toks))
+        return self._append_tokens(seq, toks, la, keys or [])
 
-    def _append_tokens(self, seq: _Seq, toks: list[int], la: int) -> list[tuple[int, int]] | None:
+    def _append_tokens(
+        self, seq: _Seq, toks: list[int], la: int, keys: list[bytes] | None = None
+    ) -> list[tuple[int, int]] | None:
         """`append` once its checks passed."""
         cow, new = self._write_need(seq, seq.num_tokens + len(toks), la)
         if len(cow) + new > self._available():
             return None
-        return self._do_append(seq, toks, cow, new)
+        return self._do_append(seq, toks, cow, new, keys)
 
     def _do_append(
-        self, seq: _Seq, toks: list[int], cow: list[int], new: int
+        self,
+        seq: _Seq,
+        toks: list[int],
+        cow: list[int],
+        new: int,
+        keys: list[bytes] | None = None,
     ) -> list[tuple[int, int]]:
         pairs = self._write(seq, cow, new)
         seq.tokens.extend(toks)
         if self._caching:
             self._extend_digests(seq)
-        self._schedule(seq, seq.num_tokens)
+        self._schedule(seq, seq.num_tokens, keys)
         return pairs
+
+    def register(
+        self,
+        seq_id: int,
+        *,
+        num_tokens: int | None = None,
+        block_hashes: list[bytes] | tuple[bytes, ...] | None = None,
+    ) -> int:
+        """Register the blocks full of scheduled tokens and keyed, below `num_tokens` (default
+        all), after adding `block_hashes`; lift the hold up to there (None: lift it). Returns
+        the blocks newly registered."""
+        sid = _seq_id(seq_id)
+        t = None if num_tokens is None else _check_int(num_tokens, "num_tokens", 0, _I64_MAX + 1)
+        keys = _keys(block_hashes)
+        _, seq = self._resident(sid)
+        if t is not None and t > seq.scheduled:
+            raise InvalidArgumentError(
+                f"num_tokens {t} for sequence {sid} must be in 0..={seq.scheduled}"
+            )
+        if keys is not None:
+            self._check_more_keys(sid, seq, keys, seq.num_tokens)
+        before = self._registered_blocks
+        lo = self._registrable(seq)
+        if keys:
+            self._add_keys(seq, keys)
+        if t is None:
+            seq.hold = None
+        elif seq.hold is not None:
+            seq.hold = max(seq.hold, t // self._block_size)
+        self._register(seq, lo, self._registrable(seq))
+        return self._registered_blocks - before
+
+    def num_block_hashes(self, seq_id: int) -> int:
+        """The keys (digests) the sequence has."""
+        return len(self._get(seq_id)[1].digests)
 
     def truncate(
         self, seq_id: int, num_tokens: int, *, evicted: Evicted | None = None
@@ -800,6 +1007,9 @@ class ReferenceBlockManager:
         pairs = [self._copy(seq, i)] if copy else []
         del seq.tokens[m:]
         del seq.digests[i:]
+        del seq.keys[i:]
+        if seq.hold is not None:
+            seq.hold = min(seq.hold, i)
         seq.scheduled = min(seq.scheduled, m)
         seq.hits = min(seq.hits, i)
         return pairs
@@ -854,7 +1064,7 @@ class ReferenceBlockManager:
         # Registered (by this sequence or the one it was forked from) but never computed:
         # no holder has valid KV in it, so it must never be served as a hit again. Other
         # holders keep it as an ordinary unhashed block.
-        for i in range(seq.scheduled // bs - 1, max(seq.hits, c // bs) - 1, -1):  # tail first
+        for i in range(self._registrable(seq) - 1, max(seq.hits, c // bs) - 1, -1):  # tail first
             b = seq.blocks[i]
             if self._hashed[b] is not None and self._hashed[b] == seq.digests[i]:
                 self._unindex(b)
@@ -864,7 +1074,7 @@ class ReferenceBlockManager:
     def _cpu_removed(self, seq: _Seq) -> None:
         """The CPU copies of the blocks `swap_out` stored are gone."""
         if self._events_on and self._caching:
-            for d in seq.digests[: seq.scheduled // self._block_size]:
+            for d in seq.digests[: self._registrable(seq)]:
                 self._events.append(BlockRemoved(block_hashes=[d], medium="CPU"))
 
     def swap_out(self, seq_id: int) -> list[tuple[int, int]] | None:
@@ -879,7 +1089,7 @@ class ReferenceBlockManager:
         seq.swapped = True
         self._swapped_out_blocks += len(pairs)
         if self._events_on and self._caching:
-            for i in range(seq.scheduled // self._block_size):
+            for i in range(self._registrable(seq)):
                 self._events.append(self._stored(seq, i, "CPU"))
         return pairs
 
@@ -905,7 +1115,7 @@ class ReferenceBlockManager:
         seq.blocks = [g for _, g in pairs]
         seq.cpu_blocks = []
         seq.swapped = False
-        self._register(seq, 0, seq.scheduled // self._block_size)
+        self._register(seq, 0, self._registrable(seq))
         self._swapped_in_blocks += need
         return pairs
 
@@ -915,15 +1125,29 @@ class ReferenceBlockManager:
         *,
         cache_salt: str | bytes | None = None,
         lora_id: int | None = None,
+        block_hashes: list[bytes] | tuple[bytes, ...] | None = None,
+        max_hit_tokens: int | None = None,
     ) -> int:
         """The prompt tokens `allocate` would serve from the cache now; touches nothing."""
         toks = _tokens(token_ids)
         salt = _salt_bytes(cache_salt)
         lora = _lora(lora_id)
-        return self._hit_tokens(toks, salt, lora)
+        keys = _keys(block_hashes)
+        cap = _max_hit(max_hit_tokens)
+        _no_extras_with_keys(keys, salt, lora)
+        if keys is not None:
+            _key_count(len(keys), len(toks), self._block_size)
+        return self._hit_tokens(toks, salt, lora, keys, cap)
 
-    def _hit_tokens(self, toks: list[int], salt: bytes | None, lora: int | None) -> int:
-        return len(self._probe(toks, salt, lora)) * self._block_size
+    def _hit_tokens(
+        self,
+        toks: list[int],
+        salt: bytes | None,
+        lora: int | None,
+        keys: list[bytes] | None = None,
+        cap: int | None = None,
+    ) -> int:
+        return len(self._probe(toks, salt, lora, keys, cap)) * self._block_size
 
     def lookup_many(
         self,
@@ -950,9 +1174,12 @@ class ReferenceBlockManager:
         num_new_tokens: int | None = None,
         cache_salt: str | bytes | None = None,
         lora_id: int | None = None,
+        block_hashes: list[bytes] | tuple[bytes, ...] | None = None,
+        max_hit_tokens: int | None = None,
     ) -> AllocStatus:
-        """Would this prompt (a token count, or its token ids: then its cache hit counts)
-        fit now (OK), later (LATER) or never (NEVER)?"""
+        """Would this prompt (a token count, or its token ids: then its cache hit counts;
+        with `block_hashes` a count's hit counts too) fit now (OK), later (LATER) or never
+        (NEVER)?"""
         arg = num_tokens_or_token_ids
         count = _int_value(arg)
         toks: list[int] | None = None
@@ -966,18 +1193,31 @@ class ReferenceBlockManager:
         k = _opt_count(num_new_tokens)
         salt = _salt_bytes(cache_salt)
         lora = _lora(lora_id)
+        keys = _keys(block_hashes)
+        cap = _max_hit(max_hit_tokens)
         k = _fits_prompt(k, n)
-        return self._alloc_status(toks, n, k, salt, lora)
+        _no_extras_with_keys(keys, salt, lora)
+        if keys is not None:
+            _key_count(len(keys), n, self._block_size)
+        return self._alloc_status(toks, n, k, salt, lora, keys, cap)
 
     def _alloc_status(
-        self, toks: list[int] | None, n: int, k: int, salt: bytes | None, lora: int | None
+        self,
+        toks: list[int] | None,
+        n: int,
+        k: int,
+        salt: bytes | None,
+        lora: int | None,
+        keys: list[bytes] | None = None,
+        cap: int | None = None,
     ) -> AllocStatus:
-        """`can_allocate` once its checks passed (`toks` None: a count, no hit credited)."""
+        """`can_allocate` once its checks passed (`toks` None: a count, no hit credited
+        unless keys are given)."""
         bs = self._block_size
-        if toks is None:
+        if toks is None and keys is None:
             total = _cdiv(k, bs)
             return self._status(total, total)
-        hits = self._probe(toks, salt, lora)
+        hits = self._probe(n if toks is None else toks, salt, lora, keys, cap)
         h = len(hits)
         total = _cdiv(min(h * bs + k, n), bs)
         return self._status(total, total - h + sum(1 for b in hits if self._rc[b] == 0))
@@ -1267,6 +1507,25 @@ class ReferenceBlockManager:
 
     # ---------------------------------------------------------------- audit
 
+    def _check_digests(self, sid: int, s: _Seq) -> None:
+        """A sequence's digests: its tokens' chain, or a caller-keyed one's keys' digests
+        (none without prefix caching)."""
+        bs = self._block_size
+        want = (len(s.keys) if s.keyed else s.num_tokens // bs) if self._caching else 0
+        if len(s.digests) != want:
+            raise InvariantError(f"sequence {sid} has {len(s.digests)} digests, expected {want}")
+        if s.keyed and len(s.keys) > s.num_tokens // bs:
+            raise InvariantError(f"sequence {sid} has {len(s.keys)} keys for {s.num_tokens} tokens")
+        if self._caching and s.keyed:
+            if s.digests != [_key_digest(self._hash, k) for k in s.keys]:
+                raise InvariantError(f"sequence {sid} digests do not match its keys")
+        elif self._caching:
+            expect = _Seq(s.salt, s.lora_id)
+            expect.tokens = s.tokens
+            self._extend_digests(expect)
+            if expect.digests != s.digests:
+                raise InvariantError(f"sequence {sid} digests do not match its tokens")
+
     def check_invariants(self) -> None:
         """Audit the lifecycle contract; raise InvariantError naming the first violation."""
 
@@ -1295,25 +1554,18 @@ class ReferenceBlockManager:
                     if not 0 <= b < n:
                         fail(f"sequence {sid} holds block id {b} out of range")
                     rc[b] += 1
-            want = s.num_tokens // bs if self._caching else 0
-            if len(s.digests) != want:
-                fail(f"sequence {sid} has {len(s.digests)} digests, expected {want}")
-            if self._caching:
-                expect = _Seq(s.salt, s.lora_id)
-                expect.tokens = s.tokens
-                self._extend_digests(expect)
-                if expect.digests != s.digests:
-                    fail(f"sequence {sid} digests do not match its tokens")
+            self._check_digests(sid, s)
             # Registration follows scheduling: every holder of a hashed block has it among its
             # full scheduled blocks, under that block's digest (so no write reaches it).
             for i, b in enumerate(s.blocks):
                 d = self._hashed[b]
                 if d is None:
                     continue
-                if i >= s.scheduled // bs:
+                # (A held sequence may hold a block a fork registered past its own hold.)
+                if i >= min(s.scheduled // bs, len(s.digests)):
                     fail(
                         f"sequence {sid} block {b} at index {i} is hashed but not full of "
-                        f"scheduled tokens ({s.scheduled})"
+                        f"scheduled tokens ({s.scheduled}) or not keyed"
                     )
                 if d != s.digests[i]:
                     fail(f"sequence {sid} block {b} hashed under another digest")

@@ -964,3 +964,132 @@ def test_huge_inputs_raise_instead_of_aborting() -> None:
     )
     assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout}\n{out.stderr}"
     assert out.stdout.rstrip().endswith("ok"), out.stdout
+
+
+# ------------------------------------------------------------------------------------------
+# Caller keys, hit caps, held registration (docs/semantics.md): bad input changes nothing,
+# and a refused `register` or keyed `append` publishes nothing either.
+
+KEYED, HELD = 8, 9
+K = [b"k0", b"k1"]  # the keys of KEYED's and HELD's two full blocks (9 tokens)
+
+
+def _setup_keyed(impl: type) -> Manager:
+    """`_setup` plus a caller-keyed sequence and a held caller-keyed one (other keys)."""
+    m = _setup(impl)
+    m.allocate(KEYED, list(range(400, 409)), block_hashes=K)
+    m.allocate(HELD, list(range(500, 509)), block_hashes=[b"h0", b"h1"], register=False)
+    m.drain_events()
+    return m
+
+
+def _keyed_snapshot(m: Manager) -> Any:
+    """`_snapshot` with the keyed sequences and what the cache holds under their keys."""
+    seqs = [
+        (m.num_tokens(s), m.num_scheduled_tokens(s), m.block_hashes(s), m.num_block_hashes(s))
+        for s in (KEYED, HELD)
+        if s in m
+    ]
+    hits = [m.lookup([0] * 9, block_hashes=k) for k in (K, [b"h0", b"h1"])]
+    return _snapshot(m), seqs, hits
+
+
+KEY_CASES: list[tuple[str, type[BaseException]]] = [
+    # allocate: each argument's kind, a key's length, then the cross-argument checks
+    *[
+        (f"m.allocate(5, list(range(9)), block_hashes={k!r})", InvalidArgumentTypeError)
+        for k in ["ab", b"ab", [b"a", "b"], [bytearray(b"a")], [1], {b"a"}, 3]
+    ],
+    ("m.allocate(5, list(range(9)), block_hashes=iter([b'a']))", InvalidArgumentTypeError),
+    ("m.allocate(5, list(range(9)), block_hashes=[b''])", InvalidArgumentError),
+    ("m.allocate(5, list(range(9)), block_hashes=[b'x' * 129])", InvalidArgumentError),
+    ("m.allocate(5, list(range(9)), block_hashes=[b'a', b'b', b'c'])", InvalidArgumentError),
+    ("m.allocate(5, [1, 2, 3], block_hashes=[b'a'])", InvalidArgumentError),  # no full block
+    ("m.allocate(5, list(range(9)), block_hashes=[b'a'], cache_salt='s')", InvalidArgumentError),
+    ("m.allocate(5, list(range(9)), block_hashes=[b'a'], lora_id=1)", InvalidArgumentError),
+    ("m.allocate(5, [], block_hashes=[b'a'])", InvalidArgumentError),
+    ("m.allocate(5, [1], max_hit_tokens=-1)", InvalidArgumentError),
+    ("m.allocate(5, [1], max_hit_tokens=1.5)", InvalidArgumentTypeError),
+    ("m.allocate(5, [1], register=None)", InvalidArgumentTypeError),
+    ("m.allocate(5, [1], register=1)", InvalidArgumentTypeError),
+    ("m.allocate(5, [1], block_hashes=[b''], register=1)", InvalidArgumentError),  # in order
+    ("m.allocate(KEYED, list(range(9)), block_hashes=[b'a'])", DuplicateSequenceError),
+    ("m.allocate(KEYED, list(range(9)), block_hashes=[b''])", InvalidArgumentError),
+    # append: empty tokens need lookahead or keys; keys only for a caller-keyed sequence
+    ("m.append(KEYED, [])", InvalidArgumentError),
+    ("m.append(KEYED, [], lookahead=-1)", InvalidArgumentError),
+    ("m.append(KEYED, [], block_hashes='k2')", InvalidArgumentTypeError),
+    ("m.append(KEYED, [], block_hashes=[b'k2'])", InvalidArgumentError),  # 9 tokens: 2 keys
+    ("m.append(KEYED, [1, 2, 3], block_hashes=[b'k2', b'k3'])", InvalidArgumentError),
+    ("m.append(RESIDENT, [1], block_hashes=[b'a'])", InvalidArgumentError),  # self-hashed
+    ("m.append(RESIDENT, [1, 2], block_hashes=[])", InvalidArgumentError),
+    ("m.append(NEVER, [], lookahead=1)", UnknownSequenceError),
+    ("m.append(SWAPPED, [], lookahead=1)", SequenceSwappedError),
+    ("m.append(PARTIAL, [], lookahead=1)", InvalidArgumentError),  # prompt not scheduled
+    ("m.append(NEVER, [], block_hashes=[b''])", InvalidArgumentError),  # arguments first
+    # register
+    ("m.register(HELD, num_tokens=-1)", InvalidArgumentError),
+    ("m.register(HELD, num_tokens=1.5)", InvalidArgumentTypeError),
+    ("m.register(HELD, num_tokens=10)", InvalidArgumentError),  # past its 9 scheduled
+    ("m.register(HELD, block_hashes=[b'h2'])", InvalidArgumentError),  # 9 tokens: 2 keys
+    ("m.register(HELD, block_hashes=b'h2')", InvalidArgumentTypeError),
+    ("m.register(HELD, block_hashes=[b'x' * 200])", InvalidArgumentError),
+    ("m.register(RESIDENT, block_hashes=[b'a'])", InvalidArgumentError),  # self-hashed
+    ("m.register(NEVER)", UnknownSequenceError),
+    ("m.register(SWAPPED)", SequenceSwappedError),
+    ("m.register(-1)", InvalidArgumentError),
+    ("m.register(NEVER, num_tokens=-1)", InvalidArgumentError),  # arguments first
+    # lookup and can_allocate
+    ("m.lookup(list(range(9)), block_hashes=[b'a'] * 3)", InvalidArgumentError),
+    ("m.lookup(list(range(9)), block_hashes=[b'a'], cache_salt='s')", InvalidArgumentError),
+    ("m.lookup(list(range(9)), max_hit_tokens=-1)", InvalidArgumentError),
+    ("m.lookup(list(range(9)), block_hashes=(b'a', 1))", InvalidArgumentTypeError),
+    ("m.can_allocate(9, block_hashes=[b'a'] * 3)", InvalidArgumentError),
+    ("m.can_allocate(9, block_hashes=[b'a'], lora_id=1)", InvalidArgumentError),
+    ("m.can_allocate(9, max_hit_tokens=-1)", InvalidArgumentError),
+    ("m.can_allocate(list(range(9)), block_hashes=[b''])", InvalidArgumentError),
+    ("m.can_allocate(9, block_hashes='ab')", InvalidArgumentTypeError),
+    ("m.num_block_hashes(NEVER)", UnknownSequenceError),
+]
+
+
+@pytest.mark.parametrize(("call", "exc"), [pytest.param(c, e, id=c) for c, e in KEY_CASES])
+def test_bad_key_call_raises_and_changes_nothing(call: str, exc: type[BaseException]) -> None:
+    """Every implementation and layout raises the same class, `exc` or a subclass, and
+    changes nothing: no sequence, table, digest or key, and nothing registered."""
+    raised = []
+    for impl in IMPLS:
+        m = _setup_keyed(impl)
+        before = _keyed_snapshot(m)
+        names = {
+            "m": m,
+            "RESIDENT": RESIDENT,
+            "SWAPPED": SWAPPED,
+            "PARTIAL": PARTIAL,
+            "NEVER": NEVER,
+            "KEYED": KEYED,
+            "HELD": HELD,
+        }
+        with pytest.raises(exc) as info:
+            eval(call, names)
+        assert isinstance(info.value, PagedKVError)
+        assert str(info.value), "the message must say what was wrong"
+        assert _keyed_snapshot(m) == before
+        assert m.drain_events() == [], "a refused call emitted events"
+        m.check_invariants()
+        raised.append(type(info.value))
+    assert len(set(raised)) == 1, f"reference, rust, grouped reference, grouped rust: {raised}"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_keyed_calls_that_run_out_of_blocks_change_nothing(impl: type) -> None:
+    """A keyed `append` (keys and slots) that does not fit adds no key and registers
+    nothing; an empty append's slots likewise."""
+    m = _setup_keyed(impl)
+    m.append(KEYED, [0, 0, 0])  # 12 tokens: a third key is allowed
+    before = _keyed_snapshot(m)
+    assert m.append(KEYED, [], lookahead=10**6, block_hashes=[b"k2"]) is None
+    assert m.append(HELD, [], lookahead=10**6) is None
+    assert _keyed_snapshot(m) == before
+    assert m.drain_events() == []
+    m.check_invariants()

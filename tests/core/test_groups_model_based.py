@@ -3,7 +3,9 @@
 Seeded random call sequences drive both managers, built with the same groups, through every
 operation on tiny pools (few blocks, block size 2 or 4, a three-token vocabulary, so that
 hybrid hits, window releases, evictions, copy-on-write, swaps and refusals happen all the
-time). Every return value and exception class, every group's table, slot mapping and page
+time), with caller-keyed sequences (`block_hashes=`, keys arriving with `append` and
+`register`), hit caps, held registration and empty appends with lookahead. Every return value
+and exception class, every group's table, slot mapping and page
 table, the stats with their per-group figures and every event must be equal, and both
 managers must pass `check_invariants()` after every call (docs/semantics.md, "KV-cache
 groups"). Table digests differ between the implementations by design.
@@ -51,9 +53,56 @@ def _tokens(rng: random.Random, lo: int = 1, hi: int = 9) -> list[int]:
     return [rng.randrange(3) for _ in range(rng.randint(lo, hi))]
 
 
-def _call(rng: random.Random, n_groups: int) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+def _keys(toks: list[int], bs: int, lo: int, hi: int) -> list[bytes]:
+    """A caller's chain keys of blocks `lo .. hi - 1` (the prefix's tokens as bytes)."""
+    return [b"K" + bytes(toks[: (i + 1) * bs]) for i in range(lo, hi)]
+
+
+def _keyed_call(
+    rng: random.Random, sid: int, bs: int, ref: Any
+) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    """A call of the caller-keyed API: keyed allocate (prompts from a two-token vocabulary,
+    so that keys repeat), append with late keys or slots only, register, keyed lookup."""
+    op = rng.randrange(4)
+    if op == 0:
+        toks = [rng.randrange(2) for _ in range(rng.randint(1, 6))]
+        count = max(0, len(toks) // bs - rng.choice([0, 0, 0, 0, 0, 0, 1, -1]))
+        kw: dict[str, Any] = {"block_hashes": _keys(toks, bs, 0, count)}
+        kw["max_hit_tokens"] = rng.choice([None, None, 0, 2, 4])
+        kw["register"] = rng.random() < 0.6
+        if rng.random() < 0.3:
+            kw["num_new_tokens"] = rng.randint(1, len(toks))
+        return "allocate", (sid, toks), kw
+    seq = ref._seqs.get(sid)
+    if op == 1:
+        new = [rng.randrange(2) for _ in range(rng.choice([0, 0, 1, 2]))]
+        kw = {"lookahead": rng.choice([0, 1, 3])}
+        if seq is not None and rng.random() < 0.7:
+            toks = list(seq.tokens) + new
+            have = len(seq.digests)
+            kw["block_hashes"] = _keys(toks, bs, have, max(have, len(toks) // bs))
+        return "append", (sid, new), kw
+    if op == 2:
+        kw = {}
+        if rng.random() < 0.5:
+            kw["num_tokens"] = rng.randint(0, 9)
+        if seq is not None and rng.random() < 0.3:
+            have = len(seq.digests)
+            kw["block_hashes"] = _keys(list(seq.tokens), bs, have, len(seq.tokens) // bs)
+        return "register", (sid,), kw
+    toks = [rng.randrange(2) for _ in range(rng.randint(1, 6))]
+    kw = {"block_hashes": _keys(toks, bs, 0, len(toks) // bs)}
+    kw["max_hit_tokens"] = rng.choice([None, 0, 2])
+    return rng.choice(["lookup", "can_allocate"]), (toks,), kw
+
+
+def _call(
+    rng: random.Random, n_groups: int, bs: int, ref: Any
+) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
     sid = rng.randrange(MAX_SEQ)
-    op = rng.randrange(17)
+    op = rng.randrange(21)
+    if op >= 17:
+        return _keyed_call(rng, sid, bs, ref)
     if op < 4:
         kw: dict[str, Any] = {}
         if rng.random() < 0.4:
@@ -102,6 +151,7 @@ def _observe(m: Any, n_groups: int) -> Any:
         seen.append(run(m, "num_tokens", sid).key())
         seen.append(run(m, "num_scheduled_tokens", sid).key())
         seen.append(run(m, "block_hashes", sid).key())
+        seen.append(run(m, "num_block_hashes", sid).key())
         for g in range(n_groups):
             seen.append(run(m, "block_table", sid, group=g).key())
             seen.append(run(m, "slot_mapping", [sid], 1, group=g).key())
@@ -130,7 +180,7 @@ def test_rust_matches_the_reference(config: str, seed: int) -> None:
     ref = ReferenceBlockManager(num_blocks, block_size, **kw)
     evictions = 0
     for step in range(250):
-        name, args, kwargs = _call(rng, n_groups)
+        name, args, kwargs = _call(rng, n_groups, block_size, ref)
         if name == "append_batch":
             ids = args[0]
             args = (ids, [rng.randrange(3) for _ in ids])

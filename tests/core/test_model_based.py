@@ -4,7 +4,10 @@ A hypothesis state machine drives both managers through the same random calls on
 (few blocks, tiny block sizes, a tiny vocabulary so that prefix hits, duplicate content,
 eviction, copy-on-write and swapping happen all the time), with chunked prefill
 (`num_new_tokens`, `extend`), draft slots (`lookahead`), `truncate`, retraction
-(`free(num_computed_tokens=...)`), `lookup`/`lookup_many` and hit-aware `can_allocate`.
+(`free(num_computed_tokens=...)`), `lookup`/`lookup_many` and hit-aware `can_allocate`, and
+caller-keyed sequences (`block_hashes=`, keys arriving late), hit caps (`max_hit_tokens=`),
+held registration (`register=False`, `register`) and slots without tokens (`append([],
+lookahead=k)`).
 Every return value, every exception class (exactly: the same class, not merely "both
 raised"), every table, digest list, slot mapping, page table, counter and event must be
 equal, and both managers must pass
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +46,19 @@ tokens = st.lists(vocab, min_size=1, max_size=8)
 short_tokens = st.lists(vocab, min_size=1, max_size=6)
 salts = st.sampled_from([None, None, None, "a", b"a", "b", ""])
 loras = st.sampled_from([None, None, None, 0, 5])
+families = st.sampled_from([b"a", b"a", b"b"])  # key families: same tokens, other keys
+max_hits = st.sampled_from([None, None, None, None, 0, 1, 2, 3, 5, 100])
+# Keys short of the full blocks by this many (-1: one too many, refused).
+short_by = st.sampled_from([0, 0, 0, 0, 1, 2, -1])
+
+
+def caller_keys(family: bytes, toks: list[int], bs: int, lo: int, hi: int) -> list[bytes]:
+    """Keys `lo .. hi - 1` of a caller that keys blocks by their prefix (chain keys, like
+    vLLM's block hashes): equal prefixes in one family give equal keys."""
+    return [
+        family + hashlib.blake2b(bytes(toks[: (i + 1) * bs]), digest_size=15).digest()
+        for i in range(lo, hi)
+    ]
 
 
 def normalize(x: Any) -> Any:
@@ -140,6 +157,9 @@ class ManagerComparison(RuleBasedStateMachine):
         super().__init__()
         self.log: list[str] = []
         self.history: list[tuple[list[int], Any, Any]] = []
+        self.families: dict[int, bytes] = {}  # the key family of each keyed allocation
+        self.keyed_history: list[tuple[list[int], bytes]] = []  # keyed prompts and families
+        self.held: set[int] = set()  # allocated with register=False
 
     @initialize(
         num_blocks=st.integers(6, 24),
@@ -226,9 +246,10 @@ class ManagerComparison(RuleBasedStateMachine):
         lookahead: int,
         as_array: Any,
         chunk: int | None = None,
+        **extra: Any,
     ) -> None:
         arg: Any = toks if as_array is None else np.array(toks, dtype=as_array)
-        kw: dict[str, Any] = {}
+        kw: dict[str, Any] = dict(extra)
         if chunk is not None:
             kw["num_new_tokens"] = chunk
         if salt is not None:
@@ -261,7 +282,135 @@ class ManagerComparison(RuleBasedStateMachine):
     ) -> None:
         # Chunked prefill: part of the prompt now (now and then 0 or past the prompt: refused).
         chunk = data.draw(st.integers(0, len(toks) + 1), label="chunk") if chunked else None
-        self.do_allocate(self.pick(data, "new"), toks, salt, lora, lookahead, as_array, chunk)
+        # A hit cap and held registration, now and then, on self-hashed sequences too.
+        extra = data.draw(
+            st.sampled_from(
+                [{}, {}, {}, {"max_hit_tokens": 2}, {"register": False}, {"max_hit_tokens": 0}]
+            ),
+            label="extra",
+        )
+        sid = self.pick(data, "new")
+        self.do_allocate(sid, toks, salt, lora, lookahead, as_array, chunk, **extra)
+        if "register" in extra and sid in self.ref:
+            self.held.add(sid)
+
+    def bs(self) -> int:
+        return int(self.ref.block_size)
+
+    @rule(
+        data=st.data(),
+        fresh=tokens,
+        family=families,
+        lookahead=st.integers(0, 2),
+        cap=max_hits,
+        register=st.sampled_from([True, True, True, False]),
+        chunked=st.booleans(),
+        short=short_by,
+    )
+    def allocate_keyed(
+        self,
+        data: st.DataObject,
+        fresh: list[int],
+        family: bytes,
+        lookahead: int,
+        cap: int | None,
+        register: bool,
+        chunked: bool,
+        short: int,
+    ) -> None:
+        """A caller-keyed prompt (mostly an earlier prompt's prefix: equal keys hit), with
+        fewer keys than full blocks now and then, or one too many (refused)."""
+        toks, family = self.keyed_prompt(data, fresh, family)
+        count = max(0, len(toks) // self.bs() - short)
+        keys: Any = caller_keys(family, toks, self.bs(), 0, count)
+        if data.draw(st.booleans(), label="tuple"):
+            keys = tuple(keys)
+        kw: dict[str, Any] = {"block_hashes": keys, "max_hit_tokens": cap, "register": register}
+        if chunked:
+            kw["num_new_tokens"] = data.draw(st.integers(1, len(toks)), label="chunk")
+        if lookahead:
+            kw["lookahead"] = lookahead
+        if data.draw(st.integers(0, 19), label="salted") == 0:
+            kw["cache_salt"] = "s"  # refused: the keys carry the extra keys
+        sid = self.pick(data, "new")
+        if self.both("allocate", sid, toks, **kw).exc is None:
+            self.families[sid] = family
+            if not register:
+                self.held.add(sid)
+            if len(self.keyed_history) < 32:
+                self.keyed_history.append((list(toks), family))
+
+    def keyed_prompt(
+        self, data: st.DataObject, fresh: list[int], family: bytes
+    ) -> tuple[list[int], bytes]:
+        """Mostly an earlier keyed prompt's prefix (plus a suffix), mostly in its family:
+        equal keys hit; else a fresh prompt, or an earlier self-hashed one (no hit)."""
+        how = data.draw(st.integers(0, 5), label="prompt")
+        if self.keyed_history and how >= 2:
+            toks, fam = data.draw(st.sampled_from(self.keyed_history), label="keyed prompt")
+            cut = data.draw(st.integers(1, len(toks)), label="prefix length")
+            return toks[:cut] + fresh[: data.draw(st.integers(0, 2))], (fam if how >= 3 else family)
+        if self.history and how == 1:
+            return self.earlier_prompt(data, [])[0], family
+        return fresh, family
+
+    def next_keys(self, data: st.DataObject, sid: int, toks_after: int, new: list[int]) -> Any:
+        """Keys continuing a sequence's list up to its full blocks after `new` tokens (now
+        and then one too many: refused), or None."""
+        if sid not in self.ref or not data.draw(st.booleans(), label="keys"):
+            return None
+        have = self.ref.num_block_hashes(sid)
+        upto = max(have, toks_after // self.bs() - data.draw(short_by, label="short"))
+        all_toks = list(self.ref._seqs[sid].tokens) + new
+        return caller_keys(self.families.get(sid, b"a"), all_toks, self.bs(), have, upto)
+
+    @rule(data=st.data(), toks=st.lists(vocab, max_size=4), lookahead=st.integers(0, 3))
+    def append_keyed(self, data: st.DataObject, toks: list[int], lookahead: int) -> None:
+        """`append` with keys (keys arriving late, with or without tokens) or with empty
+        tokens and lookahead (slots only); empty with neither is refused."""
+        sid = self.pick(data, "resident")
+        n = self.ref.num_tokens(sid) if sid in self.ref else 0
+        keys = self.next_keys(data, sid, n + len(toks), toks)
+        kw: dict[str, Any] = {"lookahead": lookahead}
+        if keys is not None:
+            kw["block_hashes"] = keys
+        if self.both("append", sid, toks, **kw).exc is None:
+            self.remember(sid)
+
+    @rule(data=st.data())
+    def register(self, data: st.DataObject) -> None:
+        """Lift a hold (all, or up to some tokens: past the scheduled ones is refused), with
+        further keys now and then."""
+        held = sorted(s for s in self.held if s in self.ref)
+        if held and data.draw(st.integers(0, 2), label="held"):
+            sid = data.draw(st.sampled_from(held), label="held sid")
+        else:
+            sid = self.pick(data, "known")
+        s = self.ref.num_scheduled_tokens(sid) if sid in self.ref else 4
+        kw: dict[str, Any] = {}
+        if data.draw(st.booleans(), label="num_tokens"):
+            kw["num_tokens"] = data.draw(st.integers(0, s + 1), label="t")
+        n = self.ref.num_tokens(sid) if sid in self.ref else 0
+        keys = self.next_keys(data, sid, n, [])
+        if keys is not None:
+            kw["block_hashes"] = keys
+        self.both("register", sid, **kw)
+
+    @rule(data=st.data(), family=families, cap=max_hits, how=st.integers(0, 2))
+    def lookup_keyed(self, data: st.DataObject, family: bytes, cap: int | None, how: int) -> None:
+        """`lookup` and `can_allocate` (of token ids or of a length) with caller keys and a
+        hit cap."""
+        toks, family = self.keyed_prompt(data, data.draw(tokens), family)
+        kw: dict[str, Any] = {"max_hit_tokens": cap}
+        if data.draw(st.integers(0, 3), label="keyed"):
+            count = max(0, len(toks) // self.bs() - data.draw(short_by, label="short"))
+            kw["block_hashes"] = caller_keys(family, toks, self.bs(), 0, count)
+        if how == 0:
+            self.both("lookup", toks, **kw)
+        elif how == 1:
+            self.both("can_allocate", toks, **kw)
+        else:
+            self.both("can_allocate", len(toks), **kw)
 
     def earlier_prompt(self, data: st.DataObject, suffix: list[int]) -> tuple[list[int], Any, Any]:
         """A prompt that starts like an earlier one, mostly with the same extra keys."""
@@ -433,6 +582,7 @@ class ManagerComparison(RuleBasedStateMachine):
                 "free faults",
                 "lookup faults",
                 "append empty",
+                "keys faults",
                 "negative id",
                 "batch duplicates",
                 "query",
@@ -478,6 +628,33 @@ class ManagerComparison(RuleBasedStateMachine):
             self.both(which, arg, lora_id=data.draw(st.sampled_from([None, -1, 1.5])))
         elif kind == "append empty":
             self.both("append", self.pick(data, "resident"), [])
+        elif kind == "keys faults":
+            # Each argument's kind (and a key's length) before the cross-argument checks.
+            keys = data.draw(
+                st.sampled_from(
+                    [None, [b"k"], b"ab", "ab", [b""], [b"x" * 129], [1], [bytearray(b"a")]]
+                ),
+                label="block_hashes",
+            )
+            cap = data.draw(st.sampled_from([None, -1, 1.5, 2]), label="max_hit_tokens")
+            reg = data.draw(st.sampled_from([True, None, 1]), label="register")
+            which = data.draw(st.sampled_from(["allocate", "lookup", "append", "register"]))
+            if which == "allocate":
+                self.both(
+                    "allocate",
+                    self.pick(data, "new"),
+                    [0, 1, 2],
+                    block_hashes=keys,
+                    max_hit_tokens=cap,
+                    register=reg,
+                )
+            elif which == "lookup":
+                self.both("lookup", [0, 1, 2], block_hashes=keys, max_hit_tokens=cap)
+            elif which == "append":
+                self.both("append", self.pick(data, "resident"), [], block_hashes=keys)
+            else:
+                t = data.draw(st.sampled_from([None, -1, 1.5]), label="num_tokens")
+                self.both("register", self.pick(data, "known"), num_tokens=t, block_hashes=keys)
         elif kind == "negative id":
             method = data.draw(
                 st.sampled_from(["free", "swap_out", "swap_in", "num_tokens", "block_table"])
@@ -597,6 +774,7 @@ class ManagerComparison(RuleBasedStateMachine):
                 "num_scheduled_tokens",
                 "is_swapped",
                 "block_hashes",
+                "num_block_hashes",
                 "block_table",
             ):
                 want = run(ref, method, s).key()

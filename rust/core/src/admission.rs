@@ -3,10 +3,25 @@
 
 use crate::error::{invalid, Result};
 use crate::hashing::encode_extras;
+use crate::keys::{check_key_count, PromptKeys};
 use crate::manager::{
     cdiv, check_new_tokens, check_tokens, prefix_lock_of, BlockManager, MAX_TOKENS,
 };
 use crate::stats::AllocStatus;
+
+/// A prompt whose blocks a read-only look hashes: its tokens with their encoded extra keys,
+/// or the caller's keys.
+pub(crate) enum Prompt<'a> {
+    Tokens(&'a [u32], &'a [u8]),
+    Keys(&'a crate::keys::CallerKeys),
+}
+
+/// `can_allocate`'s prompt: its token ids, or only its length.
+#[derive(Debug, Clone, Copy)]
+pub enum PromptLen<'a> {
+    Tokens(&'a [u32]),
+    Count(u64),
+}
 
 impl BlockManager {
     /// Check `num_new_tokens` against a prompt of `n` tokens (`None`: all of them).
@@ -14,38 +29,52 @@ impl BlockManager {
         check_new_tokens(k.map(|k| usize::try_from(k).unwrap_or(usize::MAX)), n)
     }
 
-    /// The hits `allocate` would pin now for `tokens`, as read-only looks (at most
-    /// `(n - 1) / block_size`, stopping at the first miss): nothing changes. The looks run
-    /// under the prompt's prefix lock, so they see every allocation's registrations and
-    /// every abort's withdrawals of this prefix whole (the chain is hashed first, outside).
+    /// The hits `allocate` would pin now for a prompt (at most `cap` blocks, stopping at the
+    /// first miss), as read-only looks: nothing changes. The looks run under the prompt's
+    /// prefix lock, so they see every allocation's registrations and every abort's
+    /// withdrawals of this prefix whole (the chain is hashed first, outside).
     pub(crate) fn cached_prefix(
         &self,
-        tokens: &[u32],
-        extras: &[u8],
+        prompt: Prompt<'_>,
+        cap: usize,
     ) -> Result<Vec<crate::block_pool::Peek>> {
         let bs = self.block_size();
         let mut out = Vec::new();
-        if !self.caching() || tokens.len() <= bs {
+        if cap == 0 {
             return Ok(out);
         }
-        let blocks: Vec<&[u32]> = tokens
-            .chunks_exact(bs)
-            .take((tokens.len() - 1) / bs)
-            .collect();
-        let mut digests = crate::alloc::try_with_capacity(blocks.len(), "the prompt's digests")?;
-        let mut parent = self.hasher.root();
-        for block in &blocks {
-            parent = self.hasher.hash_block(&parent, block, extras);
-            digests.push(parent);
-        }
+        // Token blocks' tags are computed only as far as the hits go.
+        let (digests, blocks, key_tags) = match prompt {
+            Prompt::Tokens(tokens, extras) => {
+                let blocks: Vec<&[u32]> = tokens.chunks_exact(bs).take(cap).collect();
+                let mut digests =
+                    crate::alloc::try_with_capacity(blocks.len(), "the prompt's digests")?;
+                let mut parent = self.hasher.root();
+                for block in &blocks {
+                    parent = self.hasher.hash_block(&parent, block, extras);
+                    digests.push(parent);
+                }
+                (digests, Some((blocks, extras)), &[][..])
+            }
+            Prompt::Keys(keys) => {
+                let cap = cap.min(keys.digests.len());
+                (keys.digests[..cap].to_vec(), None, &keys.tags[..])
+            }
+        };
+        let Some(first) = digests.first() else {
+            return Ok(out);
+        };
         // Inside the gate: a reset is all before or all after.
         let _gate = self.enter()?;
-        let _prefix = self.lock_prefixes(vec![prefix_lock_of(&digests[0])])?;
+        let _prefix = self.lock_prefixes(vec![prefix_lock_of(first)])?;
         let mut tag = self.tagger.as_ref().map(|t| t.root());
-        for (d, block) in digests.iter().zip(&blocks) {
+        for (i, d) in digests.iter().enumerate() {
             let Some(p) = self.gpu.peek(d) else { break };
             if let (Some(t), Some(prev)) = (&self.tagger, tag) {
-                let next = t.tag_block(prev, block, extras);
+                let next = match &blocks {
+                    Some((blocks, extras)) => t.tag_block(prev, blocks[i], extras),
+                    None => key_tags[i],
+                };
                 if !self.gpu.index_tag_is(p.block, Some(next)) {
                     break;
                 }
@@ -64,15 +93,61 @@ impl BlockManager {
         cache_salt: Option<&[u8]>,
         lora_id: Option<u64>,
     ) -> Result<usize> {
+        let q = PromptKeys {
+            cache_salt,
+            lora_id,
+            ..PromptKeys::default()
+        };
+        self.lookup_with(tokens, &q)
+    }
+
+    /// `lookup` with the caller's keys and a cap on the hit (`PromptKeys`).
+    pub fn lookup_with(&self, tokens: &[u32], q: &PromptKeys<'_>) -> Result<usize> {
         self.guarded(false, || {
             check_tokens(tokens, "token_ids")?;
-            let extras = encode_extras(cache_salt, lora_id);
-            if !self.plain() {
-                let (h, _) = self.grouped_prefix(tokens, &extras, None)?;
-                return Ok(h * self.block_size());
-            }
-            Ok(self.cached_prefix(tokens, &extras)?.len() * self.block_size())
+            Ok(self.prompt_hit(tokens.len(), Some(tokens), q, None)?.0 * self.block_size())
         })
+    }
+
+    /// A prompt of `n` tokens (`tokens`, or only its length with the caller's keys): its hit
+    /// in blocks and, with `k` scheduled prompt tokens, its admission. Checks the keys.
+    fn prompt_hit(
+        &self,
+        n: usize,
+        tokens: Option<&[u32]>,
+        q: &PromptKeys<'_>,
+        k: Option<usize>,
+    ) -> Result<(usize, Option<AllocStatus>)> {
+        q.check()?;
+        let keys = match q.block_hashes {
+            Some(keys) => {
+                let keys = self.reduce_keys(keys)?;
+                check_key_count(keys.given, n, self.block_size())?;
+                Some(keys)
+            }
+            None => None,
+        };
+        let cap = self.hit_cap(n, q.max_hit_tokens);
+        let extras = encode_extras(q.cache_salt, q.lora_id);
+        if !self.plain() {
+            let (digests, tags) = match (&keys, tokens) {
+                (Some(keys), _) => (keys.digests.clone(), keys.tags.clone()),
+                (None, Some(tokens)) => self.prompt_chain(tokens, &extras),
+                (None, None) => (Vec::new(), Vec::new()),
+            };
+            return self.grouped_prefix(n, &digests, &tags, cap, k);
+        }
+        let peeks = match (&keys, tokens) {
+            (Some(keys), _) => self.cached_prefix(Prompt::Keys(keys), cap)?,
+            (None, Some(tokens)) => self.cached_prefix(Prompt::Tokens(tokens, &extras), cap)?,
+            (None, None) => Vec::new(),
+        };
+        let h = peeks.len();
+        let Some(k) = k else { return Ok((h, None)) };
+        let bs = self.block_size();
+        let total = cdiv((h * bs + k).min(n), bs);
+        let need = total - h + peeks.iter().filter(|p| p.cached).count();
+        Ok((h, Some(self.admission_of(total, need))))
     }
 
     /// `can_allocate` of a prompt, crediting its cached prefix: a hit on an active block
@@ -84,21 +159,53 @@ impl BlockManager {
         cache_salt: Option<&[u8]>,
         lora_id: Option<u64>,
     ) -> Result<AllocStatus> {
+        let q = PromptKeys {
+            cache_salt,
+            lora_id,
+            ..PromptKeys::default()
+        };
+        self.can_allocate_with(PromptLen::Tokens(tokens), num_new_tokens, &q)
+    }
+
+    /// `can_allocate` of a prompt given by its tokens or its length, with the caller's keys
+    /// and a cap on the hit (`PromptKeys`): a length credits a hit only through keys.
+    pub fn can_allocate_with(
+        &self,
+        prompt: PromptLen<'_>,
+        num_new_tokens: Option<u64>,
+        q: &PromptKeys<'_>,
+    ) -> Result<AllocStatus> {
         self.guarded(false, || {
-            check_tokens(tokens, "token_ids")?;
-            let n = tokens.len();
+            let (n, tokens) = match prompt {
+                PromptLen::Tokens(tokens) => {
+                    check_tokens(tokens, "token_ids")?;
+                    (tokens.len(), Some(tokens))
+                }
+                PromptLen::Count(count) => {
+                    if count == 0 {
+                        return Err(invalid("num_tokens must be at least 1"));
+                    }
+                    match usize::try_from(count) {
+                        Ok(n) if n <= MAX_TOKENS => (n, None),
+                        // Beyond any sequence: checked like `can_allocate_count`, then NEVER.
+                        _ => {
+                            q.check()?;
+                            if let Some(keys) = q.block_hashes {
+                                crate::keys::check_key_lengths(keys)?;
+                            }
+                            return self.can_allocate_count(count, num_new_tokens);
+                        }
+                    }
+                }
+            };
             let k = self.check_new_tokens_of(num_new_tokens, n)?;
-            let extras = encode_extras(cache_salt, lora_id);
-            if !self.plain() {
-                let (_, status) = self.grouped_prefix(tokens, &extras, Some(k))?;
-                return Ok(status.unwrap_or(AllocStatus::Never));
+            if tokens.is_none() && q.block_hashes.is_none() {
+                q.check()?;
+                let need = cdiv(k, self.block_size()).saturating_mul(self.kinds.len());
+                return Ok(self.admission_of(need, need));
             }
-            let peeks = self.cached_prefix(tokens, &extras)?;
-            let bs = self.block_size();
-            let h = peeks.len();
-            let total = cdiv((h * bs + k).min(n), bs);
-            let need = total - h + peeks.iter().filter(|p| p.cached).count();
-            Ok(self.admission_of(total, need))
+            let (_, status) = self.prompt_hit(n, tokens, q, Some(k))?;
+            Ok(status.unwrap_or(AllocStatus::Never))
         })
     }
 

@@ -4,10 +4,36 @@
 use crate::block_pool::{refcount_overflow, Hit};
 use crate::counters;
 use crate::error::Result;
-use crate::hashing::{encode_extras, Digest};
+use crate::hashing::{encode_extras, Digest, Tag};
+use crate::keys::{check_key_count, PromptKeys};
 use crate::manager::{cdiv, chain_lock, check_new_tokens, check_tokens, BlockManager};
 use crate::sequence::Sequence;
 use std::sync::Arc;
+
+/// `allocate`'s options (`allocate_with`).
+#[derive(Debug, Clone, Copy)]
+pub struct AllocateOpts<'a> {
+    /// Extra keys or the caller's keys, and the cap on the hit.
+    pub keys: PromptKeys<'a>,
+    /// Prompt tokens to schedule past the hit (`None`: all of them).
+    pub num_new_tokens: Option<usize>,
+    /// Writable slots past the scheduled tokens.
+    pub lookahead: usize,
+    /// `false`: held registration; the blocks scheduled past the hit are registered only by
+    /// `register` (KV arriving from elsewhere).
+    pub register: bool,
+}
+
+impl Default for AllocateOpts<'_> {
+    fn default() -> Self {
+        Self {
+            keys: PromptKeys::default(),
+            num_new_tokens: None,
+            lookahead: 0,
+            register: true,
+        }
+    }
+}
 
 impl BlockManager {
     /// Create a sequence for a prompt, reusing cached prefix blocks. Returns the number of
@@ -64,24 +90,47 @@ impl BlockManager {
         num_new_tokens: Option<usize>,
         lookahead: usize,
     ) -> Result<Option<usize>> {
+        let opts = AllocateOpts {
+            keys: PromptKeys {
+                cache_salt,
+                lora_id,
+                ..PromptKeys::default()
+            },
+            num_new_tokens,
+            lookahead,
+            register: true,
+        };
+        self.allocate_with(id, tokens, &opts)
+    }
+
+    /// `allocate_from` with every option: the caller's keys (`block_hashes`), a cap on the
+    /// hit (`max_hit_tokens`) and held registration (`register: false`).
+    pub fn allocate_with(
+        &self,
+        id: u64,
+        tokens: &mut Vec<u32>,
+        opts: &AllocateOpts<'_>,
+    ) -> Result<Option<usize>> {
         self.guarded(true, || {
             check_tokens(tokens, "token_ids")?;
             let n = tokens.len();
-            let k = check_new_tokens(num_new_tokens, n)?;
+            let k = check_new_tokens(opts.num_new_tokens, n)?;
+            let q = &opts.keys;
+            q.check()?;
+            let lookahead = opts.lookahead;
             let bs = self.block_size();
             // Scheduled tokens for `h` hit blocks, and the blocks they and the lookahead need.
             // Lookahead has no bound but the pool: a reach beyond it simply does not fit.
             let scheduled = |h: usize| (h * bs + k).min(n);
             let total = |h: usize| cdiv(scheduled(h).saturating_add(lookahead), bs);
-            let extras: Arc<[u8]> = encode_extras(cache_salt, lora_id).into();
-            let digests = if self.caching() {
-                self.hasher.hash_chain(tokens, bs, &extras)
-            } else {
-                Vec::new()
-            };
-            let tags = match &self.tagger {
-                Some(t) if self.caching() => t.tag_chain(tokens, bs, &extras),
-                _ => Vec::new(),
+            let extras: Arc<[u8]> = encode_extras(q.cache_salt, q.lora_id).into();
+            let (digests, tags) = match q.block_hashes {
+                Some(keys) => {
+                    let keys = self.reduce_keys(keys)?;
+                    check_key_count(keys.given, n, bs)?;
+                    (keys.digests, keys.tags)
+                }
+                None => self.prompt_chain(tokens, &extras),
             };
             let _gate = self.enter()?;
             self.seqs.create(id, |seq| {
@@ -89,16 +138,25 @@ impl BlockManager {
                 if total(0) > self.gpu.num_usable() {
                     return Ok(None);
                 }
-                let max_hits = if self.caching() { (n - 1) / bs } else { 0 };
+                let max_hits = self.hit_cap(n, q.max_hit_tokens);
                 let keys = chain_lock(&digests);
                 let _prefix = self.lock_prefixes(keys)?;
+                let new_seq = |tokens: &mut Vec<u32>, hits: usize| {
+                    let mut s = Sequence::new(std::mem::take(tokens), extras.clone(), q.lora_id);
+                    s.keyed = q.block_hashes.is_some();
+                    if !opts.register {
+                        // Blocks fit a u32 (tokens fit an i32): the cast is exact.
+                        s.hold = hits as u32;
+                    }
+                    s
+                };
                 if !self.plain() {
                     let Some((tables, hits)) =
                         self.take_grouped_prompt(&total, max_hits, &digests, &tags)?
                     else {
                         return Ok(None);
                     };
-                    *seq = Sequence::new(std::mem::take(tokens), extras, lora_id);
+                    *seq = new_seq(tokens, hits);
                     self.install_tables(seq, tables);
                     seq.digests = digests;
                     seq.tags = tags;
@@ -118,7 +176,7 @@ impl BlockManager {
                 else {
                     return Ok(None);
                 };
-                *seq = Sequence::new(std::mem::take(tokens), extras, lora_id);
+                *seq = new_seq(tokens, hits);
                 blocks.into_iter().for_each(|b| seq.push_block(b));
                 seq.digests = digests;
                 seq.tags = tags;
@@ -127,7 +185,7 @@ impl BlockManager {
                 let full = self.registrable(seq);
                 self.gpu
                     .warm_index(&seq.digests[hits..full], &seq.blocks[hits..full]);
-                self.register(seq, hits..full);
+                self.register_range(seq, hits..full);
                 if self.caching() {
                     counters::add(&self.counters.prefix_queries, n);
                     counters::add(&self.counters.prefix_hits, hits * bs);
@@ -139,6 +197,30 @@ impl BlockManager {
         })
     }
 
+    /// The digests and tags of a prompt's full blocks hashed from its tokens (none with
+    /// prefix caching off).
+    pub(crate) fn prompt_chain(&self, tokens: &[u32], extras: &[u8]) -> (Vec<Digest>, Vec<Tag>) {
+        if !self.caching() {
+            return (Vec::new(), Vec::new());
+        }
+        let bs = self.block_size();
+        let tags = match &self.tagger {
+            Some(t) => t.tag_chain(tokens, bs, extras),
+            None => Vec::new(),
+        };
+        (self.hasher.hash_chain(tokens, bs, extras), tags)
+    }
+
+    /// The most blocks a prompt of `n` tokens may hit: one token is always computed, and
+    /// `max_hit_tokens` caps it further; none with prefix caching off.
+    pub(crate) fn hit_cap(&self, n: usize, max_hit_tokens: Option<usize>) -> usize {
+        if !self.caching() {
+            return 0;
+        }
+        let bs = self.block_size();
+        ((n - 1) / bs).min(max_hit_tokens.map_or(usize::MAX, |t| t / bs))
+    }
+
     /// The `total(h)` blocks of a new prompt with `h` hits: its cached prefix (at most
     /// `max_hits` blocks, pinned) then fresh ones. `total` never falls as `h` grows and
     /// exceeds `h`. Returns the blocks with the number of hits, or `None` when they do not
@@ -148,7 +230,7 @@ impl BlockManager {
         total: &dyn Fn(usize) -> usize,
         max_hits: usize,
         digests: &[Digest],
-        tags: &[crate::hashing::Tag],
+        tags: &[Tag],
     ) -> Result<Option<(Vec<u32>, usize)>> {
         let most = total(max_hits.min(digests.len()));
         let mut blocks = crate::alloc::try_with_capacity(most, "a block table")?;

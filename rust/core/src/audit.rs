@@ -37,12 +37,17 @@ impl BlockManager {
                 seq.hit_blocks
             );
             if self.config.enable_prefix_caching {
+                // A caller-keyed sequence has a digest per key, at most one per full block.
                 ensure!(
-                    seq.digests.len() == ntok / bs,
+                    seq.digests.len() == ntok / bs || seq.keyed && seq.digests.len() < ntok / bs,
                     "sequence {id} has {} digests for {ntok} tokens",
                     seq.digests.len()
                 );
-                let tags = if self.tagger.is_some() { ntok / bs } else { 0 };
+                let tags = if self.tagger.is_some() {
+                    seq.digests.len()
+                } else {
+                    0
+                };
                 ensure!(
                     seq.tags.len() == tags,
                     "sequence {id} has {} tags, expected {tags}",
@@ -145,12 +150,14 @@ impl BlockManager {
             for g in 0..seq.num_groups() {
                 for (i, &b) in seq.table(g).iter().enumerate() {
                     if indexed[b as usize] && !self.is_null(b) {
-                        // Only blocks full of scheduled tokens are ever registered (or hit).
+                        // Only blocks full of scheduled tokens and keyed are ever registered
+                        // (or hit). Not the hold: a fork may register blocks shared with a
+                        // held sequence past that sequence's own hold.
+                        let full = (seq.scheduled / bs).min(seq.digests.len());
                         ensure!(
-                            i < self.registrable(seq),
-                            "sequence {id} holds hashed block {b} at {i}, past its {} scheduled \
-                         full blocks",
-                            self.registrable(seq)
+                            i < full,
+                            "sequence {id} holds hashed block {b} at {i}, past its {full} \
+                             scheduled, keyed full blocks"
                         );
                         let expected = seq.digests.get(i).map(|d| d.keyed(g as u8));
                         ensure!(

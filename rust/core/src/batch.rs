@@ -237,7 +237,7 @@ impl BlockManager {
                 check_append(id, seq.tokens.len(), seq.scheduled, 1)?;
                 self.reserve_tokens(seq, 1)?;
                 let upto = seq.tokens.len() + 1;
-                keys.extend(self.schedule_prefix_key(seq, upto, std::slice::from_ref(t)));
+                keys.extend(self.schedule_prefix_key(seq, upto, std::slice::from_ref(t), None));
                 // Each term is at most the pool (or the reach past it): saturate the sum.
                 need = need.saturating_add(self.append_need(seq, 1, lookahead));
             }
@@ -253,7 +253,7 @@ impl BlockManager {
             for ((_, seq), t) in seqs.iter_mut().zip(tokens) {
                 let b = seq.footprint(bs);
                 let t = std::slice::from_ref(t);
-                self.append_reserved(seq, t, lookahead, &mut spare, &mut pairs)?;
+                self.append_reserved(seq, t, None, lookahead, &mut spare, &mut pairs)?;
                 let a = seq.footprint(bs);
                 before = (before.0 + b.0, before.1 + b.1);
                 after = (after.0 + a.0, after.1 + a.1);

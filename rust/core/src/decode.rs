@@ -80,7 +80,7 @@ impl BlockManager {
             needs.push(if needs_block { Need::Write } else { Need::None });
             need += usize::from(needs_block);
             if (n + 1) % bs == 0 {
-                keys.extend(self.schedule_prefix_key(seq, n + 1, &tokens[i..=i]));
+                keys.extend(self.schedule_prefix_key(seq, n + 1, &tokens[i..=i], None));
             }
         }
         let _prefix = self.lock_prefixes(keys)?;

@@ -179,6 +179,14 @@ pub fn encode_extras(salt: Option<&[u8]>, lora_id: Option<u64>) -> Vec<u8> {
 
 const MAGIC: &[u8; 4] = b"PKV1";
 
+/// The first bytes of a caller key's message (`BlockHasher::key_digest`): no block message
+/// (`MAGIC`) or root message (`PKV1root`) starts with them, so a caller key's digest is
+/// never a token chain's.
+pub const KEY_MAGIC: &[u8; 4] = b"PKVk";
+
+/// The longest caller key (`block_hashes=`), in bytes.
+pub const MAX_KEY_LEN: usize = 128;
+
 /// The one-shot path's buffer: six 64-byte blocks, for blocks of up to 64 tokens with short
 /// extras (longer ones stream).
 const SHORT_BLOCKS: usize = 6;
@@ -312,6 +320,12 @@ impl BlockHasher {
         Digest::from_slice(&bytes)
     }
 
+    /// The digest of a caller's block key (vLLM's block hash, already a chain key): the hash
+    /// of `KEY_MAGIC` then the key's bytes. Equal keys give equal digests.
+    pub fn key_digest(&self, key: &[u8]) -> Digest {
+        Self::digest_of(self.algo, &[KEY_MAGIC, key])
+    }
+
     /// Chain digests of every full block of `tokens`.
     pub fn hash_chain(&self, tokens: &[u32], block_size: usize, extras: &[u8]) -> Vec<Digest> {
         let mut parent = self.root;
@@ -387,6 +401,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn key_digests_hash_the_magic_then_the_key_and_differ_from_chains() {
+        let h = BlockHasher::new(HashAlgo::Sha256, 0);
+        let d = h.key_digest(b"abc");
+        assert_eq!(d.as_bytes(), Sha256::digest(b"PKVkabc").as_slice());
+        assert_eq!(d, h.key_digest(b"abc"), "equal keys, equal digests");
+        assert_ne!(d, h.key_digest(b"abd"));
+        let x = BlockHasher::new(HashAlgo::Xxh3_128, 0);
+        assert_eq!(
+            x.key_digest(b"abc").as_bytes(),
+            xxhash_rust::xxh3::xxh3_128(b"PKVkabc")
+                .to_be_bytes()
+                .as_slice()
+        );
+        // A key that is a chain digest's bytes is not that digest (domain separation).
+        let chain = h.hash_chain(&[1, 2], 2, &[0])[0];
+        assert_ne!(h.key_digest(chain.as_bytes()), chain);
     }
 
     #[test]

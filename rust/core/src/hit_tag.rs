@@ -65,6 +65,15 @@ impl HitTagger {
         h.finish128().as_u128()
     }
 
+    /// The tag of a caller's block key (`BlockHasher::key_digest`'s message under the
+    /// secret key): the key is a chain key already, so its tag stands for the prefix too.
+    pub fn tag_key(&self, key: &[u8]) -> Tag {
+        let mut h = SipHasher13::new_with_keys(self.key.0, self.key.1);
+        h.write(crate::hashing::KEY_MAGIC);
+        h.write(key);
+        h.finish128().as_u128()
+    }
+
     /// Tags of every full block of `tokens`.
     pub fn tag_chain(&self, tokens: &[u32], block_size: usize, extras: &[u8]) -> Vec<Tag> {
         let mut parent = self.root;
@@ -97,5 +106,8 @@ mod tests {
         // Same second block under another first block: another tag.
         assert_ne!(chain[1], a.tag_chain(&[9, 2, 3, 4], 2, &[0])[1]);
         assert_ne!(HitTagger::random().root(), HitTagger::random().root());
+        assert_eq!(a.tag_key(b"k"), a.tag_key(b"k"));
+        assert_ne!(a.tag_key(b"k"), a.tag_key(b"j"));
+        assert_ne!(a.tag_key(b"k"), HitTagger::with_key(2, 1).tag_key(b"k"));
     }
 }

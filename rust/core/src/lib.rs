@@ -11,7 +11,7 @@
 //! - Sequences: `sequence` (a sequence's tables, one per group), `seq_map` (live ids and how
 //!   they come and go), `gate` (reset excludes every ownership change).
 //! - The manager, split by operation: `manager` (the struct, construction, locking helpers),
-//!   `allocate`, `schedule` (append, extend), `truncate`, `lifecycle` (fork, free, reset),
+//!   `allocate`, `schedule` (append, extend), `keys` (caller keys, held registration), `truncate`, `lifecycle` (fork, free, reset),
 //!   `swap`, `admission` (lookup, can_allocate), `queries`, `batch`, `decode` (the one-token
 //!   step), `running` (persistent running batches), `audit`.
 //! - KV-cache groups: `policy` (what each kind of group keeps; the hybrid hit), `grouped`
@@ -48,6 +48,7 @@ mod guard_tests;
 mod hashing;
 mod hit_tag;
 mod id_hasher;
+mod keys;
 mod lifecycle;
 #[cfg(all(test, not(loom)))]
 mod lock_choice_tests;
@@ -68,12 +69,15 @@ mod swap;
 mod sync;
 mod truncate;
 
+pub use admission::PromptLen;
+pub use allocate::AllocateOpts;
 pub use block_state::RC_MAX;
 pub use config::{Config, MAX_BLOCKS};
 pub use error::{Error, Result};
 pub use events::{KvEvent, Medium};
 pub use grouped::NULL;
-pub use hashing::{encode_extras, BlockHasher, Digest, HashAlgo, Tag};
+pub use hashing::{encode_extras, BlockHasher, Digest, HashAlgo, Tag, MAX_KEY_LEN};
+pub use keys::PromptKeys;
 pub use manager::{BlockManager, MAX_TOKENS};
 pub use policy::{GroupKind, MAX_GROUPS};
 pub use running::{RunningBatch, StepOut};

@@ -6,14 +6,26 @@ use crate::error::{invalid, Error, Result};
 use crate::events::{KvEvent, Medium};
 use crate::grouped::StepReq;
 use crate::hashing::Digest;
+use crate::keys::CallerKeys;
 use crate::manager::{cdiv, check_append, check_extend, prefix_lock_of, BlockManager};
 use crate::sequence::Sequence;
 
 impl BlockManager {
-    /// The number of leading blocks of `seq` that are full of scheduled tokens: those that
-    /// are (or were offered to be) registered.
+    /// The number of leading blocks of `seq` that are full of scheduled tokens, digested
+    /// (keyed) and below its hold: those that are (or were offered to be) registered.
     pub(crate) fn registrable(&self, seq: &Sequence) -> usize {
-        (seq.scheduled / self.block_size()).min(seq.digests.len())
+        (seq.scheduled / self.block_size())
+            .min(seq.digests.len())
+            .min(seq.hold_limit())
+    }
+
+    /// Whether `seq` must leave block `b` unregistered because it is caller-keyed and shares
+    /// the (unregistered) block with its forks: they share the keys they had when forked,
+    /// not those given later, so they could disagree on its digest, and every holder of a
+    /// hashed block must release it under that block's digest. Only forks share an
+    /// unregistered block, and under this sequence's lock none can fork it while `rc == 1`.
+    pub(crate) fn shared_keyed(&self, seq: &Sequence, b: u32) -> bool {
+        seq.keyed && self.gpu.state(b).load().rc() > 1
     }
 
     /// The event that stores full block `i` of `seq` on `medium` (group 0).
@@ -22,10 +34,13 @@ impl BlockManager {
     }
 
     /// Register the full blocks `range` of `seq` under their digests (`seq.digests[i]`), and
-    /// count those that were new with one update of the shared counter.
-    pub(crate) fn register(&self, seq: &Sequence, range: std::ops::Range<usize>) {
+    /// count those that were new with one update of the shared counter. Returns that count.
+    pub(crate) fn register_range(&self, seq: &Sequence, range: std::ops::Range<usize>) -> usize {
         let mut new = 0;
         for i in range {
+            if self.shared_keyed(seq, seq.blocks[i]) {
+                continue;
+            }
             let event = || self.stored_event(seq, i, Medium::Gpu);
             new += usize::from(
                 self.gpu
@@ -38,6 +53,7 @@ impl BlockManager {
                 counters::add(&t.registered, new);
             }
         }
+        new
     }
 
     /// Release a table's blocks, tail first.
@@ -109,10 +125,13 @@ impl BlockManager {
     /// `append_need` units the caller reserved in `spare`, and whose token room
     /// `reserve_tokens` reserved; copy-on-write pairs go to `pairs`. Unused units stay in
     /// `spare`.
+    /// `keys`: a caller-keyed sequence's further keys, checked (`check_more_keys`).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn append_reserved(
         &self,
         seq: &mut Sequence,
         tokens: &[u32],
+        keys: Option<&CallerKeys>,
         lookahead: usize,
         spare: &mut usize,
         pairs: &mut Vec<(u32, u32)>,
@@ -123,13 +142,14 @@ impl BlockManager {
         // The caller reserved the room (`reserve_tokens`): this cannot fail half way.
         seq.tokens.extend_from_slice(tokens);
         self.extend_digests(seq);
-        self.schedule_to(seq, m);
+        self.schedule_keyed(seq, m, keys);
         Ok(())
     }
 
     /// Compute the digests (and tags) of blocks that became full of known tokens.
+    /// A caller-keyed sequence's digests come only from its keys: nothing to hash.
     pub(crate) fn extend_digests(&self, seq: &mut Sequence) {
-        if !self.caching() {
+        if !self.caching() || seq.keyed {
             return;
         }
         let bs = self.block_size();
@@ -152,28 +172,48 @@ impl BlockManager {
     /// Mark the first `upto` tokens scheduled and register the blocks that became full of
     /// scheduled tokens.
     pub(crate) fn schedule_to(&self, seq: &mut Sequence, upto: usize) {
-        let before = self.registrable(seq);
-        seq.scheduled = upto;
-        self.register(seq, before..self.registrable(seq));
+        self.schedule_keyed(seq, upto, None);
     }
 
-    /// The prefix lock that scheduling `seq` up to `upto` tokens, `new` of them appended now,
-    /// needs: `Some` when caching is on and a block becomes full of scheduled tokens (and is
-    /// then registered). Computed before any change, so that waiting for it can still back
-    /// out.
+    /// `schedule_to` that first adds a caller-keyed sequence's further `keys` (checked): the
+    /// blocks they key below the scheduled tokens register too.
+    pub(crate) fn schedule_keyed(
+        &self,
+        seq: &mut Sequence,
+        upto: usize,
+        keys: Option<&CallerKeys>,
+    ) {
+        let before = self.registrable(seq);
+        Self::add_keys(seq, keys);
+        seq.scheduled = upto;
+        self.register_range(seq, before..self.registrable(seq));
+    }
+
+    /// The prefix lock that scheduling `seq` up to `upto` tokens, `new` of them appended now
+    /// and `keys` added, needs: `Some` when caching is on and a block becomes registrable
+    /// (full of scheduled tokens, digested, below the hold; it is then registered). Computed
+    /// before any change, so that waiting for it can still back out.
     pub(crate) fn schedule_prefix_key(
         &self,
         seq: &Sequence,
         upto: usize,
         new: &[u32],
+        keys: Option<&CallerKeys>,
     ) -> Option<usize> {
         let bs = self.block_size();
-        if !self.caching() || upto / bs <= seq.scheduled / bs {
+        let after = (upto / bs)
+            .min(self.digests_after(seq, new.len(), keys))
+            .min(seq.hold_limit());
+        if after <= self.registrable(seq) {
             return None;
         }
         if let Some(first) = seq.digests.first() {
             return Some(prefix_lock_of(first));
         }
+        if let Some(first) = keys.and_then(|k| k.digests.first()) {
+            return Some(prefix_lock_of(first));
+        }
+        // A self-hashed sequence's first block, full only with the new tokens.
         let have = seq.tokens.len().min(bs);
         let mut block = seq.tokens[..have].to_vec();
         block.extend_from_slice(&new[..bs - have]);
@@ -197,39 +237,73 @@ impl BlockManager {
         tokens: &[u32],
         lookahead: usize,
     ) -> Result<Option<Vec<(u32, u32)>>> {
-        if tokens.is_empty() {
-            return Err(invalid("token_ids must not be empty"));
+        self.append_with(id, tokens, lookahead, None)
+    }
+
+    /// `append_lookahead` that also continues a caller-keyed sequence's keys with
+    /// `block_hashes` (registering what they make registrable). `tokens` may be empty with
+    /// `lookahead > 0` (slots only) or with keys (keys only).
+    pub fn append_with(
+        &self,
+        id: u64,
+        tokens: &[u32],
+        lookahead: usize,
+        block_hashes: Option<&[Vec<u8>]>,
+    ) -> Result<Option<Vec<(u32, u32)>>> {
+        if tokens.is_empty() && lookahead == 0 && block_hashes.is_none() {
+            return Err(invalid(
+                "token_ids must not be empty (unless lookahead > 0 or block_hashes are given)",
+            ));
         }
-        self.with_seq(id, true, |seq| {
-            if seq.is_swapped() {
-                return Err(Error::Swapped(id));
-            }
-            check_append(id, seq.tokens.len(), seq.scheduled, tokens.len())?;
-            let upto = seq.tokens.len() + tokens.len();
-            if !self.plain() {
-                let req = StepReq {
-                    new: tokens,
-                    m: upto,
-                    to: upto.saturating_add(lookahead),
-                };
-                return self.step_grouped(&mut [seq], &[req], None, false);
-            }
-            self.reserve_tokens(seq, tokens.len())?;
-            let keys = self
-                .schedule_prefix_key(seq, upto, tokens)
-                .into_iter()
-                .collect();
-            let _prefix = self.lock_prefixes(keys)?;
-            let need = self.append_need(seq, tokens.len(), lookahead);
-            if !self.gpu.reserve(need) {
-                return Ok(None);
-            }
-            let mut spare = need;
-            let mut pairs = Vec::new();
-            self.append_reserved(seq, tokens, lookahead, &mut spare, &mut pairs)?;
-            self.gpu.unreserve(spare);
-            Ok(Some(pairs))
+        self.guarded(true, || {
+            let keys = block_hashes.map(|k| self.reduce_keys(k)).transpose()?;
+            self.with_seq(id, true, |seq| {
+                self.append_one(id, seq, tokens, lookahead, keys.as_ref())
+            })
         })
+    }
+
+    /// `append_with` on the locked sequence `id`, its keys reduced.
+    fn append_one(
+        &self,
+        id: u64,
+        seq: &mut Sequence,
+        tokens: &[u32],
+        lookahead: usize,
+        keys: Option<&CallerKeys>,
+    ) -> Result<Option<Vec<(u32, u32)>>> {
+        if seq.is_swapped() {
+            return Err(Error::Swapped(id));
+        }
+        check_append(id, seq.tokens.len(), seq.scheduled, tokens.len())?;
+        let upto = seq.tokens.len() + tokens.len();
+        if let Some(k) = keys {
+            self.check_more_keys(id, seq, k, upto)?;
+        }
+        if !self.plain() {
+            let req = StepReq {
+                new: tokens,
+                keys,
+                m: upto,
+                to: upto.saturating_add(lookahead),
+            };
+            return self.step_grouped(&mut [seq], &[req], None, false);
+        }
+        self.reserve_tokens(seq, tokens.len())?;
+        let locks = self
+            .schedule_prefix_key(seq, upto, tokens, keys)
+            .into_iter()
+            .collect();
+        let _prefix = self.lock_prefixes(locks)?;
+        let need = self.append_need(seq, tokens.len(), lookahead);
+        if !self.gpu.reserve(need) {
+            return Ok(None);
+        }
+        let mut spare = need;
+        let mut pairs = Vec::new();
+        self.append_reserved(seq, tokens, keys, lookahead, &mut spare, &mut pairs)?;
+        self.gpu.unreserve(spare);
+        Ok(Some(pairs))
     }
 
     /// Schedule the next `k` tokens of the known prompt (chunked prefill), making `lookahead`
@@ -246,13 +320,14 @@ impl BlockManager {
             if !self.plain() {
                 let req = StepReq {
                     new: &[],
+                    keys: None,
                     m: upto,
                     to: upto.saturating_add(lookahead),
                 };
                 return self.step_grouped(&mut [seq], &[req], None, false);
             }
             let keys = self
-                .schedule_prefix_key(seq, upto, &[])
+                .schedule_prefix_key(seq, upto, &[], None)
                 .into_iter()
                 .collect();
             let _prefix = self.lock_prefixes(keys)?;

@@ -16,9 +16,12 @@ pub struct Sequence {
     /// The leading blocks that came from the prefix cache (`hit_blocks * block_size <=
     /// scheduled`): a retraction (`free` with fewer computed tokens) never touches them.
     pub hit_blocks: usize,
-    /// Chain digests of the full blocks (`tokens.len() / block_size` of them) when prefix
-    /// caching is on; empty otherwise. A hashed block in `blocks[i]` is registered under
-    /// `digests[i]`; only `i < scheduled / block_size` is ever registered by this sequence.
+    /// Chain digests of the full blocks when prefix caching is on; empty otherwise. A
+    /// self-hashed sequence has `tokens.len() / block_size` of them, hashed from its tokens; a
+    /// caller-keyed one (`keyed`) has one per key the caller gave, at most that many. A
+    /// hashed block in `blocks[i]` is registered under `digests[i]`; only `i <
+    /// registrable()` (full of scheduled tokens, digested, below the hold) is ever registered
+    /// by this sequence.
     pub digests: Vec<Digest>,
     /// Secret tags of the same blocks (`hit_tag`), one per digest, when the manager verifies
     /// hits; empty otherwise. A hashed block in `blocks[i]` is registered with `tags[i]`.
@@ -35,6 +38,14 @@ pub struct Sequence {
     /// Whether block 0 is the manager's null block (then a table's leading zeros are null
     /// entries, not a block).
     pub null_block: bool,
+    /// Caller-keyed (`block_hashes=`): `digests` come only from the caller's keys, never from
+    /// the tokens; fixed at creation and kept by forks.
+    pub keyed: bool,
+    /// Held registration (`register=False`): only the leading `hold` blocks may be
+    /// registered; `NO_HOLD` when not held. Only rises (`register`), except that `truncate`
+    /// lowers it to the full blocks it keeps, so every block this sequence registered stays
+    /// below it.
+    pub hold: u32,
     /// Sum over `i` of `mix(i, blocks[i])`: equal tables give equal digests, and replacing
     /// one entry updates it in O(1).
     pub table_digest: u64,
@@ -49,6 +60,9 @@ struct Others {
     /// While swapped out: the CPU blocks of groups `1..`, shaped as `tables` was.
     cpu: Vec<Vec<u32>>,
 }
+
+/// `Sequence::hold` of a sequence that is not held.
+pub const NO_HOLD: u32 = u32::MAX;
 
 /// A position-aware 64-bit mix of one table entry (splitmix64's finaliser).
 pub fn mix(position: usize, block: u32) -> u64 {
@@ -72,7 +86,25 @@ impl Sequence {
             cpu_blocks: None,
             others: None,
             null_block: false,
+            keyed: false,
+            hold: NO_HOLD,
             table_digest: 0,
+        }
+    }
+
+    /// The blocks the hold lets register (`usize::MAX` when not held).
+    pub fn hold_limit(&self) -> usize {
+        if self.hold == NO_HOLD {
+            usize::MAX
+        } else {
+            self.hold as usize
+        }
+    }
+
+    /// Lower the hold (if any) to `blocks` (`truncate`).
+    pub fn clamp_hold(&mut self, blocks: usize) {
+        if self.hold != NO_HOLD {
+            self.hold = self.hold.min(u32::try_from(blocks).unwrap_or(u32::MAX - 1));
         }
     }
 

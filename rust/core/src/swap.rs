@@ -66,7 +66,7 @@ impl BlockManager {
             let pairs: Vec<_> = cpu.iter().copied().zip(gpu).collect();
             self.cpu.give_back(&cpu);
             self.cpu_copies_removed(seq);
-            self.register(seq, 0..self.registrable(seq));
+            self.register_range(seq, 0..self.registrable(seq));
             counters::add(&self.counters.swapped_in_blocks, cpu.len());
             Ok(Some(pairs))
         })

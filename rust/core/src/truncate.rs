@@ -58,6 +58,7 @@ impl BlockManager {
             seq.tags.truncate(seq.tags.len().min(last));
             seq.scheduled = seq.scheduled.min(m);
             seq.hit_blocks = seq.hit_blocks.min(last);
+            seq.clamp_hold(last);
             Ok(Some(pairs))
         })
     }

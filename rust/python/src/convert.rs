@@ -12,10 +12,11 @@
 use crate::errors::invalid;
 use numpy::npyffi::{self, NpyTypes, PY_ARRAY_API};
 use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pagedkv_core::MAX_KEY_LEN;
 use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PyRange, PyString, PyTuple, PyType};
+use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyRange, PyString, PyTuple, PyType};
 use pyo3::{ffi, intern};
 
 /// Most entries a sequence argument may have (and most tokens a sequence may hold).
@@ -568,4 +569,54 @@ pub fn counts(obj: &Bound<'_, PyAny>, n: usize, what: &str) -> PyResult<Vec<usiz
         return Ok(out);
     }
     ints(obj, what, 1, MAX, "[1, 2**63)")
+}
+
+/// `block_hashes`: None, or an exact list or tuple of `bytes` objects (the caller's block
+/// keys), each of 1..=`MAX_KEY_LEN` bytes. Read through the objects' C layouts, as ints are.
+pub fn keys_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<u8>>>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    let py = obj.py();
+    let items: Vec<Bound<'_, PyAny>> = if let Ok(l) = obj.cast_exact::<PyList>() {
+        l.iter().collect()
+    } else if let Ok(t) = obj.cast_exact::<PyTuple>() {
+        t.iter().collect()
+    } else {
+        return Err(wrong_type(
+            py,
+            format!(
+                "block_hashes must be a list or tuple of bytes, or None, got {}",
+                type_name(obj)
+            ),
+        ));
+    };
+    let mut out = reserve(items.len(), "block_hashes")?;
+    for (i, item) in items.iter().enumerate() {
+        let b = item.cast::<PyBytes>().map_err(|_| {
+            wrong_type(
+                py,
+                format!("block_hashes[{i}] must be bytes, got {}", type_name(item)),
+            )
+        })?;
+        let key = b.as_bytes();
+        if key.is_empty() || key.len() > MAX_KEY_LEN {
+            return Err(invalid(
+                py,
+                format!(
+                    "block_hashes[{i}] has {} bytes: a key has 1..={MAX_KEY_LEN}",
+                    key.len()
+                ),
+            ));
+        }
+        out.push(key.to_vec());
+    }
+    Ok(Some(out))
+}
+
+/// `max_hit_tokens`: None (no cap) or an int `>= 0`.
+pub fn max_hit_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
+    obj.filter(|o| !o.is_none())
+        .map(|o| int_arg(o, "max_hit_tokens", 0, i64::MAX).map(|v| v as usize))
+        .transpose()
 }

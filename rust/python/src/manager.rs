@@ -2,15 +2,17 @@
 //! conversion and result conversion only; every decision is the core's.
 
 use crate::convert::{
-    batch_tokens, counts, flag, id_arg, int_arg, is_count, lora_arg, maybe_seq_id, opt_int_arg,
-    opt_u64_arg, seq_id, seq_ids, text, token_count, tokens, wrong_type, Given,
+    batch_tokens, counts, flag, id_arg, int_arg, is_count, keys_arg, lora_arg, max_hit_arg,
+    maybe_seq_id, opt_int_arg, opt_u64_arg, seq_id, seq_ids, text, token_count, tokens, wrong_type,
+    Given,
 };
 use crate::errors::{invalid, IntoPy};
 use crate::objects;
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
 use pagedkv_core::{
-    duties, nonblocking, BlockManager, Config, Error, GroupKind, HashAlgo, Result as CoreResult,
+    duties, nonblocking, AllocateOpts, BlockManager, Config, Error, GroupKind, HashAlgo,
+    PromptKeys, PromptLen, Result as CoreResult,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
@@ -244,11 +246,17 @@ impl PyBlockManager {
     /// `evicted` (with `record_evictions=True`): a list this call appends the `(block, group,
     /// digest)` of each cached block IT evicted to, before it returns or raises; copy those
     /// out before device work writes them (the other block-taking calls take it too).
+    /// `block_hashes`: the caller's keys of the prompt's full blocks (a list or tuple of 1..=128
+    /// byte strings, chain keys such as vLLM's block hashes): the sequence is then keyed by them,
+    /// never by its tokens. `max_hit_tokens`: the hit takes at most that many tokens' blocks.
+    /// `register=False`: the blocks scheduled past the hit are registered only by `register`.
     #[pyo3(
         signature = (seq_id, token_ids, *, num_new_tokens=None, cache_salt=None, lora_id=None,
-            lookahead=Given::Absent, evicted=None),
+            lookahead=Given::Absent, evicted=None, block_hashes=None, max_hit_tokens=None,
+            register=Given::Absent),
         text_signature = "($self, seq_id, token_ids, *, num_new_tokens=None, cache_salt=None, \
-            lora_id=None, lookahead=0, evicted=None)"
+            lora_id=None, lookahead=0, evicted=None, block_hashes=None, max_hit_tokens=None, \
+            register=True)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn allocate(
@@ -261,6 +269,9 @@ impl PyBlockManager {
         lora_id: Option<&Bound<'_, PyAny>>,
         lookahead: Given<'_>,
         evicted: Option<&Bound<'_, PyAny>>,
+        block_hashes: Option<&Bound<'_, PyAny>>,
+        max_hit_tokens: Option<&Bound<'_, PyAny>>,
+        register: Given<'_>,
     ) -> PyResult<Option<usize>> {
         let evicted = evicted_arg(evicted, self.records())?;
         let id = self::seq_id(seq_id)?;
@@ -269,12 +280,25 @@ impl PyBlockManager {
         let salt = salt_arg(cache_salt)?;
         let lora = lora_arg(lora_id)?;
         let lookahead = lookahead_arg(&lookahead)?;
+        let keys = keys_arg(block_hashes)?;
+        let cap = max_hit_arg(max_hit_tokens)?;
+        let register = flag(&register, true, "register")?;
         let detach = toks.len() >= DETACH_MIN_TOKENS;
         let mut toks = toks;
+        let opts = AllocateOpts {
+            keys: PromptKeys {
+                cache_salt: salt.as_deref(),
+                lora_id: lora,
+                block_hashes: keys.as_deref(),
+                max_hit_tokens: cap,
+            },
+            num_new_tokens: new,
+            lookahead,
+            register,
+        };
         // The converted tokens move into the core on success: no second copy of a prompt.
         run_evicting(py, detach, evicted.as_ref(), || {
-            self.inner
-                .allocate_from(id, &mut toks, salt.as_deref(), lora, new, lookahead)
+            self.inner.allocate_with(id, &mut toks, &opts)
         })
     }
 
@@ -308,10 +332,14 @@ impl PyBlockManager {
     ///
     /// Returns the copy-on-write `(src, dst)` block pairs to copy before the step, or None if
     /// the blocks do not fit (nothing changed). Blocks that become full are registered.
-    /// `evicted`: as `allocate`'s.
+    /// `evicted`: as `allocate`'s. `token_ids` may be empty with `lookahead > 0` (slots only)
+    /// or with `block_hashes` (keys only). `block_hashes`: a caller-keyed sequence's further
+    /// keys, continuing its list (at most one per full block).
     #[pyo3(
-        signature = (seq_id, token_ids, *, lookahead=Given::Absent, evicted=None),
-        text_signature = "($self, seq_id, token_ids, *, lookahead=0, evicted=None)"
+        signature = (seq_id, token_ids, *, lookahead=Given::Absent, evicted=None,
+            block_hashes=None),
+        text_signature = "($self, seq_id, token_ids, *, lookahead=0, evicted=None, \
+            block_hashes=None)"
     )]
     fn append(
         &self,
@@ -320,17 +348,46 @@ impl PyBlockManager {
         token_ids: &Bound<'_, PyAny>,
         lookahead: Given<'_>,
         evicted: Option<&Bound<'_, PyAny>>,
+        block_hashes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<Pairs>> {
         let evicted = evicted_arg(evicted, self.records())?;
         let id = self::seq_id(seq_id)?;
-        let toks = tokens(token_ids)?;
+        let toks = batch_tokens(token_ids)?;
         let lookahead = lookahead_arg(&lookahead)?;
+        let keys = keys_arg(block_hashes)?;
         run_evicting(
             py,
             toks.len() >= DETACH_MIN_TOKENS,
             evicted.as_ref(),
-            || self.inner.append_lookahead(id, &toks, lookahead),
+            || {
+                self.inner
+                    .append_with(id, &toks, lookahead, keys.as_deref())
+            },
         )
+    }
+
+    /// Register the sequence's blocks that are full of scheduled tokens and keyed, below
+    /// `num_tokens` (default: every scheduled token), after adding `block_hashes` (a
+    /// caller-keyed sequence's further keys), and lift its hold (`register=False`) up to
+    /// there (`num_tokens=None`: lift it). Returns how many blocks this call newly
+    /// registered.
+    #[pyo3(
+        signature = (seq_id, *, num_tokens=None, block_hashes=None),
+        text_signature = "($self, seq_id, *, num_tokens=None, block_hashes=None)"
+    )]
+    fn register(
+        &self,
+        py: Python<'_>,
+        seq_id: &Bound<'_, PyAny>,
+        num_tokens: Option<&Bound<'_, PyAny>>,
+        block_hashes: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        let id = self::seq_id(seq_id)?;
+        let n = num_tokens
+            .map(|t| int_arg(t, "num_tokens", 0, i64::MAX).map(|t| t as usize))
+            .transpose()?;
+        let keys = keys_arg(block_hashes)?;
+        run(py, false, || self.inner.register(id, n, keys.as_deref()))
     }
 
     /// Drop every token past `num_tokens` (rejected drafts, roll-back) and give back
@@ -357,10 +414,13 @@ impl PyBlockManager {
 
     /// Prompt tokens `allocate` would serve from the prefix cache now.
     ///
-    /// Changes nothing: no LRU order, statistics or events.
+    /// Changes nothing: no LRU order, statistics or events. `block_hashes` and
+    /// `max_hit_tokens`: as `allocate`'s.
     #[pyo3(
-        signature = (token_ids, *, cache_salt=None, lora_id=None),
-        text_signature = "($self, token_ids, *, cache_salt=None, lora_id=None)"
+        signature = (token_ids, *, cache_salt=None, lora_id=None, block_hashes=None,
+            max_hit_tokens=None),
+        text_signature = "($self, token_ids, *, cache_salt=None, lora_id=None, \
+            block_hashes=None, max_hit_tokens=None)"
     )]
     fn lookup(
         &self,
@@ -368,12 +428,22 @@ impl PyBlockManager {
         token_ids: &Bound<'_, PyAny>,
         cache_salt: Option<&Bound<'_, PyAny>>,
         lora_id: Option<&Bound<'_, PyAny>>,
+        block_hashes: Option<&Bound<'_, PyAny>>,
+        max_hit_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let toks = tokens(token_ids)?;
         let salt = salt_arg(cache_salt)?;
         let lora = lora_arg(lora_id)?;
+        let keys = keys_arg(block_hashes)?;
+        let cap = max_hit_arg(max_hit_tokens)?;
+        let q = PromptKeys {
+            cache_salt: salt.as_deref(),
+            lora_id: lora,
+            block_hashes: keys.as_deref(),
+            max_hit_tokens: cap,
+        };
         run(py, toks.len() >= DETACH_MIN_TOKENS, || {
-            self.inner.lookup(&toks, salt.as_deref(), lora)
+            self.inner.lookup_with(&toks, &q)
         })
     }
 
@@ -453,12 +523,16 @@ impl PyBlockManager {
     /// watermark free) or `NEVER` (not even in an empty pool).
     ///
     /// `num_tokens`: the prompt's length, or its token ids (then its cached prefix counts, with
-    /// `cache_salt` and `lora_id`). `num_new_tokens`: the first chunk only. Changes nothing.
+    /// `cache_salt` and `lora_id`). `num_new_tokens`: the first chunk only. `block_hashes`
+    /// (then its cached prefix counts, with a length too) and `max_hit_tokens`: as
+    /// `allocate`'s. Changes nothing.
     #[pyo3(
-        signature = (num_tokens, *, num_new_tokens=None, cache_salt=None, lora_id=None),
+        signature = (num_tokens, *, num_new_tokens=None, cache_salt=None, lora_id=None,
+            block_hashes=None, max_hit_tokens=None),
         text_signature = "($self, num_tokens, *, num_new_tokens=None, cache_salt=None, \
-            lora_id=None)"
+            lora_id=None, block_hashes=None, max_hit_tokens=None)"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn can_allocate<'py>(
         &self,
         py: Python<'py>,
@@ -466,24 +540,32 @@ impl PyBlockManager {
         num_new_tokens: Option<&Bound<'py, PyAny>>,
         cache_salt: Option<&Bound<'py, PyAny>>,
         lora_id: Option<&Bound<'py, PyAny>>,
+        block_hashes: Option<&Bound<'py, PyAny>>,
+        max_hit_tokens: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         // A count (an int), or the prompt itself (token ids): then its cached prefix counts.
-        let status = if is_count(num_tokens) {
-            let n = token_count(num_tokens)? as u64;
-            let new = new_tokens_arg(num_new_tokens)?.map(|k| k as u64);
-            salt_arg(cache_salt)?;
-            lora_arg(lora_id)?;
-            run(py, false, || self.inner.can_allocate_count(n, new))?
+        let (count, toks) = if is_count(num_tokens) {
+            (token_count(num_tokens)? as u64, None)
         } else {
-            let toks = tokens(num_tokens)?;
-            let new = new_tokens_arg(num_new_tokens)?.map(|k| k as u64);
-            let salt = salt_arg(cache_salt)?;
-            let lora = lora_arg(lora_id)?;
-            run(py, toks.len() >= DETACH_MIN_TOKENS, || {
-                self.inner
-                    .can_allocate_prompt(&toks, new, salt.as_deref(), lora)
-            })?
+            (0, Some(tokens(num_tokens)?))
         };
+        let new = new_tokens_arg(num_new_tokens)?.map(|k| k as u64);
+        let salt = salt_arg(cache_salt)?;
+        let lora = lora_arg(lora_id)?;
+        let keys = keys_arg(block_hashes)?;
+        let cap = max_hit_arg(max_hit_tokens)?;
+        let q = PromptKeys {
+            cache_salt: salt.as_deref(),
+            lora_id: lora,
+            block_hashes: keys.as_deref(),
+            max_hit_tokens: cap,
+        };
+        let prompt = match &toks {
+            Some(t) => PromptLen::Tokens(t),
+            None => PromptLen::Count(count),
+        };
+        let detach = toks.as_ref().is_some_and(|t| t.len() >= DETACH_MIN_TOKENS);
+        let status = run(py, detach, || self.inner.can_allocate_with(prompt, new, &q))?;
         objects::alloc_status(py, status)
     }
 
@@ -685,6 +767,13 @@ impl PyBlockManager {
             .iter()
             .map(|d| PyBytes::new(py, d.as_bytes()))
             .collect())
+    }
+
+    /// The number of keys (block digests) the sequence has: its caller's keys, or for a
+    /// self-hashed sequence its full blocks' digests (0 with prefix caching off).
+    fn num_block_hashes(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let id = self::seq_id(seq_id)?;
+        run(py, false, || self.inner.num_block_hashes(id))
     }
 
     /// Whether the sequence is swapped out to CPU blocks.

@@ -154,30 +154,22 @@ impl BlockManager {
         }
     }
 
-    /// The hybrid hit of a prompt in blocks, under its prefix lock (read-only looks), and
-    /// with `k` scheduled prompt tokens its admission (`can_allocate`).
+    /// The hybrid hit of a prompt of `n` tokens with these digests in blocks (at most `cap`),
+    /// under its prefix lock (read-only looks), and with `k` scheduled prompt tokens its
+    /// admission (`can_allocate`).
     pub(crate) fn grouped_prefix(
         &self,
-        tokens: &[u32],
-        extras: &[u8],
+        n: usize,
+        digests: &[Digest],
+        tags: &[Tag],
+        cap: usize,
         k: Option<usize>,
     ) -> Result<(usize, Option<crate::stats::AllocStatus>)> {
         let bs = self.block_size();
-        let n = tokens.len();
-        let (digests, tags) = if self.config.enable_prefix_caching {
-            let d = self.hasher.hash_chain(tokens, bs, extras);
-            let t = match &self.tagger {
-                Some(t) => t.tag_chain(tokens, bs, extras),
-                None => Vec::new(),
-            };
-            (d, t)
-        } else {
-            (Vec::new(), Vec::new())
-        };
         // Inside the gate: a reset is all before or all after.
         let _gate = self.enter()?;
-        let _prefix = self.lock_prefixes(crate::manager::chain_lock(&digests))?;
-        let h = self.hybrid_hit_of(&digests, &tags, (n - 1) / bs, &[]);
+        let _prefix = self.lock_prefixes(crate::manager::chain_lock(digests))?;
+        let h = self.hybrid_hit_of(digests, tags, cap, &[]);
         let Some(k) = k else { return Ok((h, None)) };
         let groups = self.num_groups();
         let len = cdiv((h * bs + k).min(n), bs);

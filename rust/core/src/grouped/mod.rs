@@ -30,10 +30,12 @@ pub const NULL: u32 = 0;
 /// A null entry of a swapped table (CPU block ids start at 0).
 pub const SWAPPED_NULL: u32 = u32::MAX;
 
-/// One sequence's part of a step: `new` tokens appended first (none for `extend`), then
-/// scheduled up to `m` tokens with slots writable up to `to` (`m` plus the lookahead).
+/// One sequence's part of a step: `new` tokens appended first (none for `extend`) and
+/// `keys` added (a caller-keyed sequence's, checked), then scheduled up to `m` tokens with
+/// slots writable up to `to` (`m` plus the lookahead).
 pub(crate) struct StepReq<'a> {
     pub new: &'a [u32],
+    pub keys: Option<&'a crate::keys::CallerKeys>,
     pub m: usize,
     pub to: usize,
 }
@@ -108,13 +110,13 @@ impl BlockManager {
     }
 
     /// Register every group's non-null entries at positions `range` (group order, then
-    /// position order); counts the new ones.
-    pub(crate) fn register_groups(&self, seq: &Sequence, range: std::ops::Range<usize>) {
+    /// position order); counts the new ones, and returns that count.
+    pub(crate) fn register_groups(&self, seq: &Sequence, range: std::ops::Range<usize>) -> usize {
         let mut new = 0;
         for g in 0..seq.num_groups() {
             for i in range.clone() {
                 let b = seq.table(g)[i];
-                if self.is_null(b) {
+                if self.is_null(b) || self.shared_keyed(seq, b) {
                     continue;
                 }
                 let event = || self.stored_event_of(seq, g, i, Medium::Gpu);
@@ -130,6 +132,7 @@ impl BlockManager {
         if new > 0 {
             counters::add(&self.counters.registered_blocks, new);
         }
+        new
     }
 
     /// Take a block for group `g` with a unit the caller holds in `spare`.

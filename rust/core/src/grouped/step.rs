@@ -100,7 +100,7 @@ impl BlockManager {
                     keys.push(prefix_lock_of(first));
                 }
             }
-            keys.extend(self.schedule_prefix_key(seq, req.m, req.new));
+            keys.extend(self.schedule_prefix_key(seq, req.m, req.new, req.keys));
             skipped.push(s);
         }
         let _prefix = self.lock_prefixes(keys)?;
@@ -146,6 +146,7 @@ impl BlockManager {
         }
         for (seq, req) in seqs.iter_mut().zip(reqs) {
             let before = self.registrable(seq);
+            Self::add_keys(seq, req.keys);
             seq.scheduled = req.m;
             self.register_groups(seq, before..self.registrable(seq));
         }
@@ -204,6 +205,7 @@ impl BlockManager {
                 let m = seq.tokens.len() + 1;
                 StepReq {
                     new: std::slice::from_ref(t),
+                    keys: None,
                     m,
                     to: m.saturating_add(lookahead),
                 }

@@ -98,6 +98,7 @@ impl BlockManager {
         seq.tags.truncate(seq.tags.len().min(i));
         seq.scheduled = seq.scheduled.min(m);
         seq.hit_blocks = seq.hit_blocks.min(i);
+        seq.clamp_hold(i);
         Ok(Some(pairs))
     }
 }
