@@ -163,11 +163,14 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
 
     # ------------------------------------------------------------ the hybrid hit
 
-    def _hit(self, seq: _Seq) -> int:
-        """`h`: the hit in blocks of a digested prompt (0 without prefix caching)."""
+    def _hit(self, seq: _Seq, most: int | None = None) -> int:
+        """`h`: the hit in blocks of a digested prompt (0 without prefix caching), at most
+        `most` blocks when given."""
         if not self._caching:
             return 0
         cap = (seq.num_tokens - 1) // self._block_size  # at least one token to compute
+        if most is not None:
+            cap = min(cap, most)
         return hybrid_hit(
             self._groups,
             self._block_size,
@@ -183,6 +186,17 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
             a = first_needed(group, h, self._block_size)
             out.append([self._null] * a + [self._index[_key(g, d)] for d in seq.digests[a:h]])
         return out
+
+    def _is_null(self, b: int) -> bool:
+        return self._has_null and b == NULL
+
+    def _hit_blocks(
+        self, toks: list[int], salt: bytes | None, lora: int | None, max_hit: int | None
+    ) -> tuple[int, list[list[int]]]:
+        probe = self._probe_seq(toks, salt, lora)
+        cap = None if max_hit is None else max_hit // self._block_size
+        h = self._hit(probe, cap)
+        return h, self._hit_tables(probe, h)
 
     def _probe_seq(self, toks: list[int], salt: bytes | None, lora: int | None) -> _Seq:
         seq = _Seq(salt, lora)
