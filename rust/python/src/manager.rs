@@ -2,8 +2,8 @@
 //! conversion and result conversion only; every decision is the core's.
 
 use crate::convert::{
-    batch_tokens, block_ids, counts, flag, id_arg, int_arg, is_count, lora_arg, maybe_seq_id, opt_int_arg,
-    opt_u64_arg, seq_id, seq_ids, text, token_count, tokens, wrong_type, Given,
+    batch_tokens, block_ids, counts, flag, id_arg, int_arg, is_count, lora_arg, maybe_seq_id,
+    opt_int_arg, opt_u64_arg, seq_id, seq_ids, text, token_count, tokens, wrong_type, Given,
 };
 use crate::errors::{invalid, IntoPy};
 use crate::objects;
@@ -569,10 +569,7 @@ impl PyBlockManager {
         let max_hit = max_hit_arg(max_hit_tokens)?;
         let lookahead = lookahead_arg(&lookahead)?;
         if let Some(n) = count {
-            return self
-                .inner
-                .allocation_cost_count(n, new, lookahead)
-                .py(py);
+            return self.inner.allocation_cost_count(n, new, lookahead).py(py);
         }
         run(py, toks.len() >= DETACH_MIN_TOKENS, || {
             self.inner
