@@ -266,3 +266,40 @@ fn withdrawals_racing_hits_and_releases_keep_the_pool_exact() {
     });
     pool.audit(&[0; 4]).unwrap();
 }
+
+#[test]
+fn truncating_into_a_withdrawn_block_copies_nothing_until_it_is_written() {
+    for grouped in [false, true] {
+        let c = Config::new(16, 2);
+        let m = if grouped {
+            let kinds = vec![GroupKind::Full, GroupKind::SlidingWindow { window: 4 }];
+            BlockManager::with_groups(c, kinds).unwrap()
+        } else {
+            BlockManager::new(c).unwrap()
+        };
+        m.allocate(1, &[1, 2, 3, 4, 5], None, None, 0)
+            .unwrap()
+            .unwrap();
+        m.fork(1, 2).unwrap();
+        let shared = m.block_table(1).unwrap()[1];
+        // Every group's block at that position (one group without groups).
+        let at: Vec<u32> = (0..m.kinds().len())
+            .map(|g| m.block_table_of(1, g).unwrap()[1])
+            .collect();
+        assert_eq!(m.evict_blocks(&at), Ok(at.len()));
+        // Block 1 (tokens 3, 4) is shared and no longer cached: no copy at the roll-back...
+        assert_eq!(m.truncate(1, 3), Ok(Some(vec![])));
+        m.check_invariants().unwrap();
+        // ...but the next write into it copies it (it is still shared).
+        let pairs = m.append(1, &[9]).unwrap().unwrap();
+        assert!(pairs.iter().any(|&(src, _)| src == shared), "{pairs:?}");
+        m.free(1).unwrap();
+        m.free(2).unwrap();
+        m.check_invariants().unwrap();
+        assert_eq!(
+            m.lookup(&[1, 2, 3, 4, 5], None, None),
+            Ok(2),
+            "grouped {grouped}"
+        );
+    }
+}
