@@ -149,6 +149,34 @@ class BlockManager:
     def can_swap_in(self, seq_id: _Int) -> AllocStatus:
         """OK / LATER / NEVER for swapping the sequence back in."""
 
+    # -- pool-level calls -------------------------------------------------------------------
+    def evict_blocks(self, block_ids: _Ints) -> int:
+        """Take these GPU blocks out of the prefix cache (bad KV); returns how many left it.
+        Ids out of range or the null block raise, changing nothing."""
+    def allocation_cost(
+        self,
+        num_tokens_or_token_ids: _Int | _TokenIds,
+        *,
+        num_new_tokens: _Int | None = None,
+        cache_salt: _Salt = None,
+        lora_id: _Int | None = None,
+        block_hashes: Sequence[bytes] | None = None,
+        max_hit_tokens: _Int | None = None,
+        lookahead: _Int = 0,
+    ) -> tuple[int, int, int]:
+        """(hit_tokens, new_blocks, revived_blocks) `allocate` would take now; changes
+        nothing."""
+    def lookup_blocks(
+        self,
+        token_ids: _TokenIds,
+        *,
+        cache_salt: _Salt = None,
+        lora_id: _Int | None = None,
+        block_hashes: Sequence[bytes] | None = None,
+        max_hit_tokens: _Int | None = None,
+    ) -> tuple[int, list[list[int]]]:
+        """(hit_tokens, blocks per group) `allocate` would pin now; changes nothing."""
+
     # -- batch operations -------------------------------------------------------------------
     def append_batch(
         self,

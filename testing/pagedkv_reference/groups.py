@@ -189,6 +189,21 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
             out.append([self._null] * a + [self._index[_key(g, d)] for d in seq.digests[a:h]])
         return out
 
+    def _is_null(self, b: int) -> bool:
+        return self._has_null and b == NULL
+
+    def _hit_blocks(
+        self,
+        toks: list[int],
+        salt: bytes | None,
+        lora: int | None,
+        max_hit: int | None,
+        keys: list[bytes] | None = None,
+    ) -> tuple[int, list[list[int]]]:
+        probe = self._prompt(toks, salt, lora, keys, max_hit)
+        h = self._hit(probe)
+        return h, self._hit_tables(probe, h)
+
     # ------------------------------------------------------------ skipped entries, writes
 
     def _skipped(self, seq: _GSeq) -> list[tuple[int, int]]:

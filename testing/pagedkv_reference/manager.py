@@ -204,7 +204,7 @@ def _keys(block_hashes: object) -> list[bytes] | None:
 
 
 def _max_hit(max_hit_tokens: object) -> int | None:
-    """`max_hit_tokens`: None (no cap) or an int >= 0."""
+    """`max_hit_tokens`: None (no cap but the prompt's) or an int in `[0, 2**63)`."""
     if max_hit_tokens is None:
         return None
     return _check_int(max_hit_tokens, "max_hit_tokens", 0, _I64_MAX + 1)
@@ -1158,6 +1158,122 @@ class ReferenceBlockManager:
     ) -> list[int]:
         """`lookup` of each prompt, in order (as `pagedkv.BlockManager.lookup_many`)."""
         return [self.lookup(p, cache_salt=cache_salt, lora_id=lora_id) for p in prompts]
+
+    # ---------------------------------------------------------------- pool-level calls
+
+    def _is_null(self, b: int) -> bool:
+        """Whether `b` is the null block (only with a group that is not full attention)."""
+        return False
+
+    def evict_blocks(self, block_ids: Sequence[int] | npt.NDArray[np.integer[Any]]) -> int:
+        """Take these GPU blocks out of the prefix cache (their KV is bad): a CACHED one
+        becomes FREE (on top of the free stack), a held one stays with its holders,
+        unhashed. Blocks not in the cache are ignored. Returns how many left the cache."""
+        ids = _int_list(block_ids, "block_ids", 0, _I32_MAX + 1)
+        for b in ids:  # every id checked, in order, before anything changes
+            if b >= self._num_blocks:
+                raise InvalidArgumentError(
+                    f"block_ids: block {b} out of range [0, {self._num_blocks})"
+                )
+            if self._is_null(b):
+                raise InvalidArgumentError(f"block_ids: block {b} is the null block")
+        removed = 0
+        for b in ids:
+            if self._hashed[b] is None:
+                continue
+            self._unindex(b)
+            if self._rc[b] == 0:  # CACHED -> FREE
+                del self._lru[b]
+                self._free.append(b)
+            removed += 1
+        self._unregistered_blocks += removed
+        return removed
+
+    def _hit_blocks(
+        self,
+        toks: list[int],
+        salt: bytes | None,
+        lora: int | None,
+        max_hit: int | None,
+        keys: list[bytes] | None = None,
+    ) -> tuple[int, list[list[int]]]:
+        """`h` and each group's first `h` table entries `allocate` would install now."""
+        hits = self._probe(toks, salt, lora, keys, max_hit)
+        return len(hits), [hits]
+
+    def _query_keys(
+        self, n: int, salt: bytes | None, lora: int | None, block_hashes: object
+    ) -> list[bytes] | None:
+        """The caller's keys of a pool-level query, checked as `lookup` checks them."""
+        keys = _keys(block_hashes)
+        _no_extras_with_keys(keys, salt, lora)
+        if keys is not None:
+            _key_count(len(keys), n, self._block_size)
+        return keys
+
+    def allocation_cost(
+        self,
+        num_tokens_or_token_ids: int | Sequence[int] | npt.NDArray[np.integer[Any]],
+        *,
+        num_new_tokens: int | None = None,
+        cache_salt: str | bytes | None = None,
+        lora_id: int | None = None,
+        block_hashes: Sequence[bytes] | None = None,
+        max_hit_tokens: int | None = None,
+        lookahead: int = 0,
+    ) -> tuple[int, int, int]:
+        """`(hit_tokens, new_blocks, revived_blocks)`: what `allocate` would take now (the
+        hit, the blocks from the free pool, the hit's CACHED blocks), over every group."""
+        arg = num_tokens_or_token_ids
+        count = _int_value(arg)
+        toks: list[int] | None = None
+        if count is None:
+            toks = _tokens(arg)
+            n = len(toks)
+        elif count < 1:
+            raise InvalidArgumentError(f"num_tokens {count} must be at least 1")
+        else:
+            n = min(count, _I64_MAX)  # as the binding reads a count
+        k = _opt_count(num_new_tokens)
+        salt = _salt_bytes(cache_salt)
+        lora = _lora(lora_id)
+        keys = _keys(block_hashes)
+        max_hit = _max_hit(max_hit_tokens)
+        la = _check_int(lookahead, "lookahead", 0, _I64_MAX + 1)
+        if toks is None and keys is not None:
+            raise InvalidArgumentError(
+                "block_hashes= needs the prompt's token ids (a length has no hit)"
+            )
+        k = _fits_prompt(k, n)
+        bs = self._block_size
+        if toks is None:  # a length: no hit
+            return 0, min(self.num_groups * _cdiv(k + la, bs), _U64 - 1), 0
+        keys = self._query_keys(n, salt, lora, keys)
+        h, tables = self._hit_blocks(toks, salt, lora, max_hit, keys)
+        total = _cdiv(min(h * bs + k, n) + la, bs)
+        held = [b for t in tables for b in t if not self._is_null(b)]
+        new = min(self.num_groups * (total - h), _U64 - 1)
+        return h * bs, new, sum(1 for b in held if self._rc[b] == 0)
+
+    def lookup_blocks(
+        self,
+        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        *,
+        cache_salt: str | bytes | None = None,
+        lora_id: int | None = None,
+        block_hashes: Sequence[bytes] | None = None,
+        max_hit_tokens: int | None = None,
+    ) -> tuple[int, list[list[int]]]:
+        """`(hit_tokens, blocks)`: the hit `allocate` would pin now, `blocks[g]` group `g`'s
+        first table entries (the null block where it needs none); touches nothing."""
+        toks = _tokens(token_ids)
+        salt = _salt_bytes(cache_salt)
+        lora = _lora(lora_id)
+        keys = _keys(block_hashes)
+        max_hit = _max_hit(max_hit_tokens)
+        keys = self._query_keys(len(toks), salt, lora, keys)
+        h, tables = self._hit_blocks(toks, salt, lora, max_hit, keys)
+        return h * self._block_size, tables
 
     def _status(self, total: int, need: int) -> AllocStatus:
         wm = self._watermark_blocks

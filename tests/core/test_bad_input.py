@@ -426,6 +426,52 @@ CASES: list[tuple[str, type[BaseException]]] = [
         ]
     ],
     ("m.block_table(NEVER, group=3)", InvalidArgumentError),  # the group before the state
+    # evict_blocks: every id checked (kind, then range, in order) before any is withdrawn;
+    # the valid ids before a bad one stay cached.
+    *[
+        (f"m.evict_blocks({v})", InvalidArgumentError)
+        for v in ["[1, m.num_blocks]", "[1, -1]", "[1, 2**31]", "[1, 2**64]", "range(99999)"]
+    ],
+    *[
+        (f"m.evict_blocks({v})", InvalidArgumentTypeError)
+        for v in [
+            "[1, 1.5]",
+            "[m.num_blocks, 1.5]",  # each entry's kind before the next entry
+            "[1, True]",
+            "{1}",
+            "1",
+            "None",
+            "iter([1])",
+            "array([1.0])",
+            "array([[1]])",
+            "b'\\x01'",
+        ]
+    ],
+    # allocation_cost and lookup_blocks: as can_allocate and lookup, plus max_hit_tokens.
+    *[
+        (f"m.{call}{args})", exc)
+        for call in ("allocation_cost(", "lookup_blocks(")
+        for args, exc in [
+            ("[]", InvalidArgumentError),
+            ("[-1]", InvalidArgumentError),
+            ("[1], max_hit_tokens=-1", InvalidArgumentError),
+            ("[1], max_hit_tokens=2**63", InvalidArgumentError),
+            ("[1], max_hit_tokens=1.5", InvalidArgumentTypeError),
+            ("[1], max_hit_tokens=True", InvalidArgumentTypeError),
+            ("[1.5], max_hit_tokens=-1", InvalidArgumentTypeError),  # token_ids first
+            ("[1], cache_salt=3, max_hit_tokens=-1", InvalidArgumentTypeError),
+            ("[1], lora_id=-1", InvalidArgumentError),
+            ("(t for t in [1])", InvalidArgumentTypeError),
+        ]
+    ],
+    ("m.allocation_cost(0)", InvalidArgumentError),
+    ("m.allocation_cost(-5, max_hit_tokens=1.5)", InvalidArgumentError),
+    ("m.allocation_cost(5, num_new_tokens=6)", InvalidArgumentError),
+    ("m.allocation_cost([1, 2], num_new_tokens=3)", InvalidArgumentError),
+    ("m.allocation_cost([1, 2], num_new_tokens=0)", InvalidArgumentError),
+    ("m.allocation_cost([1], lookahead=-1)", InvalidArgumentError),
+    ("m.allocation_cost(5, lookahead=None)", InvalidArgumentTypeError),
+    ("m.allocation_cost([1], num_new_tokens=3, lookahead=1.5)", InvalidArgumentTypeError),
 ]
 
 
@@ -468,6 +514,19 @@ def test_bad_call_raises_and_changes_nothing(call: str, exc: type[BaseException]
         _assert_unchanged(m, before)
         raised.append(type(info.value))
     assert len(set(raised)) == 1, f"reference, rust, grouped reference, grouped rust: {raised}"
+
+
+@pytest.mark.parametrize("impl", IMPLS[2:])
+def test_evict_blocks_refuses_the_null_block_and_changes_nothing(impl: type) -> None:
+    m = _setup(impl)
+    cached = m.lookup_blocks(list(range(200, 209)))[1][0]
+    assert cached and 0 not in cached
+    before = _snapshot(m)
+    with pytest.raises(InvalidArgumentError, match="null block"):
+        m.evict_blocks([*cached, 0])
+    _assert_unchanged(m, before)
+    assert m.evict_blocks(cached) == len(cached)
+    m.check_invariants()
 
 
 @pytest.mark.parametrize("impl", IMPLS)

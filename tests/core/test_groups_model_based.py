@@ -96,11 +96,34 @@ def _keyed_call(
     return rng.choice(["lookup", "can_allocate"]), (toks,), kw
 
 
+def _pool_call(rng: random.Random, num_blocks: int) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    """`evict_blocks` (mostly real ids, now and then the null block or one past the pool),
+    `allocation_cost` and `lookup_blocks` (with `max_hit_tokens` now and then)."""
+    op = rng.randrange(3)
+    if op == 0:
+        hi = num_blocks + (1 if rng.random() < 0.1 else 0)
+        lo = 0 if rng.random() < 0.1 else 1
+        return "evict_blocks", ([rng.randrange(lo, hi) for _ in range(rng.randint(1, 3))],), {}
+    kw: dict[str, Any] = {}
+    if rng.random() < 0.4:
+        kw["max_hit_tokens"] = rng.randint(-1, 8)
+    if op == 1:
+        if rng.random() < 0.3:
+            kw["num_new_tokens"] = rng.randint(1, 4)
+        if rng.random() < 0.3:
+            kw["lookahead"] = rng.randint(0, 3)
+        arg: Any = _tokens(rng) if rng.random() < 0.8 else rng.randint(1, 20)
+        return "allocation_cost", (arg,), kw
+    return "lookup_blocks", (_tokens(rng),), kw
+
+
 def _call(
-    rng: random.Random, n_groups: int, bs: int, ref: Any
+    rng: random.Random, n_groups: int, bs: int, ref: Any, num_blocks: int
 ) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
     sid = rng.randrange(MAX_SEQ)
-    op = rng.randrange(21)
+    op = rng.randrange(24)
+    if op >= 21:
+        return _pool_call(rng, num_blocks)
     if op >= 17:
         return _keyed_call(rng, sid, bs, ref)
     if op < 4:
@@ -180,7 +203,7 @@ def test_rust_matches_the_reference(config: str, seed: int) -> None:
     ref = ReferenceBlockManager(num_blocks, block_size, **kw)
     evictions = 0
     for step in range(250):
-        name, args, kwargs = _call(rng, n_groups, block_size, ref)
+        name, args, kwargs = _call(rng, n_groups, block_size, ref, num_blocks)
         if name == "append_batch":
             ids = args[0]
             args = (ids, [rng.randrange(3) for _ in ids])

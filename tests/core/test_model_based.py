@@ -6,8 +6,8 @@ eviction, copy-on-write and swapping happen all the time), with chunked prefill
 (`num_new_tokens`, `extend`), draft slots (`lookahead`), `truncate`, retraction
 (`free(num_computed_tokens=...)`), `lookup`/`lookup_many` and hit-aware `can_allocate`, and
 caller-keyed sequences (`block_hashes=`, keys arriving late), hit caps (`max_hit_tokens=`),
-held registration (`register=False`, `register`) and slots without tokens (`append([],
-lookahead=k)`).
+held registration (`register=False`, `register`), slots without tokens (`append([],
+lookahead=k)`), and the pool-level `evict_blocks`, `allocation_cost` and `lookup_blocks`.
 Every return value, every exception class (exactly: the same class, not merely "both
 raised"), every table, digest list, slot mapping, page table, counter and event must be
 equal, and both managers must pass
@@ -501,6 +501,75 @@ class ManagerComparison(RuleBasedStateMachine):
             if data.draw(st.booleans(), label="num_new_tokens"):
                 kw["num_new_tokens"] = data.draw(st.integers(0, len(toks) + 1), label="k")
             self.both("can_allocate", toks, **kw)
+
+    @rule(data=st.data(), how=st.integers(0, 5))
+    def evict_blocks(self, data: st.DataObject, how: int) -> None:
+        """`evict_blocks` (vLLM's, after a failed KV load) of cached blocks, blocks that
+        sequences hold and blocks in no cache; now and then an id past the pool, or the ids
+        in another accepted or a refused form (the same exception class from both)."""
+        ref = self.ref
+        n = ref.num_blocks
+        held = [
+            b
+            for s in range(MAX_SEQ)
+            if s in ref and not ref.is_swapped(s)
+            for b in ref.block_table(s)
+        ]
+        known = held + list(ref._lru) + list(range(n))  # the reference's own records
+        ids = data.draw(st.lists(st.sampled_from(known), max_size=4), label="block ids")
+        if how == 0:
+            ids.append(data.draw(st.sampled_from([n, -1, 2**31, 2**40]), label="bad id"))
+            self.both("evict_blocks", ids)
+        elif how == 1:
+            form = data.draw(st.sampled_from(REFUSED), label="refused form")
+            self.both_with("evict_blocks", lambda: (form(ids),))
+        elif how == 2:
+            odd = data.draw(st.sampled_from(ODD_IDS), label="id form")
+            self.both_with("evict_blocks", lambda: (odd(ids),) if ids else ([],))
+        else:
+            self.both("evict_blocks", ids)
+
+    @rule(
+        data=st.data(),
+        suffix=st.lists(vocab, max_size=3),
+        which=st.sampled_from(["allocation_cost", "lookup_blocks"]),
+    )
+    def cost_and_blocks(self, data: st.DataObject, suffix: list[int], which: str) -> None:
+        """`allocation_cost` and `lookup_blocks` of earlier or fresh prompts (or a length),
+        with `max_hit_tokens` now and then; then, sometimes, `allocate` of that prompt,
+        which must take exactly the hit and blocks the cost said."""
+        if self.history and data.draw(st.booleans(), label="earlier"):
+            toks, salt, lora = self.earlier_prompt(data, suffix)
+        else:
+            toks, salt, lora = data.draw(tokens), data.draw(salts), data.draw(loras)
+        kw: dict[str, Any] = {}
+        if salt is not None:
+            kw["cache_salt"] = salt
+        if lora is not None:
+            kw["lora_id"] = lora
+        if data.draw(st.integers(0, 3), label="max_hit") == 0:
+            kw["max_hit_tokens"] = data.draw(st.integers(-1, 9), label="max_hit_tokens")
+        if which == "lookup_blocks":
+            self.both("lookup_blocks", toks, **kw)
+            return
+        if data.draw(st.booleans(), label="num_new_tokens"):
+            kw["num_new_tokens"] = data.draw(st.integers(0, len(toks) + 1), label="k")
+        if data.draw(st.booleans(), label="lookahead"):
+            kw["lookahead"] = data.draw(st.integers(-1, 3), label="lookahead")
+        arg: Any = toks
+        if data.draw(st.integers(0, 4), label="a length") == 0:
+            arg = data.draw(st.integers(0, 30), label="num_tokens")
+        if self.both("allocation_cost", arg, **kw).exc is not None:
+            return
+        if arg is toks and "max_hit_tokens" not in kw and data.draw(st.booleans()):
+            hit, new, revived = self.ref.allocation_cost(toks, **kw)
+            before = self.ref.num_available_blocks
+            sid = self.pick(data, "new")
+            got = self.both("allocate", sid, toks, **kw)
+            if got.exc is None and got.value is not None:
+                assert got.value == ("int", hit)
+                assert before - self.ref.num_available_blocks == new + revived
+                self.remember(sid)
 
     @rule(data=st.data())
     def fork(self, data: st.DataObject) -> None:

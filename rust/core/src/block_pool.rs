@@ -33,6 +33,17 @@ pub struct Peek {
     pub full: bool,
 }
 
+/// What `withdraw` did to a block (`evict_blocks`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Withdrawal {
+    /// It was not in the prefix cache.
+    NotCached,
+    /// It was CACHED: it is FREE now, on top of the free stack.
+    Freed,
+    /// It was OWNED: its holders keep it, unhashed (FREE after its last release).
+    Unhashed,
+}
+
 /// What a prefix hit got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hit {
@@ -424,7 +435,8 @@ impl BlockPool {
 
     /// Give back a block this caller pinned through a hit and did not use (a failed call):
     /// if that makes it CACHED again, it goes back to the LRU position of its last release,
-    /// so the failed call leaves the eviction order as it found it.
+    /// so the failed call leaves the eviction order as it found it; if `evict_blocks`
+    /// withdrew it meanwhile, it becomes FREE.
     pub fn unpin(&self, block: u32, digest: &Digest) -> Result<()> {
         match self.state(block).release() {
             Some(Released::ToCached { generation }) => {
@@ -446,8 +458,19 @@ impl BlockPool {
                 Ok(())
             }
             Some(Released::StillOwned) => Ok(()),
-            Some(Released::ToFree) | None => Err(Error::Broken(format!(
-                "unpinned block {block}, which was not hashed and held"
+            Some(Released::ToFree) => {
+                // `evict_blocks` withdrew it while the caller held it: FREE, as after any
+                // release of an unhashed block, and its unit goes back to `available`.
+                if let Some(t) = self.tally_of(block) {
+                    down(&t.used);
+                }
+                self.free.push(block);
+                // Release: as in `release_table`.
+                self.available.fetch_add(1, Ordering::Release);
+                Ok(())
+            }
+            None => Err(Error::Broken(format!(
+                "unpinned block {block}, which had no holder"
             ))),
         }
     }
@@ -586,6 +609,73 @@ impl BlockPool {
             });
         }
         true
+    }
+
+    /// Take `block` out of the prefix cache whoever holds it (`evict_blocks`: its KV is
+    /// bad). `len`: the manager's digest length. No new atomic step: the key's stripe, then
+    /// the transitions an eviction (`claim_record`, to rc 0 as `reset` does) or a retraction
+    /// (`retract`) makes, so each block's withdrawal is one step against every hit, pin,
+    /// release, registration, eviction and retraction of it.
+    pub fn withdraw(&self, block: u32, len: usize) -> Withdrawal {
+        let state = self.state(block);
+        loop {
+            // A snapshot: unhashed at this read, the block is not in the cache; hashed, it
+            // is checked again under its key's stripe.
+            if !state.load().hashed() {
+                return Withdrawal::NotCached;
+            }
+            // The key it is registered under: stable while it stays hashed. If it was
+            // withdrawn and registered anew meanwhile, this read may give another key (or a
+            // torn one), which the look under the stripe rejects.
+            let key = self.index.stored(block, len);
+            let stripe = lock(&self.stripes[stripe_of(&key)]);
+            // Under the key's stripe every registration, claim and retraction of `key` is
+            // wholly before or after this point, so an entry of `key` naming the block means
+            // it is registered under `key`, and only this thread can unregister it now. (The
+            // slot's Acquire load in `find` sees the digest words stored before it.)
+            if self.index.get(&key) != Some(block) {
+                // Withdrawn since the first read (the next one sees it unhashed), or
+                // registered under another key: look again.
+                drop(stripe);
+                continue;
+            }
+            let outcome = loop {
+                let w = state.load();
+                if w.rc() == 0 {
+                    // CACHED: claimed as an eviction claims it, to rc 0 (FREE). Its LRU
+                    // record goes stale with the generation; evictors skip it.
+                    if state.claim_cached(w.generation(), 0) {
+                        break Withdrawal::Freed;
+                    }
+                } else if state.unhash_held() {
+                    // OWNED: as a retraction; a hit that pinned first keeps its reference.
+                    break Withdrawal::Unhashed;
+                }
+                // A hit revived it, or its last holder released it, since the load: the CAS
+                // failed, nothing changed; look at the new word.
+            };
+            self.index.remove(&key, block);
+            let group = self.group_of(block);
+            if let Some(log) = &self.events {
+                log.push(KvEvent::BlockRemoved {
+                    block_hash: key.keyed(group),
+                    medium: Medium::Gpu,
+                    group,
+                });
+            }
+            drop(stripe);
+            if outcome == Withdrawal::Freed {
+                // Relaxed: tallies (see the fields), moved before the block can be taken
+                // (its taker names its own group). `available` already counts it: CACHED
+                // before, FREE now. A taker holding a unit meanwhile finds it once pushed.
+                self.cached.fetch_sub(1, Ordering::Relaxed);
+                if let Some(t) = self.tally_of(block) {
+                    down(&t.cached);
+                }
+                self.free.push(block);
+            }
+            return outcome;
+        }
     }
 
     /// Queue an event that is not an index change (the CPU copies of swap).

@@ -16,6 +16,7 @@
 //!   step), `running` (persistent running batches), `audit`.
 //! - KV-cache groups: `policy` (what each kind of group keeps; the hybrid hit), `grouped`
 //!   (the operations on every layout but one full-attention group).
+//! - Pool-level calls: `pool_calls` (`evict_blocks`, `allocation_cost`, `lookup_blocks`).
 //! - Device duties: `duties` (the evictions a call must copy out, returned to it).
 //! - `events`, `stats`, `counters`, `config`, `error`, `alloc` (fallible allocation).
 //!
@@ -58,6 +59,9 @@ mod lru_queue;
 mod manager;
 mod policy;
 mod pool_audit;
+mod pool_calls;
+#[cfg(all(test, not(loom)))]
+mod pool_calls_tests;
 mod prefix_index;
 mod queries;
 mod running;

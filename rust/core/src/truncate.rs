@@ -32,8 +32,12 @@ impl BlockManager {
                 .filter(|&b| self.gpu.state(b).load().hashed());
             // A hashed partial block was full: its digest is `digests[last]`. Withdrawing it
             // is the only change before the copy's reservation, and only a refusal leads on.
+            // A refusal because `evict_blocks` unhashed it meanwhile needs no copy either.
             let copy = match partial {
-                Some(b) if !self.gpu.retract(b, &seq.digests[last], true) => {
+                Some(b)
+                    if !self.gpu.retract(b, &seq.digests[last], true)
+                        && self.gpu.state(b).load().hashed() =>
+                {
                     if !self.gpu.reserve(1) {
                         return Ok(None);
                     }

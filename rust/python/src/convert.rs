@@ -523,6 +523,12 @@ pub fn seq_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
     ints(obj, "seq_ids", 0, ID_MAX, "[0, 2**64)")
 }
 
+/// GPU block ids (`evict_blocks`): each in `[0, 2**31)` (whether it names a block of the
+/// pool is the core's check).
+pub fn block_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    ints(obj, "block_ids", 0, i32::MAX.into(), "[0, 2**31)")
+}
+
 /// One sequence id (the argument `seq_id`).
 pub fn seq_id(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
     id_arg(obj, "seq_id")

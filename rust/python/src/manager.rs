@@ -2,9 +2,9 @@
 //! conversion and result conversion only; every decision is the core's.
 
 use crate::convert::{
-    batch_tokens, counts, flag, id_arg, int_arg, is_count, keys_arg, lora_arg, max_hit_arg,
-    maybe_seq_id, opt_int_arg, opt_u64_arg, seq_id, seq_ids, text, token_count, tokens, wrong_type,
-    Given,
+    batch_tokens, block_ids, counts, flag, id_arg, int_arg, is_count, keys_arg, lora_arg,
+    max_hit_arg, maybe_seq_id, opt_int_arg, opt_u64_arg, seq_id, seq_ids, text, token_count,
+    tokens, wrong_type, Given,
 };
 use crate::errors::{invalid, IntoPy};
 use crate::objects;
@@ -579,6 +579,109 @@ impl PyBlockManager {
         let id = self::seq_id(seq_id)?;
         let status = run(py, false, || self.inner.can_swap_in(id))?;
         objects::alloc_status(py, status)
+    }
+
+    /// Take these GPU blocks out of the prefix cache (their KV is bad, say after a failed
+    /// load): a cached unreferenced block becomes free, a block sequences hold stays theirs
+    /// but is no longer hit (and is freed, not cached, after its last holder lets go).
+    ///
+    /// Blocks not in the cache are ignored. Returns how many left the cache. `block_ids`:
+    /// a list, tuple, range or 1-D integer array; an id out of range or the null block is an
+    /// error naming it, and nothing changes.
+    fn evict_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let ids = self::block_ids(block_ids)?;
+        run(py, ids.len() >= DETACH_MIN_BATCH, || {
+            self.inner.evict_blocks(&ids)
+        })
+    }
+
+    /// What `allocate` would take now: `(hit_tokens, new_blocks, revived_blocks)`.
+    ///
+    /// The prompt's cached prefix in tokens, the blocks it would take from the free pool,
+    /// and its hit blocks that are cached but unreferenced (each also takes one block of
+    /// the available ones), summed over the groups. `num_tokens_or_token_ids`: a length (no
+    /// hit) or the prompt's token ids. Changes nothing.
+    #[pyo3(
+        signature = (num_tokens_or_token_ids, *, num_new_tokens=None, cache_salt=None,
+            lora_id=None, block_hashes=None, max_hit_tokens=None, lookahead=Given::Absent),
+        text_signature = "($self, num_tokens_or_token_ids, *, num_new_tokens=None, \
+            cache_salt=None, lora_id=None, block_hashes=None, max_hit_tokens=None, lookahead=0)"
+    )]
+    #[allow(clippy::too_many_arguments)]
+    fn allocation_cost(
+        &self,
+        py: Python<'_>,
+        num_tokens_or_token_ids: &Bound<'_, PyAny>,
+        num_new_tokens: Option<&Bound<'_, PyAny>>,
+        cache_salt: Option<&Bound<'_, PyAny>>,
+        lora_id: Option<&Bound<'_, PyAny>>,
+        block_hashes: Option<&Bound<'_, PyAny>>,
+        max_hit_tokens: Option<&Bound<'_, PyAny>>,
+        lookahead: Given<'_>,
+    ) -> PyResult<(usize, usize, usize)> {
+        let arg = num_tokens_or_token_ids;
+        // A count (an int), or the prompt itself (token ids), as for `can_allocate`.
+        let (count, toks) = if is_count(arg) {
+            (Some(token_count(arg)? as u64), Vec::new())
+        } else {
+            (None, tokens(arg)?)
+        };
+        let new = new_tokens_arg(num_new_tokens)?.map(|k| k as u64);
+        let salt = salt_arg(cache_salt)?;
+        let lora = lora_arg(lora_id)?;
+        let keys = keys_arg(block_hashes)?;
+        let max_hit = max_hit_arg(max_hit_tokens)?;
+        let lookahead = lookahead_arg(&lookahead)?;
+        if let Some(n) = count {
+            if keys.is_some() {
+                return Err(invalid(
+                    py,
+                    "block_hashes= needs the prompt's token ids (a length has no hit)",
+                ));
+            }
+            return self.inner.allocation_cost_count(n, new, lookahead).py(py);
+        }
+        let q = PromptKeys {
+            cache_salt: salt.as_deref(),
+            lora_id: lora,
+            block_hashes: keys.as_deref(),
+            max_hit_tokens: max_hit,
+        };
+        run(py, toks.len() >= DETACH_MIN_TOKENS, || {
+            self.inner.allocation_cost(&toks, new, &q, lookahead)
+        })
+    }
+
+    /// The hit `allocate` would pin now: `(hit_tokens, blocks)`, `blocks[g]` the first
+    /// table entries of group `g` (the null block 0 where the group no longer needs one;
+    /// one list without `groups=`). Changes nothing.
+    #[pyo3(
+        signature = (token_ids, *, cache_salt=None, lora_id=None, block_hashes=None,
+            max_hit_tokens=None),
+        text_signature = "($self, token_ids, *, cache_salt=None, lora_id=None, \
+            block_hashes=None, max_hit_tokens=None)"
+    )]
+    fn lookup_blocks(
+        &self,
+        py: Python<'_>,
+        token_ids: &Bound<'_, PyAny>,
+        cache_salt: Option<&Bound<'_, PyAny>>,
+        lora_id: Option<&Bound<'_, PyAny>>,
+        block_hashes: Option<&Bound<'_, PyAny>>,
+        max_hit_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<(usize, Vec<Vec<u32>>)> {
+        let toks = tokens(token_ids)?;
+        let salt = salt_arg(cache_salt)?;
+        let keys = keys_arg(block_hashes)?;
+        let q = PromptKeys {
+            cache_salt: salt.as_deref(),
+            lora_id: lora_arg(lora_id)?,
+            block_hashes: keys.as_deref(),
+            max_hit_tokens: max_hit_arg(max_hit_tokens)?,
+        };
+        run(py, toks.len() >= DETACH_MIN_TOKENS, || {
+            self.inner.lookup_blocks(&toks, &q)
+        })
     }
 
     /// One new token per sequence (a decode step for the whole batch), plus

@@ -62,7 +62,10 @@ impl BlockManager {
         for (g, b) in partial.iter().enumerate() {
             if let Some(b) = *b {
                 let key = seq.digests[i].keyed(g as u8);
-                shared[g] = !self.gpu.retract(b, &key, true);
+                // Refused: another table holds it (counted in `copies`), or `evict_blocks`
+                // unhashed it meanwhile (then it needs no copy: nothing cached is written).
+                // This table holds it, so nobody hashes it again meanwhile.
+                shared[g] = !self.gpu.retract(b, &key, true) && self.gpu.state(b).load().hashed();
             }
         }
         for g in 0..seq.num_groups() {
