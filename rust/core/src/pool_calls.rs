@@ -3,8 +3,9 @@
 //! (what `allocate` would take and pin now).
 //!
 //! The hit of a prompt is found from its chain (digests, and tags for verified hits) by
-//! `chain_cost` and `chain_blocks`; the token form hashes the prompt first. A caller-keyed
-//! form (`block_hashes=`) derives the chain from the caller's keys and calls the same two.
+//! `chain_cost` and `chain_blocks`; the token form hashes the prompt first (`token_chain`).
+//! A caller-keyed form (`block_hashes=`) reduces the caller's keys to the chain instead and
+//! calls the same two.
 
 use crate::block_pool::{Peek, Withdrawal};
 use crate::counters;
@@ -55,14 +56,14 @@ impl BlockManager {
 
     /// The hit `allocate` would take for a prompt of `n` tokens with this chain: at most
     /// `(n - 1) / block_size` blocks, and `max_hit_tokens / block_size` when given.
-    fn hit_cap(&self, n: usize, max_hit_tokens: Option<usize>) -> usize {
+    fn cost_hit_cap(&self, n: usize, max_hit_tokens: Option<usize>) -> usize {
         let bs = self.block_size();
         let cap = if self.caching() { (n - 1) / bs } else { 0 };
         max_hit_tokens.map_or(cap, |m| cap.min(m / bs))
     }
 
     /// The prompt's chain: digests and (verified hits) tags of its full blocks.
-    fn prompt_chain(
+    fn token_chain(
         &self,
         tokens: &[u32],
         cache_salt: Option<&[u8]>,
@@ -135,7 +136,7 @@ impl BlockManager {
         lookahead: usize,
     ) -> Result<Cost> {
         let bs = self.block_size();
-        let (h, tables) = self.chain_hit(digests, tags, self.hit_cap(n, max_hit_tokens))?;
+        let (h, tables) = self.chain_hit(digests, tags, self.cost_hit_cap(n, max_hit_tokens))?;
         let total = cdiv((h * bs + k).min(n).saturating_add(lookahead), bs);
         let new = (total - h).saturating_mul(self.num_groups());
         let revived = tables
@@ -155,7 +156,7 @@ impl BlockManager {
         n: usize,
         max_hit_tokens: Option<usize>,
     ) -> Result<(usize, Vec<Vec<u32>>)> {
-        let (h, tables) = self.chain_hit(digests, tags, self.hit_cap(n, max_hit_tokens))?;
+        let (h, tables) = self.chain_hit(digests, tags, self.cost_hit_cap(n, max_hit_tokens))?;
         let blocks = tables
             .into_iter()
             .map(|t| t.into_iter().map(|p| p.map_or(NULL, |p| p.block)).collect())
@@ -181,7 +182,7 @@ impl BlockManager {
             check_tokens(tokens, "token_ids")?;
             let n = tokens.len();
             let k = self.check_new_tokens_of(num_new_tokens, n)?;
-            let (digests, tags) = self.prompt_chain(tokens, cache_salt, lora_id);
+            let (digests, tags) = self.token_chain(tokens, cache_salt, lora_id);
             self.chain_cost(&digests, &tags, n, k, max_hit_tokens, lookahead)
         })
     }
@@ -224,7 +225,7 @@ impl BlockManager {
     ) -> Result<(usize, Vec<Vec<u32>>)> {
         self.guarded(false, || {
             check_tokens(tokens, "token_ids")?;
-            let (digests, tags) = self.prompt_chain(tokens, cache_salt, lora_id);
+            let (digests, tags) = self.token_chain(tokens, cache_salt, lora_id);
             self.chain_blocks(&digests, &tags, tokens.len(), max_hit_tokens)
         })
     }
