@@ -631,6 +631,35 @@ def test_truncate_into_a_hashed_block_racing_a_hit_on_it() -> None:
     _run_scenario("truncate vs hit", rounds(60), make, _prompts_in, seed=93)
 
 
+def test_evict_blocks_racing_an_allocation_that_hits_the_block() -> None:
+    """Sequence 1 holds (or held: then its blocks are CACHED) a long prompt P, blocks
+    `0 .. n-1` in a fresh pool. Racing: `evict_blocks([j])` of one block of P's chain (a bad
+    KV load), `allocate(2, P)` (hits the chain: a hit on block j either pinned it first, and
+    keeps it withdrawn, or stops there) and `allocation_cost(P)` or `lookup(P)`. Answers,
+    counters and what lookups find must fit one serial order."""
+    b = 16
+
+    def make(rng: random.Random, r: int) -> tuple[int, int, list[Call], list[Call], list[int]]:
+        p = prompt(rng, LONG + rng.randrange(1, 3 * b), first=4)
+        setup: list[Call] = [("allocate", (1, p), {})]
+        if rng.random() < 0.5:
+            setup.append(("free", (1,), {}))
+        j = rng.randrange(len(p) // b)  # sequence 1's table is 0 .. n-1 (fresh pool)
+        racing: list[Call] = [
+            ("evict_blocks", ([j],), {}),
+            ("allocate", (2, p), {"num_new_tokens": rng.randrange(1, len(p))}),
+            rng.choice([("lookup", (p,), {}), ("allocation_cost", (p,), {})]),
+        ]
+        return 2 * (len(p) // b + 2), b, setup, racing, [1, 2]
+
+    def prompts_of(calls: list[Call]) -> list[list[int]]:
+        return _prompts_in(calls) + [
+            list(args[0]) for name, args, _ in calls if name == "allocation_cost"
+        ]
+
+    _run_scenario("evict_blocks vs hit", rounds(60), make, prompts_of, seed=94)
+
+
 # ------------------------------------------------------------------ abort vs hit
 
 

@@ -3,17 +3,18 @@
 //! (what `allocate` would take and pin now).
 //!
 //! The hit of a prompt is found from its chain (digests, and tags for verified hits) by
-//! `chain_cost` and `chain_blocks`; the token form hashes the prompt first. A caller-keyed
-//! form (`block_hashes=`) derives the chain from the caller's keys and calls the same two.
+//! `chain_cost` and `chain_blocks`; the token form hashes the prompt first, the keyed form reduces the caller's keys (`query_chain`).
+//! A caller-keyed form (`block_hashes=`) reduces the caller's keys to the chain instead and
+//! calls the same two.
 
 use crate::block_pool::{Peek, Withdrawal};
 use crate::counters;
 use crate::error::{invalid, Error, Result};
 use crate::grouped::NULL;
 use crate::hashing::{encode_extras, Digest, Tag};
+use crate::keys::{check_key_count, PromptKeys};
 use crate::manager::{cdiv, chain_lock, check_tokens, BlockManager};
 use crate::policy::hybrid_hit;
-use crate::keys::{check_key_count, PromptKeys};
 use std::collections::HashMap;
 
 /// What `allocate` would take now: `(hit_tokens, new_blocks, revived_blocks)`.
