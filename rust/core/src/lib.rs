@@ -12,8 +12,9 @@
 //!   they come and go), `gate` (reset excludes every ownership change).
 //! - The manager, split by operation: `manager` (the struct, construction, locking helpers),
 //!   `allocate`, `schedule` (append, extend), `truncate`, `lifecycle` (fork, free, reset),
-//!   `swap`, `admission` (lookup, can_allocate), `queries`, `batch`, `decode` (the one-token
-//!   step), `running` (persistent running batches), `audit`.
+//!   `swap`, `admission` (lookup, can_allocate), `queries`, `batch` (with `lookahead`: the
+//!   draft slots per sequence of a step's queries), `decode` (the one-token step), `running`
+//!   (persistent running batches), `audit`.
 //! - KV-cache groups: `policy` (what each kind of group keeps; the hybrid hit), `grouped`
 //!   (the operations on every layout but one full-attention group).
 //! - Device duties: `duties` (the evictions a call must copy out, returned to it).
@@ -51,6 +52,7 @@ mod id_hasher;
 mod lifecycle;
 #[cfg(all(test, not(loom)))]
 mod lock_choice_tests;
+mod lookahead;
 #[cfg(all(test, loom))]
 mod loom_models;
 mod lru_queue;
@@ -74,6 +76,7 @@ pub use error::{Error, Result};
 pub use events::{KvEvent, Medium};
 pub use grouped::NULL;
 pub use hashing::{encode_extras, BlockHasher, Digest, HashAlgo, Tag};
+pub use lookahead::Lookahead;
 pub use manager::{BlockManager, MAX_TOKENS};
 pub use policy::{GroupKind, MAX_GROUPS};
 pub use running::{RunningBatch, StepOut};
