@@ -201,15 +201,17 @@ class BlockManager:
         seq_ids: _SeqIds,
         num_new_tokens: _Int | _Ints,
         *,
-        lookahead: _Int = 0,
+        lookahead: _Int | _Ints = 0,
         group: _Int = 0,
     ) -> npt.NDArray[np.int64]:
-        """int64 slots of each sequence's last `num_new_tokens` scheduled tokens (then of
-        `lookahead` draft positions), concatenated."""
+        """int64 slots of each sequence's last `num_new_tokens` scheduled tokens (then of its
+        `lookahead` draft positions: one int for all, or one per sequence), concatenated."""
     def flashinfer_page_table(
-        self, seq_ids: _SeqIds, *, group: _Int = 0
+        self, seq_ids: _SeqIds, *, lookahead: _Int | _Ints = 0, group: _Int = 0
     ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
-        """(kv_indptr, kv_indices, kv_last_page_len), int32, for FlashInfer's paged wrappers."""
+        """(kv_indptr, kv_indices, kv_last_page_len), int32, for FlashInfer's paged wrappers:
+        each sequence's scheduled tokens plus its `lookahead` draft slots (one int for all,
+        or one per sequence)."""
 
     # -- queries ----------------------------------------------------------------------------
     def block_table(self, seq_id: _Int, *, group: _Int = 0) -> list[int]: ...

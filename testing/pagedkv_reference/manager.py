@@ -158,6 +158,22 @@ def _counts(num_new_tokens: object, n: int) -> list[int]:
     return _int_list(num_new_tokens, "num_new_tokens", 1, _I64_MAX + 1)
 
 
+def _lookaheads(lookahead: object, n: int) -> list[int]:
+    """`lookahead` of the batch queries: one int for all `n` sequences, or one int per
+    sequence; each in `[0, 2**63)` (whether the length matches is a cross-argument check,
+    whether it fits its sequence a state check)."""
+    if _int_value(lookahead) is not None:
+        return [_check_int(lookahead, "lookahead", 0, _I64_MAX + 1)] * n
+    return _int_list(lookahead, "lookahead", 0, _I64_MAX + 1)
+
+
+def _same_len(lookaheads: list[int], ids: list[int]) -> None:
+    if len(lookaheads) != len(ids):
+        raise InvalidArgumentError(
+            f"seq_ids has {len(ids)} entries but lookahead has {len(lookaheads)}"
+        )
+
+
 def _opt_count(num_new_tokens: object) -> int | None:
     """`num_new_tokens` of `allocate` and `can_allocate`: None (the whole prompt) or an int
     in `[1, 2**63)`; whether it fits the prompt is a cross-argument check (`_fits_prompt`)."""
@@ -1445,57 +1461,76 @@ class ReferenceBlockManager:
         seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
         num_new_tokens: int | Sequence[int] | npt.NDArray[np.integer[Any]],
         *,
-        lookahead: int = 0,
+        lookahead: int | Sequence[int] | npt.NDArray[np.integer[Any]] = 0,
         group: int = 0,
     ) -> npt.NDArray[np.int64]:
         """The int64 slots (in `group`'s table) of each sequence's last `num_new_tokens`
-        scheduled tokens, then of its `lookahead` draft positions past them, concatenated."""
+        scheduled tokens, then of its `lookahead` draft positions past them (one int for
+        all, or one per sequence), concatenated."""
         ids = _seq_ids(seq_ids)
         counts = _counts(num_new_tokens, len(ids))
-        la = _check_int(lookahead, "lookahead", 0, _I64_MAX + 1)
+        las = _lookaheads(lookahead, len(ids))
         g = self._group_arg(group)
         if len(counts) != len(ids):
             raise InvalidArgumentError(
                 f"num_new_tokens has {len(counts)} entries for {len(ids)} sequences"
             )
+        _same_len(las, ids)
         bs = self._block_size
         seqs = []
-        for sid, k in zip(ids, counts, strict=True):  # per sequence: known, resident, fits
+        for sid, k, la in zip(ids, counts, las, strict=True):  # per sequence: known, resident, fits
             _, s = self._resident(sid)
             if k > s.scheduled:
                 raise InvalidArgumentError(
                     f"num_new_tokens {k} out of range [1, {s.scheduled}] for sequence {sid}"
                 )
-            room = len(self._table(s, g)) * bs - s.scheduled
-            if la > room:
-                raise InvalidArgumentError(
-                    f"lookahead {la}: sequence {sid} has room for "
-                    f"{room} slots past its scheduled tokens"
-                )
+            self._check_room(sid, s, la, g)
             seqs.append(s)
         slots: list[int] = []
-        for s, k in zip(seqs, counts, strict=True):
+        for s, k, la in zip(seqs, counts, las, strict=True):
             t = self._table(s, g)
             slots.extend(t[p // bs] * bs + p % bs for p in range(s.scheduled - k, s.scheduled + la))
         return np.array(slots, dtype=np.int64)
 
+    def _check_room(self, sid: int, s: _Seq, la: int, g: int) -> None:
+        """`la` draft slots past the scheduled tokens must be in the table already (reserved
+        by a scheduling call's `lookahead`): a query takes no blocks."""
+        room = len(self._table(s, g)) * self._block_size - s.scheduled
+        if la > room:
+            raise InvalidArgumentError(
+                f"lookahead {la}: sequence {sid} has room for "
+                f"{room} slots past its scheduled tokens"
+            )
+
     def flashinfer_page_table(
-        self, seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]], *, group: int = 0
+        self,
+        seq_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        *,
+        lookahead: int | Sequence[int] | npt.NDArray[np.integer[Any]] = 0,
+        group: int = 0,
     ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
-        """(kv_indptr, kv_indices, kv_last_page_len) of the scheduled tokens (in `group`'s
-        table), int32, in FlashInfer's paged layout."""
+        """(kv_indptr, kv_indices, kv_last_page_len) of the scheduled tokens plus
+        `lookahead` draft slots (one int for all, or one per sequence) of each sequence (in
+        `group`'s table), int32, in FlashInfer's paged layout."""
         ids = _seq_ids(seq_ids)
+        las = _lookaheads(lookahead, len(ids))
         g = self._group_arg(group)
-        seqs = [self._resident(s)[1] for s in ids]
+        _same_len(las, ids)
+        seqs = []
+        for sid, la in zip(ids, las, strict=True):
+            s = self._resident(sid)[1]
+            self._check_room(sid, s, la, g)
+            seqs.append(s)
         bs = self._block_size
         indptr = [0]
         indices: list[int] = []
         last: list[int] = []
-        for s in seqs:
-            pages = _cdiv(s.scheduled, bs)
+        for s, la in zip(seqs, las, strict=True):
+            n = s.scheduled + la
+            pages = _cdiv(n, bs)
             indices.extend(self._table(s, g)[:pages])
             indptr.append(len(indices))
-            last.append(s.scheduled - (pages - 1) * bs)
+            last.append(n - (pages - 1) * bs)
         return (
             np.array(indptr, dtype=np.int32),
             np.array(indices, dtype=np.int32),

@@ -159,6 +159,14 @@ def _call(
         return "free_batch", (rng.sample(range(MAX_SEQ), rng.randint(1, 2)),), {}
     if op == 15:
         return "reset_prefix_cache", (), {}
+    if op == 16:
+        # A step's queries with draft slots per sequence (past a table's room now and then).
+        ids = rng.sample(range(MAX_SEQ), rng.randint(1, 3))
+        kw = {"lookahead": [rng.choice([0, 0, 1, 2, 4]) for _ in ids]}
+        kw["group"] = rng.randrange(n_groups)
+        if rng.random() < 0.5:
+            return "flashinfer_page_table", (ids,), kw
+        return "slot_mapping", (ids, 1), kw
     return "block_table", (sid,), {"group": rng.randrange(n_groups + 1)}
 
 
@@ -181,6 +189,12 @@ def _observe(m: Any, n_groups: int) -> Any:
             seen.append(run(m, "flashinfer_page_table", [sid], group=g).key())
     live = [s for s in range(MAX_SEQ) if s in m]
     seen.extend(run(m, "block_tables", live, group=g).key() for g in range(n_groups))
+    # Every draft slot each resident sequence's table holds (its own room, one per sequence).
+    resident = [s for s in live if not m.is_swapped(s)]
+    rooms = [len(m.block_table(s)) * m.block_size - m.num_scheduled_tokens(s) for s in resident]
+    for g in range(n_groups):
+        seen.append(run(m, "slot_mapping", resident, 1, lookahead=rooms, group=g).key())
+        seen.append(run(m, "flashinfer_page_table", resident, lookahead=rooms, group=g).key())
     return seen
 
 

@@ -3,15 +3,15 @@
 A hypothesis state machine drives both managers through the same random calls on small pools
 (few blocks, tiny block sizes, a tiny vocabulary so that prefix hits, duplicate content,
 eviction, copy-on-write and swapping happen all the time), with chunked prefill
-(`num_new_tokens`, `extend`), draft slots (`lookahead`), `truncate`, retraction
-(`free(num_computed_tokens=...)`), `lookup`/`lookup_many` and hit-aware `can_allocate`, and
-caller-keyed sequences (`block_hashes=`, keys arriving late), hit caps (`max_hit_tokens=`),
-held registration (`register=False`, `register`), slots without tokens (`append([],
-lookahead=k)`), and the pool-level `evict_blocks`, `allocation_cost` and `lookup_blocks`.
-Every return value, every exception class (exactly: the same class, not merely "both
-raised"), every table, digest list, slot mapping, page table, counter and event must be
-equal, and both managers must pass
-`check_invariants()` after every step. Arguments come in every accepted form (lists, tuples,
+(`num_new_tokens`, `extend`), draft slots (`lookahead`; one per sequence in the batch
+queries), `truncate`, retraction (`free(num_computed_tokens=...)`), `lookup`/`lookup_many`
+and hit-aware `can_allocate`, caller-keyed sequences (`block_hashes=`, keys arriving late),
+hit caps (`max_hit_tokens=`), held registration (`register=False`, `register`), slots
+without tokens (`append([], lookahead=k)`), and the pool-level `evict_blocks`,
+`allocation_cost` and `lookup_blocks`. Every return value, every exception class (exactly:
+the same class, not merely "both raised"), every table, digest list, slot mapping, page
+table, counter and event must be equal, and both managers must pass `check_invariants()`
+after every step. Arguments come in every accepted form (lists, tuples,
 ranges, arrays of any integer dtype and byte order) and in refused ones, and calls with several
 faults at once are compared too: docs/inputs.md fixes which fault is reported. Table digests
 differ between the implementations by design: within each one, equal tables must give equal
@@ -623,7 +623,8 @@ class ManagerComparison(RuleBasedStateMachine):
             pad = data.draw(st.sampled_from([-1, 0, 7]), label="pad")
             self.both("block_tables", ids, pad=pad)
         elif which == "flashinfer_page_table":
-            self.both("flashinfer_page_table", np.array(ids, dtype=np.int64))
+            kw = self.draw_lookahead(data, len(ids))
+            self.both("flashinfer_page_table", np.array(ids, dtype=np.int64), **kw)
         else:
             k: Any
             if data.draw(st.booleans(), label="one count"):
@@ -631,10 +632,26 @@ class ManagerComparison(RuleBasedStateMachine):
             else:
                 ks = data.draw(st.lists(st.integers(0, 6), min_size=len(ids), max_size=len(ids)))
                 k = np.array(ks, dtype=np.int64)
-            # Draft slots: past the table's room now and then (refused).
-            lookahead = data.draw(st.sampled_from([0, 0, 1, 2, 3, 5]), label="lookahead")
-            kw = {"lookahead": lookahead} if lookahead else {}
-            self.both("slot_mapping", ids, k, **kw)
+            self.both("slot_mapping", ids, k, **self.draw_lookahead(data, len(ids)))
+
+    def draw_lookahead(self, data: st.DataObject, n: int) -> dict[str, Any]:
+        """A batch query's draft slots: none, one int for all, or one per sequence (a mixed
+        batch: 0 for some) as a list, tuple or array; past a table's room now and then, and
+        now and then of the wrong length or with a negative entry (refused)."""
+        how = data.draw(st.sampled_from(["none", "int", "each", "each", "bad"]), label="la")
+        if how == "none":
+            return {}
+        if how == "int":
+            return {"lookahead": data.draw(st.sampled_from([0, 1, 2, 3, 5]), label="lookahead")}
+        las = data.draw(st.lists(st.sampled_from([0, 0, 1, 2, 3, 5]), min_size=n, max_size=n))
+        if how == "bad":
+            if las and data.draw(st.booleans(), label="negative"):
+                las[data.draw(st.integers(0, n - 1), label="at")] = -1
+            else:
+                las = [*las, 0] if data.draw(st.booleans(), label="longer") else las[:-1]
+        form = data.draw(st.sampled_from([list, tuple, "<i8", ">i4", "i1"]), label="form")
+        arg: Any = form(las) if callable(form) else np.array(las, dtype=form)
+        return {"lookahead": arg}
 
     @rule(
         data=st.data(),

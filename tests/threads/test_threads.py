@@ -6,10 +6,11 @@ share a few system prompts, so their sequences share cached blocks through the p
 and the pool is small, so allocations run out (None) and are handled by freeing. The workers
 use every mutating call: chunked allocation and `extend`, `append`/`append_batch` with
 lookahead, `truncate`, `free` with `num_computed_tokens`, fork, swaps, and the read calls
-(`lookup`, hit-aware `can_allocate`, `slot_mapping` with lookahead). Every call's answer is
-checked against the thread's model as it happens; at quiescent points the main thread checks
-the manager's own audit, block conservation, every surviving sequence against its thread's
-model and, where events are on, the prefix index as an event mirror sees it.
+(`lookup`, hit-aware `can_allocate`, `slot_mapping` and `flashinfer_page_table` with a
+lookahead for all or one per sequence). Every call's answer is checked against the thread's
+model as it happens; at quiescent points the main thread checks the manager's own audit,
+block conservation, every surviving sequence against its thread's model and, where events
+are on, the prefix index as an event mirror sees it.
 """
 
 from __future__ import annotations
@@ -433,22 +434,31 @@ class _Worker:
         for row, s in zip(tables.tolist(), ids, strict=True):
             t = self.mine[s].table
             assert row == t + [-7] * (width - len(t))
-        # The last scheduled token of each, plus as many draft slots as all have room for.
-        room = min(len(self.mine[s].table) * B - self.mine[s].sched for s in ids)
-        la = self.rng.randint(0, min(room, 2 * B))
-        slots = self.m.slot_mapping(arr, 1, lookahead=la).tolist()
-        assert len(slots) == len(ids) * (1 + la)
-        for j, s in enumerate(ids):
+        # The last scheduled token of each plus draft slots: as many as all have room for,
+        # or (half the time) each its own number within its own room, as a list or array.
+        rooms = [len(self.mine[s].table) * B - self.mine[s].sched for s in ids]
+        las: list[int]
+        if self.rng.random() < 0.5:
+            la = self.rng.randint(0, min(min(rooms), 2 * B))
+            las, arg = [la] * len(ids), la
+        else:
+            las = [self.rng.randint(0, min(r, 2 * B)) for r in rooms]
+            arg = las if self.rng.random() < 0.5 else np.asarray(las, dtype=np.int32)
+        slots = self.m.slot_mapping(arr, 1, lookahead=arg).tolist()
+        assert len(slots) == len(ids) + sum(las)
+        at = 0
+        for s, la in zip(ids, las, strict=True):
             e = self.mine[s]
-            for q, p in enumerate(range(e.sched - 1, e.sched + la)):
-                assert slots[j * (1 + la) + q] == e.table[p // B] * B + p % B
-        indptr, indices, last = self.m.flashinfer_page_table(arr)
+            for p in range(e.sched - 1, e.sched + la):
+                assert slots[at] == e.table[p // B] * B + p % B
+                at += 1
+        indptr, indices, last = self.m.flashinfer_page_table(arr, lookahead=arg)
         assert indptr[-1] == len(indices)
-        for j, s in enumerate(ids):
+        for j, (s, la) in enumerate(zip(ids, las, strict=True)):
             e = self.mine[s]
-            pages = _cdiv(e.sched, B)
+            pages = _cdiv(e.sched + la, B)
             assert indices[indptr[j] : indptr[j + 1]].tolist() == e.table[:pages]
-            assert last[j] == e.sched - (pages - 1) * B
+            assert last[j] == e.sched + la - (pages - 1) * B
 
     def op_lookup(self) -> None:
         """`lookup` and hit-aware `can_allocate` on token ids. What others hold changes all

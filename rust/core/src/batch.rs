@@ -8,6 +8,7 @@
 
 use crate::alloc::{try_filled, try_with_capacity};
 use crate::error::{invalid, Error, Result};
+use crate::lookahead::Lookahead;
 use crate::manager::check_append;
 use crate::manager::{cdiv, BlockManager};
 use crate::seq_map::SeqCell;
@@ -342,12 +343,12 @@ impl BlockManager {
         )
     }
 
-    /// The slots of each sequence's last `counts[i]` scheduled tokens, then of the
-    /// `lookahead` positions past them, concatenated.
+    /// The slots of each sequence's last `counts[i]` scheduled tokens, concatenated.
     pub fn slot_mapping(&self, ids: &[u64], counts: &[usize]) -> Result<Vec<i64>> {
         self.slot_mapping_lookahead(ids, counts, 0)
     }
 
+    /// `slot_mapping` plus the same number of draft slots past every sequence's tokens.
     pub fn slot_mapping_lookahead(
         &self,
         ids: &[u64],
@@ -357,14 +358,17 @@ impl BlockManager {
         self.slot_mapping_of(ids, counts, lookahead, 0)
     }
 
-    /// `slot_mapping_lookahead` in group `group`'s tables.
-    pub fn slot_mapping_of(
+    /// `slot_mapping` in group `group`'s tables, with `lookahead` draft slots past each
+    /// sequence's scheduled tokens: one count for all (`usize`) or one per sequence
+    /// (`&[usize]`; 0 for a prefill beside decodes with drafts).
+    pub fn slot_mapping_of<'a>(
         &self,
         ids: &[u64],
         counts: &[usize],
-        lookahead: usize,
+        lookahead: impl Into<Lookahead<'a>>,
         group: usize,
     ) -> Result<Vec<i64>> {
+        let lookahead = lookahead.into();
         self.check_group(group)?;
         if ids.len() != counts.len() {
             return Err(invalid(format!(
@@ -373,6 +377,7 @@ impl BlockManager {
                 counts.len()
             )));
         }
+        lookahead.check_len(ids.len())?;
         let bs = self.block_size();
         let check = |i: usize, seq: &Sequence| {
             let (s, c) = (seq.scheduled, counts[i]);
@@ -382,25 +387,17 @@ impl BlockManager {
                     ids[i]
                 )));
             }
-            let room = seq.blocks.len() * bs - s;
-            if lookahead > room {
-                return Err(invalid(format!(
-                    "lookahead {lookahead} for sequence {}: its blocks hold only {room} slots \
-                     past its scheduled tokens",
-                    ids[i]
-                )));
-            }
-            Ok(())
+            check_room(ids[i], seq, lookahead.at(i), bs, group)
         };
         self.read_all(ids, check, |seqs| {
-            // Each count and the lookahead fit in blocks we hold, so the sum fits memory.
-            let total = counts.iter().sum::<usize>() + lookahead * ids.len();
+            // Each count and lookahead fits in blocks we hold, so the sum fits memory.
+            let total: usize = (0..ids.len()).map(|i| counts[i] + lookahead.at(i)).sum();
             let mut out = try_with_capacity(total, "the slot mapping")?;
-            for (seq, &c) in seqs.iter().zip(counts) {
+            for (i, (seq, &c)) in seqs.iter().zip(counts).enumerate() {
                 let s = seq.scheduled;
                 let table = seq.table(group);
                 out.extend(
-                    (s - c..s + lookahead)
+                    (s - c..s + lookahead.at(i))
                         .map(|p| i64::from(table[p / bs]) * bs as i64 + (p % bs) as i64),
                 );
             }
@@ -410,22 +407,49 @@ impl BlockManager {
 
     /// FlashInfer's paged-KV page table: `(kv_indptr, kv_indices, kv_last_page_len)`.
     pub fn flashinfer_page_table(&self, ids: &[u64]) -> Result<(Vec<i32>, Vec<i32>, Vec<i32>)> {
-        self.flashinfer_page_table_of(ids, 0)
+        self.flashinfer_page_table_of(ids, 0, 0)
     }
 
     /// `flashinfer_page_table` of group `group`'s tables (null pages included as block 0:
-    /// the kernel's window masks them).
-    pub fn flashinfer_page_table_of(
+    /// the kernel's window masks them), over each sequence's scheduled tokens plus its
+    /// `lookahead` draft slots (the verification step of speculative decoding attends over
+    /// them): one count for all or one per sequence, as in `slot_mapping_of`.
+    pub fn flashinfer_page_table_of<'a>(
         &self,
         ids: &[u64],
+        lookahead: impl Into<Lookahead<'a>>,
         group: usize,
     ) -> Result<(Vec<i32>, Vec<i32>, Vec<i32>)> {
+        let lookahead = lookahead.into();
         self.check_group(group)?;
+        lookahead.check_len(ids.len())?;
         let bs = self.block_size();
         self.read_all(
             ids,
-            |_, _| Ok(()),
-            |seqs| flashinfer_rows(seqs.iter().map(|s| (s.scheduled, s.table(group))), bs),
+            |i, seq| check_room(ids[i], seq, lookahead.at(i), bs, group),
+            |seqs| {
+                let rows = seqs.iter().enumerate();
+                flashinfer_rows(
+                    rows.map(|(i, s)| (s.scheduled + lookahead.at(i), s.table(group))),
+                    bs,
+                )
+            },
         )
     }
+}
+
+/// Error unless `seq`'s table in `group` holds `lookahead` slots past its scheduled tokens
+/// (reserved by a scheduling call's own `lookahead`; a query never takes blocks).
+fn check_room(id: u64, seq: &Sequence, lookahead: usize, bs: usize, group: usize) -> Result<()> {
+    if lookahead == 0 {
+        return Ok(()); // the common case: a step without drafts
+    }
+    let room = seq.table(group).len() * bs - seq.scheduled;
+    if lookahead > room {
+        return Err(invalid(format!(
+            "lookahead {lookahead} for sequence {id}: its blocks hold only {room} slots \
+             past its scheduled tokens"
+        )));
+    }
+    Ok(())
 }

@@ -11,9 +11,10 @@
 //! - Sequences: `sequence` (a sequence's tables, one per group), `seq_map` (live ids and how
 //!   they come and go), `gate` (reset excludes every ownership change).
 //! - The manager, split by operation: `manager` (the struct, construction, locking helpers),
-//!   `allocate`, `schedule` (append, extend), `keys` (caller keys, held registration), `truncate`, `lifecycle` (fork, free, reset),
-//!   `swap`, `admission` (lookup, can_allocate), `queries`, `batch`, `decode` (the one-token
-//!   step), `running` (persistent running batches), `audit`.
+//!   `allocate`, `schedule` (append, extend), `keys` (caller keys, held registration),
+//!   `truncate`, `lifecycle` (fork, free, reset), `swap`, `admission` (lookup, can_allocate),
+//!   `queries`, `batch` (with `lookahead`: the draft slots per sequence of a step's queries),
+//!   `decode` (the one-token step), `running` (persistent running batches), `audit`.
 //! - KV-cache groups: `policy` (what each kind of group keeps; the hybrid hit), `grouped`
 //!   (the operations on every layout but one full-attention group).
 //! - Pool-level calls: `pool_calls` (`evict_blocks`, `allocation_cost`, `lookup_blocks`).
@@ -53,6 +54,7 @@ mod keys;
 mod lifecycle;
 #[cfg(all(test, not(loom)))]
 mod lock_choice_tests;
+mod lookahead;
 #[cfg(all(test, loom))]
 mod loom_models;
 mod lru_queue;
@@ -82,6 +84,7 @@ pub use events::{KvEvent, Medium};
 pub use grouped::NULL;
 pub use hashing::{encode_extras, BlockHasher, Digest, HashAlgo, Tag, MAX_KEY_LEN};
 pub use keys::PromptKeys;
+pub use lookahead::Lookahead;
 pub use manager::{BlockManager, MAX_TOKENS};
 pub use policy::{GroupKind, MAX_GROUPS};
 pub use running::{RunningBatch, StepOut};

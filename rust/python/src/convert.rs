@@ -626,3 +626,52 @@ pub fn max_hit_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
         .map(|o| int_arg(o, "max_hit_tokens", 0, i64::MAX).map(|v| v as usize))
         .transpose()
 }
+
+/// A batch query's `lookahead` as given: one count for every sequence, or one per sequence.
+pub enum Lookaheads {
+    All(usize),
+    Each(Vec<usize>),
+}
+
+impl Lookaheads {
+    /// The core's view (whether a per-sequence list matches the batch is the core's check).
+    pub fn as_core(&self) -> pagedkv_core::Lookahead<'_> {
+        match self {
+            Lookaheads::All(k) => pagedkv_core::Lookahead::All(*k),
+            Lookaheads::Each(ks) => pagedkv_core::Lookahead::Each(ks),
+        }
+    }
+}
+
+/// `lookahead` of `slot_mapping` and `flashinfer_page_table`: left out, 0; one int for all,
+/// or one int per sequence (a prefill beside decodes with drafts has 0), each in
+/// `[0, 2**63)`. `None` is refused like any other non-int.
+pub fn lookaheads(obj: &Given<'_>) -> PyResult<Lookaheads> {
+    const MAX: i128 = i64::MAX as i128;
+    match obj {
+        Given::Absent => Ok(Lookaheads::All(0)),
+        Given::Value(v) if scalar(v).is_some() => {
+            int_in(v, Name("lookahead", None), 0, MAX, "[0, 2**63)").map(Lookaheads::All)
+        }
+        Given::Value(v) if is_int_sequence(v) => {
+            ints(v, "lookahead", 0, MAX, "[0, 2**63)").map(Lookaheads::Each)
+        }
+        Given::Value(v) => Err(wrong_type(
+            v.py(),
+            format!(
+                "lookahead must be an int, or a list, tuple, range or 1-D integer numpy array \
+                 of ints, got {}",
+                type_name(v)
+            ),
+        )),
+    }
+}
+
+/// Whether `ints` reads `obj` as a sequence (the kinds it accepts; its entries and, for an
+/// array, its shape and dtype are still to check).
+fn is_int_sequence(obj: &Bound<'_, PyAny>) -> bool {
+    obj.cast::<PyUntypedArray>().is_ok()
+        || obj.cast_exact::<PyList>().is_ok()
+        || obj.cast_exact::<PyTuple>().is_ok()
+        || obj.cast::<PyRange>().is_ok()
+}

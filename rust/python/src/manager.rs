@@ -2,9 +2,9 @@
 //! conversion and result conversion only; every decision is the core's.
 
 use crate::convert::{
-    batch_tokens, block_ids, counts, flag, id_arg, int_arg, is_count, keys_arg, lora_arg,
-    max_hit_arg, maybe_seq_id, opt_int_arg, opt_u64_arg, seq_id, seq_ids, text, token_count,
-    tokens, wrong_type, Given,
+    batch_tokens, block_ids, counts, flag, id_arg, int_arg, is_count, keys_arg, lookaheads,
+    lora_arg, max_hit_arg, maybe_seq_id, opt_int_arg, opt_u64_arg, seq_id, seq_ids, text,
+    token_count, tokens, wrong_type, Given,
 };
 use crate::errors::{invalid, IntoPy};
 use crate::objects;
@@ -766,8 +766,8 @@ impl PyBlockManager {
     }
 
     /// int64 cache slots (`block * block_size + offset`) of each sequence's last
-    /// `num_new_tokens` scheduled tokens (an int, or one per sequence), then of `lookahead` draft
-    /// positions; concatenated in batch order.
+    /// `num_new_tokens` scheduled tokens (an int, or one per sequence), then of its
+    /// `lookahead` draft positions (an int, or one per sequence); concatenated in batch order.
     #[pyo3(
         signature = (seq_ids, num_new_tokens, *, lookahead=Given::Absent, group=Given::Absent),
         text_signature = "($self, seq_ids, num_new_tokens, *, lookahead=0, group=0)"
@@ -782,26 +782,29 @@ impl PyBlockManager {
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let ids = self::seq_ids(seq_ids)?;
         let n = counts(num_new_tokens, ids.len(), "num_new_tokens")?;
-        let lookahead = lookahead_arg(&lookahead)?;
+        let lookahead = lookaheads(&lookahead)?;
         let group = group_arg(&group)?;
         let detach = ids.len() >= DETACH_MIN_BATCH;
         let slots = run(py, detach, || {
-            self.inner.slot_mapping_of(&ids, &n, lookahead, group)
+            self.inner
+                .slot_mapping_of(&ids, &n, lookahead.as_core(), group)
         })?;
         Ok(slots.into_pyarray(py))
     }
 
-    /// `(kv_indptr, kv_indices, kv_last_page_len)`, int32, over the
-    /// scheduled tokens of each sequence: the page table FlashInfer's paged wrappers take.
+    /// `(kv_indptr, kv_indices, kv_last_page_len)`, int32, over the scheduled tokens of
+    /// each sequence plus its `lookahead` draft slots (an int, or one per sequence): the
+    /// page table FlashInfer's paged wrappers take.
     #[allow(clippy::type_complexity)]
     #[pyo3(
-        signature = (seq_ids, *, group=Given::Absent),
-        text_signature = "($self, seq_ids, *, group=0)"
+        signature = (seq_ids, *, lookahead=Given::Absent, group=Given::Absent),
+        text_signature = "($self, seq_ids, *, lookahead=0, group=0)"
     )]
     fn flashinfer_page_table<'py>(
         &self,
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
+        lookahead: Given<'py>,
         group: Given<'py>,
     ) -> PyResult<(
         Bound<'py, PyArray1<i32>>,
@@ -809,10 +812,12 @@ impl PyBlockManager {
         Bound<'py, PyArray1<i32>>,
     )> {
         let ids = self::seq_ids(seq_ids)?;
-        let detach = ids.len() >= DETACH_MIN_BATCH;
+        let lookahead = lookaheads(&lookahead)?;
         let group = group_arg(&group)?;
+        let detach = ids.len() >= DETACH_MIN_BATCH;
         let (indptr, indices, last) = run(py, detach, || {
-            self.inner.flashinfer_page_table_of(&ids, group)
+            self.inner
+                .flashinfer_page_table_of(&ids, lookahead.as_core(), group)
         })?;
         Ok((
             indptr.into_pyarray(py),
