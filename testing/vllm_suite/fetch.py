@@ -63,6 +63,8 @@ def obtain_sdist(local: Path | None, index_url: str) -> Path:
     path = local if local is not None else cached
     actual = sha256_of(path)
     if actual != pins.SDIST_SHA256:
+        if path == cached:
+            path.unlink()  # the next run downloads it again
         raise SystemExit(f"{path}: sha256 {actual}, expected {pins.SDIST_SHA256}")
     return path
 

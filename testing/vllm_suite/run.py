@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = args.json.resolve().parent if args.json else Path(tempfile.mkdtemp())
     out_dir.mkdir(parents=True, exist_ok=True)
     junit, log = out_dir / "vllm-scheduler-junit.xml", out_dir / "vllm-scheduler-pytest.log"
+    junit.unlink(missing_ok=True)  # never count an earlier run's report
 
     start = time.monotonic()
     code = run_pytest(args.tests, test_environment(args.manager), junit, log, args.timeout)
