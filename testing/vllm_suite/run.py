@@ -1,0 +1,133 @@
+"""Run vLLM's scheduler tests with a chosen KV-cache manager and count the outcomes.
+
+    python -m vllm_suite.run [--manager module:Class] [--tests PATH::name ...]
+                             [--json out.json] [--gate]
+
+Needs `python -m vllm_suite.fetch` first. pytest runs in a subprocess, rooted in the
+extracted vLLM tree with vLLM's own pytest configuration (not this project's), with
+vllm_suite.swap_manager loaded; its full output goes to a log file beside the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from vllm_suite import pins
+from vllm_suite.results import Outcomes, read_junit
+from vllm_suite.swap_manager import ENV_VAR
+
+# CI's gate (--gate): the fewest scheduler tests that must pass. 281 is what vLLM's own
+# manager reaches (all of them); lower it to the pagedkv adapter's real count once known.
+MIN_PASSED = 281
+
+_SHOWN_PROBLEMS = 20
+
+
+def test_environment(manager: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        VLLM_TARGET_DEVICE="cpu",  # otherwise vLLM fails to infer a device type
+        CUDA_VISIBLE_DEVICES="",
+        HF_HOME=str(pins.HF_HOME),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    # vllm_suite (the plugin) must be importable in the subprocess.
+    testing = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (testing, env.get("PYTHONPATH")) if p)
+    env.pop(ENV_VAR, None)
+    if manager is not None:
+        env[ENV_VAR] = manager
+    return env
+
+
+def run_pytest(
+    tests: list[str], env: dict[str, str], junit: Path, log: Path, timeout: float
+) -> int:
+    tree = pins.TREE_DIR
+    command = [
+        sys.executable, "-m", "pytest",
+        "-c", str(tree / "pyproject.toml"), "--rootdir", str(tree),
+        "-p", "no:cacheprovider", "-p", "vllm_suite.swap_manager",
+        "-rN", f"--junitxml={junit}",
+        *tests,
+    ]  # fmt: skip
+    with log.open("w") as out:
+        try:
+            done = subprocess.run(
+                command, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT,
+                timeout=timeout, check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            print(f"pytest ran past {timeout:.0f} s and was stopped", file=sys.stderr)
+            return -1
+    return done.returncode
+
+
+def summarize(outcomes: Outcomes, manager: str | None, wall: float) -> None:
+    for test_id, line in list(outcomes.problems.items())[:_SHOWN_PROBLEMS]:
+        print(f"  {test_id.split('::', 1)[-1]}: {line[:140]}")
+    if len(outcomes.problems) > _SHOWN_PROBLEMS:
+        print(f"  ... {len(outcomes.problems) - _SHOWN_PROBLEMS} more in the JSON")
+    c = outcomes.counts
+    # Deliberately not pytest's "N passed, N failed" shape: CI logs read such closing lines
+    # as the project's own test results.
+    who = manager or "vLLM's own"
+    print(
+        f"vLLM {pins.VLLM_VERSION} scheduler tests with {who}: passed {c['passed']}, "
+        f"failed {c['failed']}, errors {c['error']}, skipped {c['skipped']} ({wall:.0f} s)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vllm_suite.run", description=__doc__)
+    parser.add_argument("--manager", help="module:Class to build schedulers' KV-cache managers")
+    parser.add_argument(
+        "--tests", nargs="+", default=[pins.SCHEDULER_TESTS],
+        help="test ids relative to the vLLM tree (default: the whole scheduler test file)",
+    )  # fmt: skip
+    parser.add_argument("--json", type=Path, help="write counts and failing tests here")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for pytest")
+    parser.add_argument("--gate", action="store_true", help=f"exit 1 unless >= {MIN_PASSED} pass")
+    args = parser.parse_args(argv)
+
+    if not (pins.TREE_DIR / pins.SCHEDULER_TESTS).is_file():
+        parser.error(f"no vLLM tests in {pins.TREE_DIR}: run `python -m vllm_suite.fetch`")
+    out_dir = args.json.resolve().parent if args.json else Path(tempfile.mkdtemp())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    junit, log = out_dir / "vllm-scheduler-junit.xml", out_dir / "vllm-scheduler-pytest.log"
+    junit.unlink(missing_ok=True)  # never count an earlier run's report
+
+    start = time.monotonic()
+    code = run_pytest(args.tests, test_environment(args.manager), junit, log, args.timeout)
+    wall = time.monotonic() - start
+    if not junit.exists():
+        print(log.read_text()[-3000:], file=sys.stderr)
+        print(f"pytest exited {code} without a report; log: {log}", file=sys.stderr)
+        return 1
+    outcomes = read_junit(junit)
+    if args.json:
+        report = {"vllm": pins.VLLM_VERSION, "manager": args.manager, "wall_s": round(wall, 1),
+                  "pytest_exit": code, **outcomes.to_json()}  # fmt: skip
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    summarize(outcomes, args.manager, wall)
+    print(f"pytest log: {log}")
+    if code not in (0, 1):  # 1 = some tests failed; anything else = pytest itself went wrong
+        print(f"pytest exited {code}: see the log", file=sys.stderr)
+        return 1
+    if args.gate and outcomes.counts["passed"] < MIN_PASSED:
+        print(f"fewer than {MIN_PASSED} passed (vllm_suite.run.MIN_PASSED)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
