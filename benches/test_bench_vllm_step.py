@@ -18,7 +18,9 @@ import random
 from typing import Any
 
 import pytest
+import vllm_env
 
+vllm_env.prepare()
 pytest.importorskip("vllm")
 
 from vllm.sampling_params import SamplingParams
