@@ -13,10 +13,14 @@ from typing import Any
 
 import pytest
 
+import vllm_env
 from pagedkv import BlockManager
 from pagedkv_reference import ReferenceBlockManager
 
 IMPLS = ("rust", "reference")
+
+# vLLM (test_bench_vllm_step) needs its offline environment before it is first imported.
+vllm_env.prepare()
 
 # group -> impl -> mean seconds per round
 _MEANS: dict[str, dict[str, float]] = {}

@@ -18,10 +18,8 @@ import random
 from typing import Any
 
 import pytest
-import vllm_env
 
-vllm_env.prepare()
-pytest.importorskip("vllm")
+pytest.importorskip("vllm")  # benches/conftest.py prepared vLLM's offline environment
 
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
