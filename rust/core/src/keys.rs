@@ -397,6 +397,46 @@ mod tests {
     }
 
     #[test]
+    fn blocks_shared_with_forks_stay_unregistered_and_truncate_lowers_the_hold() {
+        for groups in [false, true] {
+            let m = manager(groups);
+            let k = keys(&["a", "b"]);
+            let toks = vec![1, 2, 3, 4, 5];
+            m.allocate_with(1, &mut toks.clone(), &opts(&k, false))
+                .unwrap()
+                .unwrap();
+            m.fork(1, 2).unwrap();
+            // Forks could key their shared blocks otherwise: neither registers them.
+            assert_eq!(m.register(1, None, None).unwrap(), 0);
+            m.free(2).unwrap();
+            m.free(1).unwrap();
+            let q = crate::PromptKeys {
+                block_hashes: Some(&k),
+                ..Default::default()
+            };
+            assert_eq!(m.lookup_with(&toks, &q).unwrap(), 0);
+            // Lifted to two blocks, then truncated to one: the re-appended block waits.
+            m.allocate_with(3, &mut toks.clone(), &opts(&k, false))
+                .unwrap()
+                .unwrap();
+            m.register(3, Some(4), None).unwrap();
+            m.truncate(3, 3).unwrap().unwrap();
+            m.append_with(3, &[9], 0, Some(&keys(&["c"])))
+                .unwrap()
+                .unwrap();
+            let q2 = keys(&["a", "c"]);
+            let q2 = crate::PromptKeys {
+                block_hashes: Some(&q2),
+                ..Default::default()
+            };
+            assert_eq!(m.lookup_with(&[0; 5], &q2).unwrap(), 2);
+            assert!(m.register(3, None, None).unwrap() > 0);
+            assert_eq!(m.lookup_with(&[0; 5], &q2).unwrap(), 4);
+            m.check_invariants().unwrap();
+        }
+    }
+
+    #[test]
     fn bad_keys_are_refused_before_anything_changes() {
         let m = manager(false);
         let long = vec![vec![7u8; 129]];
