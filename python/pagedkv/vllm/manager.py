@@ -264,7 +264,8 @@ class KVCacheManager:
         rid = request.request_id
         n = request.num_tokens
         nkeys = min(self._num_keys(request), n // bs) if self.enable_caching else 0
-        keys = self._keys(request, 0, nkeys) if nkeys else None
+        # Caller-keyed from the start, even with no full block yet (keys arrive later).
+        keys = self._keys(request, 0, nkeys) if self.enable_caching else None
         if floor or full_sequence_must_fit:
             whole = min(n, self.max_model_len) if full_sequence_must_fit else need
             _, fresh, revived = core.allocation_cost(
@@ -368,20 +369,40 @@ class KVCacheManager:
 
     # -- registration -------------------------------------------------------------------------
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Register the request's blocks full of its first `num_computed_tokens` tokens.
+
+        Tokens computed in draft or placeholder slots (accepted drafts, async outputs) that
+        pagedkv has not been told of yet are appended first: their KV is in those slots.
+        """
         if not self.enable_caching:
             return
         rec = self._seqs.get(request.request_id)
         if rec is None:
             return
-        room = min(self._num_keys(request), rec.have // self.block_size)
+        bs = self.block_size
+        n = min(num_computed_tokens, request.num_tokens)
+        end = max(n, rec.have) if rec.scheduled == rec.have else rec.have
+        room = min(self._num_keys(request), end // bs)
         keys = self._keys(request, rec.nkeys, room) if room > rec.nkeys else None
-        n = min(num_computed_tokens, rec.scheduled)
-        self.core.register(rec.sid, num_tokens=n, block_hashes=keys)
+        core = self.core
+        if n > rec.have and rec.scheduled == rec.have:
+            pairs = core.append(rec.sid, request.all_token_ids[rec.have : n], block_hashes=keys)
+            if pairs is None:
+                return  # no room for a copy-on-write: nothing is registered now
+            self._note_copies(pairs)
+            rec.have = rec.scheduled = n
+        elif keys is not None:
+            core.register(rec.sid, num_tokens=min(n, rec.scheduled), block_hashes=keys)
         if keys is not None:
             self.events.note_keys(rec.sid, keys, rec.nkeys)
             rec.nkeys = room
-        if n >= rec.scheduled:
-            rec.held = False
+        if rec.held:
+            if n >= rec.scheduled:
+                # Everything scheduled is computed: later steps register as usual.
+                core.register(rec.sid)
+                rec.held = False
+            else:
+                core.register(rec.sid, num_tokens=n)
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         off = self.offset

@@ -58,6 +58,18 @@ class BlockPoolView:
     def reset_prefix_cache(self) -> bool:
         return self._m.reset_prefix_cache()
 
+    def get_cached_block(
+        self, block_hash: bytes, kv_cache_group_ids: list[int]
+    ) -> list[KVCacheBlock] | None:
+        """The cached block of `block_hash` in each group, or None on a miss in any."""
+        m = self._m
+        bs = m.block_size
+        hit, ids = m.core.lookup_blocks(range(bs + 1), block_hashes=[block_hash])
+        if hit < bs:
+            return None
+        off = m.offset
+        return [KVCacheBlock(block_id=ids[g][0] + off) for g in kv_cache_group_ids]
+
     @property
     def blocks(self) -> list[KVCacheBlock]:
         """Every block with its reference count (the requests' tables that hold it)."""
@@ -113,6 +125,7 @@ class SingleTypeManagerView:
     def __init__(self, manager: KVCacheManager, group: int, spec: KVCacheSpec) -> None:
         self.kv_cache_group_id = group
         self.kv_cache_spec = spec
+        self.block_pool = manager.block_pool
         self.block_size = spec.block_size
         self.req_to_blocks = _ReqToBlocks(manager, group)
         self.num_cached_block = _NumCachedBlock(manager)
