@@ -126,3 +126,56 @@ def test_random_workload_agrees(seed: int) -> None:
             pair.free(req)
     for req in running:
         pair.free(req)
+
+
+def test_cross_attention_blocks_follow_the_encoder() -> None:
+    """An encoder-decoder layout: the cross-attention group's blocks are the encoder's
+    tokens, allocated once, never cached, freed with the request, as vLLM's."""
+    import torch
+    from vllm.v1.kv_cache_interface import CrossAttentionSpec
+
+    from vllm_objects import full_spec
+
+    cross = CrossAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.float16)
+    # vLLM's cross-attention manager requires prefix caching off, as encoder-decoder models
+    # run in vLLM.
+    pair = Pair(64, specs=[full_spec(), cross], enable_caching=False)
+    req = make_request("enc", list(range(3 * BS + 1)))
+    o1 = pair.theirs.allocate_slots(req, req.num_tokens, num_encoder_tokens=5 * BS - 3)
+    o2 = pair.ours.allocate_slots(req, req.num_tokens, num_encoder_tokens=5 * BS - 3)
+    assert [len(g) for g in o2.get_block_ids()] == [len(g) for g in o1.get_block_ids()] == [4, 5]
+    pair.check_free()
+    req.num_computed_tokens = req.num_tokens
+    req.append_output_token_ids(1)
+    o1 = pair.theirs.allocate_slots(req, 1)
+    o2 = pair.ours.allocate_slots(req, 1)
+    assert [len(g) for g in o2.get_block_ids()] == [len(g) for g in o1.get_block_ids()]
+    assert [len(g) for g in pair.ours.get_block_ids("enc")] == [4, 5]
+    pair.check_free()
+    pair.theirs.free(req)
+    pair.ours.free(req)
+    pair.check_free()
+    assert pair.ours.block_pool.get_num_free_blocks() == 63
+
+
+def test_block_objects_are_kept_and_carry_their_hash() -> None:
+    """`.blocks` gives one vLLM block object per id across calls, with vLLM's block hash
+    (key and group) while the block is in the prefix cache."""
+    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+    ours = make_manager(KVCacheManager, 32)
+    req = make_request("a", list(range(2 * BS + 3)))
+    blocks, hit, _ = ours.get_computed_blocks(req)
+    assert hit == 0
+    ours.allocate_slots(req, req.num_tokens, 0, blocks)
+    first = ours.get_blocks("a").blocks[0]
+    again = ours.get_blocks("a").blocks[0]
+    assert [b is c for b, c in zip(first, again, strict=True)] == [True] * 3
+    assert first[0].block_hash == make_block_hash_with_group_id(req.block_hashes[0], 0)
+    assert first[1].block_hash == make_block_hash_with_group_id(req.block_hashes[1], 0)
+    assert first[2].block_hash is None  # not full
+    probe = make_request("b", list(range(2 * BS + 3)))
+    hit_blocks, hit, _ = ours.get_computed_blocks(probe)
+    assert hit == 2 * BS
+    assert hit_blocks.blocks[0][0] is first[0]
+    assert ours.get_blocks("a").get_unhashed_block_ids() == [first[2].block_id]

@@ -22,21 +22,22 @@ class PagedKVCacheBlocks(KVCacheBlocks):
     """Per-group block-id lists (vLLM's ids: block 0 is vLLM's null block)."""
 
     # Not a dataclass field: vLLM's `blocks` field is served by the property below.
-    __slots__ = ("_hashed", "_ids")
+    __slots__ = ("_ids", "_views")
 
     def __init__(
         self,
         ids: tuple[list[int], ...],
-        hashed: Callable[[int, int], bool] | None = None,
+        views: Callable[[], tuple[list[KVCacheBlock], ...]] | None = None,
     ) -> None:
         # vLLM's dataclass __init__ would store `blocks`; the ids replace it.
         self._ids = ids
-        # `hashed(group, position)`: whether that block is in the prefix cache (for
-        # `get_unhashed_block_ids`); None: none of them is.
-        self._hashed = hashed
+        # Builds the vLLM block objects (the manager's, with their hashes) on demand.
+        self._views = views
 
     @property
     def blocks(self) -> tuple[Sequence[KVCacheBlock], ...]:
+        if self._views is not None:
+            return self._views()
         return tuple(
             [KVCacheBlock(block_id=b, is_null=b == 0) for b in group] for group in self._ids
         )
@@ -72,10 +73,9 @@ class PagedKVCacheBlocks(KVCacheBlocks):
         return self.get_unhashed_block_ids_all_groups()[0]
 
     def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
-        hashed = self._hashed
         return [
-            [b for i, b in enumerate(group) if b != 0 and (hashed is None or not hashed(g, i))]
-            for g, group in enumerate(self._ids)
+            [b.block_id for b in group if b.block_hash is None and not b.is_null]
+            for group in self.blocks
         ]
 
     def new_empty(self) -> KVCacheBlocks:

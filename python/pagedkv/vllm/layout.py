@@ -3,8 +3,11 @@
 Each vLLM group becomes one pagedkv group of the same kind, one to one and in order: full
 attention, sliding window, chunked local attention, Mamba state. pagedkv's groups share one
 block size, so a layout whose groups differ in block size (vLLM pads Mamba's state blocks
-larger) is refused, as is cross-attention (its blocks follow encoder tokens, which pagedkv's
-sequences do not have).
+larger) is refused. A cross-attention group is not a pagedkv group: its blocks follow the
+encoder's tokens, not the sequence's, and are never prefix-cached, so the adapter gives each
+request a second pagedkv sequence of its encoder tokens in the same pool, with no keys (never
+hit, never registered). That needs the other groups to be one full-attention group (a
+companion sequence holds a table in every pagedkv group).
 """
 
 from __future__ import annotations
@@ -23,12 +26,7 @@ from pagedkv.groups import KVCacheGroup
 
 
 def group_of(spec: KVCacheSpec) -> KVCacheGroup:
-    """The pagedkv group of one vLLM KV-cache spec."""
-    if isinstance(spec, CrossAttentionSpec):
-        raise NotImplementedError(
-            "pagedkv.vllm: cross-attention groups are not supported (their blocks follow "
-            "encoder tokens, not the sequence's)"
-        )
+    """The pagedkv group of one vLLM KV-cache spec (not cross-attention: see `Layout`)."""
     if isinstance(spec, SlidingWindowSpec):
         return KVCacheGroup("sliding_window", window=spec.sliding_window)
     if isinstance(spec, ChunkedLocalAttentionSpec):
@@ -66,9 +64,25 @@ class Layout:
             )
         self.hash_block_size = hash_block_size
         self.hash_ratio = self.block_size // hash_block_size
-        self.groups = [group_of(s) for s in specs]
+        # vLLM group -> pagedkv group, None for cross-attention (a companion sequence).
+        self.core_index: list[int | None] = []
+        self.groups: list[KVCacheGroup] = []
+        for s in specs:
+            if isinstance(s, CrossAttentionSpec):
+                self.core_index.append(None)
+            else:
+                self.core_index.append(len(self.groups))
+                self.groups.append(group_of(s))
         self.num_groups = len(specs)
+        self.num_core_groups = len(self.groups)
+        self.has_cross = self.num_core_groups < self.num_groups
+        if not self.groups:
+            raise NotImplementedError("pagedkv.vllm: a layout of cross-attention only")
         plain = len(self.groups) == 1 and self.groups[0].kind == "full"
+        if self.has_cross and not plain:
+            raise NotImplementedError(
+                "pagedkv.vllm: cross-attention is supported beside one full-attention group only"
+            )
         # pagedkv has a null block (block 0) exactly when some group is not full attention;
         # vLLM always reserves block 0. Without pagedkv's, its ids are vLLM's minus one.
         has_null = any(g.kind != "full" for g in self.groups)

@@ -25,7 +25,11 @@ from typing import Any
 
 from vllm.distributed.kv_events import KVCacheEvent
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
+from vllm.v1.core.kv_cache_utils import (
+    KVCacheBlock,
+    KVCacheBlockCopy,
+    make_block_hash_with_group_id,
+)
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
@@ -44,11 +48,20 @@ def _cdiv(a: int, b: int) -> int:
 class _Seq:
     """What pagedkv holds for one request, mirrored here so that a step needs one call."""
 
-    __slots__ = ("have", "held", "nkeys", "scheduled", "sid", "table_len")
+    __slots__ = ("cross", "have", "held", "nkeys", "request", "scheduled", "sid", "table_len")
 
     def __init__(
-        self, sid: int, have: int, scheduled: int, nkeys: int, table_len: int, held: bool
+        self,
+        request: Request,
+        sid: int,
+        have: int,
+        scheduled: int,
+        nkeys: int,
+        table_len: int,
+        held: bool,
     ) -> None:
+        self.request = request  # the vLLM request (its block hashes key the blocks)
+        self.cross: int | None = None  # the companion sequence of a cross-attention group
         self.sid = sid  # pagedkv's sequence id
         self.have = have  # tokens pagedkv knows (num_tokens)
         self.scheduled = scheduled  # of them scheduled (num_scheduled_tokens)
@@ -114,6 +127,9 @@ class KVCacheManager:
         # Sequences popped by `pop_blocks_for_free`, freed when their blocks come back.
         self._next_id = 0
         self._pending_copies: list[KVCacheBlockCopy] = []
+        # vLLM block objects, one per block id, built only when something reads `.blocks`
+        # (vLLM's tests compare them by identity across calls).
+        self._block_objs: dict[int, KVCacheBlock] = {}
         self.events = EventTranslator(self, enable_kv_cache_events)
         self.block_pool = BlockPoolView(self)
         self.coordinator = CoordinatorView(self)
@@ -177,7 +193,9 @@ class KVCacheManager:
         if not hit:
             return self.empty_kv_cache_blocks, 0, 0
         off = self.offset
-        blocks = PagedKVCacheBlocks(tuple([b + off for b in g] for g in ids))
+        keys = keys[: hit // self.block_size]
+        per_group = self._per_group([[b + off for b in g] for g in ids], [])
+        blocks = PagedKVCacheBlocks(per_group, lambda: self._views(per_group, keys, 0))
         return blocks, hit, 0
 
     def get_computed_blocks_for_connector(
@@ -209,10 +227,6 @@ class KVCacheManager:
             raise ValueError(
                 "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
             )
-        if num_encoder_tokens:
-            raise NotImplementedError(
-                "pagedkv.vllm: cross-attention (encoder tokens) is not supported"
-            )
         local = request.num_computed_tokens + num_new_computed_tokens
         total_computed = min(local + num_external_computed_tokens, self.max_model_len)
         target = total_computed + num_new_tokens
@@ -229,10 +243,17 @@ class KVCacheManager:
         rec = self._seqs.get(request.request_id)
         if rec is None:
             return self._allocate_new(
-                request, local, upto, need, delay_cache_blocks, full_sequence_must_fit, floor
+                request,
+                local,
+                upto,
+                need,
+                delay_cache_blocks,
+                full_sequence_must_fit,
+                floor,
+                num_encoder_tokens if self.layout.has_cross else 0,
             )
         had = rec.table_len
-        grow = max(_cdiv(need, self.block_size) - had, 0) * self.num_kv_cache_groups
+        grow = max(_cdiv(need, self.block_size) - had, 0) * self.layout.num_core_groups
         if grow and floor and grow + floor > self.block_pool.get_num_free_blocks():
             return None
         slots = self._advance(request, rec, upto, need)
@@ -245,7 +266,7 @@ class KVCacheManager:
         if length == had:
             return self.empty_kv_cache_blocks
         rec.table_len = length
-        return self._blocks_of(rec.sid, had, length)
+        return self._result(rec, had, length, cross=False)
 
     def _allocate_new(
         self,
@@ -256,6 +277,7 @@ class KVCacheManager:
         delay: bool,
         full_sequence_must_fit: bool,
         floor: int,
+        num_encoder_tokens: int,
     ) -> KVCacheBlocks | None:
         """A request pagedkv does not hold yet: one `allocate` taking exactly the `hit`
         tokens the scheduler took from `get_computed_blocks` (it may have capped them)."""
@@ -297,9 +319,19 @@ class KVCacheManager:
                 f"counted {hit} (a hit evicted between get_computed_blocks and allocate_slots)"
             )
         length = _cdiv(need, bs)
-        self._seqs[rid] = _Seq(sid, n, upto, nkeys, length, delay)
+        rec = _Seq(request, sid, n, upto, nkeys, length, delay)
+        if num_encoder_tokens and self.layout.has_cross:
+            # The cross-attention blocks: a companion sequence of the encoder's tokens with
+            # no keys, so that it is never hit nor registered.
+            cross = self._next_id
+            if core.allocate(cross, range(num_encoder_tokens), block_hashes=[]) is None:
+                core.free(sid)
+                return None
+            self._next_id += 1
+            rec.cross = cross
+        self._seqs[rid] = rec
         self.events.note_keys(sid, keys, 0)
-        return self._blocks_of(sid, hit // bs, length)
+        return self._result(rec, hit // bs, length, cross=True)
 
     def _advance(self, request: Request, rec: _Seq, upto: int, need: int) -> int | None:
         """Bring a held sequence to `upto` scheduled tokens and `need` slots: at most one
@@ -357,15 +389,53 @@ class KVCacheManager:
         for src, dst in pairs:
             self._pending_copies.append(KVCacheBlockCopy(int(src) + off, int(dst) + off))
 
-    def _blocks_of(self, sid: int, start: int, stop: int) -> PagedKVCacheBlocks:
+    def _per_group(self, core: list[list[int]], cross: list[int]) -> tuple[list[int], ...]:
+        """vLLM's per-group lists from pagedkv's groups and the cross-attention blocks."""
+        return tuple(cross if c is None else core[c] for c in self.layout.core_index)
+
+    def _result(self, rec: _Seq, start: int, stop: int, *, cross: bool) -> PagedKVCacheBlocks:
+        """Entries `start..stop` of the request's tables (vLLM ids), and its cross-attention
+        blocks when `cross`."""
         off = self.offset
         core = self.core
-        return PagedKVCacheBlocks(
-            tuple(
-                [b + off for b in core.block_table(sid, group=g)[start:stop]]
-                for g in range(self.num_kv_cache_groups)
-            )
-        )
+        tables = [
+            [b + off for b in core.block_table(rec.sid, group=g)[start:stop]]
+            for g in range(self.layout.num_core_groups)
+        ]
+        crossed = []
+        if cross and rec.cross is not None:
+            crossed = [b + off for b in core.block_table(rec.cross)]
+        per_group = self._per_group(tables, crossed)
+        return PagedKVCacheBlocks(per_group, lambda: self._request_views(rec, per_group, start))
+
+    def _request_views(
+        self, rec: _Seq, ids: tuple[list[int], ...], start: int
+    ) -> tuple[list[KVCacheBlock], ...]:
+        cached = self.num_cached_blocks(rec.request.request_id)
+        keys = self._keys(rec.request, start, max(cached, start)) if cached > start else []
+        return self._views(ids, keys, start)
+
+    def _views(
+        self, ids: tuple[list[int], ...], keys: list[bytes], start: int
+    ) -> tuple[list[KVCacheBlock], ...]:
+        """vLLM block objects for `ids` (one object per block id, kept), each carrying its
+        key with the group (vLLM's `block_hash`) where it is in the prefix cache: position
+        `start + i` of a group's list has key `keys[i]`."""
+        out = []
+        for g, group in enumerate(ids):
+            views = []
+            for i, b in enumerate(group):
+                obj = self._block_objs.get(b)
+                if obj is None:
+                    obj = KVCacheBlock(block_id=b, is_null=b == 0)
+                    self._block_objs[b] = obj
+                key = keys[i] if i < len(keys) and self.layout.core_index[g] is not None else None
+                obj.reset_hash()
+                if key is not None and b != 0:
+                    obj.set_block_hash(make_block_hash_with_group_id(key, g))
+                views.append(obj)
+            out.append(views)
+        return tuple(out)
 
     # -- registration -------------------------------------------------------------------------
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
@@ -416,6 +486,8 @@ class KVCacheManager:
         rec = self._seqs.pop(request.request_id, None)
         if rec is not None:
             self.core.free(rec.sid)
+            if rec.cross is not None:
+                self.core.free(rec.cross)
             self.events.forget(rec.sid)
 
     def pop_blocks_for_free(self, request: Request) -> list[Any]:
@@ -424,20 +496,24 @@ class KVCacheManager:
         rec = self._seqs.pop(request.request_id, None)
         if rec is None:
             return []
-        blocks = [b for g in self._blocks_of(rec.sid, 0, rec.table_len).blocks for b in g]
+        ids = self._result(rec, 0, rec.table_len, cross=True).ids
+        blocks = [KVCacheBlock(block_id=b) for group in ids for b in group]
         for b in blocks:
             b.pagedkv_seq = rec.sid
+        if rec.cross is not None and blocks:
+            blocks[-1].pagedkv_cross = rec.cross
         return blocks
 
     def free_popped(self, blocks: Iterable[Any]) -> None:
         """Free the sequences whose blocks `pop_blocks_for_free` handed out."""
         seen: set[int] = set()
         for b in blocks:
-            sid = getattr(b, "pagedkv_seq", None)
-            if sid is not None and sid not in seen:
-                seen.add(sid)
-                self.core.free(sid)
-                self.events.forget(sid)
+            for attr in ("pagedkv_seq", "pagedkv_cross"):
+                sid = getattr(b, attr, None)
+                if sid is not None and sid not in seen:
+                    seen.add(sid)
+                    self.core.free(sid)
+                    self.events.forget(sid)
 
     def remove_skipped_blocks(
         self,
@@ -467,13 +543,13 @@ class KVCacheManager:
         rec = self._seqs.get(request_id)
         if rec is None:
             return self.empty_kv_cache_blocks
-        return self._blocks_of(rec.sid, 0, rec.table_len)
+        return self._result(rec, 0, rec.table_len, cross=True)
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         rec = self._seqs.get(request_id)
         if rec is None:
             return tuple([] for _ in range(self.num_kv_cache_groups))
-        return self._blocks_of(rec.sid, 0, rec.table_len).ids
+        return self._result(rec, 0, rec.table_len, cross=True).ids
 
     def get_block_ids_for_computed_tokens(
         self, request_id: str, num_computed_tokens: int

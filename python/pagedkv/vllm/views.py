@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.core.single_type_kv_cache_manager import CrossAttentionManager
 
 if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheSpec
@@ -134,6 +135,26 @@ class SingleTypeManagerView:
         return []
 
 
+class CrossAttentionView(CrossAttentionManager):
+    """A cross-attention group's view. It is a `CrossAttentionManager` only so that code
+    finding the group by its type finds it; none of vLLM's manager state is built (its
+    `__init__` is not called) and only the view's attributes are read."""
+
+    retains_longer_hit = False
+    records_new_block_ids = False
+
+    def __init__(self, manager: KVCacheManager, group: int, spec: KVCacheSpec) -> None:
+        self.kv_cache_group_id = group
+        self.kv_cache_spec = spec
+        self.block_size = spec.block_size
+        self.block_pool = manager.block_pool
+        self.req_to_blocks = _ReqToBlocks(manager, group)
+        self.num_cached_block: dict[str, int] = {}
+
+    def take_new_block_ids(self) -> list[int]:
+        return []
+
+
 class CoordinatorView:
     """vLLM's KV-cache coordinator as the scheduler reads it."""
 
@@ -144,11 +165,20 @@ class CoordinatorView:
     def __init__(self, manager: KVCacheManager) -> None:
         self._m = manager
         self.block_pool = manager.block_pool
-        self.single_type_managers: Sequence[SingleTypeManagerView] = [
-            SingleTypeManagerView(manager, g, spec) for g, spec in enumerate(manager.layout.specs)
+        layout = manager.layout
+        self.single_type_managers: Sequence[SingleTypeManagerView | CrossAttentionView] = [
+            SingleTypeManagerView(manager, g, spec)
+            if layout.core_index[g] is not None
+            else CrossAttentionView(manager, g, spec)
+            for g, spec in enumerate(layout.specs)
         ]
         self.full_attention_group_id = next(
-            (g for g, k in enumerate(manager.layout.groups) if k.kind == "full"), 0
+            (
+                g
+                for g, c in enumerate(layout.core_index)
+                if c is not None and layout.groups[c].kind == "full"
+            ),
+            0,
         )
 
     def get_num_blocks_to_allocate(
@@ -164,9 +194,17 @@ class CoordinatorView:
         prefill_end: int = 0,
     ) -> int:
         """Blocks the request still needs to hold `num_tokens` tokens: new table entries in
-        every group (the scheduler's admission estimate for a running request)."""
-        bs: int = self._m.block_size
-        have = len(self._m.get_block_ids(request_id)[0])
+        every group, and its cross-attention blocks if it has none yet (the scheduler's
+        admission estimate for a running request)."""
+        m = self._m
+        bs: int = m.block_size
+        ids = m.get_block_ids(request_id)
+        have = len(ids[self.full_attention_group_id])
         hit = len(new_computed_blocks[0]) if new_computed_blocks else 0
         want = -(-num_tokens // bs)
-        return max(want - have - hit, 0) * self._m.num_kv_cache_groups
+        need = max(want - have - hit, 0) * m.layout.num_core_groups
+        if m.layout.has_cross and num_encoder_tokens:
+            cross = next(g for g, c in enumerate(m.layout.core_index) if c is None)
+            if not ids[cross]:
+                need += -(-num_encoder_tokens // bs)
+        return need
