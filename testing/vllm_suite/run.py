@@ -23,9 +23,9 @@ from vllm_suite import pins
 from vllm_suite.results import Outcomes, read_junit
 from vllm_suite.swap_manager import ENV_VAR
 
-# CI's gate (--gate): the fewest scheduler tests that must pass. 281 is what vLLM's own
-# manager reaches (all of them); lower it to the pagedkv adapter's real count once known.
-MIN_PASSED = 281
+# CI's gate (--gate): the fewest scheduler tests that must pass. vLLM's own manager passes
+# all 281; pagedkv.vllm.KVCacheManager passes 275 (docs/vllm.md lists the six and why).
+MIN_PASSED = 275
 
 _SHOWN_PROBLEMS = 20
 
