@@ -4,7 +4,7 @@ One step is `schedule()` plus `update_from_output()` with fake model output (one
 token per request), at 64, 256 and 1,024 running requests that share prefixes: four system
 prompts of 512 tokens, each request adding 64 tokens of its own. All requests are admitted
 and prefilled before timing, so the timed steps are decode steps of the whole batch (the
-steady state of a serving engine); `max_tokens` is large enough that none finishes.
+steady state of a serving engine); `max_tokens` (1,024) is large enough that none finishes.
 
     pytest benches/test_bench_vllm_step.py --benchmark-group-by=param:running
 
@@ -41,7 +41,7 @@ def _prompts(n: int) -> list[list[int]]:
 
 def _running(which: str, n: int) -> Any:
     init_none_hash(sha256)
-    blocks_each = (SYSTEM + OWN + 2048) // BLOCK
+    blocks_each = 2048 // BLOCK  # max_model_len (opt-125m's 2,048) in blocks
     scheduler = build_scheduler(
         which,
         num_blocks=n * blocks_each + 64,
@@ -54,7 +54,7 @@ def _running(which: str, n: int) -> Any:
             Request(
                 request_id=str(i),
                 prompt_token_ids=prompt,
-                sampling_params=SamplingParams(max_tokens=100_000, ignore_eos=True),
+                sampling_params=SamplingParams(max_tokens=1024, ignore_eos=True),
                 pooling_params=None,
                 block_hasher=hasher,
             )

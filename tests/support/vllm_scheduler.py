@@ -24,7 +24,7 @@ def build_scheduler(
     block_size: int = 16,
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 8192,
-    max_model_len: int = 4096,
+    max_model_len: int = 2048,
     enable_prefix_caching: bool = True,
     model: str = "facebook/opt-125m",
 ) -> VllmScheduler:

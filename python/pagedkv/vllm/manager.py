@@ -219,6 +219,17 @@ class KVCacheManager:
         has_scheduled_reqs: bool = True,
         skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> KVCacheBlocks | None:
+        rec = self._seqs.get(request.request_id)
+        if (
+            rec is not None
+            and num_new_tokens
+            and not (num_new_computed_tokens or num_external_computed_tokens or reserved_blocks)
+            and not (delay_cache_blocks or rec.held)
+            and rec.scheduled == rec.have
+            and request.num_computed_tokens + num_new_tokens >= rec.have
+            and (not self.watermark_blocks or request.status == RequestStatus.RUNNING)
+        ):
+            return self._decode(request, rec, num_new_tokens, num_lookahead_tokens)
         if (
             num_new_tokens == 0
             and num_external_computed_tokens == 0
@@ -240,7 +251,6 @@ class KVCacheManager:
             RequestStatus.PREEMPTED,
         ):
             floor += self.watermark_blocks
-        rec = self._seqs.get(request.request_id)
         if rec is None:
             return self._allocate_new(
                 request,
@@ -264,6 +274,42 @@ class KVCacheManager:
             rec.held = False
         length = max(had, _cdiv(slots, self.block_size))
         if length == had:
+            return self.empty_kv_cache_blocks
+        rec.table_len = length
+        return self._result(rec, had, length, cross=False)
+
+    def _decode(
+        self, request: Request, rec: _Seq, num_new_tokens: int, num_lookahead_tokens: int
+    ) -> KVCacheBlocks | None:
+        """`allocate_slots` of a running request whose known tokens are all scheduled and
+        that schedules past them (a decode step, with drafts or placeholders): one `append`
+        of the tokens vLLM learned since, the rest of the step's slots as lookahead. The
+        per-step path: no watermark, reservation, hold or hit to consider."""
+        have = rec.have
+        target = request.num_computed_tokens + num_new_tokens
+        upto = min(target, request.num_tokens)  # >= have: the caller checked
+        need = min(target + num_lookahead_tokens, self.max_model_len)
+        end = upto
+        keys = None
+        if self.enable_caching:
+            room = min(len(request.block_hashes) // self.layout.hash_ratio, end // self.block_size)
+            if room > rec.nkeys:
+                keys = self._keys(request, rec.nkeys, room)
+        new = request.all_token_ids[have:upto] if upto > have else []
+        lookahead = need - end if need > end else 0
+        if new or lookahead or keys is not None:
+            pairs = self.core.append(rec.sid, new, lookahead=lookahead, block_hashes=keys)
+            if pairs is None:
+                return None
+            if pairs:
+                self._note_copies(pairs)
+            rec.have = rec.scheduled = end
+            if keys is not None:
+                self.events.note_keys(rec.sid, keys, rec.nkeys)
+                rec.nkeys += len(keys)
+        had = rec.table_len
+        length = -(-(end + lookahead) // self.block_size)
+        if length <= had:
             return self.empty_kv_cache_blocks
         rec.table_len = length
         return self._result(rec, had, length, cross=False)
