@@ -6,7 +6,10 @@ prompts of 512 tokens, each request adding 64 tokens of its own. All requests ar
 and prefilled before timing, so the timed steps are decode steps of the whole batch (the
 steady state of a serving engine); `max_tokens` (1,024) is large enough that none finishes.
 
-    pytest benches/test_bench_vllm_step.py --benchmark-group-by=param:running
+    pytest benches/test_bench_vllm_step.py
+
+`benches/vllm_step_share.py` alternates the two managers step by step (the steadier figure on
+a shared machine) and splits each step into the time inside the manager and the rest.
 
 The two managers of a size are in one pytest-benchmark group; the ratio table at the end of
 the session (benches/conftest.py) gives pagedkv's mean over vLLM's per size.
@@ -14,6 +17,7 @@ the session (benches/conftest.py) gives pagedkv's mean over vLLM's per size.
 
 from __future__ import annotations
 
+import gc
 import random
 from typing import Any
 
@@ -66,10 +70,13 @@ def _running(which: str, n: int) -> Any:
     return scheduler
 
 
-@pytest.mark.parametrize("running", [64, 256, 1024])
 @pytest.mark.parametrize("impl", ["vllm", "pagedkv"])
+@pytest.mark.parametrize("running", [64, 256, 1024])
 def test_scheduler_step(benchmark: Any, record: Any, impl: str, running: int) -> None:
     scheduler = _running(impl, running)
+    # The previous test's scheduler (up to 130,000 vLLM block objects) must not be what the
+    # collector walks during this one.
+    gc.collect()
     benchmark.group = f"vllm scheduler step, {running} running"
     benchmark.pedantic(step, args=(scheduler,), rounds=30, warmup_rounds=3)
     out = step(scheduler)
