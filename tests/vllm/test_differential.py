@@ -179,3 +179,57 @@ def test_block_objects_are_kept_and_carry_their_hash() -> None:
     assert hit == 2 * BS
     assert hit_blocks.blocks[0][0] is first[0]
     assert ours.get_blocks("a").get_unhashed_block_ids() == [first[2].block_id]
+
+
+def _stored(events: list[Any]) -> list[tuple[Any, ...]]:
+    from vllm.distributed.kv_events import BlockStored
+
+    return [
+        (tuple(e.block_hashes), e.parent_block_hash, tuple(e.token_ids), e.block_size)
+        for e in events
+        if isinstance(e, BlockStored)
+    ]
+
+
+def test_events_carry_vllms_block_hashes() -> None:
+    """KV events name blocks by vLLM's own hashes (routers recompute nothing else)."""
+    pair = Pair(64, enable_kv_cache_events=True)
+    shared = list(range(2 * BS))
+    a = make_request("a", [*shared, *range(500, 500 + BS + 3)])
+    b = make_request("b", [*shared, *range(900, 900 + BS + 3)])
+    for r in (a, b):
+        assert pair.admit(r)
+    ours = _stored(pair.ours.take_events())
+    theirs = _stored(pair.theirs.take_events())
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+    assert {h for e in ours for h in e[0]} == {h for e in theirs for h in e[0]}
+    hashes = {maybe_convert_block_hash(h) for h in (*a.block_hashes, *b.block_hashes)}
+    assert {h for e in ours for h in e[0]} == hashes
+
+
+def test_hash_block_size_smaller_than_the_block_size() -> None:
+    """vLLM hashes every 16 tokens and allocates 32-token blocks (a hybrid model's groups
+    may; vLLM's own single-group manager refuses it): a block's key is the hash at its last
+    16-token boundary, so hits follow vLLM's hashes at the block size."""
+    from vllm_objects import full_spec
+
+    ours = make_manager(KVCacheManager, 32, [full_spec(2 * BS)], hash_block_size=BS)
+    prompt = list(range(5 * BS + 1))
+    first = make_request("first", prompt, block_size=BS)
+    blocks, hit, _ = ours.get_computed_blocks(first)
+    assert hit == 0
+    assert ours.allocate_slots(first, first.num_tokens, 0, blocks) is not None
+    ours.free(first)
+    second = make_request("second", [*prompt[: 4 * BS], 7, 7, 7], block_size=BS)
+    assert ours.get_computed_blocks(second)[1] == 4 * BS  # two 32-token blocks
+    third = make_request("third", [*prompt[: 3 * BS], 7, *prompt[3 * BS + 1 :]], block_size=BS)
+    assert ours.get_computed_blocks(third)[1] == 2 * BS  # the second block differs
+
+
+def test_block_ids_match_vllms_without_pressure() -> None:
+    pair = Pair(64)
+    reqs = [make_request(f"r{i}", list(range(i * 100, i * 100 + 2 * BS + 5))) for i in range(3)]
+    for r in reqs:
+        assert pair.admit(r)
+        assert pair.ours.get_block_ids(r.request_id) == pair.theirs.get_block_ids(r.request_id)
