@@ -233,3 +233,16 @@ def test_block_ids_match_vllms_without_pressure() -> None:
     for r in reqs:
         assert pair.admit(r)
         assert pair.ours.get_block_ids(r.request_id) == pair.theirs.get_block_ids(r.request_id)
+
+
+def test_a_rolled_back_request_keeps_its_blocks() -> None:
+    """After a failed load vLLM lowers `num_computed_tokens` and recomputes into the blocks
+    the request holds: the tables must not change under it."""
+    pair = Pair(64)
+    req = make_request("r", list(range(3 * BS + 2)))
+    assert pair.admit(req)
+    before = pair.ours.get_block_ids("r")
+    assert before == pair.theirs.get_block_ids("r")
+    req.num_computed_tokens = BS  # the load of the rest failed
+    assert pair.step(req, BS)
+    assert pair.ours.get_block_ids("r") == before == pair.theirs.get_block_ids("r")

@@ -50,9 +50,6 @@ class EventTranslator:
         while len(table) > self._cap:
             table.popitem(last=False)
 
-    def forget(self, sid: int) -> None:
-        return None
-
     def _hash(self, digest: bytes) -> bytes:
         return self._hash_of.get(digest, digest)
 

@@ -272,43 +272,25 @@ class KVCacheManager:
         if rec.held and not delay_cache_blocks:
             self.core.register(rec.sid)
             rec.held = False
-        length = max(had, _cdiv(slots, self.block_size))
-        if length == had:
-            return self.empty_kv_cache_blocks
-        rec.table_len = length
-        return self._result(rec, had, length, cross=False)
+        return self._grown(rec, slots)
 
     def _decode(
         self, request: Request, rec: _Seq, num_new_tokens: int, num_lookahead_tokens: int
     ) -> KVCacheBlocks | None:
         """`allocate_slots` of a running request whose known tokens are all scheduled and
-        that schedules past them (a decode step, with drafts or placeholders): one `append`
-        of the tokens vLLM learned since, the rest of the step's slots as lookahead. The
-        per-step path: no watermark, reservation, hold or hit to consider."""
-        have = rec.have
+        that schedules past them (a decode step, with drafts or placeholders): one `append`,
+        with no watermark, reservation, hold or hit to consider (the per-step path)."""
         target = request.num_computed_tokens + num_new_tokens
-        upto = min(target, request.num_tokens)  # >= have: the caller checked
         need = min(target + num_lookahead_tokens, self.max_model_len)
-        end = upto
-        keys = None
-        if self.enable_caching:
-            room = min(len(request.block_hashes) // self.layout.hash_ratio, end // self.block_size)
-            if room > rec.nkeys:
-                keys = self._keys(request, rec.nkeys, room)
-        new = request.all_token_ids[have:upto] if upto > have else []
-        lookahead = need - end if need > end else 0
-        if new or lookahead or keys is not None:
-            pairs = self.core.append(rec.sid, new, lookahead=lookahead, block_hashes=keys)
-            if pairs is None:
-                return None
-            if pairs:
-                self._note_copies(pairs)
-            rec.have = rec.scheduled = end
-            if keys is not None:
-                self.events.note_keys(rec.sid, keys, rec.nkeys)
-                rec.nkeys += len(keys)
+        slots = self._append(request, rec, min(target, request.num_tokens), need)
+        if slots is None:
+            return None
+        return self._grown(rec, slots)
+
+    def _grown(self, rec: _Seq, slots: int) -> KVCacheBlocks:
+        """The blocks a call added to the request's tables to give it `slots` slots."""
         had = rec.table_len
-        length = -(-(end + lookahead) // self.block_size)
+        length = -(-slots // self.block_size)
         if length <= had:
             return self.empty_kv_cache_blocks
         rec.table_len = length
@@ -345,6 +327,15 @@ class KVCacheManager:
             )
             if fresh + revived + floor > self.block_pool.get_num_free_blocks():
                 return None
+        cross = None
+        if num_encoder_tokens:
+            # The cross-attention blocks: a companion sequence of the encoder's tokens with
+            # no keys (never hit nor registered), taken first so that giving them back on a
+            # refusal below leaves nothing behind.
+            cross = self._next_id
+            if core.allocate(cross, range(num_encoder_tokens), block_hashes=[]) is None:
+                return None
+            self._next_id += 1
         sid = self._next_id
         got = core.allocate(
             sid,
@@ -356,56 +347,45 @@ class KVCacheManager:
             register=not delay,
         )
         if got is None:
+            if cross is not None:
+                core.free(cross)
             return None
         self._next_id += 1
         if got != hit:
-            core.free(sid)
+            # Give everything back, the blocks registered past the hit withdrawn (their KV
+            # was never computed), then say why.
+            core.free(sid, num_computed_tokens=got)
+            if cross is not None:
+                core.free(cross)
             raise RuntimeError(
                 f"request {rid}: the cache served {got} prefix tokens where the scheduler "
                 f"counted {hit} (a hit evicted between get_computed_blocks and allocate_slots)"
             )
         length = _cdiv(need, bs)
         rec = _Seq(request, sid, n, upto, nkeys, length, delay)
-        if num_encoder_tokens and self.layout.has_cross:
-            # The cross-attention blocks: a companion sequence of the encoder's tokens with
-            # no keys, so that it is never hit nor registered.
-            cross = self._next_id
-            if core.allocate(cross, range(num_encoder_tokens), block_hashes=[]) is None:
-                core.free(sid)
-                return None
-            self._next_id += 1
-            rec.cross = cross
+        rec.cross = cross
         self._seqs[rid] = rec
         self.events.note_keys(sid, keys, 0)
         return self._result(rec, hit // bs, length, cross=True)
 
     def _advance(self, request: Request, rec: _Seq, upto: int, need: int) -> int | None:
-        """Bring a held sequence to `upto` scheduled tokens and `need` slots: at most one
-        `extend` (the prompt's next chunk) and one `append` (new known tokens, or slots with
-        no known token). Returns the slots now writable, or None when they do not fit."""
-        core = self.core
-        if upto < rec.scheduled:
-            # The scheduler rolled the request back (a failed load): forget what follows.
-            if core.truncate(rec.sid, upto) is None:
-                return None
-            rec.have = rec.scheduled = upto
-            rec.nkeys = min(rec.nkeys, upto // self.block_size)
+        """Bring a held sequence to `upto` scheduled tokens and `need` slots with one call:
+        `extend` (the prompt's next chunk; slots past the known tokens as lookahead) or
+        `append` (new known tokens, or slots with no known token). Returns the slots now
+        writable, or None when they do not fit (nothing changed)."""
+        if upto <= rec.scheduled:
+            # Nothing new to schedule: a request the scheduler rolled back (a failed load)
+            # recomputes into the blocks it holds, which stay as vLLM listed them.
+            return rec.table_len * self.block_size
         if rec.scheduled < rec.have:
-            step = min(upto, rec.have) - rec.scheduled
-            if upto <= rec.have:
-                if not step:
-                    return rec.scheduled
-                pairs = core.extend(rec.sid, step, lookahead=max(need - upto, 0))
-                if pairs is None:
-                    return None
-                self._note_copies(pairs)
-                rec.scheduled = upto
-                return max(need, upto)
-            pairs = core.extend(rec.sid, step)
+            end = min(upto, rec.have)
+            pairs = self.core.extend(rec.sid, end - rec.scheduled, lookahead=max(need - end, 0))
             if pairs is None:
                 return None
             self._note_copies(pairs)
-            rec.scheduled = rec.have
+            # Known tokens past the prompt, if any, are appended by the next step's call.
+            rec.scheduled = end
+            return max(need, end)
         return self._append(request, rec, upto, need)
 
     def _append(self, request: Request, rec: _Seq, upto: int, need: int) -> int | None:
@@ -534,7 +514,6 @@ class KVCacheManager:
             self.core.free(rec.sid)
             if rec.cross is not None:
                 self.core.free(rec.cross)
-            self.events.forget(rec.sid)
 
     def pop_blocks_for_free(self, request: Request) -> list[Any]:
         """The request's blocks, each tagged with its sequence, which stays alive until they
@@ -559,7 +538,6 @@ class KVCacheManager:
                 if sid is not None and sid not in seen:
                     seen.add(sid)
                     self.core.free(sid)
-                    self.events.forget(sid)
 
     def remove_skipped_blocks(
         self,
