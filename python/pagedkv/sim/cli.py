@@ -37,7 +37,7 @@ from pagedkv.sim.sizing_cli import add_sizing_arguments, recorder, size_cache, w
 from pagedkv.sim.sizing_report import curve_json
 from pagedkv.sim.tier_cli import add_tier_arguments, simulate_tiers, wants_tiers
 from pagedkv.sim.tier_run import TierDriver, TierOptions
-from pagedkv.sim.trace import TraceOrderWarning, read_trace
+from pagedkv.sim.trace import FORMAT_FIELDS, TRACE_FORMATS, TraceWarning, read_trace
 from pagedkv.sim.workloads import WORKLOADS, build_workload
 
 DEFAULT_NUM_BLOCKS = 4096  # built-in workloads: 64 K tokens of 16, constant eviction
@@ -94,10 +94,23 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     w.add_argument(
         "--trace",
         metavar="FILE",
-        help="replay a Mooncake-format trace instead of a built-in workload: JSON lines "
+        help="replay a real trace instead of a built-in workload; its format is detected "
+        "from the first line (see --trace-format). Mooncake: JSON lines "
         '{"timestamp": ms, "input_length": tokens, "output_length": tokens, "hash_ids": '
         f"[...]}}, one hash id per {TRACE_BLOCK_TOKENS} prompt tokens (the last block "
         "possibly partial), equal ids meaning equal tokens",
+    )
+    w.add_argument(
+        "--trace-format",
+        choices=TRACE_FORMATS,
+        default="auto",
+        help="trace: the format of --trace (default auto: detected). mooncake: "
+        f"{FORMAT_FIELDS['mooncake']} (Mooncake's conversation, tool-agent and synthetic "
+        f"traces); bailian: {FORMAT_FIELDS['bailian']}, ids chained into prefixes, a follow-up "
+        "arriving at its timestamp or after its parent finished, whichever is later; azure: "
+        f"{FORMAT_FIELDS['azure']}; burstgpt: {FORMAT_FIELDS['burstgpt']}. Azure and BurstGPT "
+        "traces have no content ids: they size for load and concurrency only, not hit "
+        "rates, so auto refuses them and naming the format replays every prompt as unique",
     )
     w.add_argument(
         "--limit", type=int, default=None, help="trace: replay the first N requests (N >= 1)"
@@ -235,13 +248,20 @@ def _workload(args: argparse.Namespace, err: TextIO) -> Workload:
         if args.limit is not None and args.limit < 1:
             raise ValueError(f"--limit must be >= 1, got {args.limit}")
         with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", TraceOrderWarning)
-            workload = read_trace(args.trace, limit=args.limit, ms_per_step=args.ms_per_step)
+            warnings.simplefilter("always", TraceWarning)
+            workload = read_trace(
+                args.trace,
+                limit=args.limit,
+                ms_per_step=args.ms_per_step,
+                trace_format=args.trace_format,
+            )
         for w in caught:
             print(f"warning: {w.message}", file=err)
         return workload
     if args.limit is not None:
         raise ValueError("--limit applies to --trace only (use --requests)")
+    if args.trace_format != "auto":
+        raise ValueError("--trace-format applies to --trace only")
     if args.requests < 1:
         raise ValueError(f"--requests must be >= 1, got {args.requests}")
     return build_workload(

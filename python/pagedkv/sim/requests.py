@@ -3,7 +3,9 @@
 A `Request` holds its prompt either as tokens or as trace hash ids (turned into tokens only
 when the scheduler admits it, so a 60 M-token trace never sits in memory at once), how many
 tokens it generates, how many samples or beams it asks for, and when it arrives: at
-`arrival_step`, or, for a later turn of a chat, `delay` steps after request `after` finished.
+`arrival_step`, or, for a later turn of a chat, `delay` steps after request `after` finished
+(and never before `arrival_step`: a trace's follow-up keeps its logged time unless its parent
+is still running then).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 VOCAB_SIZE = 32_000
-TRACE_BLOCK_TOKENS = 512  # tokens per hash id in the Mooncake trace format
+TRACE_BLOCK_TOKENS = 512  # tokens per hash id in the Mooncake trace format (Bailian's: 16)
 
 _M64 = 0xFFFFFFFFFFFFFFFF
 
@@ -39,14 +41,17 @@ def decode_tokens(
     return ((mixed & np.uint64(0xFFFFFFFF)) % np.uint64(VOCAB_SIZE)).astype(np.uint32)
 
 
-def hash_id_tokens(hash_ids: npt.NDArray[np.int64], length: int) -> npt.NDArray[np.uint32]:
-    """The first `length` pseudo-tokens of a trace prompt: 512 per hash id.
+def hash_id_tokens(
+    hash_ids: npt.NDArray[np.int64], length: int, block_tokens: int = TRACE_BLOCK_TOKENS
+) -> npt.NDArray[np.uint32]:
+    """The first `length` pseudo-tokens of a trace prompt: `block_tokens` per hash id.
 
-    Token `j` of block id `h` is a fixed function of `(h, j)` (splitmix64 of `h * 512 + j`,
-    kept to 31 bits), so equal ids give equal tokens and different ids, in practice, never do.
+    Token `j` of block id `h` is a fixed function of `(h, j)` (splitmix64 of
+    `h * block_tokens + j`, kept to 31 bits), so equal ids give equal tokens and different ids,
+    in practice, never do (ids must stay below `2^63 / block_tokens` for that).
     """
-    base: npt.NDArray[np.uint64] = hash_ids.astype(np.uint64) * np.uint64(TRACE_BLOCK_TOKENS)
-    offsets = np.arange(TRACE_BLOCK_TOKENS, dtype=np.uint64)
+    base: npt.NDArray[np.uint64] = hash_ids.astype(np.uint64) * np.uint64(block_tokens)
+    offsets = np.arange(block_tokens, dtype=np.uint64)
     x: npt.NDArray[np.uint64] = np.add.outer(base, offsets).ravel()[:length]
     x = x + np.uint64(0x9E3779B97F4A7C15)
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -72,6 +77,7 @@ class Request:
     kind: str = "shared-prefix"
     prompt_tokens: npt.NDArray[np.uint32] | None = None
     hash_ids: npt.NDArray[np.int64] | None = None
+    hash_block_tokens: int = TRACE_BLOCK_TOKENS  # prompt tokens per hash id
 
     @property
     def prompt(self) -> npt.NDArray[np.uint32]:
@@ -79,7 +85,7 @@ class Request:
         if self.prompt_tokens is not None:
             return self.prompt_tokens
         assert self.hash_ids is not None
-        return hash_id_tokens(self.hash_ids, self.prompt_len)
+        return hash_id_tokens(self.hash_ids, self.prompt_len, self.hash_block_tokens)
 
     @property
     def sequences(self) -> int:

@@ -7,7 +7,8 @@ arrivals are skipped):
 scheduler): every step has a budget of `N` tokens, prefill and decode alike.
 
 1. arrivals: requests whose arrival step has come join the waiting queue (a later chat turn
-   arrives `delay` steps after the turn before it finished);
+   arrives `delay` steps after the turn before it finished, and not before its own arrival
+   step: a trace's follow-up waits for its parent only when the parent ends late);
 2. swap in preempted sequences, oldest first, when room returns;
 3. beam search: in each beam group, now and then prune a beam (free) and fork a survivor;
 4. running sequences first: every sequence whose prompt was fully scheduled before this step
@@ -386,7 +387,9 @@ class _Scheduler:
         del self.live[rid]
         self.res.finished_requests += 1
         for d in self.dependents.pop(rid, ()):
-            heapq.heappush(self.arrivals, (self.clock + 1 + d.delay, d.request_id))
+            # A trace's follow-up keeps its logged arrival unless its parent ends later.
+            at = max(self.clock + 1 + d.delay, d.arrival_step)
+            heapq.heappush(self.arrivals, (at, d.request_id))
 
     def _reject(self, s: _Seq) -> None:
         res = self.res

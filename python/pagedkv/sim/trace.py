@@ -1,13 +1,28 @@
-"""Real request traces in the Mooncake format, and the hit count they imply.
+"""Real request traces: which format a file is, reading it, and the hit count it implies.
 
-One JSON object a line: `timestamp` (arrival, ms), `input_length`, `output_length`, `hash_ids`
-(one id per 512-token block of the prompt, the last block possibly partial). Each id becomes
-512 deterministic pseudo-tokens (`requests.hash_id_tokens`), so equal id prefixes are equal
-token prefixes and hit the prefix cache exactly where the trace says they would.
+Formats (one module each):
 
-A trace with no request is an error. Timestamps should not go backwards: a line that does
-arrives in timestamp order anyway (the scheduler orders arrivals by step), not in file order,
-so `read_trace` warns (`TraceOrderWarning`, naming the first such line).
+- `mooncake` (`trace_mooncake`): JSON lines of `timestamp` (ms), `input_length`,
+  `output_length`, `hash_ids` of 512-token blocks, each id naming a block with its prefix.
+  Mooncake's conversation, tool-agent and synthetic traces all have this form.
+- `bailian` (`trace_bailian`): Alibaba's Qwen usage traces, JSON lines of `chat_id`,
+  `parent_chat_id`, `timestamp` (s), `input_length`, `output_length`, `type`, `turn`,
+  `hash_ids` of 16-token blocks each hashing its block alone (chained here before replay).
+- `azure`, `burstgpt` (`trace_counts`): CSV logs of token counts with no content ids. They
+  cannot say anything about prefix sharing, so they are refused unless named explicitly, and
+  then replayed with every prompt unique (hit rate 0 by construction; load and concurrency
+  only).
+
+`detect_trace_format` tells them apart by the first non-blank line (the JSON keys, or the CSV
+header); `read_trace(..., trace_format="auto")` reads whatever it finds, and a named format
+that is not what the file holds is an error (`TraceFormatError`, naming both).
+
+Each hash id becomes `hash_block_tokens` deterministic pseudo-tokens
+(`requests.hash_id_tokens`), so equal id prefixes are equal token prefixes and hit the prefix
+cache exactly where the trace says they would. A trace with no request is an error. Timestamps
+should not go backwards: a line that does arrives in timestamp order anyway (the scheduler
+orders arrivals by step), not in file order, so `read_trace` warns (`TraceOrderWarning`, naming
+the first such line); other caveats are `TraceWarning`s.
 
 `expected_hit_tokens` counts, from the hash ids alone and without any manager, the prompt
 tokens a cache that never evicts would serve: the independent check of the simulator's hit rate.
@@ -15,98 +30,123 @@ tokens a cache that never evicts would serve: the independent check of the simul
 
 from __future__ import annotations
 
+import csv
 import json
-import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
-import numpy as np
+from pagedkv.sim.requests import Request, Workload
+from pagedkv.sim.trace_bailian import read_bailian
+from pagedkv.sim.trace_common import TraceFormatError, TraceOrderWarning, TraceWarning
+from pagedkv.sim.trace_counts import AZURE_FIELDS, BURSTGPT_FIELDS, CAN_AND_CANNOT, read_counts
+from pagedkv.sim.trace_mooncake import read_mooncake
 
-from pagedkv.sim.requests import TRACE_BLOCK_TOKENS, Request, Workload
+TRACE_FORMATS = ("auto", "mooncake", "bailian", "azure", "burstgpt")
+FORMAT_FIELDS = {
+    "mooncake": "JSON lines of timestamp (ms), input_length, output_length, hash_ids "
+    "(512-token blocks)",
+    "bailian": "JSON lines of chat_id, parent_chat_id, timestamp (s), input_length, "
+    "output_length, type, turn, hash_ids (16-token blocks)",
+    "azure": "CSV with the header TIMESTAMP,ContextTokens,GeneratedTokens",
+    "burstgpt": "CSV with the header Timestamp,Model,Request tokens,Response tokens,Total "
+    "tokens,Log Type",
+}
+_NAMES = {"mooncake": "Mooncake", "bailian": "Bailian", "azure": "Azure", "burstgpt": "BurstGPT"}
+_WHAT = {"azure": "an Azure LLM inference trace", "burstgpt": "a BurstGPT trace"}
 
 
-class TraceOrderWarning(UserWarning):
-    """A trace's timestamps go backwards."""
+def _formats() -> str:
+    return "; ".join(f"{k}: {v}" for k, v in FORMAT_FIELDS.items())
 
 
-def _field(obj: dict[str, object], key: str, where: str) -> int:
-    v = obj.get(key)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise ValueError(f"{where}: {key!r} must be an integer >= 0, got {v!r}")
-    return v
+def detect_trace_format(path: str | Path) -> str | None:
+    """The format of a trace file from its first non-blank line, or None when unknown.
+
+    Bailian lines have `chat_id` or `parent_chat_id`; Mooncake lines (without those) one of
+    `hash_ids`, `input_length`, `output_length`; an Azure header `TIMESTAMP`,
+    `ContextTokens`, `GeneratedTokens`; a BurstGPT header `Timestamp`, `Request tokens`,
+    `Response tokens`. Raises ValueError for a file with no line at all (a trace with no
+    requests) or a first line that starts as JSON and is not.
+    """
+    with open(path, encoding="utf-8") as f:
+        first = next(((n, line) for n, line in enumerate(f, 1) if line.strip()), None)
+    if first is None:
+        raise ValueError(f"{path}: the trace has no requests")
+    lineno, text = first[0], first[1].strip()
+    if text.startswith("{"):
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{lineno}: not JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            return None
+        # Any one telling key decides, so that a line missing a field is read, and the
+        # reader names the field, instead of the format going unrecognised.
+        if "chat_id" in obj or "parent_chat_id" in obj:
+            return "bailian"
+        if {"hash_ids", "input_length", "output_length"} & obj.keys():
+            return "mooncake"
+        return None
+    header = {c.strip() for c in next(csv.reader([text]), [])}
+    if header >= set(AZURE_FIELDS):
+        return "azure"
+    if header >= set(BURSTGPT_FIELDS):
+        return "burstgpt"
+    return None
 
 
 def read_trace(
-    path: str | Path, *, limit: int | None = None, ms_per_step: float = 20.0
+    path: str | Path,
+    *,
+    limit: int | None = None,
+    ms_per_step: float = 20.0,
+    trace_format: str = "auto",
 ) -> Workload:
-    """Read a Mooncake trace: the first `limit` requests, arrivals mapped to steps.
+    """Read a trace: the first `limit` requests, arrivals mapped to steps.
 
-    A request arrives at step `timestamp // ms_per_step` (relative to the first request). A
-    request with `output_length` 0 still decodes one token (its prefill produces one).
+    A request arrives at step `(timestamp in ms) // ms_per_step` (relative to the first
+    request). A request with `output_length` 0 still decodes one token (its prefill produces
+    one). `trace_format` names the format (`TRACE_FORMATS`); "auto" detects it. Traces
+    without content ids (Azure, BurstGPT) are refused under "auto" and replayed with every
+    prompt unique when named.
     """
+    if trace_format not in TRACE_FORMATS:
+        raise ValueError(
+            f"trace_format must be one of {', '.join(TRACE_FORMATS)}, got {trace_format!r}"
+        )
     if ms_per_step <= 0:
         raise ValueError("ms_per_step must be > 0")
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 (the requests to replay), got {limit}")
-    requests: list[Request] = []
-    t0: int | None = None
-    last_ts = -1
-    backwards: list[tuple[int, int, int]] = []  # (line, timestamp, the previous line's)
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if limit is not None and len(requests) >= limit:
-                break
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: not JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{where}: expected a JSON object")
-            ts = _field(obj, "timestamp", where)
-            n = _field(obj, "input_length", where)
-            out = _field(obj, "output_length", where)
-            ids = obj.get("hash_ids")
-            if not isinstance(ids, list) or not all(
-                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
-            ):
-                raise ValueError(f"{where}: 'hash_ids' must be a list of integers >= 0")
-            if n < 1 or not (len(ids) - 1) * TRACE_BLOCK_TOKENS < n <= len(ids) * (
-                TRACE_BLOCK_TOKENS
-            ):
-                raise ValueError(
-                    f"{where}: input_length {n} does not match {len(ids)} hash ids "
-                    f"of {TRACE_BLOCK_TOKENS} tokens"
-                )
-            t0 = ts if t0 is None else t0
-            if ts < last_ts:
-                backwards.append((lineno, ts, last_ts))
-            last_ts = ts
-            requests.append(
-                Request(
-                    request_id=len(requests),
-                    prompt_len=n,
-                    max_new_tokens=max(1, out),
-                    arrival_step=int(max(0, ts - t0) // ms_per_step),
-                    kind="trace",
-                    hash_ids=np.asarray(ids, dtype=np.int64),
-                )
+    found = detect_trace_format(path)
+    if trace_format == "auto":
+        if found is None:
+            raise TraceFormatError(
+                f"{path}: cannot tell the trace's format from its first line; expected "
+                f"{_formats()}. Name the format with --trace-format (trace_format=) to see "
+                "what a line lacks"
             )
-    if not requests:
-        raise ValueError(f"{path}: the trace has no requests")
-    if backwards:
-        first, ts, before = backwards[0]
-        more = f" ({len(backwards)} lines in all)" if len(backwards) > 1 else ""
-        warnings.warn(
-            f"{path}:{first}: timestamp {ts} is earlier than the line before it ({before}){more}: "
-            "requests are replayed in timestamp order, not in file order (any before the "
-            "first line's at step 0)",
-            TraceOrderWarning,
-            stacklevel=2,
-        )
-    return Workload(tuple(requests), 0, name=f"trace {Path(path).name}", ms_per_step=ms_per_step)
+        if found in ("azure", "burstgpt"):
+            raise TraceFormatError(
+                f"{path}: this is {_WHAT[found]} "
+                f"({FORMAT_FIELDS[found]}): {CAN_AND_CANNOT}. Refused by default; to replay it "
+                "for load and concurrency with every prompt unique (hit rate 0 by "
+                f"construction), name the format: --trace-format {found}"
+            )
+        fmt = found
+    else:
+        if found is not None and found != trace_format:
+            raise TraceFormatError(
+                f"{path}: --trace-format {trace_format} expects {FORMAT_FIELDS[trace_format]}, "
+                f"but the first line is {_NAMES[found]}'s ({FORMAT_FIELDS[found]}); "
+                f"use --trace-format {found} or auto"
+            )
+        fmt = trace_format
+    if fmt == "mooncake":
+        return read_mooncake(path, limit=limit, ms_per_step=ms_per_step)
+    if fmt == "bailian":
+        return read_bailian(path, limit=limit, ms_per_step=ms_per_step)
+    return read_counts(path, fmt, limit=limit, ms_per_step=ms_per_step)
 
 
 def expected_hit_tokens(requests: Iterable[Request], block_size: int) -> tuple[int, int]:
@@ -123,15 +163,13 @@ def expected_hit_tokens(requests: Iterable[Request], block_size: int) -> tuple[i
     for r in requests:
         assert r.hash_ids is not None, "expected_hit_tokens needs trace requests"
         n = r.prompt_len
+        per_id = r.hash_block_tokens
         nodes: list[int] = []
         node = 0
         for h in r.hash_ids.tolist():
             node = trie.setdefault((node, h), len(trie) + 1)
             nodes.append(node)
-        keys = [
-            (nodes[((k + 1) * block_size - 1) // TRACE_BLOCK_TOKENS], k)
-            for k in range(n // block_size)
-        ]
+        keys = [(nodes[((k + 1) * block_size - 1) // per_id], k) for k in range(n // block_size)]
         h = 0
         cap = (n - 1) // block_size
         while h < cap and keys[h] in seen:
@@ -142,4 +180,13 @@ def expected_hit_tokens(requests: Iterable[Request], block_size: int) -> tuple[i
     return hits, total
 
 
-__all__ = ["TraceOrderWarning", "expected_hit_tokens", "read_trace"]
+__all__ = [
+    "FORMAT_FIELDS",
+    "TRACE_FORMATS",
+    "TraceFormatError",
+    "TraceOrderWarning",
+    "TraceWarning",
+    "detect_trace_format",
+    "expected_hit_tokens",
+    "read_trace",
+]
