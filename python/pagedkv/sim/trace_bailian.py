@@ -57,9 +57,9 @@ _ROOT = 0x42A11A7  # the chain's start: any fixed value does
 _KEEP = np.uint64(64 - 59)  # drop 5 bits: 59-bit ids times 16 plus 15 stay below 2^63
 
 
-def chain_ids(ids: list[int]) -> npt.NDArray[np.int64]:
+def chain_ids(ids: list[int] | npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Chained ids of a prompt's per-block ids: element `i` stands for ids `0..i` together."""
-    a = np.asarray(ids, dtype=np.uint64)
+    a = np.asarray(ids, dtype=np.int64).astype(np.uint64)
     # Spread each id over 64 bits (splitmix64's finaliser) before it enters the chain.
     c = a + np.uint64(0x9E3779B97F4A7C15)
     c = (c ^ (c >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)

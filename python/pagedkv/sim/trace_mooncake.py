@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from pagedkv.sim.requests import TRACE_BLOCK_TOKENS, Request, Workload
 from pagedkv.sim.trace_common import TraceBuilder, id_list, int_field, json_lines
 
@@ -38,7 +36,7 @@ def read_mooncake(path: str | Path, *, limit: int | None, ms_per_step: float) ->
                 max_new_tokens=max(1, out),  # the prefill yields one token even for 0
                 arrival_step=b.step_of(lineno, ts),
                 kind="trace",
-                hash_ids=np.asarray(ids, dtype=np.int64),
+                hash_ids=ids,
             )
         )
     return b.workload(f"trace {Path(path).name}")
