@@ -216,6 +216,9 @@ def test_bailian_orphans_and_order_warn(tmp_path: Path) -> None:
         ({"turn": 0}, "'turn' must be an integer >= 1"),
         ({"hash_ids": None}, "no 'hash_ids': without content ids"),
         ({"hash_ids": [0, -1, 2]}, "'hash_ids' must be a list of integers >= 0"),
+        ({"hash_ids": [0, True, 2]}, "'hash_ids' must be a list of integers >= 0"),
+        ({"hash_ids": [0, 2**63, 2]}, "'hash_ids' must be a list of integers >= 0"),
+        ({"hash_ids": [0, 1.0, 2]}, "'hash_ids' must be a list of integers >= 0"),
     ],
 )
 def test_bad_bailian_lines(tmp_path: Path, change: dict[str, object], message: str) -> None:
