@@ -5,7 +5,9 @@ One idea per module:
 - `requests`: the `Request` and `Workload` values and the deterministic "sampled" tokens;
 - `workloads`: the built-in seeded workloads (shared system prompts, multi-turn chats,
   parallel sampling, beam search, long documents, Poisson arrivals);
-- `trace`: the Mooncake trace reader, and the hit count an unlimited cache would reach;
+- `trace`: real traces: the format detected or named, and the hit count an unlimited cache
+  would reach; `trace_mooncake`, `trace_bailian`, `trace_counts` (Azure, BurstGPT): one
+  reader per format; `trace_common`: what they share;
 - `scheduler`: a small continuous-batching scheduler that drives any manager (chunked prefill
   under a per-step token budget, speculative decoding, aborts, preemption);
 - `observer`: what the scheduler tells an observer of what it schedules;
