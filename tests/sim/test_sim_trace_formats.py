@@ -279,6 +279,11 @@ def test_detection(files: dict[str, Path], tmp_path: Path) -> None:
         "burstgpt": "burstgpt",
         "burstgpt2": "burstgpt",
     }
+    bom = tmp_path / "bom.csv"
+    bom.write_text(AZURE, encoding="utf-8-sig")  # a spreadsheet's export
+    assert detect_trace_format(bom) == "azure"
+    with pytest.warns(TraceWarning, match="no content ids"):
+        assert len(read_trace(bom, trace_format="azure").requests) == 3
     odd = tmp_path / "odd.jsonl"
     odd.write_text('\n{"prompt": "hi", "ts": 0}\n', encoding="utf-8")
     assert detect_trace_format(odd) is None

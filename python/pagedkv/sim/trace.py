@@ -68,7 +68,8 @@ def detect_trace_format(path: str | Path) -> str | None:
     `Response tokens`. Raises ValueError for a file with no line at all (a trace with no
     requests) or a first line that starts as JSON and is not.
     """
-    with open(path, encoding="utf-8") as f:
+    # utf-8-sig: a byte-order mark (spreadsheet exports have one) is not part of the header.
+    with open(path, encoding="utf-8-sig") as f:
         first = next(((n, line) for n, line in enumerate(f, 1) if line.strip()), None)
     if first is None:
         raise ValueError(f"{path}: the trace has no requests")

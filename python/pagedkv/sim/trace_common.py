@@ -71,7 +71,7 @@ def id_list(obj: dict[str, object], where: str, n: int, block_tokens: int) -> np
 
 def json_lines(path: str | Path) -> Iterator[tuple[int, dict[str, object]]]:
     """(line number, object) of each non-blank line of a JSON-lines file."""
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -37,7 +37,7 @@ CAN_AND_CANNOT = (
 
 
 def _rows(path: str | Path, fields: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    with open(path, encoding="utf-8", newline="") as f:
+    with open(path, encoding="utf-8-sig", newline="") as f:
         reader = csv.DictReader(f)
         missing = [k for k in fields if k not in (reader.fieldnames or ())]
         if missing:
