@@ -48,7 +48,7 @@ def hash_id_tokens(
 
     Token `j` of block id `h` is a fixed function of `(h, j)` (splitmix64 of
     `h * block_tokens + j`, kept to 31 bits), so equal ids give equal tokens and different ids,
-    in practice, never do (ids must stay below `2^63 / block_tokens` for that).
+    in practice, never do (ids must stay below `2^64 / block_tokens` for that).
     """
     base: npt.NDArray[np.uint64] = hash_ids.astype(np.uint64) * np.uint64(block_tokens)
     offsets = np.arange(block_tokens, dtype=np.uint64)
