@@ -94,18 +94,18 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     w.add_argument(
         "--trace",
         metavar="FILE",
-        help="replay a real trace instead of a built-in workload; its format is detected "
-        "from the first line (see --trace-format). Mooncake: JSON lines "
-        '{"timestamp": ms, "input_length": tokens, "output_length": tokens, "hash_ids": '
-        f"[...]}}, one hash id per {TRACE_BLOCK_TOKENS} prompt tokens (the last block "
-        "possibly partial), equal ids meaning equal tokens",
+        help="replay a real trace instead of a built-in workload, its format detected from "
+        "the first line or named by --trace-format; one hash id per block of prompt tokens "
+        f"({TRACE_BLOCK_TOKENS} for Mooncake, 16 for Bailian; the last block possibly "
+        "partial), equal ids meaning equal tokens (docs/traces.md)",
     )
     w.add_argument(
         "--trace-format",
         choices=TRACE_FORMATS,
         default="auto",
         help="trace: the format of --trace (default auto: detected). mooncake: "
-        f"{FORMAT_FIELDS['mooncake']} (Mooncake's conversation, tool-agent and synthetic "
+        f"{FORMAT_FIELDS['mooncake']}, ids naming prefixes (Mooncake's conversation, "
+        "tool-agent and synthetic "
         f"traces); bailian: {FORMAT_FIELDS['bailian']}, ids chained into prefixes, a follow-up "
         "arriving at its timestamp or after its parent finished, whichever is later; azure: "
         f"{FORMAT_FIELDS['azure']}; burstgpt: {FORMAT_FIELDS['burstgpt']}. Azure and BurstGPT "
