@@ -95,9 +95,9 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
         "--trace",
         metavar="FILE",
         help="replay a real trace instead of a built-in workload, its format detected from "
-        "the first line or named by --trace-format; one hash id per block of prompt tokens "
-        f"({TRACE_BLOCK_TOKENS} for Mooncake, 16 for Bailian; the last block possibly "
-        "partial), equal ids meaning equal tokens (docs/traces.md)",
+        f"the first line or named by --trace-format; one hash id per {TRACE_BLOCK_TOKENS} "
+        "prompt tokens for Mooncake, per 16 for Bailian (the last block possibly partial), "
+        "equal ids meaning equal tokens (docs/traces.md)",
     )
     w.add_argument(
         "--trace-format",
