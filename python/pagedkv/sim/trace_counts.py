@@ -102,7 +102,7 @@ def read_counts(path: str | Path, fmt: str, *, limit: int | None, ms_per_step: f
                 prompt_len=n,
                 max_new_tokens=max(1, out),
                 arrival_step=b.step_of(lineno, ms),
-                kind="trace (no content ids)",
+                kind="trace",
                 hash_ids=np.arange(next_id, next_id + blocks, dtype=np.int64),
             )
         )
