@@ -24,7 +24,8 @@ from typing import Any, TextIO
 from pagedkv.config import HASH_ALGOS, BlockManagerConfig
 from pagedkv.sim.factory import make_manager
 from pagedkv.sim.kv_bytes import KVBytes, kv_bytes
-from pagedkv.sim.model_run import compare, comparison_table
+from pagedkv.sim.model_report import comparison_table
+from pagedkv.sim.model_run import compare
 from pagedkv.sim.models import GIB, MODELS, full_layout, get_model, model_layout
 from pagedkv.sim.mrc_curve import MissRatioCurve
 from pagedkv.sim.observer import ScheduleObserver
@@ -146,9 +147,21 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="run the workload with this model's KV-cache groups (as vLLM forms them) and "
         "again as all-full attention on the same pool bytes (the all-full run's --num-blocks "
-        "or --cache-tokens at --block-size), and show per group the blocks and GiB at the "
-        "peak, KV bytes per live token, hit blocks and the reconciled hit rate; one value "
-        f"each for the cache options. Models: {', '.join(MODELS)}",
+        "or --cache-tokens at --block-size; a one-group model is replayed once), and show "
+        "per group the blocks and GiB at the peak, KV per live token (held KV bytes / "
+        "tokens of the running sequences, summed over steps: sharing lowers it), KV per "
+        "held token (held KV bytes / token positions the held blocks cover: the layout's "
+        "own cost), hit blocks, the hits each group cut and the workload's hit rate; then "
+        "the memory saved (tokens held at equal memory; with --equal-hits, memory at equal "
+        "hits) and which group limited the hits. One value each for the cache options. "
+        f"Models: {', '.join(MODELS)}",
+    )
+    m.add_argument(
+        "--equal-hits",
+        action="store_true",
+        help="with a hybrid --model: also run the model's groups at other pool sizes "
+        "(doubling or halving, then bisecting) to find the memory at which they reach the "
+        "all-full run's hit rate, and print the memory saved at equal hits",
     )
     m.add_argument(
         "--list-models",
@@ -366,6 +379,7 @@ def _simulate_model(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         check=args.check,
         make=make_manager,
         progress=_bar(args, err),
+        equal_hits=args.equal_hits,
     )
     print(file=out)
     print(comparison_table(section, runs), file=out)
@@ -462,6 +476,8 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
     tiers = wants_tiers(args)
     if tiers and mrc:
         raise ValueError("give either tiers (--host-tier-bytes, --remote) or --mrc, not both")
+    if args.equal_hits and (args.model is None or mrc or tiers):
+        raise ValueError("--equal-hits needs --model (without --mrc or tiers)")
     if args.model is not None and not mrc and not tiers:
         if args.kv_bytes_per_token is not None:
             raise ValueError("give either --model or --kv-bytes-per-token, not both")

@@ -22,9 +22,11 @@ what the output says:
                  between arrivals included (a trace's steps are --ms-per-step each)
   scheduling     chunked prefill: prefill chunks (allocate or extend calls that scheduled
                  prompt tokens), prompts that took several steps, tokens scheduled per step
-  prefix hits    hit tokens / allocated prompt tokens (recomputes included, as the
-                 manager's stats count them; the workload's prompts alone when they differ);
-                 recent: over the last 1000 allocations
+  prefix hits    the headline hit rate: hit tokens / the workload's prompt tokens, prompts
+                 allocated again after a preemption left out (they hit their own blocks);
+                 recent: the manager's stats over the last 1000 allocations, recomputes in
+  recomputed     prompts allocated again after a preemption: their own hit rate (they hit
+                 the blocks they had), and every allocation together (the manager's count)
   registration   blocks registered in the prefix cache; retracted: registered but never
                  computed (an abort); released by truncate (rejected drafts)
   held           blocks referenced by running sequences: peak and mean over executed steps,
@@ -44,7 +46,9 @@ what the output says:
   manager time   time inside the manager's calls (total, per step mean and 99th
                  percentile, per token)
   wall time      the whole replay, scheduler included (manager: its share)
-  sweep columns  peak use, mean use: held blocks as a share of the pool; peak held: held
+  sweep columns  hit rate: the workload's (as prefix hits); recomp hit: recomputed prompts'
+                 hit rate (- when none); peak use, mean use: held blocks as a share of the
+                 pool; peak held: held
                  blocks at the peak; frag: fragmentation; mgr us/step and p99 us: manager
                  time per step; GiB, peak GiB: the pool and the peak held
 miss-ratio curve (--mrc):
