@@ -39,6 +39,7 @@ from pagedkv.sim.sizing_report import curve_json
 from pagedkv.sim.tier_cli import add_tier_arguments, simulate_tiers, wants_tiers
 from pagedkv.sim.tier_run import TierDriver, TierOptions
 from pagedkv.sim.trace import TraceOrderWarning, read_trace
+from pagedkv.sim.units import count
 from pagedkv.sim.workloads import WORKLOADS, build_workload
 
 DEFAULT_NUM_BLOCKS = 4096  # built-in workloads: 64 K tokens of 16, constant eviction
@@ -49,14 +50,23 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
 
 def _list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    """A comma list of `kind` (which raises ValueError saying what it accepts)."""
+
     def parse(text: str) -> list[Any]:
         items = [t.strip() for t in text.split(",")]
         if not items or any(not t for t in items):
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
-        try:
-            return [kind(t) for t in items]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"bad value in {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list, got {text!r} (an empty item)"
+            )
+        out = []
+        for t in items:
+            try:
+                out.append(kind(t))
+            except (ValueError, argparse.ArgumentTypeError) as e:
+                if len(items) == 1:
+                    raise argparse.ArgumentTypeError(str(e)) from None
+                raise argparse.ArgumentTypeError(f"bad item {t!r} in {text!r}: {e}") from None
+        return out
 
     parse.__name__ = f"{kind.__name__} list"
     return parse
@@ -64,7 +74,7 @@ def _list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
 
 def _hash_algo(text: str) -> str:
     if text not in HASH_ALGOS:
-        raise ValueError(text)
+        raise ValueError(f"invalid choice {text!r} (choose from {', '.join(HASH_ALGOS)})")
     return text
 
 
@@ -78,7 +88,7 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
         help="built-in workload (default mixed: shared system prompts, multi-turn chats, "
         "parallel sampling, beam search, long documents)",
     )
-    w.add_argument("--requests", type=int, default=500, help="built-in: requests (default 500)")
+    w.add_argument("--requests", type=count, default=500, help="built-in: requests (default 500)")
     w.add_argument("--seed", type=int, default=0, help="built-in: workload seed (default 0)")
     w.add_argument(
         "--arrival-rate",
@@ -88,7 +98,7 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     )
     w.add_argument(
         "--doc-tokens",
-        type=int,
+        type=count,
         default=8192,
         help="built-in: tokens of the longest document (default 8192)",
     )
@@ -101,7 +111,7 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
         "possibly partial), equal ids meaning equal tokens",
     )
     w.add_argument(
-        "--limit", type=int, default=None, help="trace: replay the first N requests (N >= 1)"
+        "--limit", type=count, default=None, help="trace: replay the first N requests (N >= 1)"
     )
     w.add_argument(
         "--ms-per-step",
@@ -113,18 +123,19 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     c = sim.add_argument_group("cache (comma lists sweep every combination)")
     c.add_argument(
         "--num-blocks",
-        type=_list(int),
+        type=_list(count),
         default=None,
-        help=f"GPU blocks (default {DEFAULT_NUM_BLOCKS}; {DEFAULT_TRACE_NUM_BLOCKS} for a trace)",
+        help=f"GPU blocks (default {DEFAULT_NUM_BLOCKS}; {DEFAULT_TRACE_NUM_BLOCKS} for a trace). "
+        "Counts take k, M, G (1000^n: 64k = 64000) or Ki, Mi, Gi (1024^n: 64Ki = 65536)",
     )
     c.add_argument(
         "--cache-tokens",
-        type=_list(int),
+        type=_list(count),
         default=None,
         help="GPU cache size in tokens instead of --num-blocks: num_blocks = tokens // block "
         "size (compares block sizes at equal memory)",
     )
-    c.add_argument("--block-size", type=_list(int), default=[16], help="tokens per block (16)")
+    c.add_argument("--block-size", type=_list(count), default=[16], help="tokens per block (16)")
     c.add_argument(
         "--hash-algo",
         type=_list(_hash_algo),
@@ -133,7 +144,7 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     )
     c.add_argument(
         "--num-cpu-blocks",
-        type=int,
+        type=count,
         default=512,
         help="CPU swap blocks; 0 preempts by freeing and recomputing (default 512)",
     )
@@ -170,10 +181,10 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     )
 
     s = sim.add_argument_group("scheduler")
-    s.add_argument("--max-batch", type=int, default=256, help="running sequences at most (256)")
+    s.add_argument("--max-batch", type=count, default=256, help="running sequences at most (256)")
     s.add_argument(
         "--max-num-batched-tokens",
-        type=int,
+        type=count,
         default=None,
         help="tokens computed per step, decodes (plus drafts) first, then prompt chunks: "
         "chunked prefill (default 2048, vLLM v1's default for its OpenAI server on GPUs "
@@ -181,21 +192,21 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     )
     s.add_argument(
         "--long-prefill-token-threshold",
-        type=int,
+        type=count,
         default=0,
         help="chunked prefill: prompt tokens of one request per step at most, so that "
         "several prompts prefill side by side (default 0: no cap)",
     )
     s.add_argument(
         "--max-batch-tokens",
-        type=int,
+        type=count,
         default=None,
         help="schedule whole prompts instead (the original scheduler, no chunked prefill): "
         "prompt tokens computed per step, prefix hits free, decodes not counted",
     )
     s.add_argument(
         "--spec-tokens",
-        type=int,
+        type=count,
         default=0,
         help="speculative decoding: draft tokens per decoding sequence and step, their slots "
         "reserved with lookahead (default 0: none)",

@@ -1,7 +1,7 @@
 """Every term the `simulate` output prints, explained: the epilog of `simulate --help`.
 
-Kept next to the code that prints the terms (`report`, `sizing_report`); a test checks that
-each summary row's name is here.
+Kept next to the code that prints the terms (`report`, `model_report`, `sizing_report`);
+tests check that each summary row's and `--model` row's name is here.
 """
 
 GLOSSARY = """\
@@ -51,6 +51,28 @@ what the output says:
                  pool; peak held: held
                  blocks at the peak; frag: fragmentation; mgr us/step and p99 us: manager
                  time per step; GiB, peak GiB: the pool and the peak held
+model comparison (--model NAME):
+  hit rate       the workload's hit rate in each run (recomputed prompts on their own row)
+  peak           held blocks (all groups) at the step where they peak, and their GiB
+  KV per live token
+                 held KV bytes / tokens of the running sequences, summed over steps: a
+                 token shared by several sequences (fork, prefix hit) counts for each, its
+                 blocks once, so sharing lowers it (and so does a higher hit rate)
+  KV per held token
+                 held KV bytes / token positions the held blocks cover (the most blocks any
+                 group holds x block size), summed over steps: what the layout itself costs
+                 per token, sharing set aside; all-full: exactly the model's bytes per token
+  memory saved   at equal memory: all-full KV per held token / the model's = how many times
+                 the tokens the model's groups hold in the same bytes; at equal hits
+                 (--equal-hits): the smallest pool of the model's groups tried that reaches
+                 the all-full run's hit rate, against the budget (more runs: the pool
+                 doubled or halved, then bisected)
+  hit limit      what the full-attention groups alone had cached of the workload's prompts,
+                 and how far the other groups cut it: a hit must be served by every group
+                 (a sliding window needs its window's blocks, a chunk its chunk's, a state
+                 group the block at the hit's end), read from the manager's KV events
+  cut hits       per group, hit tokens the full-attention groups had cached that this
+                 group alone could not serve, as a share of the workload's prompt tokens
 miss-ratio curve (--mrc):
   the prefix-cache hit rate an LRU cache of each size would have, over the workload's
   prompts, from one replay: exact stack distances over every block touch (registration,
