@@ -52,6 +52,9 @@ what the output says:
                  blocks at the peak; frag: fragmentation; mgr us/step and p99 us: manager
                  time per step; GiB, peak GiB: the pool and the peak held
 model comparison (--model NAME):
+  pool           each run's blocks x tokens per block = the same bytes (the budget)
+  groups         KV-cache groups x layer pages per block (padding included, as vLLM)
+  bytes/block    one pool block: every layer page of one group's block of tokens
   hit rate       the workload's hit rate in each run (recomputed prompts on their own row)
   peak           held blocks (all groups) at the step where they peak, and their GiB
   KV per live token
