@@ -6,8 +6,10 @@ manager for each combination of `--block-size`, `--num-blocks` (or `--cache-toke
 scheduler does chunked prefill under a per-step token budget (`--max-num-batched-tokens`), with
 optional speculative decoding (`--spec-tokens`) and random aborts (`--abort-rate`);
 `--max-batch-tokens` brings back the original whole-prompt scheduler. `--model NAME` runs the
-workload twice on the same pool bytes, with the model's KV-cache groups and as all-full
-attention, and shows the figures per group side by side (`sim.model_run`). `--mrc` sizes the
+workload twice on the same pool bytes (once for a one-group model), with the model's KV-cache
+groups and as all-full attention, and shows the figures per group side by side, the memory
+saved and which group limited the hits (`sim.model_run`, `sim.model_report`). Sizes and
+counts follow `sim.units`. `--mrc` sizes the
 cache instead (`sim.sizing_cli`): the hit rate of every size, and the smallest size for a
 target hit rate. Output options are checked before any run (`sim.outputs`).
 """

@@ -162,8 +162,8 @@ def _workload_hits(f: dict[str, Any]) -> str:
     hits = f["prefix_hit_tokens"] - f["recomputed_hit_tokens"]
     return (
         f"{f['workload_hit_rate']:.2%} of the workload's prompt tokens ({hits} of "
-        f"{f['workload_prompt_tokens']}); recent (manager stats, last 1000 allocations, "
-        f"recomputes included) {f['recent_hit_rate']:.2%}"
+        f"{f['workload_prompt_tokens']}); the manager's recent (last 1000 allocations) "
+        f"{f['recent_hit_rate']:.2%}, recomputes included"
     )
 
 
