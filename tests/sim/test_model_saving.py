@@ -16,7 +16,7 @@ from pagedkv.config import BlockManagerConfig
 from pagedkv.sim.factory import make_manager
 from pagedkv.sim.model_run import compare
 from pagedkv.sim.models import get_model, model_layout
-from pagedkv.sim.saving import BISECT_FRACTION, search_equal_hits
+from pagedkv.sim.saving import BISECT_FRACTION, equal_hits, search_equal_hits
 from pagedkv.sim.workloads import build_workload
 
 SMALL = ["simulate", "--requests", "30", "--doc-tokens", "2048", "--no-progress"]
@@ -105,19 +105,24 @@ def test_equal_hits_search_finds_the_smallest_pool() -> None:
         return {"workload_hit_rate": min(1.0, n / 3000)}, {}
 
     # From 1000 blocks (a third): doubling to 4000 reaches 0.9, bisection narrows to 1000/32.
-    out = search_equal_hits(replay, layout, 1000, 1000 / 3000, 0.9, 5.0)
+    out = search_equal_hits(replay, layout, 1000, 1000 / 3000, 0.9)
     assert out["reached"] and 2700 <= out["num_blocks"] <= 2700 + 1000 // BISECT_FRACTION
     assert out["hit_rate"] >= 0.9 and 1000 not in calls  # the known rate is not rerun
-    assert out["saved_gib"] == pytest.approx(5.0 - layout.gib(out["num_blocks"]))
+    assert out["gib"] == pytest.approx(layout.gib(out["num_blocks"]))
     assert out["more_runs"] == len(calls)
-    # Downwards: a budget that is more than enough saves memory.
-    down = search_equal_hits(replay, layout, 8000, 1.0, 0.5, 50.0)
+    # Downwards: a budget that is more than enough.
+    down = search_equal_hits(replay, layout, 8000, 1.0, 0.5)
     assert down["reached"] and 1500 <= down["num_blocks"] <= 1500 + 8000 // BISECT_FRACTION
-    # Never reached within 16x: said so.
+    # The saving is what all-full attention needs less what the model's groups need.
+    both = equal_hits(out, down, 0.9)
+    assert both["saved_gib"] == pytest.approx(down["gib"] - out["gib"])
+    # Never reached within 16x: said so, and no saving is stated.
     never = search_equal_hits(
-        lambda lay, n, label: ({"workload_hit_rate": 0.1}, {}), layout, 100, 0.1, 0.9, 1.0
+        lambda lay, n, label: ({"workload_hit_rate": 0.1}, {}), layout, 100, 0.1, 0.9
     )
     assert not never["reached"] and never["num_blocks"] is None
+    assert never["largest_tried_gib"] == pytest.approx(layout.gib(1600))
+    assert equal_hits(never, down, 0.9)["saved_gib"] is None
 
 
 def test_equal_hits_from_the_command_line(
@@ -140,13 +145,20 @@ def test_equal_hits_from_the_command_line(
     assert section["replays"] == 2 + eq["more_runs"]
     target = section["saving"]["workload_hit_rate"]["all_full"]
     assert eq["target_hit_rate"] == target
+    full = eq["all_full"]
+    assert full["reached"]  # all-full attention reaches its own hit rate at the budget
+    assert full["num_blocks"] <= section["all_full"]["num_blocks"]
     line = next(x for x in out.splitlines() if "at equal hits" in x)
-    if eq["reached"]:
-        assert eq["hit_rate"] >= target
-        assert f"reach the all-full run's {target:.2%} with {eq['gib']:.2f} GiB" in line
-        assert f"{abs(eq['saved_gib']):.2f} GiB" in line and f"{eq['more_runs']} more runs" in line
+    assert f"all-full attention {full['gib']:.2f} GiB ({full['hit_rate']:.2%})" in line
+    model = eq["model"]
+    if model["reached"]:
+        assert model["hit_rate"] >= target
+        assert f"the model's groups need {model['gib']:.2f} GiB" in line
+        assert eq["saved_gib"] == pytest.approx(full["gib"] - model["gib"])
+        assert f"{abs(eq['saved_gib']):.2f} GiB" in line
     else:
-        assert "do not reach" in line
+        assert "not reached" in line and "no saving to state" in line
+    assert f"in {eq['more_runs']} more runs" in line
 
 
 def test_equal_hits_needs_model(capsys: pytest.CaptureFixture[str]) -> None:

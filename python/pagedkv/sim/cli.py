@@ -172,9 +172,9 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     m.add_argument(
         "--equal-hits",
         action="store_true",
-        help="with a hybrid --model: also run the model's groups at other pool sizes "
-        "(doubling or halving, then bisecting) to find the memory at which they reach the "
-        "all-full run's hit rate, and print the memory saved at equal hits",
+        help="with a hybrid --model: also run the model's groups and all-full attention at "
+        "other pool sizes (doubling or halving, then bisecting) to find the memory each needs "
+        "to reach the all-full run's hit rate, and print the memory saved at equal hits",
     )
     m.add_argument(
         "--list-models",
@@ -392,7 +392,7 @@ def _simulate_model(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         check=args.check,
         make=make_manager,
         progress=_bar(args, err),
-        equal_hits=args.equal_hits,
+        search=args.equal_hits,
     )
     print(file=out)
     print(comparison_table(section, runs), file=out)

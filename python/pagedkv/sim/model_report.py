@@ -102,25 +102,36 @@ def saving_lines(section: dict[str, Any]) -> list[str]:
     eq = sv["equal_hits"]
     if eq is None:
         lines.append(
-            f"              at equal hits: not searched (--equal-hits runs the model's groups "
-            f"at other pool sizes for the memory that reaches the all-full run's {target:.2%})"
-        )
-    elif not eq["reached"]:
-        lines.append(
-            f"              at equal hits: the model's groups do not reach the all-full run's "
-            f"{target:.2%} up to {eq['largest_tried_gib']:.2f} GiB ({eq['more_runs']} more runs)"
+            f"              at equal hits: not searched (--equal-hits runs both layouts at "
+            f"other pool sizes for the memory each needs to reach the all-full run's "
+            f"{target:.2%})"
         )
     else:
-        saved = eq["saved_gib"]
-        verdict = f"{saved:.2f} GiB saved" if saved >= 0 else f"{-saved:.2f} GiB more"
-        lines.append(
-            f"              at equal hits: the model's groups reach the all-full run's "
-            f"{target:.2%} with {eq['gib']:.2f} GiB ({eq['hit_rate']:.2%}): {verdict} "
-            f"({eq['more_runs']} more runs of the model's groups, pool doubled or halved "
-            f"then bisected to 1/{BISECT_FRACTION} of it)"
-        )
+        lines.append(_equal_hits_line(eq))
     lines += _limit_lines(section)
     return lines
+
+
+def _equal_hits_line(eq: dict[str, Any]) -> str:
+    def needs(r: dict[str, Any]) -> str:
+        if r["reached"]:
+            return f"{r['gib']:.2f} GiB ({r['hit_rate']:.2%})"
+        return f"more than {r['largest_tried_gib']:.2f} GiB (not reached)"
+
+    m, a = eq["model"], eq["all_full"]
+    saved = eq["saved_gib"]
+    if saved is None:
+        verdict = "no saving to state"
+    elif saved >= 0:
+        verdict = f"{saved:.2f} GiB saved"
+    else:
+        verdict = f"{-saved:.2f} GiB more"
+    return (
+        f"              at equal hits (the all-full run's {eq['target_hit_rate']:.2%}): the "
+        f"model's groups need {needs(m)}, all-full attention {needs(a)}: {verdict} (the "
+        f"smallest pools reaching it in {eq['more_runs']} more runs, each pool doubled or "
+        f"halved from the budget, then bisected to 1/{BISECT_FRACTION} of it)"
+    )
 
 
 def _limit_lines(section: dict[str, Any]) -> list[str]:

@@ -40,7 +40,7 @@ from pagedkv.sim.models import GIB, Layout, ModelShape, describe_kind, full_layo
 from pagedkv.sim.progress import ProgressBar
 from pagedkv.sim.report import figures
 from pagedkv.sim.requests import Workload
-from pagedkv.sim.saving import saving_figures, search_equal_hits
+from pagedkv.sim.saving import equal_hits, saving_figures, search_equal_hits
 from pagedkv.sim.scheduler import ManagerLike, SimResult, run_workload
 from pagedkv.stats import GroupStats, Stats
 
@@ -216,7 +216,7 @@ def compare(
     check: bool = False,
     make: Callable[..., ManagerLike] = make_manager,
     progress: Callable[[str], ProgressBar | None] = lambda label: None,
-    equal_hits: bool = False,
+    search: bool = False,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run `workload` with the model's groups and as all-full attention on the same bytes.
 
@@ -224,8 +224,8 @@ def compare(
     scheduler's options. Returns the `model` section (model, budget, per-group figures of each
     run, the `saving`) and the two runs' `report.figures`, each with its `label`. A model
     whose layout is one full group replays once (`replays` says how many replays were
-    made); `equal_hits` searches the budget at which the model's layout reaches the all-full
-    run's hit rate (`saving.search_equal_hits`).
+    made); `search` looks for the memory at which each layout reaches the all-full run's hit
+    rate (`saving.search_equal_hits`), for the memory saved at equal hits.
     """
     full = full_layout(model, config.block_size)
     layouts = {"model": model_layout(model, config.block_size), "all_full": full}
@@ -273,14 +273,14 @@ def compare(
             f, section[label] = replay(layouts[label], sizes[label], label, probe=True)
         runs.append(f)
     section["saving"] = saving_figures(section, layouts["model"])
-    if equal_hits and not same:
-        section["saving"]["equal_hits"] = search_equal_hits(
-            replay,
-            layouts["model"],
-            sizes["model"],
-            runs[0]["workload_hit_rate"],
-            runs[1]["workload_hit_rate"],
-            section["budget_gib"],
+    if search and not same:
+        target = runs[1]["workload_hit_rate"]
+        section["saving"]["equal_hits"] = equal_hits(
+            search_equal_hits(
+                replay, layouts["model"], sizes["model"], runs[0]["workload_hit_rate"], target
+            ),
+            search_equal_hits(replay, full, sizes["all_full"], target, target),
+            target,
         )
     section["replays"] = replay.count
     return section, runs

@@ -7,10 +7,12 @@ Two figures, each said with how it was obtained:
   token positions the held blocks cover, over every step, `model_run.group_figures`) is what
   each layout pays per token once sharing is set aside; the all-full one over the model's is
   how many times the tokens the model's layout holds in the same memory.
-- at equal hits (`--equal-hits`): more runs of the model's layout at other pool sizes,
-  doubling or halving from the budget and then bisecting to 1/32 of it, find the smallest
-  pool tried whose workload hit rate reaches the all-full run's; the saving is the budget
-  less that pool (negative: the model's layout needs more memory for the same hits).
+- at equal hits (`--equal-hits`): more runs of each layout at other pool sizes, doubling
+  or halving from the budget and then bisecting to 1/32 of it, find the smallest pool tried
+  whose workload hit rate reaches the all-full run's at the budget; the saving is what
+  all-full attention needs less what the model's layout needs (negative: the model's layout
+  needs more memory for the same hits). Both are searched: where the workload does not fill
+  the budget, all-full attention needs less than the budget too.
 
 And why the hit rates differ (`hit_limits`): what the full-attention groups alone had cached,
 and how much each other group cut from it.
@@ -73,16 +75,15 @@ def search_equal_hits(
     num_blocks: int,
     known: float,
     target: float,
-    budget_gib: float,
 ) -> dict[str, Any]:
     """The smallest pool of `layout` tried whose workload hit rate reaches `target`, starting
-    from `num_blocks` (the budget's pool, whose hit rate is `known`); the saving is counted
-    from `budget_gib` (the all-full run's pool). `replay(layout, n, label)` runs one size."""
+    from `num_blocks` (the budget's pool, whose hit rate is `known`). `replay(layout, n,
+    label)` runs one size."""
     tried: dict[int, float] = {num_blocks: known}
 
     def rate(n: int) -> float:
         if n not in tried:
-            f, _ = replay(layout, n, f"equal hits {n} blocks")
+            f, _ = replay(layout, n, f"equal hits {n} blocks of {layout.bytes_per_block} bytes")
             tried[n] = f["workload_hit_rate"]
         return tried[n]
 
@@ -116,7 +117,6 @@ def search_equal_hits(
         "num_blocks": hi if reached else None,
         "gib": found if reached else None,
         "hit_rate": tried[hi] if reached else None,
-        "saved_gib": budget_gib - found if reached else None,
         "largest_tried_gib": layout.gib(max(tried)),
         "runs": [[n, tried[n]] for n in sorted(tried)],
         "more_runs": len(tried) - 1,
@@ -124,4 +124,16 @@ def search_equal_hits(
     }
 
 
-__all__ = ["BISECT_FRACTION", "saving_figures", "search_equal_hits"]
+def equal_hits(model: dict[str, Any], all_full: dict[str, Any], target: float) -> dict[str, Any]:
+    """The two searches (`search_equal_hits`) and the memory saved, when both reached it."""
+    both = model["reached"] and all_full["reached"]
+    return {
+        "target_hit_rate": target,
+        "model": model,
+        "all_full": all_full,
+        "saved_gib": all_full["gib"] - model["gib"] if both else None,
+        "more_runs": model["more_runs"] + all_full["more_runs"],
+    }
+
+
+__all__ = ["BISECT_FRACTION", "equal_hits", "saving_figures", "search_equal_hits"]
