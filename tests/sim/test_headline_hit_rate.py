@@ -108,3 +108,21 @@ def test_model_table_leads_with_the_workloads_hit_rate(
     assert f"{model['prefix_hit_rate']:.2%}" not in hits
     section = doc["model"]["model"]
     assert section["workload_hit_rate"] == pytest.approx(_rates(model)[0])
+
+
+def test_plot_and_series_follow_the_workloads_hit_rate(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from pagedkv.sim.plot import figure
+
+    js = tmp_path / "f.json"
+    _run(capsys, *PREEMPTING, "--num-blocks", "300", "--json", str(js))
+    f = json.loads(js.read_text())
+    assert f["steps"]["hit_rate"][-1] == pytest.approx(f["workload_hit_rate"])
+    fig = figure([f])
+    title = fig.get_suptitle()
+    assert f"workload hit rate {f['workload_hit_rate']:.1%}" in title
+    plt.close(fig)
