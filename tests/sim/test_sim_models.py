@@ -69,7 +69,7 @@ def test_every_preset_mixed_workload(
     out, doc = _simulate(capsys, tmp_path, *SMALL, "--num-blocks", "2048", "--model", name)
     _check_section(doc, name)
     assert f"model       {name}: " in out
-    assert "blocks@peak" in out and "KV per token" in out
+    assert "blocks@peak" in out and "KV per live token" in out
 
 
 def test_one_full_group_is_the_plain_manager(

@@ -29,6 +29,7 @@ def _fake_run(
         "workload": "fake: test",
         "manager": "rust",
         "prefix_hit_rate": 0.5,
+        "workload_hit_rate": 0.4,
         "ms_per_step": ms_per_step,
         "steps": {
             "step": list(range(steps)),

@@ -17,7 +17,8 @@ from pagedkv.groups import KVCacheGroup, check_groups
 from pagedkv.sim import build_workload, run_workload
 from pagedkv.sim import cli as sim_cli
 from pagedkv.sim.factory import make_manager
-from pagedkv.sim.model_run import GroupSampler, compare, comparison_table
+from pagedkv.sim.model_report import comparison_table
+from pagedkv.sim.model_run import GroupSampler, compare
 from pagedkv.sim.models import (
     GIB,
     MODELS,
@@ -264,7 +265,7 @@ def test_compare_per_group_figures_with_a_stand_in() -> None:
     assert a["groups"][0]["layers"] == 62
     assert a["bytes_per_token"] > 0
     table = comparison_table(section, runs)
-    assert "sliding_window(1024)" in table and "all-full" in table and "KV per token" in table
+    assert "sliding_window(1024)" in table and "all-full" in table and "KV per live token" in table
     assert len([line for line in table.splitlines() if line.startswith("model ")]) == 7
 
 
@@ -331,7 +332,7 @@ def test_model_json_with_a_stand_in(
     rc, out, _ = _run(capsys, *SMALL, "--model", "llama-4-scout", "--json", str(js))
     assert rc == 0, out
     assert "model       llama-4-scout: 48 layers (36 chunked_local(8192) + 12 full)" in out
-    assert "budget      " in out and "KV per token" in out and "blocks@peak" in out
+    assert "budget      " in out and "KV per live token" in out and "blocks@peak" in out
     doc = json.loads(js.read_text())
     section = doc["model"]
     assert section["name"] == "llama-4-scout"

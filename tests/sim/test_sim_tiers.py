@@ -107,7 +107,7 @@ def test_the_check_catches_lost_copy_on_write(monkeypatch: pytest.MonkeyPatch) -
     """Teeth: forks (parallel sampling, beams) whose copy-on-write copies are skipped."""
     monkeypatch.setattr(TierDriver, "copy", lambda self, pairs: None)
     with pytest.raises(TierCheckError):
-        main([*SMALL, "--workload", "sampling", "--host-tier-bytes", "2G", "--check"])
+        main([*SMALL, "--workload", "sampling", "--host-tier-bytes", "2GiB", "--check"])
 
 
 def test_the_check_catches_lost_swaps(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -186,9 +186,9 @@ def test_a_dead_server_makes_misses_not_errors(
     [
         (["--compress", "lz4"], "--compress needs"),
         (["--remote-cluster"], "--remote-cluster needs --remote"),
-        (["--host-tier-bytes", "1G", "--mrc"], "not both"),
-        (["--host-tier-bytes", "1G", "--num-blocks", "128,256"], "one configuration"),
-        (["--host-tier-bytes", "1G", "--model", "gemma-3-12b"], "KV-cache groups"),
+        (["--host-tier-bytes", "1GiB", "--mrc"], "not both"),
+        (["--host-tier-bytes", "1GiB", "--num-blocks", "128,256"], "one configuration"),
+        (["--host-tier-bytes", "1GiB", "--model", "gemma-3-12b"], "KV-cache groups"),
     ],
 )
 def test_errors(capsys: pytest.CaptureFixture[str], extra: list[str], message: str) -> None:
@@ -206,11 +206,13 @@ def test_bad_byte_sizes_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> 
 
 def test_parse_bytes() -> None:
     assert parse_bytes("1073741824") == 1 << 30
-    assert parse_bytes("64GiB") == parse_bytes("64G") == parse_bytes("64gb") == 64 << 30
-    assert parse_bytes("512M") == 512 << 20
-    assert parse_bytes("1.5T") == 3 << 39
-    assert parse_bytes("4k") == 4096
-    for bad in ("", "G", "0", "-1", "0.5", "1X", "nan", "inf", "1e30"):
+    # sim.units' syntax (tests/sim/test_units.py has the whole table)
+    assert parse_bytes("64GiB") == parse_bytes("64gib") == 64 << 30
+    assert parse_bytes("64GB") == 64 * 10**9
+    assert parse_bytes("512MiB") == 512 << 20
+    assert parse_bytes("1.5TiB") == 3 << 39
+    assert parse_bytes("4KiB") == 4096
+    for bad in ("", "G", "0", "-1", "0.5", "1X", "nan", "inf", "1e30", "64G", "4k"):
         with pytest.raises(ValueError):
             parse_bytes(bad)
 

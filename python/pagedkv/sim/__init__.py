@@ -21,7 +21,10 @@ One idea per module:
 - `models`: built-in model shapes, vLLM's KV-cache groups for them, bytes per block;
 - `kv_bytes`: what a block weighs, so that block counts print as GiB;
 - `factory`: the one place a manager is built (Rust or reference, with or without groups);
-- `model_run`: `--model`: the model's groups against all-full attention, per group;
+- `model_run`, `model_report`: `--model`: the model's groups against all-full attention, per
+  group, and how it prints; `saving`: the memory saved (at equal memory, at equal hits);
+  `hit_limits`: which group cut the hybrid's prefix hits;
+- `units`: the size syntax of the options (bytes in KiB or GB, counts with k or Ki);
 - `block_keys`, `stack`, `mrc`: `--mrc`: content keys of blocks, exact LRU stack distances,
   the miss-ratio curve of a replay;
 - `sizing`, `sizing_report`, `sizing_cli`: the smallest cache for a target hit rate, checked

@@ -6,8 +6,10 @@ manager for each combination of `--block-size`, `--num-blocks` (or `--cache-toke
 scheduler does chunked prefill under a per-step token budget (`--max-num-batched-tokens`), with
 optional speculative decoding (`--spec-tokens`) and random aborts (`--abort-rate`);
 `--max-batch-tokens` brings back the original whole-prompt scheduler. `--model NAME` runs the
-workload twice on the same pool bytes, with the model's KV-cache groups and as all-full
-attention, and shows the figures per group side by side (`sim.model_run`). `--mrc` sizes the
+workload twice on the same pool bytes (once for a one-group model), with the model's KV-cache
+groups and as all-full attention, and shows the figures per group side by side, the memory
+saved and which group limited the hits (`sim.model_run`, `sim.model_report`). Sizes and
+counts follow `sim.units`. `--mrc` sizes the
 cache instead (`sim.sizing_cli`): the hit rate of every size, and the smallest size for a
 target hit rate. Output options are checked before any run (`sim.outputs`).
 """
@@ -24,7 +26,8 @@ from typing import Any, TextIO
 from pagedkv.config import HASH_ALGOS, BlockManagerConfig
 from pagedkv.sim.factory import make_manager
 from pagedkv.sim.kv_bytes import KVBytes, kv_bytes
-from pagedkv.sim.model_run import compare, comparison_table
+from pagedkv.sim.model_report import comparison_table
+from pagedkv.sim.model_run import compare
 from pagedkv.sim.models import GIB, MODELS, full_layout, get_model, model_layout
 from pagedkv.sim.mrc_curve import MissRatioCurve
 from pagedkv.sim.observer import ScheduleObserver
@@ -38,6 +41,7 @@ from pagedkv.sim.sizing_report import curve_json
 from pagedkv.sim.tier_cli import add_tier_arguments, simulate_tiers, wants_tiers
 from pagedkv.sim.tier_run import TierDriver, TierOptions
 from pagedkv.sim.trace import FORMAT_FIELDS, TRACE_FORMATS, TraceWarning, read_trace
+from pagedkv.sim.units import count
 from pagedkv.sim.workloads import WORKLOADS, build_workload
 
 DEFAULT_NUM_BLOCKS = 4096  # built-in workloads: 64 K tokens of 16, constant eviction
@@ -48,14 +52,23 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
 
 def _list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    """A comma list of `kind` (which raises ValueError saying what it accepts)."""
+
     def parse(text: str) -> list[Any]:
         items = [t.strip() for t in text.split(",")]
         if not items or any(not t for t in items):
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
-        try:
-            return [kind(t) for t in items]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"bad value in {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list, got {text!r} (an empty item)"
+            )
+        out = []
+        for t in items:
+            try:
+                out.append(kind(t))
+            except (ValueError, argparse.ArgumentTypeError) as e:
+                if len(items) == 1:
+                    raise argparse.ArgumentTypeError(str(e)) from None
+                raise argparse.ArgumentTypeError(f"bad item {t!r} in {text!r}: {e}") from None
+        return out
 
     parse.__name__ = f"{kind.__name__} list"
     return parse
@@ -63,7 +76,7 @@ def _list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
 
 def _hash_algo(text: str) -> str:
     if text not in HASH_ALGOS:
-        raise ValueError(text)
+        raise ValueError(f"invalid choice {text!r} (choose from {', '.join(HASH_ALGOS)})")
     return text
 
 
@@ -77,7 +90,7 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
         help="built-in workload (default mixed: shared system prompts, multi-turn chats, "
         "parallel sampling, beam search, long documents)",
     )
-    w.add_argument("--requests", type=int, default=500, help="built-in: requests (default 500)")
+    w.add_argument("--requests", type=count, default=500, help="built-in: requests (default 500)")
     w.add_argument("--seed", type=int, default=0, help="built-in: workload seed (default 0)")
     w.add_argument(
         "--arrival-rate",
@@ -87,7 +100,7 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     )
     w.add_argument(
         "--doc-tokens",
-        type=int,
+        type=count,
         default=8192,
         help="built-in: tokens of the longest document (default 8192)",
     )
@@ -113,7 +126,7 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
         "rates, so auto refuses them and naming the format replays every prompt as unique",
     )
     w.add_argument(
-        "--limit", type=int, default=None, help="trace: replay the first N requests (N >= 1)"
+        "--limit", type=count, default=None, help="trace: replay the first N requests (N >= 1)"
     )
     w.add_argument(
         "--ms-per-step",
@@ -125,18 +138,19 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     c = sim.add_argument_group("cache (comma lists sweep every combination)")
     c.add_argument(
         "--num-blocks",
-        type=_list(int),
+        type=_list(count),
         default=None,
-        help=f"GPU blocks (default {DEFAULT_NUM_BLOCKS}; {DEFAULT_TRACE_NUM_BLOCKS} for a trace)",
+        help=f"GPU blocks (default {DEFAULT_NUM_BLOCKS}; {DEFAULT_TRACE_NUM_BLOCKS} for a trace). "
+        "Counts take k, M, G (1000^n: 64k = 64000) or Ki, Mi, Gi (1024^n: 64Ki = 65536)",
     )
     c.add_argument(
         "--cache-tokens",
-        type=_list(int),
+        type=_list(count),
         default=None,
         help="GPU cache size in tokens instead of --num-blocks: num_blocks = tokens // block "
         "size (compares block sizes at equal memory)",
     )
-    c.add_argument("--block-size", type=_list(int), default=[16], help="tokens per block (16)")
+    c.add_argument("--block-size", type=_list(count), default=[16], help="tokens per block (16)")
     c.add_argument(
         "--hash-algo",
         type=_list(_hash_algo),
@@ -145,7 +159,7 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     )
     c.add_argument(
         "--num-cpu-blocks",
-        type=int,
+        type=count,
         default=512,
         help="CPU swap blocks; 0 preempts by freeing and recomputing (default 512)",
     )
@@ -159,9 +173,21 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="run the workload with this model's KV-cache groups (as vLLM forms them) and "
         "again as all-full attention on the same pool bytes (the all-full run's --num-blocks "
-        "or --cache-tokens at --block-size), and show per group the blocks and GiB at the "
-        "peak, KV bytes per live token, hit blocks and the reconciled hit rate; one value "
-        f"each for the cache options. Models: {', '.join(MODELS)}",
+        "or --cache-tokens at --block-size; a one-group model is replayed once), and show "
+        "per group the blocks and GiB at the peak, KV per live token (held KV bytes / "
+        "tokens of the running sequences, summed over steps: sharing lowers it), KV per "
+        "held token (held KV bytes / token positions the held blocks cover: the layout's "
+        "own cost), hit blocks, the hits each group cut and the workload's hit rate; then "
+        "the memory saved (tokens held at equal memory; with --equal-hits, memory at equal "
+        "hits) and which group limited the hits. One value each for the cache options. "
+        f"Models: {', '.join(MODELS)}",
+    )
+    m.add_argument(
+        "--equal-hits",
+        action="store_true",
+        help="with a hybrid --model: also run the model's groups and all-full attention at "
+        "other pool sizes (doubling or halving, then bisecting) to find the memory each needs "
+        "to reach the all-full run's hit rate, and print the memory saved at equal hits",
     )
     m.add_argument(
         "--list-models",
@@ -170,10 +196,10 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     )
 
     s = sim.add_argument_group("scheduler")
-    s.add_argument("--max-batch", type=int, default=256, help="running sequences at most (256)")
+    s.add_argument("--max-batch", type=count, default=256, help="running sequences at most (256)")
     s.add_argument(
         "--max-num-batched-tokens",
-        type=int,
+        type=count,
         default=None,
         help="tokens computed per step, decodes (plus drafts) first, then prompt chunks: "
         "chunked prefill (default 2048, vLLM v1's default for its OpenAI server on GPUs "
@@ -181,21 +207,21 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     )
     s.add_argument(
         "--long-prefill-token-threshold",
-        type=int,
+        type=count,
         default=0,
         help="chunked prefill: prompt tokens of one request per step at most, so that "
         "several prompts prefill side by side (default 0: no cap)",
     )
     s.add_argument(
         "--max-batch-tokens",
-        type=int,
+        type=count,
         default=None,
         help="schedule whole prompts instead (the original scheduler, no chunked prefill): "
         "prompt tokens computed per step, prefix hits free, decodes not counted",
     )
     s.add_argument(
         "--spec-tokens",
-        type=int,
+        type=count,
         default=0,
         help="speculative decoding: draft tokens per decoding sequence and step, their slots "
         "reserved with lookahead (default 0: none)",
@@ -386,6 +412,7 @@ def _simulate_model(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         check=args.check,
         make=make_manager,
         progress=_bar(args, err),
+        search=args.equal_hits,
     )
     print(file=out)
     print(comparison_table(section, runs), file=out)
@@ -482,6 +509,8 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
     tiers = wants_tiers(args)
     if tiers and mrc:
         raise ValueError("give either tiers (--host-tier-bytes, --remote) or --mrc, not both")
+    if args.equal_hits and (args.model is None or mrc or tiers):
+        raise ValueError("--equal-hits needs --model (without --mrc or tiers)")
     if args.model is not None and not mrc and not tiers:
         if args.kv_bytes_per_token is not None:
             raise ValueError("give either --model or --kv-bytes-per-token, not both")

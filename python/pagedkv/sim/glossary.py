@@ -1,7 +1,7 @@
 """Every term the `simulate` output prints, explained: the epilog of `simulate --help`.
 
-Kept next to the code that prints the terms (`report`, `sizing_report`); a test checks that
-each summary row's name is here.
+Kept next to the code that prints the terms (`report`, `model_report`, `sizing_report`);
+tests check that each summary row's and `--model` row's name is here.
 """
 
 GLOSSARY = """\
@@ -22,9 +22,11 @@ what the output says:
                  between arrivals included (a trace's steps are --ms-per-step each)
   scheduling     chunked prefill: prefill chunks (allocate or extend calls that scheduled
                  prompt tokens), prompts that took several steps, tokens scheduled per step
-  prefix hits    hit tokens / allocated prompt tokens (recomputes included, as the
-                 manager's stats count them; the workload's prompts alone when they differ);
-                 recent: over the last 1000 allocations
+  prefix hits    the headline hit rate: hit tokens / the workload's prompt tokens, prompts
+                 allocated again after a preemption left out (they hit their own blocks);
+                 recent: the manager's stats over the last 1000 allocations, recomputes in
+  recomputed     prompts allocated again after a preemption: their own hit rate (they hit
+                 the blocks they had), and every allocation together (the manager's count)
   registration   blocks registered in the prefix cache; retracted: registered but never
                  computed (an abort); released by truncate (rejected drafts)
   held           blocks referenced by running sequences: peak and mean over executed steps,
@@ -44,9 +46,36 @@ what the output says:
   manager time   time inside the manager's calls (total, per step mean and 99th
                  percentile, per token)
   wall time      the whole replay, scheduler included (manager: its share)
-  sweep columns  peak use, mean use: held blocks as a share of the pool; peak held: held
+  sweep columns  hit rate: the workload's (as prefix hits); recomp hit: recomputed prompts'
+                 hit rate (- when none); peak use, mean use: held blocks as a share of the
+                 pool; peak held: held
                  blocks at the peak; frag: fragmentation; mgr us/step and p99 us: manager
                  time per step; GiB, peak GiB: the pool and the peak held
+model comparison (--model NAME):
+  pool           each run's blocks x tokens per block = the same bytes (the budget)
+  groups         KV-cache groups x layer pages per block (padding included, as vLLM)
+  bytes/block    one pool block: every layer page of one group's block of tokens
+  hit rate       the workload's hit rate in each run (recomputed prompts on their own row)
+  peak           held blocks (all groups) at the step where they peak, and their GiB
+  KV per live token
+                 held KV bytes / tokens of the running sequences, summed over steps: a
+                 token shared by several sequences (fork, prefix hit) counts for each, its
+                 blocks once, so sharing lowers it (and so does a higher hit rate)
+  KV per held token
+                 held KV bytes / token positions the held blocks cover (the most blocks any
+                 group holds x block size), summed over steps: what the layout itself costs
+                 per token, sharing set aside; all-full: exactly the model's bytes per token
+  memory saved   at equal memory: all-full KV per held token / the model's = how many times
+                 the tokens the model's groups hold in the same bytes; at equal hits
+                 (--equal-hits): the smallest pool of the model's groups tried that reaches
+                 the all-full run's hit rate, against the budget (more runs: the pool
+                 doubled or halved, then bisected)
+  hit limit      what the full-attention groups alone had cached of the workload's prompts,
+                 and how far the other groups cut it: a hit must be served by every group
+                 (a sliding window needs its window's blocks, a chunk its chunk's, a state
+                 group the block at the hit's end), read from the manager's KV events
+  cut hits       per group, hit tokens the full-attention groups had cached that this
+                 group alone could not serve, as a share of the workload's prompt tokens
 miss-ratio curve (--mrc):
   the prefix-cache hit rate an LRU cache of each size would have, over the workload's
   prompts, from one replay: exact stack distances over every block touch (registration,

@@ -5,18 +5,26 @@ Both runs get the same pool bytes. The budget is the all-full run's: `--num-bloc
 layer's K and V (`models.full_layout`). The model's run gets as many of its own (heavier, or
 for state models larger) blocks as fit in those bytes (`models.model_layout`; the null block
 of a manager with groups comes out of them, as in vLLM). A model whose layout is one full
-group (Llama-3-8B) runs the plain manager both times, and the two runs agree.
+group (Llama-3-8B) is its own all-full equivalent: the workload is replayed once, and that run
+stands for both.
 
 Figures per group, from `stats().groups` sampled once per executed step when the scheduler
 samples its own figures (a manager without groups is one full group of its totals):
 
 - `blocks_at_peak`: the group's blocks held by sequences at the step where the pool's held
   blocks (all groups) peak; `peak_gib` those blocks' bytes, so the groups add up to the peak;
-- `bytes_per_token`: KV memory per live token, `sum over steps (held blocks x bytes per block)
+- `bytes_per_token`: KV per live token, `sum over steps (held blocks x bytes per block)
   / sum over steps (tokens the running sequences hold)` (a token-weighted mean; blocks shared
   by forks or prefix hits count once, so sharing lowers it; cached blocks are not held);
+- `held_tokens`: the token positions the run's held blocks cover, `sum over steps` of the
+  most blocks any group holds x block size (the full-attention group's, which holds every
+  position); `bytes_per_held_token` = held bytes / held tokens, what the layout itself costs
+  per token once sharing is set aside (all-full: exactly the model's bytes per token). Their
+  ratio between the runs is the memory saving at equal memory (`saving.py`);
 - `hit_blocks`, `evictions`, `registered_blocks`: the group's counters at the end. The hit
-  rate is the reconciled one (tokens every group could serve), the same for every group.
+  rate is the reconciled one (tokens every group could serve), the same for every group;
+  the workload's own (recomputed prompts left out) is the headline. With groups other than
+  full attention, `hit_limits` says which group cut the hits (`cut_tokens` per group).
 """
 
 from __future__ import annotations
@@ -27,10 +35,12 @@ from typing import Any
 
 from pagedkv.config import BlockManagerConfig
 from pagedkv.sim.factory import make_manager
+from pagedkv.sim.hit_limits import HitLimitProbe
 from pagedkv.sim.models import GIB, Layout, ModelShape, describe_kind, full_layout, model_layout
 from pagedkv.sim.progress import ProgressBar
 from pagedkv.sim.report import figures
 from pagedkv.sim.requests import Workload
+from pagedkv.sim.saving import equal_hits, saving_figures, search_equal_hits
 from pagedkv.sim.scheduler import ManagerLike, SimResult, run_workload
 from pagedkv.stats import GroupStats, Stats
 
@@ -78,6 +88,8 @@ def group_figures(layout: Layout, used: list[tuple[int, ...]], result: SimResult
         )
     bpb = layout.bytes_per_block
     totals = [sum(row) for row in used]
+    held_tokens = sum(max(row, default=0) for row in used) * layout.block_size
+    held_bytes = sum(totals) * bpb
     peak = max(range(len(totals)), key=totals.__getitem__, default=None)
     live = sum(result.series.live_tokens)
     groups = []
@@ -111,11 +123,87 @@ def group_figures(layout: Layout, used: list[tuple[int, ...]], result: SimResult
         "peak_blocks": peak_blocks,
         "peak_gib": peak_blocks * bpb / GIB,
         "bytes_per_token": sum(g["bytes_per_token"] for g in groups),
+        "held_tokens": held_tokens,
+        "bytes_per_held_token": held_bytes / held_tokens if held_tokens else 0.0,
         "hit_rate": result.hit_rate,
         "prefix_hit_tokens": result.prefix_hit_tokens,
         "prompt_tokens": result.prompt_tokens,
+        "workload_hit_rate": result.workload_hit_rate,
+        "workload_hit_tokens": result.prefix_hit_tokens - result.recomputed_hit_tokens,
+        "workload_prompt_tokens": result.workload_prompt_tokens,
+        "recomputed_tokens": result.recomputed_tokens,
+        "recomputed_hit_tokens": result.recomputed_hit_tokens,
         "groups": groups,
     }
+
+
+class Replay:
+    """One run of the workload on a layout and a pool size: the options every run of a
+    `--model` comparison shares (the equal-hits search makes more of them)."""
+
+    def __init__(
+        self,
+        model: ModelShape,
+        workload: Workload,
+        config: BlockManagerConfig,
+        schedule: dict[str, Any],
+        *,
+        reference: bool = False,
+        check: bool = False,
+        make: Callable[..., ManagerLike] = make_manager,
+        progress: Callable[[str], ProgressBar | None] = lambda label: None,
+    ) -> None:
+        self.model = model
+        self.workload = workload
+        self.config = config
+        self.schedule = schedule
+        self.reference = reference
+        self.check = check
+        self.make = make
+        self.progress = progress
+        self.count = 0  # replays made
+
+    def __call__(
+        self, layout: Layout, num_blocks: int, label: str, *, probe: bool = False
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The run's `report.figures` and its part of the `model` section (pool, per-group
+        figures and, with `probe` on a hybrid layout, `hit_limits`)."""
+        self.count += 1
+        probe = probe and any(g.kind != "full" for g in layout.groups)
+        run_config = dataclasses.replace(
+            self.config,
+            num_blocks=num_blocks,
+            block_size=layout.block_size,
+            enable_kv_events=self.config.enable_kv_events or probe,
+        )
+        manager = self.make(run_config, reference=self.reference, groups=layout.manager_groups)
+        prober = HitLimitProbe(manager, layout.groups) if probe else None
+        driven: Any = prober if prober is not None else manager
+        sampler = GroupSampler(manager)
+        bar = self.progress(f"{self.model.name} {label}")
+        result = run_workload(
+            driven, self.workload, **self.schedule, check=self.check, observe=sampler, progress=bar
+        )
+        if bar is not None:
+            bar.close()
+        if self.check:
+            manager.check_invariants()
+        f = figures(
+            result,
+            run_config,
+            manager="reference" if self.reference else "rust",
+            workload=self.workload.describe(),
+            ms_per_step=self.workload.ms_per_step,
+        )
+        f["label"] = label
+        part = {
+            "num_blocks": num_blocks,
+            "pool_gib": layout.gib(num_blocks),
+            **group_figures(layout, sampler.used, result),
+        }
+        if prober is not None:
+            part["hit_limits"] = prober.figures()
+        return f, part
 
 
 def compare(
@@ -128,12 +216,16 @@ def compare(
     check: bool = False,
     make: Callable[..., ManagerLike] = make_manager,
     progress: Callable[[str], ProgressBar | None] = lambda label: None,
+    search: bool = False,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run `workload` with the model's groups and as all-full attention on the same bytes.
 
     `config` is the all-full run's pool (its `num_blocks` set the budget); `schedule` the
     scheduler's options. Returns the `model` section (model, budget, per-group figures of each
-    run) and the two runs' `report.figures`, each with its `label`.
+    run, the `saving`) and the two runs' `report.figures`, each with its `label`. A model
+    whose layout is one full group replays once (`replays` says how many replays were
+    made); `search` looks for the memory at which each layout reaches the all-full run's hit
+    rate (`saving.search_equal_hits`), for the memory saved at equal hits.
     """
     full = full_layout(model, config.block_size)
     layouts = {"model": model_layout(model, config.block_size), "all_full": full}
@@ -159,125 +251,39 @@ def compare(
                 f"({layouts[label].bytes_per_block} bytes each): raise --num-blocks or "
                 "--cache-tokens"
             )
-    runs = []
-    name = "reference" if reference else "rust"
+    replay = Replay(
+        model,
+        workload,
+        config,
+        schedule,
+        reference=reference,
+        check=check,
+        make=make,
+        progress=progress,
+    )
+    # One full group is the all-full layout itself: the same pool, the same manager.
+    same = layouts["model"] == full and sizes["model"] == sizes["all_full"]
+    section["one_run"] = same
+    runs: list[dict[str, Any]] = []
     for label in RUNS:
-        layout, num_blocks = layouts[label], sizes[label]
-        run_config = dataclasses.replace(
-            config, num_blocks=num_blocks, block_size=layout.block_size
-        )
-        manager = make(run_config, reference=reference, groups=layout.manager_groups)
-        sampler = GroupSampler(manager)
-        bar = progress(f"{model.name} {label}")
-        result = run_workload(
-            manager, workload, **schedule, check=check, observe=sampler, progress=bar
-        )
-        if bar is not None:
-            bar.close()
-        if check:
-            manager.check_invariants()
-        f = figures(
-            result,
-            run_config,
-            manager=name,
-            workload=workload.describe(),
-            ms_per_step=workload.ms_per_step,
-        )
-        f["label"] = label
+        if same and runs:
+            f = dict(runs[0], label=label)
+            section[label] = dict(section[RUNS[0]])
+        else:
+            f, section[label] = replay(layouts[label], sizes[label], label, probe=True)
         runs.append(f)
-        section[label] = {
-            "num_blocks": num_blocks,
-            "pool_gib": layout.gib(num_blocks),
-            **group_figures(layout, sampler.used, result),
-        }
+    section["saving"] = saving_figures(section, layouts["model"])
+    if search and not same:
+        target = runs[1]["workload_hit_rate"]
+        section["saving"]["equal_hits"] = equal_hits(
+            search_equal_hits(
+                replay, layouts["model"], sizes["model"], runs[0]["workload_hit_rate"], target
+            ),
+            search_equal_hits(replay, full, sizes["all_full"], target, target),
+            target,
+        )
+    section["replays"] = replay.count
     return section, runs
 
 
-def _kib(n: float) -> str:
-    return f"{n / 1024:.1f} KiB"
-
-
-_GROUP_COLUMNS = (
-    "run",
-    "group",
-    "kind",
-    "layers",
-    "blocks@peak",
-    "peak GiB",
-    "KiB/token",
-    "hit blocks",
-    "evictions",
-)
-
-
-def _group_row(label: str, g: dict[str, Any]) -> list[str]:
-    return [
-        label,
-        str(g["group"]),
-        g["spec"],
-        str(g["layers"]),
-        str(g["blocks_at_peak"]),
-        f"{g['peak_gib']:.3f}",
-        f"{g['bytes_per_token'] / 1024:.1f}",
-        str(g["hit_blocks"]),
-        str(g["evictions"]),
-    ]
-
-
-def comparison_table(section: dict[str, Any], runs: list[dict[str, Any]]) -> str:
-    """The two runs side by side, then one row per group."""
-    m, a = section["model"], section["all_full"]
-    fm, fa = runs
-
-    def pool(s: dict[str, Any]) -> str:
-        return f"{s['num_blocks']} blocks x {s['block_size']} tokens = {s['pool_gib']:.2f} GiB"
-
-    def hits(s: dict[str, Any]) -> str:
-        return f"{s['hit_rate']:.2%} ({s['prefix_hit_tokens']} of {s['prompt_tokens']})"
-
-    def groups(s: dict[str, Any]) -> str:
-        return f"{len(s['groups'])} x {s['group_size']} layers"
-
-    def requests(f: dict[str, Any]) -> str:
-        done = f["finished_requests"] - f["rejected_requests"] - f["aborted_requests"]
-        return f"{done} finished, {f['rejected_requests']} rejected"
-
-    rows = [
-        ("", "model groups", "all-full"),
-        ("pool", pool(m), pool(a)),
-        ("groups", groups(m), groups(a)),
-        ("bytes/block", str(m["bytes_per_block"]), str(a["bytes_per_block"])),
-        ("hit rate", hits(m), hits(a)),
-        (
-            "peak",
-            f"{m['peak_blocks']} blocks, {m['peak_gib']:.3f} GiB",
-            f"{a['peak_blocks']} blocks, {a['peak_gib']:.3f} GiB",
-        ),
-        ("KV per token", _kib(m["bytes_per_token"]), _kib(a["bytes_per_token"])),
-        ("requests", requests(fm), requests(fa)),
-        ("preemptions", str(fm["preemptions"]), str(fa["preemptions"])),
-        ("evictions", str(fm["evictions"]), str(fa["evictions"])),
-        ("steps", str(fm["num_steps"]), str(fa["num_steps"])),
-    ]
-    w0 = max(len(r[0]) for r in rows)
-    w1 = max(len(r[1]) for r in rows)
-    lines = [f"{r[0]:<{w0}}  {r[1]:<{w1}}  {r[2]}".rstrip() for r in rows]
-
-    table = [list(_GROUP_COLUMNS)]
-    table += [
-        _group_row(label, g) for label, s in (("model", m), ("all-full", a)) for g in s["groups"]
-    ]
-    widths = [max(len(row[i]) for row in table) for i in range(len(_GROUP_COLUMNS))]
-    left = {0, 2}  # text columns
-    out = [
-        "  ".join(
-            c.ljust(w) if i in left else c.rjust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        ).rstrip()
-        for row in table
-    ]
-    out.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join([*lines, "", *out])
-
-
-__all__ = ["RUNS", "GroupSampler", "compare", "comparison_table", "group_figures", "group_stats"]
+__all__ = ["RUNS", "GroupSampler", "Replay", "compare", "group_figures", "group_stats"]

@@ -83,7 +83,7 @@ def figure(
         ("usage", "held (% of pool)", 100.0),
         ("cached_blocks", "cached (% of pool)" if cached_share else "cached blocks", 1.0),
         ("running", "running sequences", 1.0),
-        ("hit_rate", "hit rate so far (%)", 100.0),
+        ("hit_rate", "workload hit rate so far (%)", 100.0),
     )
     with_mrc = any("mrc" in f for f in runs)
     fig = plt.figure(figsize=(10, 12 if with_mrc else 9))
@@ -132,7 +132,7 @@ def figure(
         f = runs[0]
         title = f"pagedkv simulate: {f['workload'].split(':')[0]}, {f['manager']} manager"
         if len(runs) == 1:
-            title += f", {run_label(f)}, hit rate {f['prefix_hit_rate']:.1%}"
+            title += f", {run_label(f)}, workload hit rate {f['workload_hit_rate']:.1%}"
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig

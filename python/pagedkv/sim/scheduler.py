@@ -142,7 +142,7 @@ class StepSeries:
     running: list[int] = field(default_factory=list)
     waiting: list[int] = field(default_factory=list)
     swapped: list[int] = field(default_factory=list)
-    hit_rate: list[float] = field(default_factory=list)  # prefix hits so far / prompt tokens
+    hit_rate: list[float] = field(default_factory=list)  # workload hits so far / its prompt tokens
     fragmentation: list[float] = field(default_factory=list)  # unused slots of held blocks
     manager_ns: list[int] = field(default_factory=list)  # time inside manager calls
     scheduled_tokens: list[int] = field(default_factory=list)  # computed this step, drafts too
@@ -851,7 +851,7 @@ class _Scheduler:
             if self.observe is not None:
                 self.observe()  # sees the same moment as the samples above
             series.fragmentation.append(self._retire())
-            series.hit_rate.append(res.hit_rate)
+            series.hit_rate.append(res.workload_hit_rate)
             series.manager_ns.append(call.ns - ns0)
             series.scheduled_tokens.append(res.scheduled_tokens - tokens0)
             series.preemptions.append(res.preemptions - preempted0)

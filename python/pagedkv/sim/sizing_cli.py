@@ -21,6 +21,7 @@ from pagedkv.sim.mrc_curve import MissRatioCurve
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.sizing import Recommendation, Trial, recommend
 from pagedkv.sim.sizing_report import mrc_table, recommendation_json, recommendation_lines
+from pagedkv.sim.units import byte_size
 
 # Past this many block touches the curve is sampled down to it (SHARDS). Measured: about 70
 # bytes of memory per touch while recording and computing (7.7 M touches took 0.5 GB more
@@ -65,11 +66,12 @@ def add_sizing_arguments(sim: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--kv-bytes-per-token",
-        type=int,
+        type=byte_size,
         metavar="N",
         help="KV-cache bytes per token, every layer's K and V (Llama-3-8B in bf16: 32 layers "
-        "x 2 x 8 heads x 128 x 2 bytes = 131072): block counts also print as GiB; "
-        "--model NAME gives it for a one-group preset",
+        "x 2 x 8 heads x 128 x 2 bytes = 131072 = 128KiB; byte sizes take KiB, MiB, GiB "
+        "(1024^n) or kB, MB, GB (1000^n); a bare K, M or G is refused as ambiguous): block "
+        "counts also print as GiB; --model NAME gives it for a one-group preset",
     )
 
 

@@ -32,7 +32,7 @@ def add_tier_arguments(sim: argparse.ArgumentParser) -> None:
         type=_byte_size,
         default=None,
         metavar="N",
-        help="a host-memory tier of N bytes of the model's KV (64GiB, 512M, ...): evicted "
+        help="a host-memory tier of N bytes of the model's KV (64GiB, 512GB, ...): evicted "
         "blocks are demoted to it and prefix hits continue in it; the run is compared with "
         "the same run without tiers",
     )

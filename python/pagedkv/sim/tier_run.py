@@ -30,25 +30,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from pagedkv.sim import units
 from pagedkv.sim.kv_bytes import KVBytes
 from pagedkv.sim.tier_kv import LayerZeroKV
 
 DATA_LAYERS, DATA_HEADS, DATA_DIM, DATA_DTYPE = 1, 2, 64, "bfloat16"
 DEFAULT_MODEL = "llama-3-8b"
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def parse_bytes(text: str) -> int:
-    """``1073741824``, ``64GiB``, ``64G``, ``512MiB``, ``1.5T``: binary units; >= 1."""
-    t = text.strip().lower().removesuffix("b").removesuffix("i")
-    unit = t[-1] if t and t[-1] in "kmgt" else ""
-    try:
-        value = float(t[: len(t) - len(unit)]) * _UNITS[unit]
-    except ValueError:
-        raise ValueError(f"bad byte size {text!r} (e.g. 1073741824, 64GiB, 512M)") from None
-    if not 1 <= value < 2**63:
-        raise ValueError(f"a byte size must be in [1, 2**63), got {text!r}")
-    return int(value)
+    """A byte size >= 1 in `sim.units`' syntax: ``1073741824``, ``64GiB``, ``512GB``."""
+    return units.parse_bytes(text)
 
 
 @dataclass(frozen=True, slots=True)
