@@ -1,0 +1,67 @@
+"""Delayed reclaim with a time window, for the ablations (`sim.ablate`).
+
+The manager keeps a released block's KV findable for prefix hits (CACHED) until a free block
+is needed and the least recently released one is evicted: reclaim is delayed without limit.
+The original vLLM design bounded it with a window (`cache_window`): a block freed more than
+`W` steps ago is reclaimed whether or not its space is needed. `WindowReclaim` imposes such a
+window from outside the manager, once per executed step (`run_workload(after_step=...)`):
+
+- the blocks held now are the block tables of the resident sequences; a block held at the
+  previous step's end and not now was released in this step (a release and a hit within one
+  step are not seen: the block never stopped being held at a step's end);
+- a block released at step `t` and not held since is handed to `evict_blocks` at the end of
+  step `t + W` (`W = 0`: at the end of the step that released it, "reclaim at once"). Blocks
+  never registered in the prefix cache are ignored by `evict_blocks`.
+
+The time spent inside `evict_blocks` is manager time (`seconds`); reading the block tables is
+the simulator's bookkeeping (a manager with a window would know its release times) and is not.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+
+class WindowReclaim:
+    """`after_step` for `run_workload`: reclaims CACHED blocks released `window` steps ago."""
+
+    def __init__(self, manager: Any, window: int) -> None:
+        if window < 0:
+            raise ValueError(f"the reclaim window must be >= 0 steps, got {window}")
+        self.m = manager
+        self.window = window
+        n = manager.num_blocks
+        self.held = np.zeros(n, dtype=bool)
+        self.released_at = np.full(n, -1, dtype=np.int64)  # -1: held, reclaimed or never used
+        self.ns = 0
+        self.calls = 0
+        self.reclaimed = 0  # blocks evict_blocks took out of the prefix cache
+
+    @property
+    def seconds(self) -> float:
+        return self.ns / 1e9
+
+    def __call__(self, clock: int, seq_ids: list[int]) -> None:
+        n = len(self.held)
+        held = np.zeros(n, dtype=bool)
+        if seq_ids:
+            tables = self.m.block_tables(np.asarray(seq_ids, dtype=np.int64))
+            ids = tables[tables >= 0]
+            held[ids] = True
+        released = self.held & ~held
+        self.released_at[released] = clock
+        self.released_at[held] = -1
+        self.held = held
+        due = np.flatnonzero((self.released_at >= 0) & (self.released_at <= clock - self.window))
+        if len(due):
+            t0 = time.perf_counter_ns()
+            self.reclaimed += int(self.m.evict_blocks(due.astype(np.uint32).tolist()))
+            self.ns += time.perf_counter_ns() - t0
+            self.calls += 1
+            self.released_at[due] = -1
+
+
+__all__ = ["WindowReclaim"]
