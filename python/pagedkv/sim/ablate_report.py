@@ -73,7 +73,9 @@ def ablation_table(runs: Sequence[dict[str, Any]]) -> str:
             lines.append(f"{r[0]:<{widths[0]}}  {r[1]}")
             continue
         first = r[0].ljust(widths[0])
-        lines.append("  ".join([first, *(c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True))]))
+        lines.append(
+            "  ".join([first, *(c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True))])
+        )
     lines.insert(1, "  ".join("-" * w for w in widths))
     note = compression_note(runs)
     if note:
