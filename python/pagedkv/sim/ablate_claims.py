@@ -22,8 +22,8 @@ is computed from the runs' figures. What each claim measures:
   memory held, and tokens per held slot (the running sequences' tokens over the slots of the
   blocks they hold, above 1 when they share), prefix caching on against off, on `repetitive`;
 - lz4 on cold blocks gives ~+15% capacity at ~+5% latency on long conversations: a host tier
-  of the same bytes, lz4 against raw, on `long-chat`; capacity = the compression ratio - 1
-  (how many more blocks the tier holds), latency = the manager time (tier work included);
+  of the same bytes, lz4 against raw, on `long-chat`; capacity = how many more blocks the
+  lz4 tier holds than the raw one at equal bytes, latency = the manager time (tier work included);
   needs the tier run (torch today);
 - block size shows a U-shaped curve: of the manager time per workload token (prompt and
   generated) at equal cache tokens, 8..256, best of `repeats`: small blocks mean more blocks
@@ -216,12 +216,12 @@ def compression(r: ClaimRunner) -> ClaimResult:
     shuffled = r.run(
         w, Variant("shuffle", "compression", cfg, tiers=replace(host, compress="shuffle+lz4"))
     )
-    e["shuffle_lz4_capacity"] = shuffled["compression_ratio"] - 1.0
+    e["shuffle_lz4_capacity"] = shuffled["compression_ratio"] / raw["compression_ratio"] - 1.0
     return ClaimResult(
         claim,
         w.describe(),
-        f"host tier of half the GPU pool's bytes: capacity {e['capacity']:+.1%} (compression "
-        f"ratio), manager time {e['latency']:+.1%} (tier work included, best of {r.repeats}), "
+        f"host tier of half the GPU pool's bytes: capacity {e['capacity']:+.1%} (blocks held "
+        f"at equal bytes), manager time {e['latency']:+.1%} (tier work included, best of {r.repeats}), "
         f"workload hit rate {e['hit_points']:+.2f} points; aside, shuffle+lz4 "
         f"{e['shuffle_lz4_capacity']:+.1%} capacity. The KV is the simulator's (layer 0 of a "
         "random-weight decoder, bfloat16): a real model's KV may compress otherwise",

@@ -84,15 +84,16 @@ def ablation_table(runs: Sequence[dict[str, Any]]) -> str:
 
 
 def compression_effect(runs: Sequence[dict[str, Any]]) -> dict[str, float] | None:
-    """lz4 against raw at the same host-tier bytes: `capacity` (more blocks the tier holds,
-    as a fraction), `latency` (more manager time, the tiers' work included, as a fraction),
+    """lz4 against raw at the same host-tier bytes: `capacity` (how many more blocks the lz4
+    tier holds than the raw one, as a fraction: the ratio of their compression ratios, each
+    counting the entries' headers as stored bytes), `latency` (more manager time, the tiers' work included, as a fraction),
     `hit_points` (workload hit rate, points); None without both runs."""
     tiered = {f.get("compress") or "raw": f for f in runs if f.get("section") == "compression"}
     raw, lz4 = tiered.get("raw"), tiered.get("lz4")
     if raw is None or lz4 is None or "skipped" in raw or "skipped" in lz4:
         return None
     return {
-        "capacity": lz4["compression_ratio"] - 1.0,
+        "capacity": lz4["compression_ratio"] / raw["compression_ratio"] - 1.0,
         "latency": lz4["ablation_manager_seconds"] / raw["ablation_manager_seconds"] - 1.0,
         "hit_points": 100 * (lz4["workload_hit_rate"] - raw["workload_hit_rate"]),
         "promoted_raw": raw["blocks_promoted"],
@@ -105,8 +106,8 @@ def compression_note(runs: Sequence[dict[str, Any]]) -> str:
     if e is None:
         return ""
     return (
-        f"compression   lz4 at the raw tier's bytes: {e['capacity']:+.1%} capacity (its "
-        f"compression ratio), {e['latency']:+.1%} manager time (tier work included), "
+        f"compression   lz4 at the raw tier's bytes: {e['capacity']:+.1%} capacity (blocks held at "
+        f"equal bytes), {e['latency']:+.1%} manager time (tier work included), "
         f"{e['hit_points']:+.2f} points of workload hit rate; blocks promoted "
         f"{e['promoted_raw']:.0f} raw, {e['promoted_lz4']:.0f} lz4"
     )
