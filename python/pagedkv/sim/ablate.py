@@ -21,12 +21,11 @@ tokens per held slot (tokens the running sequences hold over the slots of the bl
 hold: above 1 when blocks are shared), the workload's own hit rate (prefix hits over the
 workload's prompt tokens, prompts recomputed after a preemption left out), preemptions, and
 the manager time (a window's `evict_blocks` calls included) with the mean time of one
-`allocate` call.
+`allocate` call, both in CPU time of the run's calls replayed (`sim.ablate_timing`).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
@@ -35,6 +34,7 @@ import numpy as np
 
 from pagedkv.config import BlockManagerConfig
 from pagedkv.sim.ablate_reclaim import WindowReclaim
+from pagedkv.sim.ablate_timing import CallLog, replay_cpu
 from pagedkv.sim.factory import make_manager
 from pagedkv.sim.kv_bytes import KVBytes
 from pagedkv.sim.report import add_memory, figures
@@ -58,26 +58,6 @@ class Variant:
     window: int | None = None  # reclaim window in steps; None: kept until the space is needed
     tiers: TierOptions | None = None
     skipped: str | None = None  # why it was not run (the row says so)
-
-
-class _AllocateClock:
-    """The manager, with the time of each `allocate` call counted on its own (the rest of
-    its attributes are the manager's own)."""
-
-    def __init__(self, manager: Any) -> None:
-        self._m = manager
-        self.ns = 0
-        self.calls = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._m, name)
-
-    def allocate(self, *args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter_ns()
-        out = self._m.allocate(*args, **kwargs)
-        self.ns += time.perf_counter_ns() - t0
-        self.calls += 1
-        return out
 
 
 def measure(f: dict[str, Any]) -> dict[str, Any]:
@@ -105,14 +85,19 @@ def run_variant(
     kv: KVBytes | None = None,
     check: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    repeats: int = 1,
 ) -> dict[str, Any]:
-    """Run `workload` as `variant` says; every figure of the run plus the ablation's."""
+    """Run `workload` as `variant` says; every figure of the run plus the ablation's. The
+    manager time (`ablation_manager_seconds`) is the CPU time of the run's calls replayed,
+    best of `repeats` (`sim.ablate_timing`); a tiered run's (its tiers' work is not plain
+    manager calls) is the wall time inside its calls, one run."""
     config = variant.config
     if variant.tiers is not None:
         config = replace(config, record_evictions=True)
     manager = make_manager(config)
-    clock = _AllocateClock(manager) if variant.tiers is None else None
-    reclaim = WindowReclaim(manager, variant.window) if variant.window is not None else None
+    log = CallLog(manager) if variant.tiers is None else None
+    target = cast(ManagerLike, log) if log is not None else manager
+    reclaim = WindowReclaim(target, variant.window) if variant.window is not None else None
     driver = None
     if variant.tiers is not None:
         driver = TierDriver(
@@ -124,7 +109,7 @@ def run_variant(
         )
     try:
         result = run_workload(
-            cast(ManagerLike, clock) if clock is not None else manager,
+            target,
             workload,
             **schedule,
             check=check,
@@ -139,18 +124,24 @@ def run_variant(
     add_memory(f, kv)
     f.update(measure(f))
     f.update(tier_figures or {})
-    reclaim_s = reclaim.seconds if reclaim is not None else 0.0
     f["variant"] = variant.name
     f["section"] = variant.section
     f["fork_copies"] = variant.fork_copies
     f["copied_forks"] = result.copied_forks
     f["reclaim_window"] = variant.window
     f["reclaimed_blocks"] = reclaim.reclaimed if reclaim is not None else 0
-    f["reclaim_seconds"] = reclaim_s
-    f["ablation_manager_seconds"] = f["manager_seconds"] + reclaim_s
     f["compress"] = variant.tiers.compress if variant.tiers is not None else None
-    f["allocate_calls"] = clock.calls if clock is not None else None
-    f["allocate_mean_seconds"] = clock.ns / clock.calls / 1e9 if clock and clock.calls else None
+    if log is not None:
+        t = replay_cpu(config, log.calls, repeats)
+        f["timing"] = f"CPU time of the calls replayed, best of {max(1, repeats)}"
+        f["ablation_manager_seconds"] = t.seconds
+        f["allocate_calls"] = t.allocate_calls
+        f["allocate_mean_seconds"] = t.allocate_mean_seconds
+    else:
+        f["timing"] = "wall time inside the run's calls, tier work included, one run"
+        f["ablation_manager_seconds"] = f["manager_seconds"]
+        f["allocate_calls"] = None
+        f["allocate_mean_seconds"] = None
     return f
 
 
@@ -208,9 +199,8 @@ def run_ablation(
     repeats: int = 1,
 ) -> list[dict[str, Any]]:
     """Run every variant (a skipped one gives `{"variant", "section", "skipped"}`); a block
-    size equal to the full system's reuses its run. Each variant but the tiered ones runs
-    `repeats` times and keeps the run with the least manager time (the runs are the same
-    but for timing noise, which only adds); the tiered ones run once (they are slow)."""
+    size equal to the full system's reuses its run. `repeats`: replays timed per run
+    (`run_variant`)."""
     runs: list[dict[str, Any]] = []
     full: dict[str, Any] | None = None
     for v in vs:
@@ -220,15 +210,13 @@ def run_ablation(
         if full is not None and v.section == "block size" and v.config == full_config(vs):
             f = dict(full, variant=v.name, section=v.section)
         else:
-            tries = []
-            for _ in range(1 if v.tiers is not None else max(1, repeats)):
-                bar = progress(v.name) if progress is not None else None
-                tries.append(run_variant(workload, v, schedule, kv=kv, check=check, progress=bar))
-                close = getattr(bar, "close", None)
-                if close is not None:
-                    close()
-            f = min(tries, key=lambda t: float(t["ablation_manager_seconds"]))
-            f["repeats"] = len(tries)
+            bar = progress(v.name) if progress is not None else None
+            f = run_variant(
+                workload, v, schedule, kv=kv, check=check, progress=bar, repeats=repeats
+            )
+            close = getattr(bar, "close", None)
+            if close is not None:
+                close()
         if v.section == "full":
             full = f
         runs.append(f)

@@ -13,13 +13,13 @@ window from outside the manager, once per executed step (`run_workload(after_ste
   step `t + W` (`W = 0`: at the end of the step that released it, "reclaim at once"). Blocks
   never registered in the prefix cache are ignored by `evict_blocks`.
 
-The time spent inside `evict_blocks` is manager time (`seconds`); reading the block tables is
-the simulator's bookkeeping (a manager with a window would know its release times) and is not.
+`evict_blocks` is a manager call like the scheduler's (`sim.ablate_timing` replays and times
+it with them); reading the block tables is the simulator's bookkeeping (a manager with a
+window would know its release times) and is not.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -36,13 +36,7 @@ class WindowReclaim:
         n = manager.num_blocks
         self.held = np.zeros(n, dtype=bool)
         self.released_at = np.full(n, -1, dtype=np.int64)  # -1: held, reclaimed or never used
-        self.ns = 0
-        self.calls = 0
         self.reclaimed = 0  # blocks evict_blocks took out of the prefix cache
-
-    @property
-    def seconds(self) -> float:
-        return self.ns / 1e9
 
     def __call__(self, clock: int, seq_ids: list[int]) -> None:
         n = len(self.held)
@@ -57,10 +51,7 @@ class WindowReclaim:
         self.held = held
         due = np.flatnonzero((self.released_at >= 0) & (self.released_at <= clock - self.window))
         if len(due):
-            t0 = time.perf_counter_ns()
             self.reclaimed += int(self.m.evict_blocks(due.astype(np.uint32).tolist()))
-            self.ns += time.perf_counter_ns() - t0
-            self.calls += 1
             self.released_at[due] = -1
 
 

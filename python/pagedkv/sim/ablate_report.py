@@ -86,8 +86,9 @@ def ablation_table(runs: Sequence[dict[str, Any]]) -> str:
 def compression_effect(runs: Sequence[dict[str, Any]]) -> dict[str, float] | None:
     """lz4 against raw at the same host-tier bytes: `capacity` (how many more blocks the lz4
     tier holds than the raw one, as a fraction: the ratio of their compression ratios, each
-    counting the entries' headers as stored bytes), `latency` (more manager time, the tiers' work included, as a fraction),
-    `hit_points` (workload hit rate, points); None without both runs."""
+    counting the entries' headers as stored bytes), `latency` (more manager time, the
+    tiers' work included, as a fraction), `hit_points` (workload hit rate, points); None
+    without both runs."""
     tiered = {f.get("compress") or "raw": f for f in runs if f.get("section") == "compression"}
     raw, lz4 = tiered.get("raw"), tiered.get("lz4")
     if raw is None or lz4 is None or "skipped" in raw or "skipped" in lz4:
