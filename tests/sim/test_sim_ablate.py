@@ -219,6 +219,8 @@ def test_bad_ablation_options_are_refused(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit):
         main(["simulate", "--ablate", "--reclaim-window", "-1"])
     assert "expected numbers >= 0" in capsys.readouterr().err
+    assert main(["simulate", "--ablate", "--block-size", "16,32", "--requests", "5"]) == 2
+    assert "--ablate compares against one configuration" in capsys.readouterr().err
 
 
 def test_the_timed_replay_makes_the_runs_calls_again_to_the_same_end() -> None:

@@ -161,9 +161,16 @@ def simulate_ablate(
     say = _progress(args, err)
     sched = schedule(args)
     doc: dict[str, Any] = {}
+    cs = configs(args)
+    if args.ablate and len(cs) != 1:
+        raise ValueError(
+            "--ablate compares against one configuration: give one value each for "
+            "--block-size, --num-blocks or --cache-tokens, and --hash-algo (the block "
+            "sizes of the sweep come from --ablate-block-sizes)"
+        )
     print("pagedkv simulate: ablations, BlockManager (Rust core)", file=out)
     if args.ablate:
-        config = configs(args)[0]
+        config = cs[0]
         w = workload(args, err)
         kv = kv_bytes(args.model, args.kv_bytes_per_token)
         tiers, skipped = _tiers(args, config)
