@@ -7,8 +7,11 @@ The original vLLM design bounded it with a window (`cache_window`): a block free
 window from outside the manager, once per executed step (`run_workload(after_step=...)`):
 
 - the blocks held now are the block tables of the resident sequences; a block held at the
-  previous step's end and not now was released in this step (a release and a hit within one
-  step are not seen: the block never stopped being held at a step's end);
+  previous step's end and not now was released in this step. What happens within one step is
+  not seen: a block released and hit again stays held, and a block taken and released in the
+  same step (a sequence admitted and preempted, or admitted and finished, in one step) is
+  never seen held, so it stays cached until its space is needed (the "at once" row of the
+  default workload keeps a mean of 6 such blocks of 4,096);
 - a block released at step `t` and not held since is handed to `evict_blocks` at the end of
   step `t + W` (`W = 0`: at the end of the step that released it, "reclaim at once"). Blocks
   never registered in the prefix cache are ignored by `evict_blocks`.
