@@ -62,6 +62,7 @@ def test_forks_that_copy_hold_more_blocks_on_beam_search() -> None:
     share = _run(Variant("share", "full", cfg), w)
     copy = _run(Variant("copy", "fork sharing", cfg, fork_copies=True), w)
     assert share["copied_forks"] == 0 and copy["copied_forks"] == copy["forks"] > 0
+    assert copy["copied_fork_tokens"] > copy["copied_forks"]
     assert share["preemptions"] == copy["preemptions"] == 0
     assert copy["mean_used_tokens"] > 1.2 * share["mean_used_tokens"]
     assert copy["peak_used_blocks"] > share["peak_used_blocks"]

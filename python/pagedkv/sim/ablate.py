@@ -128,6 +128,7 @@ def run_variant(
     f["section"] = variant.section
     f["fork_copies"] = variant.fork_copies
     f["copied_forks"] = result.copied_forks
+    f["copied_fork_tokens"] = result.copied_fork_tokens
     f["reclaim_window"] = variant.window
     f["reclaimed_blocks"] = reclaim.reclaimed if reclaim is not None else 0
     f["compress"] = variant.tiers.compress if variant.tiers is not None else None
