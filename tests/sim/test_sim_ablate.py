@@ -220,6 +220,9 @@ def test_bad_ablation_options_are_refused(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit):
         main(["simulate", "--ablate", "--reclaim-window", "-1"])
     assert "expected numbers >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["simulate", "--ablate", "--ablate-block-sizes", "16,0"])
+    assert "expected numbers >= 1, got '16,0'" in capsys.readouterr().err
     assert main(["simulate", "--ablate", "--block-size", "16,32", "--requests", "5"]) == 2
     assert "--ablate compares against one configuration" in capsys.readouterr().err
 

@@ -31,16 +31,20 @@ from pagedkv.sim.requests import Workload
 from pagedkv.sim.tier_run import DEFAULT_MODEL, TierOptions, parse_bytes
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        items = [int(t) for t in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a comma-separated list of whole numbers, got {text!r}"
-        ) from None
-    if any(i < 0 for i in items):
-        raise argparse.ArgumentTypeError(f"expected numbers >= 0, got {text!r}")
-    return items
+def _ints(minimum: int) -> Callable[[str], list[int]]:
+    def parse(text: str) -> list[int]:
+        try:
+            items = [int(t) for t in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list of whole numbers, got {text!r}"
+            ) from None
+        if any(i < minimum for i in items):
+            raise argparse.ArgumentTypeError(f"expected numbers >= {minimum}, got {text!r}")
+        return items
+
+    parse.__name__ = "list of whole numbers"
+    return parse
 
 
 def _names(text: str) -> list[str]:
@@ -83,7 +87,7 @@ def add_ablate_arguments(sim: argparse.ArgumentParser) -> None:
     )
     a.add_argument(
         "--reclaim-window",
-        type=_ints,
+        type=_ints(0),
         default=[0],
         metavar="STEPS",
         help="--ablate: the delayed-reclaim rows reclaim a released block this many steps "
@@ -91,7 +95,7 @@ def add_ablate_arguments(sim: argparse.ArgumentParser) -> None:
     )
     a.add_argument(
         "--ablate-block-sizes",
-        type=_ints,
+        type=_ints(1),
         default=list(BLOCK_SIZES),
         metavar="SIZES",
         help="--ablate: block sizes of the sweep at equal cache tokens (default "
@@ -111,8 +115,9 @@ def add_ablate_arguments(sim: argparse.ArgumentParser) -> None:
         type=int,
         default=3,
         metavar="N",
-        help="each variant (a tiered one excepted) and each timed claim runs N times and "
-        "keeps the run with the least manager time: timing noise only adds (default 3)",
+        help="manager times are the CPU time of a run's calls replayed N times, the least "
+        "kept (noise only adds); the lz4 claim's tiered runs run N times, the least wall "
+        "time kept; the table's tier rows run once (default 3)",
     )
 
 
