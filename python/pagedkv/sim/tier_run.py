@@ -111,7 +111,11 @@ class TierDriver:
         num_cpu_blocks: int,
         hash_algo: str,
         check: bool = False,
+        stores: list[Any] | None = None,
     ) -> None:
+        """`stores`, when given, are the tier stores to use instead of the ones `options`
+        describes (several nodes sharing one store): the caller owns them, so `close` leaves
+        them open."""
         try:
             import torch  # noqa: F401 (the data pool is a torch tensor)
         except ImportError:
@@ -133,7 +137,8 @@ class TierDriver:
         self.kv = LayerZeroKV(DATA_HEADS, DATA_DIM)
         self.data_block = block_nbytes(self.pool)
         self.model_block = options.kv.per_block(bs)
-        self.stores = self._stores(bs)
+        self._own_stores = stores is None
+        self.stores = self._stores(bs) if stores is None else list(stores)
         self.tc = TieredCache(manager, self.pool, self.stores, hash_algo=hash_algo)
         self.checked_tokens = 0
         self.pending_checks: dict[int, npt.NDArray[np.uint32]] = {}
@@ -285,7 +290,7 @@ class TierDriver:
         self.tc.flush()
         s = self.tc.stats()
         self.tc.close()
-        for store in self.stores:
+        for store in self.stores if self._own_stores else ():
             closer = getattr(store, "close", None)
             if closer is not None:
                 closer()
