@@ -136,7 +136,7 @@ def _replay(pool: Any, stores: list[Any], seed: int) -> tuple[list[int], Any]:
     hits = []
     live: list[int] = []
     for sid in range(200):
-        tokens = np.asarray(rng.choice(prefixes)[: BS * rng.randrange(1, 7)] + [sid], np.uint32)
+        tokens = np.asarray([*rng.choice(prefixes)[: BS * rng.randrange(1, 7)], sid], np.uint32)
         alloc = tc.allocate(sid, tokens)
         assert alloc is not None
         hits.append(tc.load(alloc))
