@@ -265,7 +265,10 @@ def simulate_tiers(
     )
     b_hits, _ = workload_hits(base)
     t_hits, _ = workload_hits(tiered)
+    demoted = tiered["blocks_demoted"]
+    added = tiered["wall_seconds"] - base["wall_seconds"]
     return {
+        "wall_added_us_per_demoted_block": 1e6 * added / demoted if demoted else None,
         **{k: tiered[k] for k in keys},
         "workload_hit_rate_without_tiers": base["workload_hit_rate"],
         "workload_hit_rate_with_tiers": tiered["workload_hit_rate"],
