@@ -66,15 +66,17 @@ class DigestTier:
             if cap == 0:
                 st.dropped_puts += len(keys)
                 return 0
+            touch, oldest, removed = entries.move_to_end, entries.popitem, self._removed
+            evicted = 0
             for key in keys:
                 if key in entries:
-                    entries.move_to_end(key)
+                    touch(key)
                 else:
                     if len(entries) >= cap:
-                        victim, _ = entries.popitem(last=False)
-                        self._removed.append(victim)
-                        st.evictions += 1
+                        removed.append(oldest(False)[0])
+                        evicted += 1
                     entries[key] = None
+            st.evictions += evicted
             n = len(keys)
             st.puts += n
             st.raw_bytes_in += n * self.block_bytes
