@@ -334,12 +334,19 @@ class TieredCache:
         tier that holds its group-0 entry."""
         held = len(digests)
         first: list[int] = []
+        make = tuple.__new__  # TierKey at C speed: a key per block of every prompt
         for g in range(self._groups):
-            keys = [TierKey(g, d) for d in digests]
+            keys = [make(TierKey, (g, d)) for d in digests[:held]]
             runs = [store.count_present(keys) for store in self.stores]
             held = min(held, max(runs, default=0))
             if g == 0:
-                first = [next(t for t, n in enumerate(runs) if n > i) for i in range(held)]
+                # Block i's store is the first whose run is longer than i: the stores' runs
+                # as a running maximum hand out consecutive ranges of blocks.
+                reach = 0
+                for t, n in enumerate(runs):
+                    if n > reach:
+                        first += [t] * (n - reach)
+                        reach = n
         return first[:held]
 
     def _match(
