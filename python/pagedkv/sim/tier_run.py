@@ -395,7 +395,7 @@ class TierDriver:
         dec = sum(t.extra.get("seconds_decode", 0.0) for t in s.stores)
         coded = [t for t in s.stores if t.extra.get("seconds_encode")]
         raw_in = sum(t.raw_bytes_in for t in coded)
-        raw_out = sum(t.raw_bytes_out for t in coded if t.extra.get("seconds_decode"))
+        raw_out = sum(t.extra.get("decoded_bytes", 0.0) for t in coded)
 
         def rate(nbytes: float, seconds: float) -> float | None:
             return nbytes / seconds / 1e9 if seconds > 0 and nbytes else None

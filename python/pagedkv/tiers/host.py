@@ -118,7 +118,9 @@ class _HostStore:
             {"stored_bytes_in": 0.0, "budget_bytes": float(budget_bytes), "raw_fallbacks": 0.0}
         )
         # The codec's own time (compressing codecs only): its throughput, apart from framing.
-        self._stats.extra.update({"seconds_encode": 0.0, "seconds_decode": 0.0})
+        self._stats.extra.update(
+            {"seconds_encode": 0.0, "seconds_decode": 0.0, "decoded_bytes": 0.0}
+        )
         self._stats.extra["discards"] = 0.0
 
     def __repr__(self) -> str:
@@ -208,13 +210,15 @@ class _HostStore:
         out: bytes | None = None
         corrupt = False
         t_dec = 0.0
+        coded = False
         try:
             e = decode_entry(
                 memoryview(blob), self._ns_id, key.group, key.digest, secret=self._secret
             )
             t1 = time.perf_counter()
             out = C.decode(e.codec, e.item_size, e.payload, e.raw_len)
-            t_dec = time.perf_counter() - t1 if e.codec != C.RAW else 0.0
+            coded = e.codec != C.RAW  # a block kept raw (compression did not pay) decodes free
+            t_dec = time.perf_counter() - t1 if coded else 0.0
         except EntryError:
             corrupt = True
         except Exception:
@@ -235,6 +239,7 @@ class _HostStore:
                 st.hits += 1
                 st.raw_bytes_out += len(out)
                 st.extra["seconds_decode"] += t_dec
+                st.extra["decoded_bytes"] += len(out) if coded else 0
             st.seconds_get += time.perf_counter() - t0
         return out
 
