@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
 pytest.importorskip("lz4")
 
 from pagedkv.__main__ import main

@@ -602,8 +602,8 @@ class _Scheduler:
 
     def _step_runs(self) -> None:
         """The step runs: the tiers' pool gets the KV of every token scheduled in it."""
-        if self.tiers is None:
-            return
+        if self.tiers is None or not self.tiers.writes_kv:
+            return  # no tiers, or tiers that count blocks and move no bytes
         self.tiers.write(
             [
                 (s.seq_id, s.computed, s.token_range(s.computed, s.scheduled))
@@ -807,7 +807,7 @@ class _Scheduler:
             else:
                 still.append(s)
         if done:
-            if self.tiers is not None:
+            if self.tiers is not None and self.tiers.check:
                 self.tiers.finished([(s.seq_id, s.token_range(0, s.scheduled)) for s in done])
             self.call("free_batch", np.fromiter((s.seq_id for s in done), dtype=np.int64))
             self.res.finished_sequences += len(done)

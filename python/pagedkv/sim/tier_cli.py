@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from pagedkv.config import BlockManagerConfig
 from pagedkv.sim.kv_bytes import KVBytes, from_model, kv_bytes
 from pagedkv.sim.models import GIB
-from pagedkv.sim.tier_run import DEFAULT_MODEL, TierOptions, parse_bytes
+from pagedkv.sim.tier_run import DEFAULT_MODEL, TIER_DATA, TierOptions, parse_bytes
 
 CODECS = ("lz4", "shuffle+lz4", "raw")
 
@@ -56,10 +56,22 @@ def add_tier_arguments(sim: argparse.ArgumentParser) -> None:
         action="store_true",
         help="--remote names one node of a Redis Cluster (the others are discovered)",
     )
+    t.add_argument(
+        "--tier-data",
+        choices=TIER_DATA,
+        default=None,
+        help="count: the tiers keep the digests of the blocks they hold and move no bytes "
+        "(the hits of raw host tiers of these sizes, fast); real: a data pool's KV is "
+        "written, demoted, compressed and loaded, and its throughput reported. Default: "
+        "real with --compress, --remote or --check (they need bytes), else count",
+    )
 
 
 def wants_tiers(args: argparse.Namespace) -> bool:
-    return bool(args.host_tier_bytes is not None or args.remote is not None)
+    tiers = bool(args.host_tier_bytes is not None or args.remote is not None)
+    if not tiers and getattr(args, "tier_data", None) is not None:
+        raise ValueError("--tier-data needs --host-tier-bytes or --remote")
+    return tiers
 
 
 def tier_options(args: argparse.Namespace) -> TierOptions:
@@ -69,12 +81,17 @@ def tier_options(args: argparse.Namespace) -> TierOptions:
     if args.compress is not None and not wants_tiers(args):
         raise ValueError("--compress needs --host-tier-bytes or --remote")
     kv: KVBytes | None = kv_bytes(args.model, args.kv_bytes_per_token)
+    needs_bytes = args.compress is not None or args.remote is not None or args.check
+    data = args.tier_data or ("real" if needs_bytes else "count")
+    if data == "count" and args.check:
+        raise ValueError("--check reads the KV back: it needs --tier-data real")
     return TierOptions(
         kv=kv if kv is not None else from_model(DEFAULT_MODEL),
         host_bytes=args.host_tier_bytes,
         compress=args.compress,
         remote=args.remote,
         remote_cluster=args.remote_cluster,
+        data=data,
     )
 
 
@@ -82,44 +99,113 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}%"
 
 
+def _change(before: float, after: float) -> str:
+    return f"{100 * (after - before) / before:+.2f}%" if before else "-"
+
+
+def workload_hits(f: dict[str, Any]) -> tuple[int, int]:
+    """`(the workload's prompt tokens served from a cache, of them from the tiers)`: hits of
+    first allocations only, a prompt recomputed after preemption hitting its own blocks
+    left out."""
+    hits = int(f["prefix_hit_tokens"] - f["recomputed_hit_tokens"])
+    return hits, int(f.get("workload_tier_hit_tokens", 0))
+
+
+def _rate(x: float | None, unit: str, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f} {unit}"
+
+
 def comparison_table(base: dict[str, Any], tiered: dict[str, Any]) -> str:
-    """Both runs side by side: hits by where they came from, what the tiers moved."""
-    prompt = tiered["prompt_tokens"] or 1
+    """Both runs side by side, led by the workload's own hit rate (module docstring of
+    docs/tiers.md, "In the simulator"): where its hits came from, the prompt tokens not
+    computed, what preemption recomputed, then what the tiers moved and how fast."""
+    wp = tiered["workload_prompt_tokens"] or 1
     gib = float(GIB)
-    tiers = tiered["tiers"]
-    tier_hits = tiered["tier_hit_tokens"]
-    below = sum(tier_hits.values())
-    rows: list[tuple[str, str, str]] = [
-        ("prefix hit rate", _pct(base["prefix_hit_rate"]), _pct(tiered["prefix_hit_rate"])),
-        ("  from the GPU", _pct(base["prefix_hit_rate"]), _pct(tiered["gpu_hit_rate"])),
-    ]
-    rows += [(f"  from {t['medium']}", "-", _pct(t["hit_tokens"] / prompt)) for t in tiers]
-    rows += [
-        ("workload hit rate", _pct(base["workload_hit_rate"]), _pct(tiered["workload_hit_rate"])),
+    b_hits, _ = workload_hits(base)
+    t_hits, t_below = workload_hits(tiered)
+    b_saved, t_saved = base["prefix_hit_tokens"], tiered["prefix_hit_tokens"]
+    rows: list[tuple[str, str, str, str]] = [
+        ("workload prompt tokens", str(base["workload_prompt_tokens"]), str(wp), ""),
+        (
+            "workload hit rate",
+            _pct(base["workload_hit_rate"]),
+            _pct(tiered["workload_hit_rate"]),
+            _change(base["workload_hit_rate"], tiered["workload_hit_rate"]),
+        ),
+        ("  from the GPU", _pct(b_hits / wp), _pct((t_hits - t_below) / wp), ""),
+        ("  from the tiers", "-", _pct(t_below / wp), ""),
+        ("workload tokens not computed", str(b_hits), str(t_hits), _change(b_hits, t_hits)),
+        (
+            "recomputed after preemption",
+            str(base["recomputed_tokens"]),
+            str(tiered["recomputed_tokens"]),
+            _change(base["recomputed_tokens"], tiered["recomputed_tokens"]),
+        ),
+        (
+            "  of them hits",
+            str(base["recomputed_hit_tokens"]),
+            str(tiered["recomputed_hit_tokens"]),
+            "",
+        ),
         (
             "prompt tokens computed",
             str(base["computed_prompt_tokens"]),
             str(tiered["computed_prompt_tokens"]),
+            _change(base["computed_prompt_tokens"], tiered["computed_prompt_tokens"]),
         ),
-        ("tokens from the tiers", "-", str(below)),
-        ("GPU evictions", str(base["evictions"]), str(tiered["evictions"])),
-        ("preemptions", str(base["preemptions"]), str(tiered["preemptions"])),
-        ("blocks demoted", "-", str(tiered["blocks_demoted"])),
-        ("blocks promoted", "-", str(tiered["blocks_promoted"])),
-        ("GiB demoted (model KV)", "-", f"{tiered['bytes_demoted'] / gib:.2f}"),
-        ("GiB promoted (model KV)", "-", f"{tiered['bytes_promoted'] / gib:.2f}"),
-        ("compression ratio", "-", f"{tiered['compression_ratio']:.3f}"),
-        ("failed loads", "-", str(tiered["failed_loads"])),
-        ("dropped demotions", "-", str(tiered["dropped_demotions"])),
-        ("manager s", f"{base['manager_seconds']:.2f}", f"{tiered['manager_seconds']:.2f}"),
-        ("wall s", f"{base['wall_seconds']:.2f}", f"{tiered['wall_seconds']:.2f}"),
+        ("prompt tokens not computed", str(b_saved), str(t_saved), _change(b_saved, t_saved)),
+        (
+            "hit rate, recomputed incl.",
+            _pct(base["prefix_hit_rate"]),
+            _pct(tiered["prefix_hit_rate"]),
+            "",
+        ),
     ]
+    prompt = tiered["prompt_tokens"] or 1
+    rows += [
+        (f"  from {t['medium']}", "-", _pct(t["hit_tokens"] / prompt), "") for t in tiered["tiers"]
+    ]
+    demoted = tiered["blocks_demoted"]
+    added = tiered["wall_seconds"] - base["wall_seconds"]
+    rows += [
+        ("GPU evictions", str(base["evictions"]), str(tiered["evictions"]), ""),
+        ("preemptions", str(base["preemptions"]), str(tiered["preemptions"]), ""),
+        ("blocks demoted", "-", str(demoted), ""),
+        ("blocks promoted", "-", str(tiered["blocks_promoted"]), ""),
+        ("GiB demoted (model KV)", "-", f"{tiered['bytes_demoted'] / gib:.2f}", ""),
+        ("GiB promoted (model KV)", "-", f"{tiered['bytes_promoted'] / gib:.2f}", ""),
+        ("compression ratio", "-", f"{tiered['compression_ratio']:.3f}", ""),
+        ("failed loads", "-", str(tiered["failed_loads"]), ""),
+        ("dropped demotions", "-", str(tiered["dropped_demotions"]), ""),
+        ("manager s", f"{base['manager_seconds']:.2f}", f"{tiered['manager_seconds']:.2f}", ""),
+        ("wall s", f"{base['wall_seconds']:.2f}", f"{tiered['wall_seconds']:.2f}", ""),
+        (
+            "wall added per demoted block",
+            "-",
+            f"{1e6 * added / demoted:.1f} us" if demoted else "-",
+            "",
+        ),
+    ]
+    if tiered.get("tier_data") == "real":
+        rows += [
+            ("demoted GB/s (data pool)", "-", _rate(tiered["demote_gbps"], "GB/s"), ""),
+            ("promoted GB/s (data pool)", "-", _rate(tiered["promote_gbps"], "GB/s"), ""),
+            ("compressed GB/s (codec)", "-", _rate(tiered["compress_gbps"], "GB/s"), ""),
+            ("decompressed GB/s (codec)", "-", _rate(tiered["decompress_gbps"], "GB/s"), ""),
+            (
+                "load added per promoted block",
+                "-",
+                _rate(tiered["load_us_per_block"], "us", 1),
+                "",
+            ),
+        ]
     for t in tiered["tiers"]:
         rows.append(
             (
                 f"{t['name']} puts / dropped / evicted",
                 "-",
                 f"{t['puts']} / {t['dropped_puts']} / {t['evictions']}",
+                "",
             )
         )
         rows.append(
@@ -127,13 +213,14 @@ def comparison_table(base: dict[str, Any], tiered: dict[str, Any]) -> str:
                 f"{t['name']} gets / hits / corrupt",
                 "-",
                 f"{t['gets']} / {t['hits']} / {t['corrupt']}",
+                "",
             )
         )
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len("no tiers"), *(len(r[1]) for r in rows))
     w2 = max(len("tiers"), *(len(r[2]) for r in rows))
-    lines = [f"{'':<{w0}}  {'no tiers':>{w1}}  {'tiers':>{w2}}"]
-    lines += [f"{a:<{w0}}  {b:>{w1}}  {c:>{w2}}" for a, b, c in rows]
+    lines = [f"{'':<{w0}}  {'no tiers':>{w1}}  {'tiers':>{w2}}  change"]
+    lines += [f"{a:<{w0}}  {b:>{w1}}  {c:>{w2}}  {d}".rstrip() for a, b, c, d in rows]
     return "\n".join(lines)
 
 
@@ -163,13 +250,42 @@ def simulate_tiers(
             f"pool: {tiered['checked_tokens']} tokens, all equal to the KV their tokens give",
             file=out,
         )
-    keys = ("tier_hit_tokens", "compression_ratio", "bytes_demoted", "bytes_promoted")
+    keys = (
+        "tier_hit_tokens",
+        "compression_ratio",
+        "bytes_demoted",
+        "bytes_promoted",
+        "tier_data",
+        "workload_tier_hit_tokens",
+        "demote_gbps",
+        "promote_gbps",
+        "compress_gbps",
+        "decompress_gbps",
+        "load_us_per_block",
+    )
+    b_hits, _ = workload_hits(base)
+    t_hits, _ = workload_hits(tiered)
+    demoted = tiered["blocks_demoted"]
+    added = tiered["wall_seconds"] - base["wall_seconds"]
     return {
+        "wall_added_us_per_demoted_block": 1e6 * added / demoted if demoted else None,
         **{k: tiered[k] for k in keys},
+        "workload_hit_rate_without_tiers": base["workload_hit_rate"],
+        "workload_hit_rate_with_tiers": tiered["workload_hit_rate"],
+        "workload_tokens_not_computed_without_tiers": b_hits,
+        "workload_tokens_not_computed_with_tiers": t_hits,
+        "prompt_tokens_computed_without_tiers": base["computed_prompt_tokens"],
+        "prompt_tokens_computed_with_tiers": tiered["computed_prompt_tokens"],
         "hit_rate_without_tiers": base["prefix_hit_rate"],
         "hit_rate_with_tiers": tiered["prefix_hit_rate"],
         "runs": [base, tiered],
     }
 
 
-__all__ = ["add_tier_arguments", "comparison_table", "simulate_tiers", "tier_options"]
+__all__ = [
+    "add_tier_arguments",
+    "comparison_table",
+    "simulate_tiers",
+    "tier_options",
+    "workload_hits",
+]

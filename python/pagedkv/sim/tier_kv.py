@@ -39,15 +39,28 @@ class LayerZeroKV:
         self._v = (x @ wv).reshape(VOCAB, num_kv_heads, head_dim)
         half = head_dim // 2
         self._inv_freq = ROPE_THETA ** (-np.arange(half, dtype=np.float64) * 2 / head_dim)
+        # cos and sin of every position up to the longest seen (grown by doubling): a
+        # position's rotation is computed once, not once per write.
+        self._cos = np.empty((0, 1, half), dtype=np.float32)
+        self._sin = np.empty((0, 1, half), dtype=np.float32)
+
+    def _rotations(self, end: int) -> None:
+        n = max(1024, len(self._cos))
+        while n < end:
+            n *= 2
+        angle = np.arange(n, dtype=np.float64)[:, None] * self._inv_freq
+        self._cos = np.cos(angle).astype(np.float32)[:, None, :]
+        self._sin = np.sin(angle).astype(np.float32)[:, None, :]
 
     def __call__(
         self, tokens: npt.NDArray[np.integer], positions: npt.NDArray[np.integer]
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
         ids = np.asarray(tokens, dtype=np.int64) % VOCAB
+        pos = np.asarray(positions, dtype=np.int64)
+        if len(pos) and int(pos.max()) >= len(self._cos):
+            self._rotations(int(pos.max()) + 1)
         k = self._k[ids]
-        angle = np.asarray(positions, dtype=np.float64)[:, None] * self._inv_freq
-        cos = np.cos(angle).astype(np.float32)[:, None, :]
-        sin = np.sin(angle).astype(np.float32)[:, None, :]
+        cos, sin = self._cos[pos], self._sin[pos]
         half = self.shape[1] // 2
         a, b = k[..., :half], k[..., half:]
         rotated = np.concatenate((a * cos - b * sin, b * cos + a * sin), axis=-1)

@@ -1,24 +1,36 @@
 """Tiers below the GPU in the simulator (`--host-tier-bytes`, `--compress`, `--remote`).
 
-The tiered run drives a `pagedkv.tiers.TieredCache` over the run's manager and a CPU
-`KVCachePool` that stands in for the GPU's: one layer of 2 KV heads x 64 in bfloat16 (256
-bytes per token, 4 KiB per block of 16), into which every step writes the KV of the tokens
-it computed (`sim.tier_kv`: layer 0 of a random-weight decoder), through the manager's slot
-mapping, as an engine would. The scheduler's block-taking calls go through the
-`TieredCache` (`TierDriver.target`), so each call's evicted blocks are demoted from the
-pool before it returns; loaded blocks are written back into it, copy-on-write pairs and
-swaps applied to it: the tiers move, compress and check real bytes. With `--check`, every
-prefix hit (GPU or tier) is read back from the pool once the step ran, and every finished
-sequence's whole KV before it is freed, and compared, token by token, with the KV its
-tokens and positions give.
+The tiered run drives a `pagedkv.tiers.TieredCache` over the run's manager. The scheduler's
+block-taking calls go through it (`TierDriver.target`), so each call's evicted blocks are
+demoted before it returns, in the calling thread (`workers=0`: the run is deterministic),
+and `allocate` continues each prefix match in the tiers. No torch is needed either way.
+
+Two ways to run it (`--tier-data`):
+
+- **count** (the default without `--compress`, `--remote` or `--check`): no byte moves. Each
+  host tier is a `tiers.digests.DigestTier` that keeps the digests of the blocks it holds,
+  `N // (model bytes per block)` of them, with a raw host tier's LRU rules: the hits,
+  demotions and promotions are those of a raw `HostTier` of N bytes, at the cost of a dict
+  operation per block.
+- **real** (the default with `--compress`, `--remote` or `--check`; compression and a server
+  need bytes): a numpy `HostKVPool` stands in for the GPU's pool: one layer of 2 KV heads x
+  64 in bfloat16 (8 KiB per block of 16, K and V), into which every step writes the KV of
+  the tokens it computed (`sim.tier_kv`: layer 0 of a random-weight decoder), through the
+  manager's slot mapping, as an engine would. Evicted blocks are copied out of it, loaded
+  blocks written back into it, copy-on-write pairs and swaps applied to it: the tiers move,
+  compress, MAC and check real bytes, and the run reports their throughput. With `--check`,
+  every prefix hit (GPU or tier) is read back from the pool once the step ran, and every
+  finished sequence's whole KV before it is freed, and compared, token by token, with the
+  KV its tokens and positions give.
 
 Budgets are given in the bytes of the model's KV (`--kv-bytes-per-token`, or a `--model`
 whose KV is one full-attention group; llama-3-8b's 128 KiB per token when neither is
-given): a tier of N bytes holds `N // (model bytes per block)` raw blocks. Its store gets
-the budget that holds exactly that many of the data pool's blocks (entry header included),
-so the hit rates are those of the model's sizes, and a compressed tier holds as many more
-blocks as the data pool's KV compresses. Bytes demoted and promoted are reported in the
-model's bytes (`bytes_demoted`), and in the data pool's (`data_bytes_demoted`).
+given): a tier of N bytes holds `N // (model bytes per block)` raw blocks. With real bytes
+its store gets the budget that holds exactly that many of the data pool's blocks (entry
+header included), so the hit rates are those of the model's sizes, and a compressed tier
+holds as many more blocks as the data pool's KV compresses. Bytes demoted and promoted are
+reported in the model's bytes (`bytes_demoted`), and in the data pool's
+(`data_bytes_demoted`, 0 when counting).
 """
 
 from __future__ import annotations
@@ -32,10 +44,10 @@ import numpy.typing as npt
 
 from pagedkv.sim import units
 from pagedkv.sim.kv_bytes import KVBytes
-from pagedkv.sim.tier_kv import LayerZeroKV
 
 DATA_LAYERS, DATA_HEADS, DATA_DIM, DATA_DTYPE = 1, 2, 64, "bfloat16"
 DEFAULT_MODEL = "llama-3-8b"
+TIER_DATA = ("count", "real")
 
 
 def parse_bytes(text: str) -> int:
@@ -52,6 +64,15 @@ class TierOptions:
     compress: str | None = None  # a codec name: the host tier (and the remote) compress
     remote: str | None = None
     remote_cluster: bool = False
+    data: str = "count"  # "count": no bytes move; "real": a data pool's bytes (TIER_DATA)
+
+    def __post_init__(self) -> None:
+        if self.data not in TIER_DATA:
+            raise ValueError(f"tier data must be one of {', '.join(TIER_DATA)}, got {self.data!r}")
+        if self.data == "count" and self.compress is not None:
+            raise ValueError("--compress needs the blocks' bytes: give --tier-data real")
+        if self.data == "count" and self.remote is not None:
+            raise ValueError("--remote stores bytes on a server: give --tier-data real")
 
     def describe(self, block_size: int) -> str:
         per = self.kv.per_block(block_size)
@@ -65,10 +86,15 @@ class TierOptions:
         if self.remote is not None:
             cluster = " cluster" if self.remote_cluster else ""
             parts.append(f"remote{cluster} {self.remote} ({self.compress or 'raw'})")
+        data = (
+            "count-only (block digests, no bytes)"
+            if self.data == "count"
+            else f"real bytes: data pool {DATA_LAYERS} layer x {DATA_HEADS} heads x "
+            f"{DATA_DIM} {DATA_DTYPE}"
+        )
         return (
             "; ".join(parts) + f"; budgets in {self.kv.bytes_per_token} bytes of KV per token "
-            f"({self.kv.source}); data pool {DATA_LAYERS} layer x {DATA_HEADS} heads x "
-            f"{DATA_DIM} {DATA_DTYPE}"
+            f"({self.kv.source}); {data}"
         )
 
 
@@ -103,32 +129,46 @@ class TierDriver:
         num_cpu_blocks: int,
         hash_algo: str,
         check: bool = False,
+        stores: list[Any] | None = None,
     ) -> None:
-        try:
-            import torch  # noqa: F401 (the data pool is a torch tensor)
-        except ImportError:
-            raise RuntimeError(
-                "the tier run keeps its KV in a torch CPU pool: pip install torch"
-            ) from None
-        from pagedkv.device.pool import KVCachePool
-        from pagedkv.tiers.blocks import block_nbytes
+        """`stores`, when given, are the tier stores to use instead of the ones `options`
+        describes (several nodes sharing one store): the caller owns them, so `close` leaves
+        them open."""
         from pagedkv.tiers.cache import TieredCache
 
         bs = manager.block_size
         self.m = manager
         self.options = options
         self.check = check
-        self.pool = KVCachePool(
-            DATA_LAYERS, manager.num_blocks, bs, DATA_HEADS, DATA_DIM, DATA_DTYPE, "cpu"
-        )
-        self.swap = self.pool.swap_pool(num_cpu_blocks) if num_cpu_blocks else None
-        self.kv = LayerZeroKV(DATA_HEADS, DATA_DIM)
-        self.data_block = block_nbytes(self.pool)
+        self.real = options.data == "real"
+        if check and not self.real:
+            raise ValueError("--check reads the KV back: it needs --tier-data real")
+        #: Whether the scheduler must hand each step's tokens to `write` (real bytes only).
+        self.writes_kv = self.real
         self.model_block = options.kv.per_block(bs)
-        self.stores = self._stores(bs)
-        self.tc = TieredCache(manager, self.pool, self.stores, hash_algo=hash_algo)
+        self.pool: Any = None
+        self.swap: Any = None
+        self.data_block = 0
+        if self.real:
+            from pagedkv.sim.tier_kv import LayerZeroKV
+            from pagedkv.tiers.blocks import block_nbytes
+            from pagedkv.tiers.host_pool import HostKVPool
+
+            self.pool = HostKVPool(
+                DATA_LAYERS, manager.num_blocks, bs, DATA_HEADS, DATA_DIM, DATA_DTYPE
+            )
+            self.swap = self.pool.swap_pool(num_cpu_blocks) if num_cpu_blocks else None
+            self.kv = LayerZeroKV(DATA_HEADS, DATA_DIM)
+            self.data_block = block_nbytes(self.pool)
+        self._own_stores = stores is None
+        self.stores = self._stores(bs) if stores is None else list(stores)
+        self.tc = TieredCache(
+            manager, self.pool, self.stores, hash_algo=hash_algo, workers=0, events=False
+        )
         self.checked_tokens = 0
         self.pending_checks: dict[int, npt.NDArray[np.uint32]] = {}
+        self.allocated: set[int] = set()  # sequences allocated once: a later one recomputes
+        self.workload_tier_hit_tokens = 0  # tier hits of first allocations (workload prompts)
 
     def _stores(self, bs: int) -> list[Any]:
         from pagedkv.tiers import codec as C
@@ -136,6 +176,13 @@ class TierDriver:
         from pagedkv.tiers.host import CompressedHostTier, HostTier
 
         o = self.options
+        if not self.real:
+            from pagedkv.tiers.digests import DigestTier
+
+            if o.host_bytes is None:
+                raise ValueError("give --host-tier-bytes (count-only runs have a host tier)")
+            cap = o.host_bytes // self.model_block
+            return [DigestTier(cap, block_bytes=self.model_block, name="host", medium="CPU")]
         # A fresh tenant per run: a shared server's entries of another run never hit here.
         ns = Namespace(
             "pagedkv-sim",
@@ -192,6 +239,11 @@ class TierDriver:
         if alloc is None:
             return None
         hit = self.tc.load(alloc)
+        if seq_id in self.allocated:
+            pass  # a recomputation after preemption: not the workload's own prompt
+        else:
+            self.allocated.add(seq_id)
+            self.workload_tier_hit_tokens += hit - alloc.gpu_hit_tokens
         if self.check and hit:
             # Read back once the step ran: a hit may be on blocks another sequence of the
             # same step computes (its KV is written before attention reads it, as in vLLM).
@@ -200,43 +252,44 @@ class TierDriver:
 
     def copy(self, pairs: Any) -> None:
         """Copy-on-write pairs `(src, dst)` the manager returned: copy the KV now."""
-        if len(pairs):
+        if self.pool is not None and len(pairs):
             self.pool.copy_blocks(np.asarray(pairs, dtype=np.int64).reshape(-1, 2))
 
     def swapped(self, pairs: Any, *, out: bool) -> None:
         """`swap_out` pairs `(gpu, cpu)` or `swap_in` pairs `(cpu, gpu)`: move the KV."""
-        from pagedkv.device.pool import swap_blocks
+        from pagedkv.tiers.host_pool import swap_host_blocks
 
         if self.swap is None or not len(pairs):
             return
         a = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
         if out:
-            swap_blocks(self.pool, self.swap, a)
+            swap_host_blocks(self.pool, self.swap, a)
         else:
-            swap_blocks(self.swap, self.pool, a)
+            swap_host_blocks(self.swap, self.pool, a)
 
     def write(self, items: list[tuple[int, int, npt.NDArray[np.uint32]]]) -> None:
         """The step ran: `(seq_id, first position, tokens)` had their KV computed, the last
         scheduled tokens of each sequence."""
-        if items:
+        if items and self.pool is not None:
             self._write(items)
         checks, self.pending_checks = self.pending_checks, {}
         for seq_id, tokens in checks.items():
             self._check_hit(seq_id, tokens)
 
     def _write(self, items: list[tuple[int, int, npt.NDArray[np.uint32]]]) -> None:
-        import torch
-
-        ids = np.fromiter((s for s, _, _ in items), dtype=np.int64, count=len(items))
-        counts = np.fromiter((len(t) for _, _, t in items), dtype=np.int64, count=len(items))
+        n = len(items)
+        ids = np.fromiter((s for s, _, _ in items), dtype=np.int64, count=n)
+        counts = np.fromiter((len(t) for _, _, t in items), dtype=np.int64, count=n)
+        starts = np.fromiter((p for _, p, _ in items), dtype=np.int64, count=n)
         slots = self.m.slot_mapping(ids, counts)
         tokens = np.concatenate([t for _, _, t in items])
-        pos = np.concatenate([np.arange(p, p + len(t)) for _, p, t in items])
+        # Position of each token: its item's first position plus its index in the item.
+        first_index = np.cumsum(counts) - counts
+        pos = np.arange(len(tokens), dtype=np.int64) + np.repeat(starts - first_index, counts)
         # A fork shares its parent's blocks: write each slot once (both give the same KV).
         slots, first = np.unique(slots, return_index=True)
         k, v = self.kv(tokens[first], pos[first])
-        dt = self.pool.dtype
-        self.pool.write(0, torch.from_numpy(k).to(dt), torch.from_numpy(v).to(dt), slots)
+        self.pool.write(0, k, v, slots)
 
     def finished(self, items: list[tuple[int, npt.NDArray[np.uint32]]]) -> None:
         """`(seq_id, tokens)` of sequences about to be freed after their last step: with
@@ -246,8 +299,6 @@ class TierDriver:
                 self._check_hit(seq_id, tokens)
 
     def _check_hit(self, seq_id: int, tokens: npt.NDArray[np.uint32]) -> None:
-        import torch
-
         from pagedkv.errors import PagedKVError
 
         bs = self.m.block_size
@@ -258,12 +309,11 @@ class TierDriver:
         pos = np.arange(len(tokens))
         blocks, offsets = table[pos // bs], pos % bs
         k, v = self.kv(tokens, pos)
-        dt = self.pool.dtype
         for what, want in ((0, k), (1, v)):
-            got = self.pool.buffer[0, what][torch.from_numpy(blocks), torch.from_numpy(offsets)]
-            bad = ~(got == torch.from_numpy(want).to(dt)).reshape(len(tokens), -1).all(dim=1)
+            got = self.pool.read(0, what, blocks, offsets)
+            bad = ~(got == self.pool.stored(want)).reshape(len(tokens), -1).all(axis=1)
             if bool(bad.any()):
-                p = int(torch.nonzero(bad)[0, 0])
+                p = int(np.flatnonzero(bad)[0])
                 raise TierCheckError(
                     f"sequence {seq_id}: the {'KV'[what]} at position {p} (block "
                     f"{int(blocks[p])}) is not the one its tokens give"
@@ -277,7 +327,7 @@ class TierDriver:
         self.tc.flush()
         s = self.tc.stats()
         self.tc.close()
-        for store in self.stores:
+        for store in self.stores if self._own_stores else ():
             closer = getattr(store, "close", None)
             if closer is not None:
                 closer()
@@ -318,7 +368,38 @@ class TierDriver:
             "seconds_demote_copy": s.seconds_demote_copy,
             "seconds_load": s.seconds_load,
             "checked_tokens": self.checked_tokens,
+            "workload_tier_hit_tokens": self.workload_tier_hit_tokens,
+            "tier_data": self.options.data,
+            **self._throughput(s),
             "tiers": per_tier,
+        }
+
+    def _throughput(self, s: Any) -> dict[str, Any]:
+        """With real bytes: GB/s (10^9 bytes) of the data pool's bytes demoted (copy out,
+        then every tier's put: encode, frame, MAC, store), promoted (every get: check,
+        decode; then the copy in), compressed and decompressed (the codec alone), and the
+        time a load adds per promoted block. None when counting (nothing moved)."""
+        if not self.real:
+            keys = ("demote_gbps", "promote_gbps", "compress_gbps", "decompress_gbps")
+            return {**dict.fromkeys(keys), "load_us_per_block": None}
+        put = sum(t.seconds_put for t in s.stores)
+        enc = sum(t.extra.get("seconds_encode", 0.0) for t in s.stores)
+        dec = sum(t.extra.get("seconds_decode", 0.0) for t in s.stores)
+        coded = [t for t in s.stores if t.extra.get("seconds_encode")]
+        raw_in = sum(t.raw_bytes_in for t in coded)
+        raw_out = sum(t.extra.get("decoded_bytes", 0.0) for t in coded)
+
+        def rate(nbytes: float, seconds: float) -> float | None:
+            return nbytes / seconds / 1e9 if seconds > 0 and nbytes else None
+
+        return {
+            "demote_gbps": rate(s.bytes_demoted, s.seconds_demote_copy + put),
+            "promote_gbps": rate(s.bytes_promoted, s.seconds_load),
+            "compress_gbps": rate(raw_in, enc),
+            "decompress_gbps": rate(raw_out, dec),
+            "load_us_per_block": (
+                1e6 * s.seconds_load / s.blocks_promoted if s.blocks_promoted else None
+            ),
         }
 
 

@@ -11,6 +11,9 @@ the bytes. On a CPU pool the copy is done when `copy_out` returns.
 
 `copy_in` writes a batch of blocks back, on the current stream, so the step's kernels issued
 after it read the loaded KV.
+
+A pool whose `buffer` is a numpy array (`tiers.host_pool.HostKVPool`, torch-free) is copied
+with numpy: done when the call returns, as for a CPU `KVCachePool`, with the same bytes.
 """
 
 from __future__ import annotations
@@ -27,10 +30,15 @@ if TYPE_CHECKING:
     import torch
 
     from pagedkv.device.pool import KVCachePool
+    from pagedkv.tiers.host_pool import HostKVPool
+
+    Pool = KVCachePool | HostKVPool
 
 
-def block_nbytes(pool: KVCachePool) -> int:
+def block_nbytes(pool: Pool) -> int:
     """Bytes of one block across every row (layer) of the pool, K and V."""
+    if isinstance(pool.buffer, np.ndarray):
+        return int(pool.buffer[:, :, 0].nbytes)
     per_block: int = pool.buffer[:, :, 0].numel() * pool.buffer.element_size()
     return per_block
 
@@ -40,7 +48,7 @@ class BlockCopy:
     """Blocks copied out of a pool: `host[i]` holds the i-th block's bytes once `wait()` has
     returned (a GPU copy may still be in flight before). `host` is pinned for a GPU pool."""
 
-    host: torch.Tensor  # uint8 [n, block_nbytes]
+    host: torch.Tensor | np.ndarray  # uint8 [n, block_nbytes]
     event: Any  # torch.cuda.Event the copy records, or None (done at once)
 
     def __len__(self) -> int:
@@ -48,7 +56,7 @@ class BlockCopy:
 
     @property
     def nbytes(self) -> int:
-        return int(self.host.numel())
+        return int(self.host.nbytes)
 
     def wait(self) -> None:
         """Block the calling thread until the bytes are on the host."""
@@ -57,11 +65,12 @@ class BlockCopy:
 
     def block(self, i: int) -> memoryview:
         """The i-th block's bytes (call `wait()` first); a view of `host`, not a copy."""
-        view: memoryview = self.host[i].numpy().data
+        row = self.host[i]
+        view: memoryview = row.data if isinstance(row, np.ndarray) else row.numpy().data
         return view
 
 
-def _check_blocks(pool: KVCachePool, blocks: Sequence[int]) -> np.ndarray:
+def _check_blocks(pool: Pool, blocks: Sequence[int]) -> np.ndarray:
     ids = np.asarray(blocks, dtype=np.int64).reshape(-1)
     if ids.size and (ids.min() < 0 or ids.max() >= pool.num_blocks):
         raise InvalidArgumentError(f"block ids must be in [0, {pool.num_blocks})")
@@ -81,12 +90,15 @@ def _side_stream(pool: KVCachePool) -> Any:
     return stream
 
 
-def copy_out(pool: KVCachePool, blocks: Sequence[int]) -> BlockCopy:
+def copy_out(pool: Pool, blocks: Sequence[int]) -> BlockCopy:
     """Gather `blocks` (each once) into one host buffer (module docstring for the order)."""
-    import torch
-
     ids = _check_blocks(pool, blocks)
     n, nbytes = len(ids), block_nbytes(pool)
+    if isinstance(pool.buffer, np.ndarray):
+        rows = np.ascontiguousarray(np.moveaxis(pool.buffer[:, :, ids], 2, 0))
+        return BlockCopy(rows.view(np.uint8).reshape(n, nbytes), None)
+    import torch
+
     idx = torch.from_numpy(ids)
     if pool.device.type != "cuda":
         gathered = pool.buffer.index_select(2, idx).movedim(2, 0).contiguous()
@@ -105,11 +117,9 @@ def copy_out(pool: KVCachePool, blocks: Sequence[int]) -> BlockCopy:
     return BlockCopy(host, event)
 
 
-def copy_in(pool: KVCachePool, blocks: Sequence[int], data: Sequence[bytes | memoryview]) -> None:
+def copy_in(pool: Pool, blocks: Sequence[int], data: Sequence[bytes | memoryview]) -> None:
     """Write `data[i]` (a block's bytes, as `copy_out` gave them) into `blocks[i]`, on the
     current stream."""
-    import torch
-
     ids = _check_blocks(pool, blocks)
     if len(data) != len(ids):
         raise InvalidArgumentError(f"{len(ids)} blocks but {len(data)} byte strings")
@@ -121,6 +131,13 @@ def copy_in(pool: KVCachePool, blocks: Sequence[int], data: Sequence[bytes | mem
             raise InvalidArgumentError(f"a block of this pool is {want} bytes, got {len(d)}")
     if not len(ids):
         return
+    if isinstance(pool.buffer, np.ndarray):
+        shape = (len(ids), *pool.buffer[:, :, 0].shape)
+        rows = np.frombuffer(b"".join(data), dtype=pool.buffer.dtype).reshape(shape)
+        pool.buffer[:, :, ids] = np.moveaxis(rows, 0, 2)
+        return
+    import torch
+
     raw = torch.frombuffer(bytearray(b"".join(data)), dtype=torch.uint8)
     idx = torch.from_numpy(ids)
     if pool.device.type == "cuda":
@@ -131,14 +148,14 @@ def copy_in(pool: KVCachePool, blocks: Sequence[int], data: Sequence[bytes | mem
     pool.buffer.index_copy_(2, idx, values)
 
 
-def read_block(pool: KVCachePool, block: int) -> bytes:
+def read_block(pool: Pool, block: int) -> bytes:
     """Copy block `block` out of the pool and wait for it."""
     copy = copy_out(pool, [block])
     copy.wait()
     return bytes(copy.block(0))
 
 
-def write_block(pool: KVCachePool, block: int, data: bytes | memoryview) -> None:
+def write_block(pool: Pool, block: int, data: bytes | memoryview) -> None:
     """Write `data` (as `read_block` gave it) into block `block` of the pool."""
     copy_in(pool, [block], [data])
 

@@ -22,6 +22,13 @@ tier entry goes into which new GPU block. `load` runs it before the
 step reads them and returns how many prompt tokens the engine need not compute: the GPU hit
 plus the loaded blocks up to the first that could not be read (a vanished or damaged entry
 is recomputed by the step, whose KV then lands in the block the manager registered).
+
+Without a pool (`pool=None`: count-only, as the simulator's default tier run) no byte
+moves: a block is 0 bytes, demotion puts each evicted key into the stores and a load only
+asks them for it (`tiers.digests.DigestTier` holds keys and no bytes). With `workers=0`
+demotion stores in the calling thread before the call returns (deterministic: the
+simulator's runs repeat exactly), and `events=False` keeps no `BlockStored`/`BlockRemoved`
+events (nobody drains them in a replay of millions of blocks).
 """
 
 from __future__ import annotations
@@ -96,6 +103,7 @@ class TieredCache:
         hash_seed: int = 0,
         workers: int = 2,
         max_pending_bytes: int = 1 << 30,
+        events: bool = True,
     ) -> None:
         if not stores:
             raise InvalidArgumentError("a TieredCache needs at least one tier store")
@@ -103,28 +111,39 @@ class TieredCache:
             raise InvalidArgumentError(
                 "a TieredCache needs a manager built with record_evictions=True"
             )
-        if manager.block_size != pool.block_size or manager.num_blocks != pool.num_blocks:
-            raise InvalidArgumentError("the pool's blocks must be the manager's")
         self._groups: int = manager.num_groups
-        if bool(manager.stats().groups) != bool(pool.null_block):
-            raise InvalidArgumentError(
-                "a manager with KV-cache groups needs a pool with groups, and only it does"
-            )
+        #: A manager with groups numbers its null block 0 (its pool does too).
+        self._null_block = bool(manager.stats().groups)
+        if pool is not None:
+            if manager.block_size != pool.block_size or manager.num_blocks != pool.num_blocks:
+                raise InvalidArgumentError("the pool's blocks must be the manager's")
+            if self._null_block != bool(pool.null_block):
+                raise InvalidArgumentError(
+                    "a manager with KV-cache groups needs a pool with groups, and only it does"
+                )
         if max_pending_bytes < 0:
             raise InvalidArgumentError("max_pending_bytes must be >= 0")
+        w: object = workers
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise InvalidArgumentError("workers must be an int >= 0 (0: store in the caller)")
         self.manager = manager
         self.pool = pool
         self.stores = list(stores)
         self._hash_algo = hash_algo
         self._hash_seed = hash_seed
-        self._block_bytes = block_nbytes(pool)
+        self._block_bytes = block_nbytes(pool) if pool is not None else 0
+        self._keep_events = events
         self._lock = threading.Lock()
         self._events: list[KVEvent] = []
         self._stats = TieredStats(tier_hit_tokens=[0] * len(self.stores))
         self._max_pending = max_pending_bytes
         self._pending_bytes = 0
         self._pending: set[Future[None]] = set()
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pagedkv-tier")
+        self._executor = (
+            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pagedkv-tier")
+            if workers
+            else None
+        )
 
     # ---- the block-taking calls, each with its own demotion duty -----------------------
 
@@ -198,12 +217,23 @@ class TieredCache:
 
     def _demote(self, evicted: Evicted) -> int:
         """Copy out the blocks one call evicted (its caller owns them and has not written
-        them yet) and store them below in the background. Returns the blocks copied out."""
+        them yet) and store them below, in the background (or at once with `workers=0`).
+        Returns the blocks copied out."""
         if not evicted:
             return 0
+        # tuple.__new__ builds the same TierKey without NamedTuple's Python-level __new__
+        # (a third of the cost per block in a count-only replay).
+        make = tuple.__new__
+        keys = [make(TierKey, (g, d)) for _, g, d in evicted]
+        if self.pool is None:  # count-only: no bytes to copy
+            with self._lock:
+                self._stats.blocks_demoted += len(keys)
+            self._store_keys(keys)
+            return len(keys)
         nbytes = len(evicted) * self._block_bytes
+        sync = self._executor is None
         with self._lock:
-            if self._pending_bytes + nbytes > self._max_pending:
+            if not sync and self._pending_bytes + nbytes > self._max_pending:
                 self._stats.dropped_demotions += len(evicted)
                 return 0
             self._pending_bytes += nbytes
@@ -214,15 +244,34 @@ class TieredCache:
             with self._lock:
                 self._pending_bytes -= nbytes
             raise
-        keys = [TierKey(g, d) for _, g, d in evicted]
         with self._lock:
             self._stats.blocks_demoted += len(keys)
             self._stats.bytes_demoted += nbytes
             self._stats.seconds_demote_copy += time.perf_counter() - t0
-            fut = self._executor.submit(self._store_below, keys, copy)
-            self._pending.add(fut)
-        fut.add_done_callback(self._forget)
+            if sync:
+                fut = None
+            else:
+                assert self._executor is not None
+                fut = self._executor.submit(self._store_below, keys, copy)
+                self._pending.add(fut)
+        if fut is None:
+            self._store_below(keys, copy)
+        else:
+            fut.add_done_callback(self._forget)
         return len(keys)
+
+    def _store_keys(self, keys: list[TierKey]) -> None:
+        """Count-only demotion: each key into every store (in a batch where the store takes
+        one, as `DigestTier.put_many` does)."""
+        for store in self.stores:
+            many = getattr(store, "put_many", None)
+            if many is not None and not self._keep_events:
+                many(keys)
+            else:
+                for key in keys:
+                    if store.put(key, b"") and self._keep_events:
+                        self._stored_event(store, key)
+            self._removed(store)
 
     def _forget(self, fut: Future[None]) -> None:
         with self._lock:
@@ -234,26 +283,22 @@ class TieredCache:
             for i, key in enumerate(keys):
                 data = copy.block(i)
                 for store in self.stores:
-                    if store.put(key, data):
-                        self._event(
-                            BlockStored(
-                                [key.digest],
-                                None,
-                                [],
-                                self.pool.block_size,
-                                None,
-                                store.medium,
-                                key.group,
-                            )
-                        )
+                    if store.put(key, data) and self._keep_events:
+                        self._stored_event(store, key)
                     self._removed(store)
         finally:
             with self._lock:
                 self._pending_bytes -= copy.nbytes
 
+    def _stored_event(self, store: TierStore, key: TierKey) -> None:
+        bs: int = self.manager.block_size
+        self._event(BlockStored([key.digest], None, [], bs, None, store.medium, key.group))
+
     def _removed(self, store: TierStore) -> None:
-        for key in store.drain_removed():
-            self._event(BlockRemoved([key.digest], store.medium, key.group))
+        removed = store.drain_removed()
+        if self._keep_events:
+            for key in removed:
+                self._event(BlockRemoved([key.digest], store.medium, key.group))
 
     def _event(self, e: KVEvent) -> None:
         with self._lock:
@@ -289,12 +334,19 @@ class TieredCache:
         tier that holds its group-0 entry."""
         held = len(digests)
         first: list[int] = []
+        make = tuple.__new__  # TierKey at C speed: a key per block of every prompt
         for g in range(self._groups):
-            keys = [TierKey(g, d) for d in digests]
+            keys = [make(TierKey, (g, d)) for d in digests[:held]]
             runs = [store.count_present(keys) for store in self.stores]
             held = min(held, max(runs, default=0))
             if g == 0:
-                first = [next(t for t, n in enumerate(runs) if n > i) for i in range(held)]
+                # Block i's store is the first whose run is longer than i: the stores' runs
+                # as a running maximum hand out consecutive ranges of blocks.
+                reach = 0
+                for t, n in enumerate(runs):
+                    if n > reach:
+                        first += [t] * (n - reach)
+                        reach = n
         return first[:held]
 
     def _match(
@@ -365,7 +417,7 @@ class TieredCache:
         for i in range(max(h, g), g + len(sources)) if h >= g else ():
             shares[sources[i - g]] += bs
             for x, table in enumerate(tables):
-                if not (self.pool.null_block and table[i] == 0):
+                if not (self._null_block and table[i] == 0):
                     plan.append((sources[i - g], TierKey(x, digests[i]), table[i]))
                     positions.append(i)
         return TierAllocation(seq_id, hit, tuple(shares), tuple(plan), tuple(positions))
@@ -398,18 +450,23 @@ class TieredCache:
             # Entries of the failed position already read are not written: it is computed.
             keep = sum(1 for i in positions[: len(blocks)] if i < stop)
             del blocks[keep:], found[keep:], tiers[keep:]
-        copy_in(self.pool, blocks, found)
-        done = sorted(set(positions[: len(blocks)]))
+        if self.pool is not None:
+            copy_in(self.pool, blocks, found)
+        # Positions come in order, each with its groups' entries: count each once, for the
+        # tier of its first entry.
         per_tier = [0] * len(self.stores)
-        for i in done:
-            per_tier[tiers[positions.index(i)]] += bs
+        done, last = 0, -1
+        for i, t in zip(positions[: len(blocks)], tiers, strict=True):
+            if i != last:
+                per_tier[t] += bs
+                done, last = done + 1, i
         with self._lock:
             for t, tokens in enumerate(per_tier):
                 self._stats.tier_hit_tokens[t] += tokens
             self._stats.blocks_promoted += len(blocks)
             self._stats.bytes_promoted += len(blocks) * self._block_bytes
             self._stats.seconds_load += time.perf_counter() - t0
-        return alloc.gpu_hit_tokens + len(done) * bs
+        return alloc.gpu_hit_tokens + done * bs
 
     # ---- events, stats, shutdown -------------------------------------------------------
 
@@ -440,7 +497,8 @@ class TieredCache:
 
     def close(self) -> None:
         self.flush()
-        self._executor.shutdown(wait=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
 
 
 __all__ = ["TierAllocation", "TieredCache", "TieredStats"]
