@@ -11,6 +11,7 @@ known (`add_memory`), block counts also print as GiB.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -326,7 +327,15 @@ def write_json(
     sections (`--model`: `{"model": ..., "runs": [model run, all-full run]}`)."""
     doc: dict[str, Any] = dict(runs[0]) if len(runs) == 1 else {"runs": list(runs)}
     doc.update(extra or {})
-    Path(path).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    # Atomically (a temporary file, then a rename): a run killed while writing leaves the
+    # previous version whole (`--mrc` writes the file after every stage).
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 __all__ = ["add_memory", "figures", "summary_table", "sweep_table", "write_json"]

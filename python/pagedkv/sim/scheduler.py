@@ -193,6 +193,7 @@ class SimResult:
     manager_calls: int = 0
     manager_ns: int = 0  # time spent inside manager calls
     wall_s: float = 0.0
+    stopped_early: bool = False  # `until` ended the run before every request finished
     series: StepSeries = field(default_factory=StepSeries, repr=False)
     final_stats: Stats | None = field(default=None, repr=False)
     trace: list[Call] | None = field(default=None, repr=False)
@@ -318,8 +319,10 @@ class _Scheduler:
         observe: Callable[[], None] | None = None,
         watch: ScheduleObserver | None = None,
         tiers: TierDriver | None = None,
+        until: Callable[[SimResult], bool] | None = None,
     ) -> None:
         self.m = manager
+        self.until = until
         self.tiers = tiers
         self.observe = observe
         # With tiers, block-taking calls go through them: each demotes what it evicted.
@@ -858,6 +861,9 @@ class _Scheduler:
             if self.progress is not None:
                 self.progress(res.finished_requests, res.requests)
             self.clock += 1
+            if self.until is not None and self.until(res):
+                res.stopped_early = True
+                break
         res.clock_steps = self.clock
         res.manager_ns = call.ns
         res.manager_calls = call.calls
@@ -885,6 +891,7 @@ def run_workload(
     observe: Callable[[], None] | None = None,
     watch: ScheduleObserver | None = None,
     tiers: TierDriver | None = None,
+    until: Callable[[SimResult], bool] | None = None,
 ) -> SimResult:
     """Replay `workload` through `manager` (see the module docstring for one step).
 
@@ -904,7 +911,9 @@ def run_workload(
     finished sequences leave), outside the timed calls: a caller samples more of the manager
     there (the per-group figures of `sim.model_run`). `watch` is told every allocation,
     scheduled chunk, appended token, fork, swap and free (`observer.ScheduleObserver`; the
-    miss-ratio curve of `mrc.MRCRecorder`).
+    miss-ratio curve of `mrc.MRCRecorder`). `until(result so far)` is asked after every step;
+    True ends the run there (`stopped_early`; the sizing checks stop a run that can no longer
+    pass).
     """
     if max_batch < 1:
         raise ValueError("max_batch must be >= 1")
@@ -936,6 +945,7 @@ def run_workload(
         observe=observe,
         watch=watch,
         tiers=tiers,
+        until=until,
     ).run()
 
 
