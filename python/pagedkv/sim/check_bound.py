@@ -93,10 +93,12 @@ class StopRule:
 
     def __call__(self, res: SimResult) -> bool:
         if res.preemptions:
-            self.reason = f"{res.preemptions} preemptions"
+            self.reason = f"{res.preemptions} preemption{'s' * (res.preemptions != 1)}"
             return True
         if res.rejected_requests:
-            self.reason = f"{res.rejected_requests} requests rejected"
+            self.reason = (
+                f"{res.rejected_requests} request{'s' * (res.rejected_requests != 1)} rejected"
+            )
             return True
         admitted = res.workload_prompt_tokens
         hits = res.prefix_hit_tokens - res.recomputed_hit_tokens

@@ -64,9 +64,9 @@ class Trial:
         if self.hit_rate < self.target - 1e-12:
             reasons.append(f"hit rate {self.hit_rate:.2%}")
         if self.preemptions:
-            reasons.append(f"{self.preemptions} preemptions")
+            reasons.append(f"{self.preemptions} preemption{'s' * (self.preemptions != 1)}")
         if self.rejected:
-            reasons.append(f"{self.rejected} requests rejected")
+            reasons.append(f"{self.rejected} request{'s' * (self.rejected != 1)} rejected")
         return ", ".join(reasons)
 
 
