@@ -9,7 +9,8 @@ optional speculative decoding (`--spec-tokens`) and random aborts (`--abort-rate
 workload twice on the same pool bytes, with the model's KV-cache groups and as all-full
 attention, and shows the figures per group side by side (`sim.model_run`). `--mrc` sizes the
 cache instead (`sim.sizing_cli`; `sim.sizing_jobs` runs it in parallel processes): the hit
-rate of every size, and the smallest size for a target hit rate. Output options are checked before any run (`sim.outputs`).
+rate of every size, and the smallest size for a target hit rate. Output options are checked
+before any run (`sim.outputs`).
 """
 
 from __future__ import annotations
