@@ -33,6 +33,7 @@ from typing import Any, TextIO
 from pagedkv.config import BlockManagerConfig
 from pagedkv.sim.check_bound import StopRule
 from pagedkv.sim.kv_bytes import KVBytes, kv_bytes
+from pagedkv.sim.mrc import MRCRecorder
 from pagedkv.sim.mrc_curve import MissRatioCurve
 from pagedkv.sim.progress import ProgressBar, RunLines, clock
 from pagedkv.sim.report import json_doc, summary_table, sweep_table, write_doc
@@ -60,6 +61,7 @@ class Task:
     config: BlockManagerConfig
     target: float = 0.0
     index: int = 0  # a curve run: which configured run
+    sample_rate: float = 1.0  # a curve run: the curve's (decided here, by `recorder`)
 
 
 Report = Callable[[str, int, int], None]  # (label, finished requests, requests)
@@ -100,7 +102,7 @@ def perform(task: Task, ctx: _Context, report: Report) -> dict[str, Any]:
     args, config = ctx.args, task.config
     if task.kind == "curve":
         runner = cli._Runner(args, ctx.workload, ctx.kv, lambda label: _Bar(label, report))
-        watch = recorder(args, ctx.workload, config.block_size)
+        watch = MRCRecorder(config.block_size, task.sample_rate)
         f = runner(config, task.label, watch)
         return {"figures": f, "curve": watch.curve()}
     rule = StopRule.build(ctx.workload, config.block_size, task.target, args.abort_rate > 0)
@@ -403,7 +405,8 @@ class Sizing:
                 label = f"B={c.block_size} curve run"
                 if several:
                     label += f" ({c.num_blocks} blocks, {c.hash_algo})"
-                submit(Task(label, "curve", c, index=i))
+                rate = recorder(self.args, self.workload, c.block_size).sample_rate
+                submit(Task(label, "curve", c, index=i, sample_rate=rate))
             while pending:
                 if isinstance(executor, _Pool):
                     done, _ = cf.wait(pending, timeout=0.25, return_when=cf.FIRST_COMPLETED)
