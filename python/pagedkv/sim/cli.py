@@ -34,7 +34,7 @@ from pagedkv.sim.report import add_memory, figures, summary_table, sweep_table, 
 from pagedkv.sim.requests import TRACE_BLOCK_TOKENS, Workload
 from pagedkv.sim.scheduler import run_workload
 from pagedkv.sim.sizing_cli import add_sizing_arguments, wants_mrc
-from pagedkv.sim.sizing_jobs import size
+from pagedkv.sim.sizing_jobs import clock_now, size
 from pagedkv.sim.tier_cli import add_tier_arguments, simulate_tiers, wants_tiers
 from pagedkv.sim.tier_run import TierDriver, TierOptions
 from pagedkv.sim.trace import TraceOrderWarning, read_trace
@@ -454,6 +454,7 @@ class _Runner:
 def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -> int:
     """Run the `simulate` command; returns the exit status."""
     err = sys.stderr if err is None else err
+    started = clock_now()
     check_outputs(args.json, args.plot)
     if args.list_models:
         list_models(out)
@@ -490,7 +491,7 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
             print(f"plot        {args.plot}", file=out)
         return 0
     if mrc:
-        return size(args, configs, run.workload, kv, out, err)
+        return size(args, configs, run.workload, kv, out, err, started=started)
     runs = [
         run(config, f"B={config.block_size} blocks={config.num_blocks} {config.hash_algo}")
         for config in configs

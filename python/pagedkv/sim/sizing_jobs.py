@@ -250,8 +250,13 @@ class _Pool:
 
 def _cpu_seconds() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # those ended and waited for
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def clock_now() -> tuple[float, float]:
+    """(wall, CPU) seconds now: where the time line starts counting."""
+    return time.perf_counter(), _cpu_seconds()
 
 
 class Sizing:
@@ -265,6 +270,7 @@ class Sizing:
         kv: KVBytes | None,
         out: TextIO,
         err: TextIO,
+        started: tuple[float, float] | None = None,
     ) -> None:
         self.args = args
         self.configs = configs
@@ -280,8 +286,7 @@ class Sizing:
         self.curves: dict[int, MissRatioCurve] = {}  # block size -> its curve (most blocks)
         self.searches: dict[int, Search] = {}
         self.status = "curve runs"
-        self.t0 = time.perf_counter()
-        self.cpu0 = _cpu_seconds()
+        self.t0, self.cpu0 = started or clock_now()
         self.printed_curves = False
 
     # ------------------------------------------------------------------ what is known
@@ -532,9 +537,12 @@ def size(
     kv: KVBytes | None,
     out: TextIO,
     err: TextIO,
+    *,
+    started: tuple[float, float] | None = None,
 ) -> int:
-    """`simulate --mrc` after the header lines: the runs, the curves, the answer."""
-    return Sizing(args, configs, workload, kv, out, err).run()
+    """`simulate --mrc` after the header lines: the runs, the curves, the answer. `started`:
+    `clock_now()` when the command began (the time line counts from there)."""
+    return Sizing(args, configs, workload, kv, out, err, started).run()
 
 
-__all__ = ["INTERRUPTED", "Sizing", "Task", "perform", "size"]
+__all__ = ["INTERRUPTED", "Sizing", "Task", "clock_now", "perform", "size"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from pagedkv.sim.kv_bytes import KVBytes
 from pagedkv.sim.mrc_curve import MissRatioCurve
 from pagedkv.sim.sizing import Recommendation, Trial
@@ -18,10 +20,10 @@ MIN_ROWS = 4
 def table_sizes(
     curve: MissRatioCurve, rows: int = TABLE_ROWS, targets: tuple[float, ...] = ()
 ) -> list[int]:
-    """The sizes the table shows: where the curve reaches equal steps of its top hit rate
-    (so rows crowd where the curve climbs, at the knee, and thin out where it is flat), plus
-    rows `BAND` apart around each target's size, from where the curve reaches 1% of its top
-    to where it goes flat (that size last). About `rows` sizes in all."""
+    """The sizes the table shows, from where the curve reaches 1% of its top to where it goes
+    flat (that size last), about `rows` of them: rows `BAND` apart around each target's size;
+    of the rest, half where the curve reaches equal steps of its top hit rate (so they crowd
+    where it climbs, at the knee) and half spread evenly on a log scale (so a plateau shows)."""
     top = curve.largest_useful_size
     if top < 1:
         return [1]
@@ -34,9 +36,12 @@ def table_sizes(
             continue
         band.add(max(1, e))
         band.update(max(1, round(e * BAND**k)) for k in BAND_ROWS)
-    steps = max(2, rows - len(band) - 1)
+    rest = max(4, rows - len(band))
+    spread = rest // 2
+    steps = rest - spread
     climb = {curve.smallest_size(peak * k / steps) or top for k in range(1, steps + 1)}
-    sizes = {first, top} | climb | {n for n in band if first <= n <= top}
+    even = {int(n) for n in np.unique(np.round(np.geomspace(first, top, spread)))}
+    sizes = {first, top} | climb | even | {n for n in band if first <= n <= top}
     return sorted(n for n in sizes if n >= 1)
 
 
