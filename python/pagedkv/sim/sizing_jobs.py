@@ -427,6 +427,10 @@ class Sizing:
                 executor.close()
         except KeyboardInterrupt:
             executor.stop()
+            # Runs that finished but were not taken in yet still count.
+            for fut, task in sorted(pending.items(), key=lambda item: item[1].label):
+                if fut.done() and not fut.cancelled() and fut.exception() is None:
+                    self._finished(task, fut.result(), lambda _: None)
             self._interrupted()
             return INTERRUPTED
         except BaseException:
