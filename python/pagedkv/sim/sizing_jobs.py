@@ -378,7 +378,13 @@ class Sizing:
     def _submit_round(self, bs: int, submit: Callable[[Task], None]) -> None:
         search = self.searches[bs]
         config = max((c for c in self.configs if c.block_size == bs), key=lambda c: c.num_blocks)
-        for n in search.next_round():
+        sizes = search.next_round()
+        if not sizes and self.lines is not None:
+            lo, hi = search.bracket()
+            found = f"{hi} blocks passed" if hi is not None else "no size passed"
+            below = f", {lo} failed below it" if lo is not None and hi is not None else ""
+            self.lines.note(f"B={bs}: check runs done: {found}{below}")
+        for n in sizes:
             sized = BlockManagerConfig(
                 num_blocks=n,
                 block_size=bs,
