@@ -109,6 +109,7 @@ def test_progress_of_a_sizing_run(capsys: pytest.CaptureFixture[str], jobs: str)
     started = [x for x in lines if "check run at" in x and x.endswith("started")]
     ended = [x for x in lines if "check run at" in x and ("passed" in x or "failed" in x)]
     assert started and len(started) == len(ended)
+    assert any(x.startswith("[sizing] B=16: check runs done: ") for x in lines)
     assert "\r" not in err
     rc, _, err = _run(capsys, *SMALL, "--jobs", jobs, "--no-progress")
     assert rc == 0 and err == ""
