@@ -265,11 +265,10 @@ class _Seq:
     computed: int = 0  # of those, the ones whose step ran (scheduled = computed between steps)
     chunks: int = 0  # scheduling calls of the current prefill
     admitted: bool = False  # allocated (or forked) before: another allocation recomputes
-    # prompt_len + generated, kept in step with `generated` (read several times a step)
-    num_tokens: int = -1
 
-    def __post_init__(self) -> None:
-        self.num_tokens = self.request.prompt_len + self.generated
+    @property
+    def num_tokens(self) -> int:
+        return self.request.prompt_len + self.generated
 
     def all_tokens(self) -> npt.NDArray[np.uint32]:
         """Prompt plus generated tokens: what a (re)computation must allocate."""
@@ -641,7 +640,8 @@ class _Scheduler:
         """One token (plus drafts) for every fully scheduled sequence; False when nothing
         could run."""
         running, res = self.running, self.res
-        batch = [s for s in running if s.scheduled == s.num_tokens]
+        # `num_tokens` inlined here and below: this runs for every sequence at every step.
+        batch = [s for s in running if s.scheduled == s.request.prompt_len + s.generated]
         k = self.spec_tokens
         if self.chunked and batch:
             # Decodes come first in the budget; speculation shrinks to fit it.
@@ -657,7 +657,11 @@ class _Scheduler:
         ids = np.array([s.seq_id for s in batch], dtype=np.int64)
         toks = np.array(
             [
-                (((s.seq_id * 0x9E3779B1) ^ (s.num_tokens * 0x85EBCA77)) & 0xFFFFFFFF) % VOCAB_SIZE
+                (
+                    ((s.seq_id * 0x9E3779B1) ^ ((s.request.prompt_len + s.generated) * 0x85EBCA77))
+                    & 0xFFFFFFFF
+                )
+                % VOCAB_SIZE
                 for s in batch
             ],
             dtype=np.uint32,
@@ -688,7 +692,6 @@ class _Scheduler:
             self.budget -= len(batch) * (1 + k)
         for s in batch:
             s.generated += 1
-            s.num_tokens += 1
             s.scheduled += 1
         if self.observers:
             seq_ids = [s.seq_id for s in batch]
@@ -758,7 +761,6 @@ class _Scheduler:
                     if self.tiers is not None:  # their KV was computed in the draft slots
                         self.tiers.write([(s.seq_id, n, drafts)])
                     s.generated += a
-                    s.num_tokens += a
                     s.scheduled += a
                     s.computed = s.scheduled
                     res.decode_tokens += a
