@@ -107,7 +107,7 @@ class StopRule:
         else:
             most = hits + self.prompt_tokens - admitted
         if most < self.target_hits:
-            self.reason = f"hit rate at most {most / self.prompt_tokens:.2%}"
+            self.reason = f"hit rate at most {most / self.prompt_tokens:.3%}, below the target"
             return True
         return False
 
