@@ -379,7 +379,7 @@ class Sizing:
         search = self.searches[bs]
         config = max((c for c in self.configs if c.block_size == bs), key=lambda c: c.num_blocks)
         sizes = search.next_round()
-        if not sizes and self.lines is not None:
+        if not sizes and self.lines is not None and search.estimate is not None:
             lo, hi = search.bracket()
             found = f"{hi} blocks passed" if hi is not None else "no size passed"
             below = f", {lo} failed below it" if lo is not None and hi is not None else ""
@@ -467,10 +467,12 @@ class Sizing:
                 if self.checks:
                     if lines is not None:
                         s = self.searches[bs]
-                        lines.note(
-                            f"B={bs}: target {s.target:.2%}, the curve's estimate "
-                            f"{s.estimate} blocks; check runs"
+                        where = (
+                            "no size on the curve reaches it"
+                            if s.estimate is None
+                            else f"the curve's estimate {s.estimate} blocks; check runs"
                         )
+                        lines.note(f"B={bs}: target {s.target:.2%}, {where}")
                     self._submit_round(bs, submit)
         else:
             trial: Trial = result["trial"]
