@@ -16,7 +16,7 @@ One idea per module:
 - `report`: the figures of a run, the summary and sweep tables, the JSON file;
 - `glossary`: every term the output prints, explained (the epilog of `simulate --help`);
 - `plot`, `plot_mrc`: the figure (matplotlib, imported only when asked for);
-- `progress`: a tiny progress bar;
+- `progress`: a tiny progress bar, and progress lines of several runs for logs;
 - `outputs`: `--json` and `--plot` checked before the run;
 - `models`: built-in model shapes, vLLM's KV-cache groups for them, bytes per block;
 - `kv_bytes`: what a block weighs, so that block counts print as GiB;
@@ -29,6 +29,9 @@ One idea per module:
   the miss-ratio curve of a replay;
 - `sizing`, `sizing_report`, `sizing_cli`: the smallest cache for a target hit rate, checked
   by full runs; its output; its options;
+- `check_bound`: when a sizing check run can no longer pass (it stops there);
+- `sizing_jobs`: `--mrc` from start to end, its runs in parallel processes, Ctrl-C and the
+  JSON saved after every run;
 - `cli`: the `simulate` command's options and main loop.
 """
 

@@ -9,9 +9,9 @@ optional speculative decoding (`--spec-tokens`) and random aborts (`--abort-rate
 workload twice on the same pool bytes (once for a one-group model), with the model's KV-cache
 groups and as all-full attention, and shows the figures per group side by side, the memory
 saved and which group limited the hits (`sim.model_run`, `sim.model_report`). Sizes and
-counts follow `sim.units`. `--mrc` sizes the
-cache instead (`sim.sizing_cli`): the hit rate of every size, and the smallest size for a
-target hit rate. Output options are checked before any run (`sim.outputs`).
+counts follow `sim.units`. `--mrc` sizes the cache instead (`sim.sizing_cli`;
+`sim.sizing_jobs` runs it in parallel processes): the hit rate of every size, and the smallest
+size for a target hit rate. Output options are checked before any run (`sim.outputs`).
 """
 
 from __future__ import annotations
@@ -30,15 +30,14 @@ from pagedkv.sim.kv_bytes import KVBytes, kv_bytes
 from pagedkv.sim.model_report import comparison_table
 from pagedkv.sim.model_run import compare
 from pagedkv.sim.models import GIB, MODELS, full_layout, get_model, model_layout
-from pagedkv.sim.mrc_curve import MissRatioCurve
 from pagedkv.sim.observer import ScheduleObserver
 from pagedkv.sim.outputs import check_outputs
 from pagedkv.sim.progress import ProgressBar
 from pagedkv.sim.report import add_memory, figures, summary_table, sweep_table, write_json
 from pagedkv.sim.requests import TRACE_BLOCK_TOKENS, Workload
 from pagedkv.sim.scheduler import run_workload
-from pagedkv.sim.sizing_cli import add_sizing_arguments, recorder, size_cache, wants_mrc
-from pagedkv.sim.sizing_report import curve_json
+from pagedkv.sim.sizing_cli import add_sizing_arguments, wants_mrc
+from pagedkv.sim.sizing_jobs import clock_now, size
 from pagedkv.sim.tier_cli import add_tier_arguments, simulate_tiers, wants_tiers
 from pagedkv.sim.tier_run import TierDriver, TierOptions
 from pagedkv.sim.trace import FORMAT_FIELDS, TRACE_FORMATS, TraceWarning, read_trace
@@ -503,6 +502,7 @@ class _Runner:
 def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -> int:
     """Run the `simulate` command; returns the exit status."""
     err = sys.stderr if err is None else err
+    started = clock_now()
     check_outputs(args.json, args.plot)
     if args.list_models:
         list_models(out)
@@ -542,17 +542,12 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
             plot_runs(args.plot, doc["runs"])
             print(f"plot        {args.plot}", file=out)
         return 0
-    runs: list[dict[str, Any]] = []
-    curves: list[tuple[BlockManagerConfig, MissRatioCurve]] = []
-    for config in configs:
-        label = f"B={config.block_size} blocks={config.num_blocks} {config.hash_algo}"
-        watch = recorder(args, run.workload, config.block_size) if mrc else None
-        f = run(config, label, watch)
-        if watch is not None:
-            curve = watch.curve()
-            curves.append((config, curve))
-            f.update(curve_json(curve))
-        runs.append(f)
+    if mrc:
+        return size(args, configs, run.workload, kv, out, err, started=started)
+    runs = [
+        run(config, f"B={config.block_size} blocks={config.num_blocks} {config.hash_algo}")
+        for config in configs
+    ]
     print(file=out)
     print(summary_table(runs[0]) if len(runs) == 1 else sweep_table(runs), file=out)
     if args.check:
@@ -560,16 +555,13 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
             "invariants  OK (checked after every step; no prefix hit on unscheduled tokens)",
             file=out,
         )
-    extra: dict[str, Any] = {}
-    if mrc:
-        extra["sizing"] = size_cache(args, curves, run, kv, out)
     if args.json:
-        write_json(args.json, runs, extra=extra)
+        write_json(args.json, runs)
         print(f"json        {args.json}", file=out)
     if args.plot:
         from pagedkv.sim.plot import plot_runs
 
-        plot_runs(args.plot, runs, sizing=extra.get("sizing"))
+        plot_runs(args.plot, runs)
         print(f"plot        {args.plot}", file=out)
     return 0
 

@@ -85,7 +85,9 @@ miss-ratio curve (--mrc):
 sizing:
   the smallest cache (blocks, tokens, GiB) whose full run reaches the target hit rate
   with no preemption and no rejected request; curve estimate: where the curve reaches the
-  target; runs: every size simulated, with why it failed
+  target (with --mrc-only the answer, marked as the curve's); runs: every size simulated,
+  with why it failed (stopped early: the run ended once it could no longer pass), the
+  curve's own run included; time: wall and CPU (user + sys, workers included)
 """
 
 __all__ = ["GLOSSARY"]

@@ -11,6 +11,7 @@ known (`add_memory`), block counts also print as GiB.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -341,14 +342,46 @@ def sweep_table(runs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def write_doc(path: str | Path, doc: dict[str, Any]) -> None:
+    """Write `doc` as JSON atomically (a temporary file, then a rename): a run killed while
+    writing leaves the previous version whole (`--mrc` writes the file after every stage)."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def json_doc(
+    runs: Sequence[dict[str, Any]],
+    *,
+    extra: dict[str, Any] | None = None,
+    sweep: bool | None = None,
+) -> dict[str, Any]:
+    """One run: its figures at the top level; a sweep (`sweep`, default: more than one run):
+    `{"runs": [...]}`; `extra` adds sections."""
+    one = len(runs) == 1 if sweep is None else not sweep
+    doc: dict[str, Any] = dict(runs[0]) if one and runs else {"runs": list(runs)}
+    doc.update(extra or {})
+    return doc
+
+
 def write_json(
     path: str | Path, runs: Sequence[dict[str, Any]], *, extra: dict[str, Any] | None = None
 ) -> None:
     """One run: its figures at the top level; a sweep: `{"runs": [...]}`; `extra` adds
     sections (`--model`: `{"model": ..., "runs": [model run, all-full run]}`)."""
-    doc: dict[str, Any] = dict(runs[0]) if len(runs) == 1 else {"runs": list(runs)}
-    doc.update(extra or {})
-    Path(path).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    write_doc(path, json_doc(runs, extra=extra))
 
 
-__all__ = ["add_memory", "figures", "summary_table", "sweep_table", "write_json"]
+__all__ = [
+    "add_memory",
+    "figures",
+    "json_doc",
+    "summary_table",
+    "sweep_table",
+    "write_doc",
+    "write_json",
+]

@@ -74,7 +74,7 @@ from pagedkv.alloc_status import AllocStatus
 from pagedkv.sim.calls import Call, TimedCalls
 from pagedkv.sim.observer import ScheduleObserver
 from pagedkv.sim.record import ScheduleRecord
-from pagedkv.sim.requests import Request, Workload, decode_tokens, generated_tokens
+from pagedkv.sim.requests import VOCAB_SIZE, Request, Workload, generated_tokens
 from pagedkv.stats import Stats
 
 if TYPE_CHECKING:
@@ -196,6 +196,7 @@ class SimResult:
     manager_calls: int = 0
     manager_ns: int = 0  # time spent inside manager calls
     wall_s: float = 0.0
+    stopped_early: bool = False  # `until` ended the run before every request finished
     series: StepSeries = field(default_factory=StepSeries, repr=False)
     final_stats: Stats | None = field(default=None, repr=False)
     trace: list[Call] | None = field(default=None, repr=False)
@@ -254,7 +255,7 @@ class SimResult:
         )
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # compared by identity: `in running` is a hot path
 class _Seq:
     seq_id: int
     request: Request
@@ -324,10 +325,12 @@ class _Scheduler:
         tiers: TierDriver | None = None,
         fork_copies: bool = False,
         after_step: Callable[[int, list[int]], None] | None = None,
+        until: Callable[[SimResult], bool] | None = None,
     ) -> None:
         self.m = manager
         self.fork_copies = fork_copies
         self.after_step = after_step
+        self.until = until
         self.tiers = tiers
         self.observe = observe
         # With tiers, block-taking calls go through them: each demotes what it evicted.
@@ -668,7 +671,8 @@ class _Scheduler:
         """One token (plus drafts) for every fully scheduled sequence; False when nothing
         could run."""
         running, res = self.running, self.res
-        batch = [s for s in running if s.scheduled == s.num_tokens]
+        # `num_tokens` inlined here and below: this runs for every sequence at every step.
+        batch = [s for s in running if s.scheduled == s.request.prompt_len + s.generated]
         k = self.spec_tokens
         if self.chunked and batch:
             # Decodes come first in the budget; speculation shrinks to fit it.
@@ -679,10 +683,20 @@ class _Scheduler:
         self.speculating, self.lookahead = [], 0
         if not batch:
             return True
-        ids = np.fromiter((s.seq_id for s in batch), dtype=np.uint64, count=len(batch))
-        pos = np.fromiter((s.num_tokens for s in batch), dtype=np.uint64, count=len(batch))
-        toks = decode_tokens(ids, pos)
-        ids = ids.astype(np.int64)
+        # `generated_token` of each, inlined: plain ints are faster than numpy for a batch
+        # this small (`decode_tokens` gives the same: only the products' low 32 bits count).
+        ids = np.array([s.seq_id for s in batch], dtype=np.int64)
+        toks = np.array(
+            [
+                (
+                    ((s.seq_id * 0x9E3779B1) ^ ((s.request.prompt_len + s.generated) * 0x85EBCA77))
+                    & 0xFFFFFFFF
+                )
+                % VOCAB_SIZE
+                for s in batch
+            ],
+            dtype=np.uint32,
+        )
         kwargs = {"lookahead": k} if k else {}
         while True:
             pairs = self.call("append_batch", ids, toks, **kwargs)
@@ -891,6 +905,9 @@ class _Scheduler:
             if self.progress is not None:
                 self.progress(res.finished_requests, res.requests)
             self.clock += 1
+            if self.until is not None and self.until(res):
+                res.stopped_early = True
+                break
         res.clock_steps = self.clock
         res.manager_ns = call.ns
         res.manager_calls = call.calls
@@ -920,6 +937,7 @@ def run_workload(
     tiers: TierDriver | None = None,
     fork_copies: bool = False,
     after_step: Callable[[int, list[int]], None] | None = None,
+    until: Callable[[SimResult], bool] | None = None,
 ) -> SimResult:
     """Replay `workload` through `manager` (see the module docstring for one step).
 
@@ -942,7 +960,9 @@ def run_workload(
     miss-ratio curve of `mrc.MRCRecorder`). Two switches for the ablations (`sim.ablate`):
     `fork_copies` forks by copying (the child allocates blocks of its own for the parent's
     tokens) instead of sharing the parent's blocks; `after_step(clock, resident seq ids)` is
-    called at the end of every executed step, outside the timed calls.
+    called at the end of every executed step, outside the timed calls. `until(result so far)`
+    is asked after every step; True ends the run there (`stopped_early`; the sizing checks
+    stop a run that can no longer pass).
     """
     if max_batch < 1:
         raise ValueError("max_batch must be >= 1")
@@ -978,6 +998,7 @@ def run_workload(
         tiers=tiers,
         fork_copies=fork_copies,
         after_step=after_step,
+        until=until,
     ).run()
 
 

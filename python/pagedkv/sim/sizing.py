@@ -1,14 +1,21 @@
 """The sizing answer: the smallest cache that reaches a target hit rate without preemption.
 
-The miss-ratio curve (`sim.mrc`) says, from one replay, which size an LRU cache needs for a
-hit rate. The manager is not quite that cache (running sequences pin their blocks, and a
-smaller pool schedules differently), and the curve says nothing about preemption. So the
-curve only proposes; full simulations decide. `recommend` runs the workload at the curve's
-size, walks down in steps of `STEP` (or up, in steps that grow) until the answer changes,
-then halves the gap until the bracket is within `PRECISION`, at most `MAX_RUNS` simulations
-per block size (a bracket still wider then is what the printed runs show). A size
-passes when the run's hit rate over the workload's prompts reaches the target, nothing was
-preempted and no request was rejected. The answer is the smallest size that passed.
+The miss-ratio curve (`sim.mrc`) says, from one replay, which size an LRU cache needs for a hit
+rate. The manager is not quite that cache (running sequences pin their blocks, and a smaller
+pool schedules differently), and the curve says nothing about preemption. So the curve only
+proposes; full simulations decide. A `Search` runs in rounds of `ROUND` sizes, run side by side
+(in parallel processes: `sim.sizing_jobs`): first the curve's size and one `STEP` above it (the
+manager tends to hit a little less than the LRU cache the curve models: on a 12,031-request
+conversation trace the curve's size fell 0.04 points short, so one round brackets the answer);
+then, while every size failed, further up in steps that grow (squared each round); while every
+size passed, further down the same way; once a size that failed lies below one that passed,
+sizes splitting the gap in three, until the smallest pass is within `PRECISION` of the largest
+fail below it, at most `MAX_RUNS` simulations per block size. The sizes of a round depend only
+on the results of the rounds before it, never on the number of processes, so the answer is the
+same with any `--jobs`. A size passes when the run's hit rate over the workload's prompts
+reaches the target, nothing was preempted and no request was rejected; a check run stops as
+soon as it can no longer pass (`check_bound`), and says so. Runs the caller already has (the
+curve run itself, a full run at its size) count as found.
 
 Hit rate and preemption are not strictly monotone in the size (a smaller pool can admit in
 another order), so this is a search for "the smallest size found to pass, next to one found
@@ -22,42 +29,52 @@ from dataclasses import dataclass
 
 from pagedkv.sim.mrc_curve import MissRatioCurve
 
-STEP = 1.1  # bracketing step from the curve's estimate
-PRECISION = 0.02  # stop when the smallest pass is within 2% of the largest fail
+STEP = 1.05  # the first round: the curve's estimate and one step above it
+PRECISION = 0.05  # done when the smallest pass is within 5% of the largest fail below it
+ROUND = 2  # sizes per round (fixed: the answer must not depend on the number of processes)
 MAX_RUNS = 12
 MIN_BLOCKS = 2
 
 
 @dataclass(frozen=True, slots=True)
 class Trial:
-    """One full simulation at `num_blocks`."""
+    """One simulation at `num_blocks` (to the end, or stopped once it could not pass)."""
 
     num_blocks: int
-    hit_rate: float  # over the workload's prompts
+    hit_rate: float  # over the workload's prompts (admitted so far if stopped early)
     preemptions: int
     rejected: int
     target: float
+    stopped: str = ""  # why the run stopped before the end ("": it ran to the end)
+    source: str = "check"  # "check": a sizing run; "curve": the curve's own run
 
     @property
     def passed(self) -> bool:
-        return self.hit_rate >= self.target - 1e-12 and not self.preemptions and not self.rejected
+        return (
+            not self.stopped
+            and self.hit_rate >= self.target - 1e-12
+            and not self.preemptions
+            and not self.rejected
+        )
 
     def why(self) -> str:
         if self.passed:
             return "passed"
+        if self.stopped:
+            return f"stopped early: {self.stopped}"
         reasons = []
         if self.hit_rate < self.target - 1e-12:
             reasons.append(f"hit rate {self.hit_rate:.2%}")
         if self.preemptions:
-            reasons.append(f"{self.preemptions} preemptions")
+            reasons.append(f"{self.preemptions} preemption{'s' * (self.preemptions != 1)}")
         if self.rejected:
-            reasons.append(f"{self.rejected} requests rejected")
+            reasons.append(f"{self.rejected} request{'s' * (self.rejected != 1)} rejected")
         return ", ".join(reasons)
 
 
 @dataclass(frozen=True, slots=True)
 class Recommendation:
-    """The answer for one block size."""
+    """The answer for one block size (so far, while `complete` is False)."""
 
     block_size: int
     target: float
@@ -65,6 +82,8 @@ class Recommendation:
     estimate: int | None  # the curve's smallest size for the target; None: never reached
     num_blocks: int | None  # the smallest size that passed; None: none did
     trials: tuple[Trial, ...]
+    checked: bool = True  # False: curve only, no check runs (`--mrc-only`)
+    complete: bool = True  # False: interrupted, or still running
 
     @property
     def passed(self) -> Trial | None:
@@ -76,6 +95,99 @@ class Recommendation:
         return max(below, key=lambda t: t.num_blocks, default=None)
 
 
+class Search:
+    """The check runs of one block size, a round at a time (see the module docstring).
+
+    `next_round()` gives the sizes to run next (empty: done); `record(trial)` takes each
+    result, in any order. `known`: runs already made (they count as found, not as runs).
+    """
+
+    def __init__(
+        self,
+        curve: MissRatioCurve,
+        target: float,
+        *,
+        target_note: str = "",
+        ceiling: int | None = None,
+        known: tuple[Trial, ...] = (),
+    ) -> None:
+        self.block_size = curve.block_size
+        self.target = target
+        self.target_note = target_note
+        self.estimate = curve.smallest_size(target)
+        self.top = ceiling or max(4 * curve.largest_useful_size, 1 << 20)
+        self.trials: dict[int, Trial] = {t.num_blocks: t for t in known}
+        self.runs = 0  # check runs proposed
+        self.rounds = 0
+        self.grow = STEP
+        self.pending: set[int] = set()
+
+    def bracket(self) -> tuple[int | None, int | None]:
+        """(largest size that failed below the smallest that passed, that smallest)."""
+        hi = min((n for n, t in self.trials.items() if t.passed), default=None)
+        lo = max(
+            (n for n, t in self.trials.items() if not t.passed and (hi is None or n < hi)),
+            default=None,
+        )
+        return lo, hi
+
+    def next_round(self) -> list[int]:
+        """The sizes of the next round; empty when the search is over."""
+        if self.estimate is None or self.pending or self.runs >= MAX_RUNS:
+            return []
+        lo, hi = self.bracket()
+        e = max(self.estimate, MIN_BLOCKS)
+        g = self.grow
+        inside = (lo is None or e > lo) and (hi is None or e < hi)
+        if self.rounds == 0 and inside and e not in self.trials:
+            points = [e, round(e * STEP)]
+        elif hi is None:
+            base = e if lo is None else lo
+            points = [round(base * g), round(base * g * g)]
+            self.grow = g * g
+        elif lo is None:
+            points = [int(hi / g), int(hi / (g * g))]
+            self.grow = g * g
+        elif hi <= lo * (1 + PRECISION) + 1:
+            return []
+        elif hi > 2 * lo:  # far apart: thirds of the ratio
+            r = hi / lo
+            points = [int(lo * r ** (1 / 3)), int(lo * r ** (2 / 3))]
+        else:
+            points = [lo + (hi - lo) // 3, lo + 2 * (hi - lo) // 3]
+        out: list[int] = []
+        for n in points:
+            n = min(n, self.top)
+            fits = (lo is None or n > lo) and (hi is None or n < hi)
+            if fits and n >= MIN_BLOCKS and n not in self.trials and n not in out:
+                out.append(n)
+        out = out[: min(ROUND, MAX_RUNS - self.runs)]
+        self.rounds += 1
+        self.runs += len(out)
+        self.pending = set(out)
+        return out
+
+    def record(self, trial: Trial) -> None:
+        self.trials[trial.num_blocks] = trial
+        self.pending.discard(trial.num_blocks)
+
+    def result(self, *, checked: bool = True, complete: bool = True) -> Recommendation:
+        """The answer from the runs so far."""
+        lo, hi = self.bracket()
+        del lo
+        ordered = tuple(sorted(self.trials.values(), key=lambda t: t.num_blocks))
+        return Recommendation(
+            self.block_size,
+            self.target,
+            self.target_note,
+            self.estimate,
+            hi,
+            ordered,
+            checked=checked,
+            complete=complete,
+        )
+
+
 def recommend(
     curve: MissRatioCurve,
     target: float,
@@ -83,61 +195,27 @@ def recommend(
     *,
     target_note: str = "",
     ceiling: int | None = None,
+    known: tuple[Trial, ...] = (),
 ) -> Recommendation:
-    """Search for the smallest passing size, starting where the curve reaches `target`.
+    """Search for the smallest passing size, one run at a time (`Search`).
 
     `run(num_blocks)` simulates the workload at that size. `ceiling`: the largest size tried
     (default: 4 x the curve's flat point, or `1 << 20` blocks when the curve is empty).
     """
-    estimate = curve.smallest_size(target)
-    top = ceiling or max(4 * curve.largest_useful_size, 1 << 20)
-    trials: dict[int, Trial] = {}
-
-    def passes(n: int) -> bool:
-        if n not in trials:
-            trials[n] = run(n)
-        return trials[n].passed
-
-    def answer(best: int | None) -> Recommendation:
-        ordered = tuple(sorted(trials.values(), key=lambda t: t.num_blocks))
-        return Recommendation(curve.block_size, target, target_note, estimate, best, ordered)
-
-    if estimate is None:
-        return answer(None)
-    n = max(estimate, MIN_BLOCKS)
-    lo: int | None = None  # largest size that failed
-    hi: int | None = None  # smallest size that passed
-    if passes(n):
-        hi = n
-        while lo is None and len(trials) < MAX_RUNS:
-            down = max(MIN_BLOCKS, int(hi / STEP))
-            if down >= hi:
-                break
-            if passes(down):
-                hi = down
-            else:
-                lo = down
-    else:
-        lo = n
-        grow = STEP  # squared after each failure: far-off answers are reached in a few runs
-        while hi is None and len(trials) < MAX_RUNS:
-            up = min(top, max(lo + 1, round(lo * grow)))
-            if up <= lo:
-                break
-            if passes(up):
-                hi = up
-            else:
-                lo, grow = up, grow * grow
-    while hi is not None and lo is not None and hi > lo * (1 + PRECISION) + 1:
-        if len(trials) >= MAX_RUNS:
-            break
-        # Halve the ratio while it is large (an answer far from the curve's), then the gap.
-        mid = int((lo * hi) ** 0.5) if hi > 2 * lo else (lo + hi) // 2
-        if passes(mid):
-            hi = mid
-        else:
-            lo = mid
-    return answer(hi)
+    search = Search(curve, target, target_note=target_note, ceiling=ceiling, known=known)
+    while sizes := search.next_round():
+        for n in sizes:
+            search.record(run(n))
+    return search.result()
 
 
-__all__ = ["MAX_RUNS", "PRECISION", "STEP", "Recommendation", "Trial", "recommend"]
+__all__ = [
+    "MAX_RUNS",
+    "PRECISION",
+    "ROUND",
+    "STEP",
+    "Recommendation",
+    "Search",
+    "Trial",
+    "recommend",
+]

@@ -1,9 +1,10 @@
-"""The sizing part of `simulate`: its options, and the steps after the configured runs.
+"""The sizing part of `simulate`: its options, the curve's recorder and the target.
 
 `--mrc` records a miss-ratio curve in every run (`mrc.MRCRecorder`), prints the curve of each
 block size (from its run with the most blocks: the least disturbed by pressure) and ends the
 summary with the smallest cache that reaches a target hit rate without preemption, checked by
-full runs (`sizing.recommend`). `--model NAME` (a one-group preset) or `--kv-bytes-per-token
+full runs (`sizing.Search`), all of it in parallel processes (`sizing_jobs`); `--mrc-only`
+stops at the curve's estimate. `--model NAME` (a one-group preset) or `--kv-bytes-per-token
 N` turn block counts into GiB (`kv_bytes`). The options form their own argument group, so
 that other groups can come and go beside it.
 """
@@ -11,16 +12,11 @@ that other groups can come and go beside it.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from typing import Any, TextIO
 
-from pagedkv.config import BlockManagerConfig
-from pagedkv.sim.kv_bytes import KVBytes
 from pagedkv.sim.mrc import MRCRecorder
 from pagedkv.sim.mrc_curve import MissRatioCurve
 from pagedkv.sim.requests import Workload
-from pagedkv.sim.sizing import Recommendation, Trial, recommend
-from pagedkv.sim.sizing_report import mrc_table, recommendation_json, recommendation_lines
+from pagedkv.sim.sizing_report import MIN_ROWS, TABLE_ROWS
 from pagedkv.sim.units import byte_size
 
 # Past this many block touches the curve is sampled down to it (SHARDS). Measured: about 70
@@ -38,6 +34,20 @@ def _rate(text: str) -> float:
     return value
 
 
+def _points(text: str) -> int:
+    n = int(text)
+    if n < MIN_ROWS:
+        raise argparse.ArgumentTypeError(f"expected at least {MIN_ROWS} rows, got {text}")
+    return n
+
+
+def _jobs(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of processes >= 1, got {text}")
+    return n
+
+
 def add_sizing_arguments(sim: argparse.ArgumentParser) -> None:
     """The `sizing` argument group of `simulate`."""
     g = sim.add_argument_group("sizing (how much KV cache a workload needs)")
@@ -48,7 +58,33 @@ def add_sizing_arguments(sim: argparse.ArgumentParser) -> None:
         "(LRU over block contents, from exact stack distances; sampled for large workloads), "
         "printed per block size, saved as 'mrc' in --json and drawn by --plot; then the "
         "smallest cache reaching the target hit rate without preemption, per block size, "
-        "checked by full runs",
+        "checked by full runs (in parallel processes: --jobs)",
+    )
+    g.add_argument(
+        "--mrc-only",
+        "--no-check",
+        action="store_true",
+        dest="mrc_only",
+        help="the quickest answer: the curves and, per block size, the curve's estimate of the "
+        "size for the target (marked as an estimate), without the check runs; implies --mrc",
+    )
+    g.add_argument(
+        "--mrc-points",
+        type=_points,
+        default=TABLE_ROWS,
+        metavar="N",
+        help=f"rows of each printed curve (default {TABLE_ROWS}): equal steps of hit rate, so "
+        "they crowd at the knee, plus rows 1.25x apart around the target; --json holds these "
+        "and 96 more sizes",
+    )
+    g.add_argument(
+        "--jobs",
+        type=_jobs,
+        default=None,
+        metavar="N",
+        help="processes for the sizing runs: the block sizes' curve runs and the check runs "
+        "run side by side (default: one per CPU core; 1 runs them all in this process). The "
+        "answer is the same for any N",
     )
     g.add_argument(
         "--mrc-sample",
@@ -76,7 +112,9 @@ def add_sizing_arguments(sim: argparse.ArgumentParser) -> None:
 
 
 def wants_mrc(args: argparse.Namespace) -> bool:
-    return bool(args.mrc or args.mrc_sample is not None or args.target_hit_rate is not None)
+    return bool(
+        args.mrc or args.mrc_only or args.mrc_sample is not None or args.target_hit_rate is not None
+    )
 
 
 def recorder(args: argparse.Namespace, workload: Workload, block_size: int) -> MRCRecorder:
@@ -88,59 +126,22 @@ def recorder(args: argparse.Namespace, workload: Workload, block_size: int) -> M
     return MRCRecorder(block_size, rate)
 
 
-def _trial(f: dict[str, Any], target: float) -> Trial:
-    return Trial(
-        f["num_blocks"], f["workload_hit_rate"], f["preemptions"], f["rejected_requests"], target
+def target_for(args: argparse.Namespace, curve: MissRatioCurve) -> tuple[float, str]:
+    """The hit rate to size for, and how it was chosen (for the output)."""
+    if args.target_hit_rate is not None:
+        return args.target_hit_rate, ""
+    peak = curve.unbounded_hit_rate
+    return (
+        DEFAULT_TARGET_FRACTION * peak,
+        f" ({DEFAULT_TARGET_FRACTION:.0%} of the unbounded {peak:.2%})",
     )
 
 
-def size_cache(
-    args: argparse.Namespace,
-    curves: list[tuple[BlockManagerConfig, MissRatioCurve]],
-    run: Callable[[BlockManagerConfig, str], dict[str, Any]],
-    kv: KVBytes | None,
-    out: TextIO,
-) -> dict[str, Any]:
-    """Print each block size's curve and the recommendation; return the JSON `sizing` part.
-
-    `curves`: each run's configuration and curve. `run(config, label)`: a full run's figures.
-    """
-    best: dict[int, tuple[BlockManagerConfig, MissRatioCurve]] = {}
-    for config, curve in curves:
-        have = best.get(config.block_size)
-        if have is None or config.num_blocks > have[0].num_blocks:
-            best[config.block_size] = (config, curve)
-    for _, curve in best.values():
-        print(file=out)
-        print(mrc_table(curve, kv), file=out)
-    recs: list[Recommendation] = []
-    for config, curve in best.values():
-        if args.target_hit_rate is not None:
-            target, note = args.target_hit_rate, ""
-        else:
-            target = DEFAULT_TARGET_FRACTION * curve.unbounded_hit_rate
-            note = (
-                f" ({DEFAULT_TARGET_FRACTION:.0%} of the unbounded {curve.unbounded_hit_rate:.2%})"
-            )
-
-        def attempt(n: int, config: BlockManagerConfig = config, target: float = target) -> Trial:
-            sized = BlockManagerConfig(
-                num_blocks=n,
-                block_size=config.block_size,
-                num_cpu_blocks=config.num_cpu_blocks,
-                hash_algo=config.hash_algo,
-                watermark=config.watermark,
-            )
-            return _trial(run(sized, f"sizing B={config.block_size} blocks={n}"), target)
-
-        recs.append(recommend(curve, target, attempt, target_note=note))
-    print(file=out)
-    print(recommendation_lines(recs, kv), file=out)
-    return {
-        "target_hit_rate": args.target_hit_rate,
-        "default_target_fraction": DEFAULT_TARGET_FRACTION,
-        "recommendations": [recommendation_json(r, kv) for r in recs],
-    }
-
-
-__all__ = ["EXACT_TOUCHES", "add_sizing_arguments", "recorder", "size_cache", "wants_mrc"]
+__all__ = [
+    "DEFAULT_TARGET_FRACTION",
+    "EXACT_TOUCHES",
+    "add_sizing_arguments",
+    "recorder",
+    "target_for",
+    "wants_mrc",
+]

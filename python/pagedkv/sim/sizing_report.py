@@ -8,40 +8,74 @@ import numpy as np
 
 from pagedkv.sim.kv_bytes import KVBytes
 from pagedkv.sim.mrc_curve import MissRatioCurve
-from pagedkv.sim.sizing import Recommendation
+from pagedkv.sim.sizing import Recommendation, Trial
 
-TABLE_ROWS = 14  # sizes shown; the JSON has the whole curve
+TABLE_ROWS = 24  # rows of the printed curve (--mrc-points); the JSON has more
 START_FRACTION = 0.01  # the table starts where the curve reaches this share of its top
+BAND = 1.25  # around the target: rows this ratio apart
+BAND_ROWS = (-3, -2, -1, 1, 2)  # powers of BAND around the target's size (which is a row too)
+MIN_ROWS = 4
 
 
-def _sizes(curve: MissRatioCurve) -> list[int]:
-    """Powers of two from where the curve reaches 1% of its top to where it goes flat (that
-    size last), thinned to about TABLE_ROWS."""
+def table_sizes(
+    curve: MissRatioCurve, rows: int = TABLE_ROWS, targets: tuple[float, ...] = ()
+) -> list[int]:
+    """The sizes the table shows, from where the curve reaches 1% of its top to where it goes
+    flat (that size last), about `rows` of them: rows `BAND` apart around each target's size;
+    of the rest, half where the curve reaches equal steps of its top hit rate (so they crowd
+    where it climbs, at the knee) and half spread evenly on a log scale (so a plateau shows)."""
     top = curve.largest_useful_size
     if top < 1:
         return [1]
-    first = max(1, curve.smallest_size(START_FRACTION * curve.unbounded_hit_rate) or 1)
-    lo, hi = int(np.floor(np.log2(first))), int(np.floor(np.log2(top)))
-    powers = list(range(lo, hi + 1))
-    stride = -(-len(powers) // (TABLE_ROWS - 1))
-    sizes = [1 << p for p in powers[::stride]]
-    return [s for s in sizes if s < top] + [top]
+    peak = curve.unbounded_hit_rate
+    first = max(1, curve.smallest_size(START_FRACTION * peak) or 1)
+    band: set[int] = set()
+    for t in targets:
+        e = curve.smallest_size(t)
+        if e is None:
+            continue
+        band.add(max(1, e))
+        band.update(max(1, round(e * BAND**k)) for k in BAND_ROWS)
+    rest = max(4, rows - len(band))
+    spread = rest // 2
+    steps = rest - spread
+    climb = {curve.smallest_size(peak * k / steps) or top for k in range(1, steps + 1)}
+    even = {int(n) for n in np.unique(np.round(np.geomspace(first, top, spread)))}
+    sizes = {first, top} | climb | even | {n for n in band if first <= n <= top}
+    return sorted(n for n in sizes if n >= 1)
 
 
-def mrc_table(curve: MissRatioCurve, kv: KVBytes | None) -> str:
-    """The curve at a few sizes: blocks (tokens, GiB) against hit rate."""
+def mrc_table(
+    curve: MissRatioCurve,
+    kv: KVBytes | None,
+    *,
+    rows: int = TABLE_ROWS,
+    targets: tuple[float, ...] = (),
+) -> str:
+    """The curve at a few sizes (`table_sizes`): blocks (tokens, GiB) against hit rate; the
+    row where the curve first reaches a target says so."""
     bs = curve.block_size
     head = f"miss-ratio curve, block size {bs} ({curve.method()}; {curve.lookups} prompts)"
     cols = ["blocks", "tokens", *(["GiB"] if kv else []), "hit rate"]
-    rows = [cols]
-    for n in _sizes(curve):
+    table = [cols]
+    marks: dict[int, str] = {}
+    for t in targets:
+        e = curve.smallest_size(t)
+        if e is not None:
+            marks[max(1, e)] = f"  <- reaches the target {t:.2%} (the curve's estimate)"
+    sizes = table_sizes(curve, rows, targets)
+    notes = []
+    for n in sizes:
         row = [str(n), str(n * bs)]
         if kv:
             row.append(f"{kv.gib(n, bs):.2f}")
         row.append(f"{curve.hit_rate(n):.2%}")
-        rows.append(row)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+        table.append(row)
+        notes.append(marks.get(n, ""))
+    widths = [max(len(r[i]) for r in table) for i in range(len(cols))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in table]
+    for i, note in enumerate(notes, 1):
+        lines[i] += note
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines[-1] += "  (flat from here: every hit the workload has)"
     return "\n".join([head, *("  " + line for line in lines)])
@@ -52,8 +86,14 @@ def _size(n: int, bs: int, kv: KVBytes | None) -> str:
     return f"{n} blocks ({n * bs} tokens{gib})"
 
 
+def _run(t: Trial) -> str:
+    what = "ok" if t.passed else "(" + t.why() + ")"
+    return f"{t.num_blocks} {what}" + (" [the curve's own run]" if t.source == "curve" else "")
+
+
 def recommendation_lines(recs: list[Recommendation], kv: KVBytes | None) -> str:
-    """The summary's last lines: per block size, the smallest size that passed."""
+    """The summary's last lines: per block size, the smallest size that passed (or, without
+    check runs, the curve's estimate, marked as such)."""
     lines = ["sizing      the smallest cache that reaches the target hit rate, no preemption"]
     for r in recs:
         bs = r.block_size
@@ -61,25 +101,41 @@ def recommendation_lines(recs: list[Recommendation], kv: KVBytes | None) -> str:
         if r.estimate is None:
             lines.append(head + "no cache size reaches it (the curve is flat below it)")
             continue
-        tried = ", ".join(
-            f"{t.num_blocks} {'ok' if t.passed else '(' + t.why() + ')'}" for t in r.trials
-        )
+        estimate = _size(r.estimate, bs, kv)
+        if not r.checked:
+            lines.append(
+                head + f"{estimate}: the curve's estimate, not checked by full runs (--mrc-only)"
+            )
+            continue
+        checks = [t for t in r.trials if t.source == "check"]
         best = r.passed
         if best is None:
-            lines.append(head + f"none of the sizes tried passed; curve estimate {r.estimate}")
+            verdict = "none of the sizes tried passed" if checks else "no check run finished"
+            lines.append(head + f"{verdict}; the curve's estimate is {estimate}")
         else:
             lines.append(
                 head + f"{_size(best.num_blocks, bs, kv)}, hit rate {best.hit_rate:.2%} "
                 f"(curve estimate {r.estimate})"
             )
-        lines.append(f"              runs: {tried}")
+        if not r.complete:
+            lines.append("              interrupted: the search did not finish")
+        lines.append(f"              runs: {', '.join(_run(t) for t in r.trials) or 'none'}")
+    if any(t.stopped for r in recs for t in r.trials):
+        lines.append(
+            "              (a run that stopped early could no longer pass: a preemption, a "
+            "rejection, or too few hits left to reach the target)"
+        )
     return "\n".join(lines)
 
 
-def curve_json(curve: MissRatioCurve) -> dict[str, Any]:
-    """`mrc` (`[num_blocks, hit_rate]` pairs) and how it was computed (`mrc_info`)."""
+def curve_json(curve: MissRatioCurve, extra_sizes: list[int] | None = None) -> dict[str, Any]:
+    """`mrc` (`[num_blocks, hit_rate]` pairs: 96 sizes evenly spread on a log scale, plus
+    `extra_sizes`, the printed table's) and how it was computed (`mrc_info`)."""
+    points = {int(n): h for n, h in curve.points()}
+    for n in extra_sizes or ():
+        points[n] = curve.hit_rate(n)
     return {
-        "mrc": curve.points(),
+        "mrc": [[n, points[n]] for n in sorted(points)],
         "mrc_info": {
             "method": "exact" if curve.exact else "shards",
             "sample_rate": curve.sample_rate,
@@ -101,6 +157,9 @@ def recommendation_json(r: Recommendation, kv: KVBytes | None) -> dict[str, Any]
         "block_size": bs,
         "target_hit_rate": r.target,
         "curve_estimate_blocks": r.estimate,
+        "curve_estimate_gib": kv.gib(r.estimate, bs) if kv and r.estimate is not None else None,
+        "checked": r.checked,
+        "complete": r.complete,
         "num_blocks": r.num_blocks,
         "gib": kv.gib(r.num_blocks, bs) if kv and r.num_blocks is not None else None,
         "hit_rate": best.hit_rate if best else None,
@@ -111,10 +170,18 @@ def recommendation_json(r: Recommendation, kv: KVBytes | None) -> dict[str, Any]
                 "preemptions": t.preemptions,
                 "rejected_requests": t.rejected,
                 "passed": t.passed,
+                "stopped_early": t.stopped or None,
+                "source": t.source,
             }
             for t in r.trials
         ],
     }
 
 
-__all__ = ["curve_json", "mrc_table", "recommendation_json", "recommendation_lines"]
+__all__ = [
+    "curve_json",
+    "mrc_table",
+    "recommendation_json",
+    "recommendation_lines",
+    "table_sizes",
+]
