@@ -207,7 +207,8 @@ class TieredNode:
             by = self.tier_tokens_by_origin
             for o in origins:
                 by[o] = by.get(o, 0) + bs
-        return hit + len(origins) * bs
+        total: int = hit + len(origins) * bs
+        return total
 
     # ---- figures -------------------------------------------------------------------------
 
