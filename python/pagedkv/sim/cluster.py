@@ -138,7 +138,7 @@ def build_stores(options: ClusterOptions, block_size: int) -> list[TierStore]:
     return [store(f"cluster-{run}-node-{i}", per) for i in range(options.nodes)]
 
 
-class _Node:
+class ClusterNode:
     """One serving node: its manager, what its scheduler calls, its scheduler, what it was
     routed (`sim.router.NodeView`)."""
 
@@ -149,8 +149,8 @@ class _Node:
         store: TierStore | None,
         schedule: dict[str, Any],
         *,
-        seed: int,
-        check: bool,
+        seed: int = 0,
+        check: bool = False,
     ) -> None:
         if store is not None:
             config = replace(config, record_evictions=True)
@@ -165,6 +165,7 @@ class _Node:
         self.sched = SteppedScheduler(view, seed=seed, check=check, **schedule)
         self.requests = 0
         self.prompt_tokens = 0
+        self.routed_ids: set[int] = set()
 
     def load(self) -> tuple[int, int]:
         return self.sched.load()
@@ -176,6 +177,7 @@ class _Node:
     def submit(self, r: Request) -> None:
         self.requests += 1
         self.prompt_tokens += r.prompt_len
+        self.routed_ids.add(r.request_id)
         self.sched.submit(r)
 
 
@@ -192,6 +194,7 @@ class ClusterRun:
     routed_requests: list[int]
     routed_prompt_tokens: list[int]
     router: RouterStats
+    routed_ids: list[set[int]] = field(default_factory=list)
     stores: list[dict[str, Any]] = field(default_factory=list)
     clock_steps: int = 0
 
@@ -213,7 +216,7 @@ def run_cluster(
     stores = build_stores(options, config.block_size)
     try:
         nodes = [
-            _Node(
+            ClusterNode(
                 i,
                 config,
                 stores[i] if stores else None,
@@ -223,6 +226,8 @@ def run_cluster(
             )
             for i in range(options.nodes)
         ]
+        if check and stores:
+            _share_records(nodes)
         router = Router(options.routing, options.nodes, options.prefix_balance)
         clock = _replay(workload, config, nodes, router, progress)
         store_stats = []
@@ -256,15 +261,40 @@ def run_cluster(
         routed_requests=[n.requests for n in nodes],
         routed_prompt_tokens=[n.prompt_tokens for n in nodes],
         router=router.stats,
+        routed_ids=[n.routed_ids for n in nodes],
         stores=store_stats,
         clock_steps=clock,
     )
 
 
+class _ClusterMarks(set[bytes]):
+    """One node's scheduled block contents (`record.ScheduleRecord.marked`) for `check`: a
+    content counts as computed when any node computed it, since a tier hit serves KV that
+    another node computed. Each node adds and retracts only its own. (With aborts, a node
+    that computed a content some other node computed first and later retracted would be
+    told its own hit was never computed: --check with --abort-rate can misfire here.)"""
+
+    def __init__(self, everyone: list[set[bytes]]) -> None:
+        super().__init__()
+        self.everyone = everyone
+
+    def __contains__(self, key: object) -> bool:
+        return any(set.__contains__(s, key) for s in self.everyone)
+
+
+def _share_records(nodes: list[ClusterNode]) -> None:
+    everyone: list[set[bytes]] = []
+    for n in nodes:
+        record = n.sched.record
+        assert record is not None
+        record.marked = _ClusterMarks(everyone)
+        everyone.append(record.marked)
+
+
 def _replay(
     workload: Workload,
     config: BlockManagerConfig,
-    nodes: list[_Node],
+    nodes: list[ClusterNode],
     router: Router,
     progress: Callable[[int, int], None] | None,
 ) -> int:
@@ -302,4 +332,11 @@ def _replay(
     return clock
 
 
-__all__ = ["TIER_MODES", "ClusterOptions", "ClusterRun", "build_stores", "run_cluster"]
+__all__ = [
+    "TIER_MODES",
+    "ClusterNode",
+    "ClusterOptions",
+    "ClusterRun",
+    "build_stores",
+    "run_cluster",
+]

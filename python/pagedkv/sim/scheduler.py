@@ -1044,6 +1044,11 @@ class SteppedScheduler:
         s._join(request)
 
     @property
+    def record(self) -> ScheduleRecord | None:
+        """The record of scheduled block contents behind `check=True` (else None)."""
+        return self._s.record
+
+    @property
     def busy(self) -> bool:
         """Something waits, runs or is swapped out: the next `step` has work."""
         s = self._s
