@@ -65,7 +65,7 @@ class TieredNode:
         self.hash_algo = hash_algo
         self._payload = node.to_bytes(ORIGIN_BYTES, "little")
         self._admitted: set[int] = set()  # sequences allocated or forked: again = recompute
-        self._memo: tuple[Any, Any, list[bytes]] | None = None  # (tokens, salt, digests)
+        self._memo: tuple[Any, Any, list[TierKey]] | None = None  # (tokens, salt, keys)
         # Tokens served from the store, by the node that put them (workload admissions).
         self.tier_tokens_by_origin: dict[int, int] = {}
         self.recomputed_tier_tokens = 0
@@ -120,10 +120,16 @@ class TieredNode:
 
     # ---- promotion -----------------------------------------------------------------------
 
-    def _digests(self, tokens: npt.NDArray[np.uint32], salt: Any) -> list[bytes]:
-        """The prompt's chain digests, hashed once for `can_allocate` and `allocate`."""
+    def _keys(self, tokens: npt.NDArray[np.uint32], salt: Any) -> list[TierKey]:
+        """The store keys of the prompt's full blocks. The scheduler asks `can_allocate` and
+        `allocate` with the same prompt, and `can_allocate` again each step a prompt waits
+        (a trace prompt is rebuilt each time): they are hashed once per prompt."""
         memo = self._memo
-        if memo is not None and memo[0] is tokens and memo[1] == salt:
+        if (
+            memo is not None
+            and memo[1] == salt
+            and (memo[0] is tokens or np.array_equal(memo[0], tokens))
+        ):
             return memo[2]
         from pagedkv import hash_blocks
 
@@ -133,17 +139,20 @@ class TieredNode:
             cache_salt=salt,
             hash_algo=self.hash_algo,  # type: ignore[arg-type]
         )
-        self._memo = (tokens, salt, digests)
-        return digests
+        keys = [TierKey(0, d) for d in digests]
+        self._memo = (tokens, salt, keys)
+        return keys
 
     def _match(self, tokens: npt.NDArray[np.uint32], salt: Any) -> tuple[int, list[TierKey]]:
         """The GPU hit (blocks) and the keys of the blocks after it that the store holds."""
         bs = self.m.block_size
-        digests = self._digests(tokens, salt)
+        keys = self._keys(tokens, salt)
         gpu = self.m.lookup(tokens, cache_salt=salt) // bs
         cap = (len(tokens) - 1) // bs  # at least one token computed, as on the GPU
-        keys = [TierKey(0, d) for d in digests[gpu:cap]]
-        return gpu, keys[: self.store.count_present(keys)] if keys else []
+        if gpu >= cap:
+            return gpu, []
+        run = self.store.count_present(keys[gpu:cap])
+        return gpu, keys[gpu : gpu + run]
 
     def can_allocate(
         self,
