@@ -319,6 +319,7 @@ def test_the_command_prints_every_node_and_writes_json(
         (["--nodes", "2", "--prefix-balance", "2"], "for --routing prefix only"),
         (["--nodes", "4", "--shared-tier-bytes", "4MiB"], "fewer than one per node"),
         (["--nodes", "2", "--block-size", "16,32"], "one configuration"),
+        (["--nodes", "2", "--cluster-tier", "off", "--model", "gemma-3-27b"], "KV-cache groups"),
     ],
 )
 def test_bad_options_are_refused_with_the_reason(

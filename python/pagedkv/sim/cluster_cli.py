@@ -110,8 +110,9 @@ def _options(args: argparse.Namespace, config: BlockManagerConfig) -> tuple[Clus
         )
     blocks = None
     sizing = ""
+    # Read (and checked: a hybrid model's groups are refused) even when nothing is sized.
+    kv = kv_bytes(args.model, args.kv_bytes_per_token) or from_model(DEFAULT_MODEL)
     if in_process:
-        kv = kv_bytes(args.model, args.kv_bytes_per_token) or from_model(DEFAULT_MODEL)
         size = args.shared_tier_bytes or DEFAULT_SHARED_TIER_BYTES
         blocks = size // kv.per_block(config.block_size)
         sizing = (
