@@ -360,3 +360,70 @@ def test_the_library_refuses_bad_values_listing_accepted_ones() -> None:
         ClusterOptions(2)
     assert ROUTINGS == ("round-robin", "least-loaded", "prefix")
     assert build_stores(ClusterOptions(2, tier="off"), 16) == []
+
+
+# ---- one node over a store --------------------------------------------------------------
+
+
+def _tiered(store: Any, node: int, num_blocks: int = 64) -> Any:
+    from pagedkv.manager import BlockManager
+    from pagedkv.sim.cluster_tier import TieredNode
+
+    m = BlockManager(num_blocks, 16, record_evictions=True)
+    return TieredNode(m, store, node=node, hash_algo="sha256")
+
+
+def _host_store(blocks: int) -> Any:
+    (store,) = build_stores(ClusterOptions(1, tier="shared", tier_blocks=blocks), 16)[:1]
+    return store
+
+
+def test_a_node_reads_what_another_put_and_stops_at_a_bad_entry() -> None:
+    from pagedkv import hash_blocks
+    from pagedkv.tiers.base import TierKey
+
+    store = _host_store(1000)
+    a, b = _tiered(store, 0), _tiered(store, 1)
+    p = _tokens(3, 512)
+    assert a.allocate(1, p) == 0
+    a.free(1)
+    # A prompt of 64 blocks (the whole GPU) evicts all 32 of p's: they go to the store.
+    assert a.allocate(2, _tokens(4, 1023)) == 0
+    assert a.blocks_demoted == 32
+    prompt = np.concatenate([p, _tokens(5, 40)])
+    # Node 1 holds nothing of it on its GPU; can_allocate counts the 32 blocks it will load.
+    assert b.m.lookup(prompt) == 0
+    assert b.allocate(7, prompt, num_new_tokens=16) == 512
+    assert b.m.num_scheduled_tokens(7) == 512 + 16
+    assert b.tier_tokens_by_origin == {0: 512}
+    assert b.figures()["tier_tokens_cross"] == 512
+    # Allocated again (a recomputation after a preemption): counted apart.
+    b.free(7)
+    b.m.evict_blocks(list(range(64)))  # out of node 1's GPU, so the store serves it again
+    assert b.allocate(7, prompt) == 512
+    assert b.recomputed_tier_tokens == 512 and b.tier_tokens_by_origin == {0: 512}
+    # A damaged entry (not a node index) ends the run: the blocks from it on are computed.
+    digests = hash_blocks(prompt, 16)
+    store.put(TierKey(0, digests[10]), b"bad")
+    c = _tiered(store, 2)
+    assert c.allocate(9, prompt) == 10 * 16
+    assert c.failed_loads == 1 and c.tier_tokens_by_origin == {0: 160}
+    assert c.m.num_scheduled_tokens(9) == len(prompt)
+
+
+def test_a_nodes_can_allocate_counts_the_blocks_the_store_gives() -> None:
+    from pagedkv.alloc_status import AllocStatus
+
+    store = _host_store(1000)
+    a, b = _tiered(store, 0), _tiered(store, 1, num_blocks=40)
+    p = _tokens(3, 512)
+    assert a.allocate(1, p) == 0
+    a.free(1)
+    a.allocate(2, _tokens(4, 1023))  # p's 32 blocks go to the store
+    prompt = np.concatenate([p, _tokens(5, 300)])
+    assert b.allocate(3, _tokens(6, 16 * 10)) == 0  # node 1: 30 of 40 blocks left
+    # The plain manager sees 1 new block for a 16-token chunk; the node needs 32 more for
+    # the blocks it will load: they do not fit next to the running sequence.
+    assert b.m.can_allocate(prompt, num_new_tokens=16) == AllocStatus.OK
+    assert b.can_allocate(prompt, num_new_tokens=16) != AllocStatus.OK
+    assert b.can_allocate(len(prompt)) == b.m.can_allocate(len(prompt))
