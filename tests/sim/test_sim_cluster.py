@@ -427,3 +427,23 @@ def test_a_nodes_can_allocate_counts_the_blocks_the_store_gives() -> None:
     assert b.m.can_allocate(prompt, num_new_tokens=16) == AllocStatus.OK
     assert b.can_allocate(prompt, num_new_tokens=16) != AllocStatus.OK
     assert b.can_allocate(len(prompt)) == b.m.can_allocate(len(prompt))
+
+
+def test_the_cluster_needs_neither_torch_nor_lz4() -> None:
+    """It counts blocks and moves no KV: a shared-tier run with both imports made to fail."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"
+        "sys.modules['lz4'] = None\n"
+        "from pagedkv.__main__ import main\n"
+        "sys.exit(main(['simulate', '--no-progress', '--requests', '30', '--doc-tokens', "
+        "'2048', '--num-blocks', '128', '--nodes', '2', '--shared-tier-bytes', '1GiB']))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "put by another node" in proc.stdout and "store       host (CPU)" in proc.stdout
