@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 from pagedkv.config import HASH_ALGOS, BlockManagerConfig
 from pagedkv.sim.ablate_cli import add_ablate_arguments, simulate_ablate, wants_ablate
+from pagedkv.sim.cluster_cli import add_cluster_arguments, simulate_cluster, wants_cluster
 from pagedkv.sim.factory import make_manager
 from pagedkv.sim.kv_bytes import KVBytes, kv_bytes
 from pagedkv.sim.model_report import comparison_table
@@ -243,6 +244,7 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     add_sizing_arguments(sim)
     add_tier_arguments(sim)
     add_ablate_arguments(sim)
+    add_cluster_arguments(sim)
 
     o = sim.add_argument_group("output")
     o.add_argument(
@@ -509,6 +511,8 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
         return 0
     if wants_ablate(args):
         return simulate_ablate(args, out, err, _workload, _schedule, _configs)
+    if wants_cluster(args):
+        return simulate_cluster(args, out, err, _workload, _schedule, _configs)
     mrc = wants_mrc(args)
     tiers = wants_tiers(args)
     if tiers and mrc:

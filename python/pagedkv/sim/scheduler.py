@@ -385,6 +385,7 @@ class _Scheduler:
         self.speculating: list[_Seq] = []  # this step's speculating sequences
         self.lookahead = 0  # and their drafts each
         self.scheduled: int | None = None  # tokens the tiers' last allocate scheduled
+        self.ended: list[int] | None = None  # `SteppedScheduler`: requests ended, in order
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -396,6 +397,8 @@ class _Scheduler:
             return
         del self.live[rid]
         self.res.finished_requests += 1
+        if self.ended is not None:
+            self.ended.append(rid)
         for d in self.dependents.pop(rid, ()):
             # A trace's follow-up keeps its logged arrival unless its parent ends later.
             at = max(self.clock + 1 + d.delay, d.arrival_step)
@@ -497,9 +500,12 @@ class _Scheduler:
             self.clock = max(self.clock, self.arrivals[0][0])  # skip the idle stretch
         while self.arrivals and self.arrivals[0][0] <= self.clock:
             _, rid = heapq.heappop(self.arrivals)
-            r = self.by_id[rid]
-            self.waiting.append(_Seq(rid, r, segments=((rid, r.prompt_len),)))
-            self.live[rid] = 1
+            self._join(self.by_id[rid])
+
+    def _join(self, r: Request) -> None:
+        """Request `r` arrives: it waits."""
+        self.waiting.append(_Seq(r.request_id, r, segments=((r.request_id, r.prompt_len),)))
+        self.live[r.request_id] = 1
 
     def _swap_in(self) -> None:
         call, swapped, running = self.call, self.swapped, self.running
@@ -860,61 +866,69 @@ class _Scheduler:
 
     def run(self) -> SimResult:
         t_start = time.perf_counter()
+        while self.arrivals or self.waiting or self.swapped or self.running:
+            self._arrive()
+            self._step()
+            self.clock += 1
+            if self.until is not None and self.until(self.res):
+                self.res.stopped_early = True
+                break
+        return self._finish(time.perf_counter() - t_start)
+
+    def _step(self) -> None:
+        """One executed step at `self.clock`: phases 2-9 and the per-step samples."""
         m, res, call, series = self.m, self.res, self.call, self.res.series
         record = self.record
         num_blocks = m.num_blocks
-        while self.arrivals or self.waiting or self.swapped or self.running:
-            self._arrive()
-            res.steps += 1
-            ns0 = call.ns
-            tokens0 = res.scheduled_tokens
-            preempted0 = res.preemptions
-            self.preempted = False
-            if record is not None:
-                record.begin_step()
-            self._schedule()
-            if self.abort_rate > 0:
-                self._abort()
-            # The step runs: what was scheduled now has its KV.
-            self._step_runs()
-            if record is not None:
-                record.step_ran()
-            for s in self.running:
-                s.computed = s.scheduled
-            if self.speculating:
-                self._verify_drafts()
-            cached = m.num_cached_blocks
-            series.usage.append((num_blocks - m.num_free_blocks - cached) / num_blocks)
-            series.cached_blocks.append(cached)
-            series.running.append(len(self.running))
-            series.waiting.append(len(self.waiting))
-            series.swapped.append(len(self.swapped))
-            series.live_tokens.append(sum(s.scheduled for s in self.running))
-            if self.observe is not None:
-                self.observe()  # sees the same moment as the samples above
-            series.fragmentation.append(self._retire())
-            series.hit_rate.append(res.workload_hit_rate)
-            series.manager_ns.append(call.ns - ns0)
-            series.scheduled_tokens.append(res.scheduled_tokens - tokens0)
-            series.preemptions.append(res.preemptions - preempted0)
-            series.step.append(self.clock)
-            if self.after_step is not None:
-                self.after_step(self.clock, [s.seq_id for s in self.running])
-            if self.check:
-                m.check_invariants()
-            if self.progress is not None:
-                self.progress(res.finished_requests, res.requests)
-            self.clock += 1
-            if self.until is not None and self.until(res):
-                res.stopped_early = True
-                break
+        res.steps += 1
+        ns0 = call.ns
+        tokens0 = res.scheduled_tokens
+        preempted0 = res.preemptions
+        self.preempted = False
+        if record is not None:
+            record.begin_step()
+        self._schedule()
+        if self.abort_rate > 0:
+            self._abort()
+        # The step runs: what was scheduled now has its KV.
+        self._step_runs()
+        if record is not None:
+            record.step_ran()
+        for s in self.running:
+            s.computed = s.scheduled
+        if self.speculating:
+            self._verify_drafts()
+        cached = m.num_cached_blocks
+        series.usage.append((num_blocks - m.num_free_blocks - cached) / num_blocks)
+        series.cached_blocks.append(cached)
+        series.running.append(len(self.running))
+        series.waiting.append(len(self.waiting))
+        series.swapped.append(len(self.swapped))
+        series.live_tokens.append(sum(s.scheduled for s in self.running))
+        if self.observe is not None:
+            self.observe()  # sees the same moment as the samples above
+        series.fragmentation.append(self._retire())
+        series.hit_rate.append(res.workload_hit_rate)
+        series.manager_ns.append(call.ns - ns0)
+        series.scheduled_tokens.append(res.scheduled_tokens - tokens0)
+        series.preemptions.append(res.preemptions - preempted0)
+        series.step.append(self.clock)
+        if self.after_step is not None:
+            self.after_step(self.clock, [s.seq_id for s in self.running])
+        if self.check:
+            m.check_invariants()
+        if self.progress is not None:
+            self.progress(res.finished_requests, res.requests)
+
+    def _finish(self, wall_s: float) -> SimResult:
+        res, call = self.res, self.call
         res.clock_steps = self.clock
         res.manager_ns = call.ns
         res.manager_calls = call.calls
         res.trace = call.trace
         res.results = call.results
-        res.final_stats = m.stats()
-        res.wall_s = time.perf_counter() - t_start
+        res.final_stats = self.m.stats()
+        res.wall_s = wall_s
         return res
 
 
@@ -964,20 +978,15 @@ def run_workload(
     is asked after every step; True ends the run there (`stopped_early`; the sizing checks
     stop a run that can no longer pass).
     """
-    if max_batch < 1:
-        raise ValueError("max_batch must be >= 1")
-    if max_batch_tokens < 1:
-        raise ValueError("max_batch_tokens must be >= 1")
-    if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
-        raise ValueError("max_num_batched_tokens must be >= 1")
-    if long_prefill_token_threshold < 0:
-        raise ValueError("long_prefill_token_threshold must be >= 0")
-    if spec_tokens < 0:
-        raise ValueError("spec_tokens must be >= 0")
-    if not 0.0 <= spec_acceptance <= 1.0:
-        raise ValueError("spec_acceptance must be in [0, 1]")
-    if not 0.0 <= abort_rate <= 1.0:
-        raise ValueError("abort_rate must be in [0, 1]")
+    _check_options(
+        max_batch=max_batch,
+        max_batch_tokens=max_batch_tokens,
+        max_num_batched_tokens=max_num_batched_tokens,
+        long_prefill_token_threshold=long_prefill_token_threshold,
+        spec_tokens=spec_tokens,
+        spec_acceptance=spec_acceptance,
+        abort_rate=abort_rate,
+    )
     if fork_copies and tiers is not None:
         raise ValueError("fork_copies does not run with tiers")
     return _Scheduler(
@@ -1002,4 +1011,140 @@ def run_workload(
     ).run()
 
 
-__all__ = ["ManagerLike", "SimResult", "StepSeries", "run_workload"]
+def _check_options(
+    *,
+    max_batch: int,
+    max_batch_tokens: int,
+    max_num_batched_tokens: int | None,
+    long_prefill_token_threshold: int,
+    spec_tokens: int,
+    spec_acceptance: float,
+    abort_rate: float,
+) -> None:
+    if max_batch < 1:
+        raise ValueError("max_batch must be >= 1")
+    if max_batch_tokens < 1:
+        raise ValueError("max_batch_tokens must be >= 1")
+    if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
+        raise ValueError("max_num_batched_tokens must be >= 1")
+    if long_prefill_token_threshold < 0:
+        raise ValueError("long_prefill_token_threshold must be >= 0")
+    if spec_tokens < 0:
+        raise ValueError("spec_tokens must be >= 0")
+    if not 0.0 <= spec_acceptance <= 1.0:
+        raise ValueError("spec_acceptance must be in [0, 1]")
+    if not 0.0 <= abort_rate <= 1.0:
+        raise ValueError("abort_rate must be in [0, 1]")
+
+
+class SteppedScheduler:
+    """The scheduler of `run_workload`, driven from outside one step at a time: a node of a
+    simulated cluster (`sim.cluster`), whose router hands it requests as they arrive.
+
+    `submit(request)` makes a request wait (its `arrival_step` and `after` are the caller's
+    business); `step(clock)` runs one step at the caller's clock (phases 2-9 of the module
+    docstring, the same code as `run_workload`); `take_ended()` returns the ids of the
+    requests that ended since the last call (finished, rejected or aborted), so that the
+    caller can release the chat turns that wait on them; `result()` ends the run. The
+    options are `run_workload`'s. Forked sequences get ids from `FORK_IDS` up, which no
+    request id reaches.
+    """
+
+    FORK_IDS = 1 << 40
+
+    def __init__(
+        self,
+        manager: ManagerLike,
+        *,
+        seed: int = 0,
+        max_batch: int = 256,
+        max_batch_tokens: int = 8192,
+        max_num_batched_tokens: int | None = None,
+        long_prefill_token_threshold: int = 0,
+        spec_tokens: int = 0,
+        spec_acceptance: float = 0.7,
+        abort_rate: float = 0.0,
+        check: bool = False,
+    ) -> None:
+        _check_options(
+            max_batch=max_batch,
+            max_batch_tokens=max_batch_tokens,
+            max_num_batched_tokens=max_num_batched_tokens,
+            long_prefill_token_threshold=long_prefill_token_threshold,
+            spec_tokens=spec_tokens,
+            spec_acceptance=spec_acceptance,
+            abort_rate=abort_rate,
+        )
+        self._s = _Scheduler(
+            manager,
+            Workload((), seed),
+            max_batch=max_batch,
+            max_batch_tokens=max_batch_tokens,
+            max_num_batched_tokens=max_num_batched_tokens,
+            long_prefill_token_threshold=long_prefill_token_threshold,
+            spec_tokens=spec_tokens,
+            spec_acceptance=spec_acceptance,
+            abort_rate=abort_rate,
+            record=False,
+            check=check,
+            progress=None,
+        )
+        self._s.next_id = self.FORK_IDS
+        self._s.ended = []
+        self._wall_s = 0.0
+        self._last_clock = -1
+
+    def submit(self, request: Request) -> None:
+        """`request` arrives now and waits (ValueError for a request id seen before, or one
+        at or above `FORK_IDS`)."""
+        s, rid = self._s, request.request_id
+        if not 0 <= rid < self.FORK_IDS:
+            raise ValueError(f"request ids must be in [0, 2**40), got {rid}")
+        if rid in s.by_id:
+            raise ValueError(f"request {rid} was submitted before")
+        s.by_id[rid] = request
+        s.res.requests += 1
+        s._join(request)
+
+    @property
+    def record(self) -> ScheduleRecord | None:
+        """The record of scheduled block contents behind `check=True` (else None)."""
+        return self._s.record
+
+    @property
+    def busy(self) -> bool:
+        """Something waits, runs or is swapped out: the next `step` has work."""
+        s = self._s
+        return bool(s.waiting or s.swapped or s.running)
+
+    def load(self) -> tuple[int, int]:
+        """`(tokens, requests)`: the tokens of every waiting, running and swapped-out
+        sequence (prompt plus generated so far) and the requests not yet ended."""
+        s = self._s
+        tokens = sum(q.num_tokens for part in (s.waiting, s.running, s.swapped) for q in part)
+        return tokens, len(s.live)
+
+    def step(self, clock: int) -> None:
+        """One step at `clock` (ValueError if not after the last step's clock)."""
+        if clock <= self._last_clock:
+            raise ValueError(f"clock {clock} is not after the last step's ({self._last_clock})")
+        t0 = time.perf_counter()
+        self._last_clock = self._s.clock = clock
+        self._s._step()
+        self._wall_s += time.perf_counter() - t0
+
+    def take_ended(self) -> list[int]:
+        """Ids of the requests that ended since the last call, in order."""
+        s = self._s
+        assert s.ended is not None
+        out, s.ended = s.ended, []
+        return out
+
+    def result(self) -> SimResult:
+        """The figures so far (`clock_steps`: the last step's clock + 1; `wall_s`: time
+        spent in `step`)."""
+        self._s.clock = self._last_clock + 1
+        return self._s._finish(self._wall_s)
+
+
+__all__ = ["ManagerLike", "SimResult", "StepSeries", "SteppedScheduler", "run_workload"]

@@ -1,0 +1,185 @@
+"""`simulate --nodes N [--routing R] [--cluster-tier T] [--shared-tier-bytes SIZE | --remote
+URL]`: the workload on N serving nodes behind a router, over a tier they share
+(`sim.cluster`; docs/cluster.md).
+
+The in-process tier's size is given in bytes of the model's KV, as `--host-tier-bytes` is
+(`--model` with one full-attention group, or `--kv-bytes-per-token`; llama-3-8b's 128 KiB
+per token when neither is given): it holds `bytes // (bytes per block)` blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from pagedkv.config import BlockManagerConfig
+from pagedkv.sim.cluster import TIER_MODES, ClusterOptions, run_cluster
+from pagedkv.sim.cluster_report import cluster_figures, cluster_table
+from pagedkv.sim.kv_bytes import from_model, kv_bytes
+from pagedkv.sim.progress import ProgressBar
+from pagedkv.sim.requests import Workload
+from pagedkv.sim.router import ROUTINGS
+from pagedkv.sim.tier_run import DEFAULT_MODEL, parse_bytes
+
+DEFAULT_SHARED_TIER_BYTES = 256 << 30
+_OPTIONS = ("routing", "cluster_tier", "shared_tier_bytes", "prefix_balance")
+
+
+def _byte_size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_cluster_arguments(sim: argparse.ArgumentParser) -> None:
+    g = sim.add_argument_group("cluster: several nodes over one tier (docs/cluster.md)")
+    g.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run N serving nodes, each with its own GPU cache (the cache options) and "
+        "scheduler, behind a request router, over a tier below the GPUs that they share; "
+        "reports per node and in total the workload's hit rate, what came from the tier and "
+        "from which node, and the load balance",
+    )
+    g.add_argument(
+        "--routing",
+        choices=ROUTINGS,
+        default=None,
+        help="round-robin (default); least-loaded: fewest tokens of unfinished sequences, "
+        "then fewest requests; prefix: the node whose GPU cache holds the longest prefix of "
+        "the prompt, ties to the least loaded",
+    )
+    g.add_argument(
+        "--cluster-tier",
+        choices=TIER_MODES,
+        default=None,
+        help="shared (default): one tier for all nodes (in this process, or --remote URL: a "
+        "Redis-protocol server, every node in one namespace); per-node: a tier each, the "
+        "same bytes in all; off: none",
+    )
+    g.add_argument(
+        "--shared-tier-bytes",
+        type=_byte_size,
+        default=None,
+        metavar="SIZE",
+        help="the in-process tier's size in bytes of the model's KV, all nodes together "
+        "(256GiB by default)",
+    )
+    g.add_argument(
+        "--prefix-balance",
+        type=float,
+        default=None,
+        metavar="F",
+        help="--routing prefix: a node whose load exceeds F x the mean load plus the prompt "
+        "is passed over (default 0: no guard)",
+    )
+
+
+def wants_cluster(args: argparse.Namespace) -> bool:
+    return args.nodes is not None or any(getattr(args, k) is not None for k in _OPTIONS)
+
+
+def _options(args: argparse.Namespace, config: BlockManagerConfig) -> tuple[ClusterOptions, str]:
+    """The cluster of the command line, checked; and how its tier is sized, in words."""
+    if args.nodes is None:
+        given = [f"--{k.replace('_', '-')}" for k in _OPTIONS if getattr(args, k) is not None]
+        raise ValueError(f"{', '.join(given)} needs --nodes")
+    refused = {
+        "--mrc": args.mrc or args.mrc_sample is not None or args.target_hit_rate is not None,
+        "--host-tier-bytes (the nodes' tier is --shared-tier-bytes)": args.host_tier_bytes
+        is not None,
+        "--compress (the cluster counts blocks, it moves no KV)": args.compress is not None,
+        "--remote-cluster": args.remote_cluster,
+        "--reference": args.reference,
+        "--plot": args.plot is not None,
+    }
+    for name, given in refused.items():
+        if given:
+            raise ValueError(f"--nodes does not take {name}")
+    tier = args.cluster_tier or "shared"
+    in_process = tier != "off" and args.remote is None
+    if args.shared_tier_bytes is not None and not in_process:
+        raise ValueError(
+            "--shared-tier-bytes sizes the in-process tier: not with --cluster-tier off or --remote"
+        )
+    blocks = None
+    sizing = ""
+    # Read (and checked: a hybrid model's groups are refused) even when nothing is sized.
+    kv = kv_bytes(args.model, args.kv_bytes_per_token) or from_model(DEFAULT_MODEL)
+    if in_process:
+        size = args.shared_tier_bytes or DEFAULT_SHARED_TIER_BYTES
+        blocks = size // kv.per_block(config.block_size)
+        sizing = (
+            f"{size / (1 << 30):g} GiB of KV = {blocks} blocks of {config.block_size} tokens "
+            f"({kv.bytes_per_token} bytes per token, {kv.source})"
+        )
+        if tier == "per-node":
+            sizing += f", {blocks // args.nodes} per node"
+    options = ClusterOptions(
+        nodes=args.nodes,
+        routing=args.routing or "round-robin",
+        tier=tier,
+        tier_blocks=blocks,
+        remote=args.remote,
+        prefix_balance=args.prefix_balance or 0.0,
+    )
+    return options, sizing
+
+
+def simulate_cluster(
+    args: argparse.Namespace,
+    out: TextIO,
+    err: TextIO | None,
+    workload: Callable[[argparse.Namespace, TextIO], Workload],
+    schedule: Callable[[argparse.Namespace], dict[str, Any]],
+    configs: Callable[[argparse.Namespace], list[BlockManagerConfig]],
+) -> int:
+    """Run `simulate --nodes N` (`workload`, `schedule`, `configs`: the command's own
+    readings of its options); returns the exit status."""
+    err = sys.stderr if err is None else err
+    cs = configs(args)
+    if len(cs) != 1:
+        raise ValueError(
+            "--nodes runs one configuration: give one value each for --block-size, "
+            "--num-blocks or --cache-tokens, and --hash-algo"
+        )
+    config = cs[0]
+    options, sizing = _options(args, config)
+    sched = schedule(args)
+    w = workload(args, err)
+    print(
+        f"pagedkv simulate: a cluster of {options.nodes} nodes (BlockManager, Rust core)", file=out
+    )
+    print(f"workload    {w.describe()}", file=out)
+    print(f"cluster     {options.describe()}", file=out)
+    print(
+        f"each node   GPU blocks {config.num_blocks} x {config.block_size} tokens; CPU blocks "
+        f"{config.num_cpu_blocks}; hash {config.hash_algo}",
+        file=out,
+    )
+    if sizing:
+        print(f"tier size   {sizing}", file=out)
+    bar = ProgressBar("cluster", stream=err) if not args.no_progress and err.isatty() else None
+    run = run_cluster(w, config, options, sched, check=args.check, progress=bar)
+    if bar is not None:
+        bar.close()
+    doc = cluster_figures(run)
+    doc["workload"] = w.describe()
+    print(file=out)
+    print(cluster_table(doc), file=out)
+    if args.check:
+        print("invariants  OK (every node, checked after each of its steps)", file=out)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+        print(f"json        {args.json}", file=out)
+    return 0
+
+
+__all__ = ["add_cluster_arguments", "simulate_cluster", "wants_cluster"]
