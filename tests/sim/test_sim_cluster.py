@@ -314,7 +314,7 @@ def test_the_command_prints_every_node_and_writes_json(
         (["--routing", "prefix"], "--routing needs --nodes"),
         (["--nodes", "2", "--mrc"], "does not take --mrc"),
         (["--nodes", "2", "--host-tier-bytes", "1GiB"], "does not take --host-tier-bytes"),
-        (["--nodes", "2", "--cluster-tier", "off", "--shared-tier-bytes", "1G"], "in-process"),
+        (["--nodes", "2", "--cluster-tier", "off", "--shared-tier-bytes", "1GiB"], "in-process"),
         (["--nodes", "2", "--cluster-tier", "off", "--remote", "redis://x"], "not with"),
         (["--nodes", "2", "--prefix-balance", "2"], "for --routing prefix only"),
         (["--nodes", "4", "--shared-tier-bytes", "4MiB"], "fewer than one per node"),
