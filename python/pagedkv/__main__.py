@@ -35,13 +35,16 @@ def _build_parser(prog: str | None = None) -> argparse.ArgumentParser:
             "speculative decoding and random aborts; preemption by swap or recompute) and\n"
             "show how the KV cache behaves: prefix hit rate, registrations, usage, evictions,\n"
             "preemptions, swaps, copy-on-write, fragmentation and the time spent inside the\n"
-            "manager. Built-in workloads are seeded; --trace replays a Mooncake-format trace.\n"
+            "manager. Built-in workloads are seeded; --trace replays a real trace (Mooncake,\n"
+            "Bailian; Azure and BurstGPT for load only).\n"
             "Comma lists for --block-size, --num-blocks/--cache-tokens and --hash-algo sweep\n"
             "every combination. --mrc answers the sizing question: the hit rate of every\n"
             "cache size, and the smallest cache reaching a target hit rate without\n"
             "preemption (in GiB with --kv-bytes-per-token or a one-group --model). --model\n"
             "NAME alone compares a model's KV-cache groups (sliding window, chunked local,\n"
-            "recurrent state) with all-full attention on the same memory."
+            "recurrent state) with all-full attention on the same memory. --ablate turns\n"
+            "each mechanism off in turn; --nodes N runs a cluster behind a router over a\n"
+            "shared tier. Ctrl-C stops a run cleanly (exit status 130)."
         ),
         epilog=GLOSSARY,
     )
@@ -65,6 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
         raise AssertionError(f"unknown command {args.command!r}")  # argparse prevents this
+    except KeyboardInterrupt:
+        # Ctrl-C outside the sizing runs (which print and save what they know themselves):
+        # stop without a traceback, with the status a shell gives a process ended by SIGINT.
+        print("interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # The reader went away (`| head`): stop quietly. Point stdout at /dev/null so that
         # the interpreter's final flush does not raise again.
