@@ -144,7 +144,7 @@ def _tiers(args: argparse.Namespace, config: BlockManagerConfig) -> tuple[Any, s
     host = args.ablate_tier_bytes
     if host is None:
         host = config.num_blocks * kv.per_block(config.block_size) // 4
-    return TierOptions(kv=kv, host_bytes=host), None
+    return TierOptions(kv=kv, host_bytes=host, data="real"), None
 
 
 def simulate_ablate(
