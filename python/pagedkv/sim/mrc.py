@@ -74,14 +74,36 @@ class _Seq:
 
 def _dense_ids(keys: U64) -> tuple[npt.NDArray[np.int64], int]:
     """Each key as a number `0 .. distinct - 1` (equal keys, equal numbers), and `distinct`.
-    (`np.unique(return_inverse=True)` does the same, with more passes; numpy's stable argsort
-    of integers is a radix sort, faster here than its default.)"""
-    if not len(keys):
+
+    Which number a key gets does not matter (the stack distances depend only on which keys
+    are equal), so this groups equal keys the fast way: it sorts *values* (numpy sorts
+    integers several times faster than it argsorts them), each the key's high bits with its
+    position in the low bits. Equal keys end up side by side, ordered by position; so do
+    different keys sharing the high bits, possibly interleaved: those few runs are sorted
+    again by the whole key."""
+    n = len(keys)
+    if not n:
         return np.zeros(0, dtype=np.int64), 0
-    order = np.argsort(keys, kind="stable")
+    bits = np.uint64(max(1, (n - 1).bit_length()))
+    low = np.uint64((1 << int(bits)) - 1)
+    packed = (keys >> bits) << bits
+    packed |= np.arange(n, dtype=np.uint64)
+    packed.sort()
+    order = (packed & low).astype(np.int64)
     ordered = keys[order]
-    rank = np.concatenate(([0], np.cumsum(ordered[1:] != ordered[:-1])))
-    ids = np.empty(len(keys), dtype=np.int64)
+    differs = ordered[1:] != ordered[:-1]
+    high = packed >> bits
+    same_high = high[1:] == high[:-1]
+    clash = same_high & differs  # different keys within one run of equal high bits
+    if clash.any():
+        run = np.concatenate(([0], np.cumsum(~same_high)))
+        redo = np.flatnonzero(np.isin(run, run[1:][clash]))
+        again = np.lexsort((ordered[redo], run[redo]))
+        order[redo] = order[redo][again]
+        ordered = keys[order]
+        differs = ordered[1:] != ordered[:-1]
+    rank = np.concatenate(([0], np.cumsum(differs)))
+    ids = np.empty(n, dtype=np.int64)
     ids[order] = rank
     return ids, int(rank[-1]) + 1
 
