@@ -364,6 +364,8 @@ class _Scheduler:
         self.spec_rng = random.Random(f"spec-{workload.seed}")
         self.abort_rng = random.Random(f"abort-{workload.seed}")
         self.by_id = {r.request_id: r for r in workload.requests}
+        # No beam in the workload: `_prune_beams` has nothing to do (and draws nothing).
+        self.has_beams = any(r.beam_width > 1 for r in workload.requests)
         self.arrivals: list[tuple[int, int]] = []
         self.dependents: dict[int, list[Request]] = {}
         for r in workload.requests:
@@ -627,7 +629,9 @@ class _Scheduler:
         for s in list(running):
             if self.budget <= 0:
                 return
-            if s.scheduled >= s.num_tokens or s.scheduled > s.computed or s not in running:
+            # `num_tokens` inlined: this runs for every sequence at every step.
+            n = s.scheduled
+            if n >= s.request.prompt_len + s.generated or n > s.computed or s not in running:
                 continue  # decoding, scheduled in this step already, or preempted meanwhile
             chunk = min(self.budget, s.num_tokens - s.scheduled, self.chunk_cap)
             while True:
@@ -658,6 +662,8 @@ class _Scheduler:
                 self._prefilled(s)
 
     def _prune_beams(self) -> None:
+        if not self.has_beams:
+            return
         groups: dict[int, list[_Seq]] = {}
         for s in self.running:
             if s.request.beam_width > 1 and s.scheduled == s.num_tokens:
@@ -894,17 +900,20 @@ class _Scheduler:
         self._step_runs()
         if record is not None:
             record.step_ran()
+        live = 0  # the live tokens, summed here rather than in a pass of their own
         for s in self.running:
-            s.computed = s.scheduled
+            s.computed = n = s.scheduled
+            live += n
         if self.speculating:
             self._verify_drafts()
+            live = sum(s.scheduled for s in self.running)  # accepted drafts added
         cached = m.num_cached_blocks
         series.usage.append((num_blocks - m.num_free_blocks - cached) / num_blocks)
         series.cached_blocks.append(cached)
         series.running.append(len(self.running))
         series.waiting.append(len(self.waiting))
         series.swapped.append(len(self.swapped))
-        series.live_tokens.append(sum(s.scheduled for s in self.running))
+        series.live_tokens.append(live)
         if self.observe is not None:
             self.observe()  # sees the same moment as the samples above
         series.fragmentation.append(self._retire())
@@ -1103,6 +1112,7 @@ class SteppedScheduler:
         if rid in s.by_id:
             raise ValueError(f"request {rid} was submitted before")
         s.by_id[rid] = request
+        s.has_beams = s.has_beams or request.beam_width > 1
         s.res.requests += 1
         s._join(request)
 
