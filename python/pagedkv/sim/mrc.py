@@ -44,6 +44,7 @@ from pagedkv.sim.stack import StackDistances
 
 _SAMPLE_BITS = 24
 _NEVER = np.inf  # the distance of a block never touched before: a miss at every size
+_EMPTY: U64 = np.zeros(0, dtype=np.uint64)  # a decode step's place in the stream, until keyed
 
 
 @dataclass(slots=True)
@@ -114,6 +115,8 @@ class MRCRecorder:
     __slots__ = (
         "_admitted",
         "_kinds",
+        "_pending",
+        "_pending_seqs",
         "_pieces",
         "_seqs",
         "_threshold",
@@ -132,6 +135,10 @@ class MRCRecorder:
         self._pieces: list[U64] = []
         self._kinds: list[bool] = []  # True: a lookup
         self._seqs: dict[int, _Seq] = {}
+        # Blocks filled by decode steps, keyed later in one batch (`_flush`): per step, its
+        # piece's index in `_pieces` (a placeholder until then), the owners and their tokens.
+        self._pending: list[tuple[int, list[_Seq], list[list[int]]]] = []
+        self._pending_seqs: set[int] = set()  # ids of the sequences with a block pending
         self._admitted: set[int] = set()  # sequences allocated or forked: re-allocation recomputes
         self.prompt_tokens = 0
         self.lookups = 0
@@ -196,6 +203,8 @@ class MRCRecorder:
 
     def append(self, seq_id: int, token_ids: npt.NDArray[np.uint32] | list[int]) -> None:
         """Tokens appended (decoded, or accepted drafts): blocks they fill are registered."""
+        if seq_id in self._pending_seqs:
+            self._flush()  # its chain state
         seq = self._seqs[seq_id]
         seq.partial.extend(np.asarray(token_ids).tolist())
         bs = self.block_size
@@ -209,29 +218,54 @@ class MRCRecorder:
         self._touch(keys)
 
     def decode(self, seq_ids: list[int], token_ids: npt.NDArray[np.uint32]) -> None:
-        """One token per sequence. The blocks filled in this step are keyed together: one
-        numpy pass for the whole batch, each continuing its own chain."""
+        """One token per sequence. The blocks filled in this step are keyed later, with those
+        of other steps, in one numpy pass (`_flush`); the step's place in the stream is kept."""
         bs = self.block_size
+        seqs, pending_seqs = self._seqs, self._pending_seqs
         full: list[list[int]] = []
         owners: list[_Seq] = []
+        filled: list[int] = []
         for seq_id, tok in zip(seq_ids, token_ids.tolist(), strict=True):
-            seq = self._seqs[seq_id]
+            seq = seqs[seq_id]
             seq.partial.append(tok)
             if len(seq.partial) == bs:
+                if seq_id in pending_seqs:  # its chain state waits on its pending block
+                    self._flush()
                 full.append(seq.partial)
                 owners.append(seq)
+                filled.append(seq_id)
                 seq.partial = []
         if not full:
             return
-        c = contents(np.asarray(full, dtype=np.uint32).ravel(), bs)
-        states = np.asarray([s.state for s in owners], dtype=np.uint64)
+        self._pending.append((len(self._pieces), owners, full))
+        pending_seqs.update(filled)
+        self._pieces.append(_EMPTY)
+        self._kinds.append(False)
+
+    def _flush(self) -> None:
+        """Key the pending decode blocks (each owner has one at most: its chain state is
+        known) and put them in their places in the stream."""
+        pending = self._pending
+        if not pending:
+            return
+        owners = [seq for _, seqs, _ in pending for seq in seqs]
+        rows = [row for _, _, rows in pending for row in rows]
+        c = contents(np.asarray(rows, dtype=np.uint32).ravel(), self.block_size)
+        states = np.asarray([seq.state for seq in owners], dtype=np.uint64)
         keys, raw = step(states, c)
         for seq, key, state in zip(owners, keys, raw.tolist(), strict=True):
             seq.keys.append(key[None])
             seq.state = state
-        self._touch(keys)
+        start = 0
+        for index, seqs, _ in pending:
+            self._pieces[index] = self._sampled(keys[start : start + len(seqs)])
+            start += len(seqs)
+        pending.clear()
+        self._pending_seqs.clear()  # cleared, not replaced: `decode` holds it
 
     def fork(self, parent_id: int, child_id: int) -> None:
+        if parent_id in self._pending_seqs:
+            self._flush()  # its keys and chain state, copied
         self._seqs[child_id] = self._seqs[parent_id].copy()
         self._admitted.add(child_id)
 
@@ -246,16 +280,22 @@ class MRCRecorder:
         self._touch(self._registered(seq)[::-1])
 
     def free(self, seq_id: int) -> None:
+        if seq_id in self._pending_seqs:
+            self._flush()  # its keys
         seq = self._seqs.pop(seq_id)
         if not seq.swapped:  # a swapped sequence released its GPU blocks at swap-out
             self._release(seq)
 
     def swap_out(self, seq_id: int) -> None:
+        if seq_id in self._pending_seqs:
+            self._flush()
         seq = self._seqs[seq_id]
         self._release(seq)
         seq.swapped = True
 
     def swap_in(self, seq_id: int) -> None:
+        if seq_id in self._pending_seqs:
+            self._flush()
         seq = self._seqs[seq_id]
         self._touch(self._registered(seq))
         seq.swapped = False
@@ -264,6 +304,7 @@ class MRCRecorder:
 
     def curve(self) -> MissRatioCurve:
         """Replay the recorded events through exact stack distances."""
+        self._flush()
         pieces, kinds = self._pieces, self._kinds
         rate = self.sample_rate
         everything = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint64)
