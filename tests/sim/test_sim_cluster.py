@@ -447,3 +447,23 @@ def test_the_cluster_needs_neither_torch_nor_lz4() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "put by another node" in proc.stdout and "store       host (CPU)" in proc.stdout
+
+
+def test_the_node_index_fits_its_two_byte_origin_at_the_limit_and_not_past_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pagedkv.sim.cluster_tier import MAX_NODES
+
+    store = _host_store(1000)
+    last = _tiered(store, MAX_NODES - 1)
+    p = _tokens(8, 512)
+    assert last.allocate(1, p) == 0
+    last.free(1)
+    assert last.allocate(2, _tokens(9, 1023)) == 0  # evicts p's 32 blocks into the store
+    reader = _tiered(store, 0)
+    assert reader.allocate(3, np.concatenate([p, _tokens(10, 8)])) == 512
+    assert reader.tier_tokens_by_origin == {MAX_NODES - 1: 512}  # the index read back whole
+    with pytest.raises(ValueError, match=r"node index must be in \[0, 65536\), got 65536"):
+        _tiered(store, MAX_NODES)
+    rc, _, err = _run(capsys, *SMALL, "--nodes", str(MAX_NODES + 1))
+    assert rc == 2 and "--nodes must be in [1, 65536], got 65537" in err
