@@ -172,3 +172,24 @@ def test_a_trace_check_stops_on_the_hits_it_can_no_longer_reach(tmp_path: Path) 
             assert res.finished_requests < res.requests
             return
     raise AssertionError("no size stopped on the bound without preemption")
+
+
+def test_the_trace_bound_follows_each_requests_tokens_per_id() -> None:
+    """Bailian's ids cover 16 tokens, not Mooncake's 512: the second prompt shares two
+    16-token blocks with the first, so it can hit 32 tokens and no more."""
+    from pagedkv.sim.requests import Request
+
+    def req(rid: int, ids: list[int]) -> Request:
+        return Request(
+            rid,
+            64,
+            2,
+            arrival_step=rid,
+            kind="trace",
+            hash_ids=np.asarray(ids, dtype=np.int64),
+            hash_block_tokens=16,
+        )
+
+    w = Workload((req(0, [1, 2, 3, 4]), req(1, [1, 2, 9, 9])), 0)
+    bounds = trace_hit_bounds(w, 16)
+    assert bounds is not None and bounds.tolist() == [0, 32]

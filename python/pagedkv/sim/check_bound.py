@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from pagedkv.sim.requests import TRACE_BLOCK_TOKENS, Workload
+from pagedkv.sim.requests import Workload
 from pagedkv.sim.scheduler import SimResult
 
 
@@ -43,6 +43,7 @@ def trace_hit_bounds(workload: Workload, block_size: int) -> npt.NDArray[np.int6
         assert r.hash_ids is not None
         n = r.prompt_len
         full, cap = n // bs, (n - 1) // bs
+        per_id = r.hash_block_tokens  # Mooncake's 512 tokens per id, Bailian's 16
         node, hit, open_ = 0, 0, True
         nodes: list[int] = []
         for d, h in enumerate(r.hash_ids.tolist()):
@@ -51,8 +52,8 @@ def trace_hit_bounds(workload: Workload, block_size: int) -> npt.NDArray[np.int6
             if not open_:
                 continue
             # Blocks whose last token lies in hash id d: those from lo up to hi (exclusive).
-            lo = d * TRACE_BLOCK_TOKENS // bs
-            hi = min((d + 1) * TRACE_BLOCK_TOKENS // bs, cap)
+            lo = d * per_id // bs
+            hi = min((d + 1) * per_id // bs, cap)
             if lo >= hi:
                 open_ = lo < cap
                 continue
