@@ -136,6 +136,9 @@ def _scenario(cls: type[TieredCache]) -> None:
     _write(m, pool, 1, other, 16, 28)  # the step overwrites them with Q's KV
     _check(m, pool, 1, other, 28)
     m.free(1)
+    # The copy-out happened inside `extend`; the stores below run on worker threads: wait
+    # for them, or the tier may not hold P's blocks yet (a miss, not this test's question).
+    tc.flush()
     c = tc.allocate(2, prompt)  # P's first block still on the GPU, the rest in the tier
     assert c is not None and c.gpu_hit_tokens == 4 and c.tier_hit_tokens == (12,)
     cached = tc.load(c)
