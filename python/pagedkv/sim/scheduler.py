@@ -96,6 +96,8 @@ class ManagerLike(Protocol):
     def num_free_blocks(self) -> int: ...
     @property
     def num_cached_blocks(self) -> int: ...
+    @property
+    def num_groups(self) -> int: ...
     def allocate(
         self,
         seq_id: int,
@@ -382,6 +384,9 @@ class _Scheduler:
         self.clock = 0
         # (available blocks, chunk) when the queue's head last failed to allocate
         self.blocked_at: tuple[int, int] = (-1, 0)
+        self.one_group = manager.num_groups == 1
+        # False asks the hit-aware `can_allocate` even when the answer is sure (tests compare).
+        self.skip_sure_checks = True
         self.budget = 0  # tokens left in this step's budget (chunked prefill)
         self.preempted = False  # a preemption in this step: admit nothing more
         self.speculating: list[_Seq] = []  # this step's speculating sequences
@@ -540,7 +545,8 @@ class _Scheduler:
                 break  # vLLM v1 admits nothing in a step that preempted
             s = waiting[0]
             n = s.num_tokens
-            if call("can_allocate", n) == AllocStatus.NEVER:
+            fits = call("can_allocate", n)
+            if fits == AllocStatus.NEVER:
                 waiting.popleft()
                 self._reject(s)
                 continue
@@ -553,9 +559,14 @@ class _Scheduler:
             if chunked:
                 # Hit-aware: a prompt whose prefix is cached needs fewer new blocks. LATER
                 # keeps the watermark free while other sequences run (as vLLM v0 did).
-                status = call("can_allocate", tokens, num_new_tokens=chunk, cache_salt=salt)
-                if status != AllocStatus.OK and running:
-                    break
+                # Asked only when the answer could be other than OK: with one group, a prompt
+                # that fits whole beside the watermark with no hit (`fits`) fits with any hit
+                # (a hit never needs more blocks than the whole prompt), so hashing it twice
+                # would only cost time (a few percent of a long trace's replay).
+                if not (fits == AllocStatus.OK and self.one_group and self.skip_sure_checks):
+                    status = call("can_allocate", tokens, num_new_tokens=chunk, cache_salt=salt)
+                    if status != AllocStatus.OK and running:
+                        break
                 hit = self._allocate(s.seq_id, tokens, chunk, salt)
             else:
                 # LATER only means "not with the watermark kept free": allocate counts prefix

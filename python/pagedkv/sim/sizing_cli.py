@@ -1,7 +1,7 @@
 """The sizing part of `simulate`: its options, the curve's recorder and the target.
 
-`--mrc` records a miss-ratio curve in every run (`mrc.MRCRecorder`), prints the curve of each
-block size (from its run with the most blocks: the least disturbed by pressure) and ends the
+`--mrc` records a miss-ratio curve in every run (`mrc_fast.FastMRCRecorder`), prints the curve
+of each block size (from its run with the most blocks: the least disturbed by pressure) and ends the
 summary with the smallest cache that reaches a target hit rate without preemption, checked by
 full runs (`sizing.Search`), all of it in parallel processes (`sizing_jobs`); `--mrc-only`
 stops at the curve's estimate. `--model NAME` (a one-group preset) or `--kv-bytes-per-token
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 
-from pagedkv.sim.mrc import MRCRecorder
 from pagedkv.sim.mrc_curve import MissRatioCurve
+from pagedkv.sim.mrc_fast import FastMRCRecorder
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.sizing_report import MIN_ROWS, TABLE_ROWS
 from pagedkv.sim.units import byte_size
@@ -117,13 +117,13 @@ def wants_mrc(args: argparse.Namespace) -> bool:
     )
 
 
-def recorder(args: argparse.Namespace, workload: Workload, block_size: int) -> MRCRecorder:
+def recorder(args: argparse.Namespace, workload: Workload, block_size: int) -> FastMRCRecorder:
     """A recorder for one run: exact unless the workload is large (or --mrc-sample says)."""
     if args.mrc_sample is not None:
-        return MRCRecorder(block_size, args.mrc_sample)
+        return FastMRCRecorder(block_size, args.mrc_sample)
     touches = 2 * (workload.prompt_tokens + workload.max_new_tokens) // block_size
     rate = 1.0 if touches <= EXACT_TOUCHES else 1 / -(-touches // EXACT_TOUCHES)
-    return MRCRecorder(block_size, rate)
+    return FastMRCRecorder(block_size, rate)
 
 
 def target_for(args: argparse.Namespace, curve: MissRatioCurve) -> tuple[float, str]:

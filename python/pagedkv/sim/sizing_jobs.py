@@ -33,8 +33,8 @@ from typing import Any, TextIO
 from pagedkv.config import BlockManagerConfig
 from pagedkv.sim.check_bound import StopRule
 from pagedkv.sim.kv_bytes import KVBytes, kv_bytes
-from pagedkv.sim.mrc import MRCRecorder
 from pagedkv.sim.mrc_curve import MissRatioCurve
+from pagedkv.sim.mrc_fast import FastMRCRecorder
 from pagedkv.sim.progress import ProgressBar, RunLines, clock
 from pagedkv.sim.report import json_doc, summary_table, sweep_table, write_doc
 from pagedkv.sim.requests import Workload
@@ -102,7 +102,7 @@ def perform(task: Task, ctx: _Context, report: Report) -> dict[str, Any]:
     args, config = ctx.args, task.config
     if task.kind == "curve":
         runner = cli._Runner(args, ctx.workload, ctx.kv, lambda label: _Bar(label, report))
-        watch = MRCRecorder(config.block_size, task.sample_rate)
+        watch = FastMRCRecorder(config.block_size, task.sample_rate)
         f = runner(config, task.label, watch)
         return {"figures": f, "curve": watch.curve()}
     rule = StopRule.build(ctx.workload, config.block_size, task.target, args.abort_rate > 0)

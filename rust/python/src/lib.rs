@@ -3,6 +3,7 @@
 mod convert;
 mod errors;
 mod manager;
+mod mrc;
 mod objects;
 mod running;
 
@@ -21,6 +22,9 @@ mod _core {
 
     #[pymodule_export]
     use crate::running::PyRunningBatch;
+
+    #[pymodule_export]
+    use crate::mrc::PyMrcStream;
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -1,0 +1,16 @@
+//! pagedkv-sim: the parts of `pagedkv simulate` that are too slow in Python, with no Python
+//! dependency (the binding in `rust/python` converts arguments only).
+//!
+//! - `block_keys`: 64-bit content keys of full blocks, chained over the prefix: the same
+//!   arithmetic as `python/pagedkv/sim/block_keys.py`, so both give the same keys.
+//! - `mrc_stream`: what the miss-ratio curve recorder hears from the scheduler, turned into
+//!   an ordered stream of lookups and touches (`python/pagedkv/sim/mrc.py`'s `MRCRecorder`,
+//!   the reference it is tested against).
+//! - `stack`: exact LRU stack distances over that stream, and the curve's thresholds.
+
+pub mod block_keys;
+pub mod mrc_stream;
+pub mod stack;
+
+pub use mrc_stream::{MrcStream, StreamError};
+pub use stack::Thresholds;
