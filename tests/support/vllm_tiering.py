@@ -116,16 +116,18 @@ class Node:
             self.call(self.m.complete_store, out.keys_to_store, self.ctx)
         return list(out.keys_to_store)
 
-    def settle(self, timeout: float = 20.0) -> None:
-        """Step until no transfer is in flight."""
+    def settle(self, timeout: float = 20.0, poll: float = 0.002) -> None:
+        """Step until no transfer is in flight (sleeping `poll` seconds between steps)."""
         deadline = time.monotonic() + timeout
         while self.call(self.m.has_pending_work):
             assert time.monotonic() < deadline, "transfers still in flight"
             self.step()
-            time.sleep(0.002)
+            time.sleep(poll)
         self.step()
 
-    def resolve(self, keys: Sequence[OffloadKey], timeout: float = 20.0) -> list[LookupResult]:
+    def resolve(
+        self, keys: Sequence[OffloadKey], timeout: float = 20.0, poll: float = 0.002
+    ) -> list[LookupResult]:
         """Look `keys` up step after step until each is HIT or MISS (a tier hit is promoted
         into the primary tier on the way)."""
         deadline = time.monotonic() + timeout
@@ -135,7 +137,7 @@ class Node:
                 return res
             assert time.monotonic() < deadline, f"lookups never settled: {res}"
             self.step()
-            time.sleep(0.002)
+            time.sleep(poll)
 
     def fetch(self, keys: Sequence[OffloadKey]) -> list[bytes]:
         """The bytes of `keys` (all HIT in the primary tier) as a GPU load would read them."""
