@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from vllm.v1.kv_offload.base import LookupResult, Medium
+from vllm.v1.kv_offload.base import LookupResult, Medium, ReqContext
 
 from pagedkv.tiers.remote import RemoteTier
 from pagedkv.vllm.tier import tier_key
@@ -159,3 +159,18 @@ def test_a_full_server_drops_stores_and_serves_the_rest(nodes, tmp_path):
         lead = landed.index(False)
         assert list(served) == list(blocks)[:lead]
         assert max(a.slowest, b.slowest) < CALL_BOUND
+
+
+def test_a_request_gone_before_its_lookups_were_sent_strands_nothing(nodes, server):
+    """A request asks (RETRY) and finishes before the step that would send its questions;
+    the next request asking for the same keys gets its answer."""
+    a = Node(remote(server.url), chunks=8)
+    b = Node(remote(server.url), chunks=8)
+    nodes += [a, b]
+    a.store({key(1): block(1)})
+    a.settle()
+    assert b.call(b.m.lookup, key(1), b.ctx) is LookupResult.RETRY
+    b.m.on_request_finished(b.ctx)  # no step in between: the question was never sent
+    b.ctx = ReqContext("second")
+    b.m.on_new_request(b.ctx)
+    assert b.load([key(1)]) == {key(1): block(1)}

@@ -317,8 +317,10 @@ class PagedKVTier(SecondaryTierManager):
         return RequestOffloadingContext()
 
     def on_request_finished(self, req_context: ReqContext) -> None:
-        self._ask_batch.pop(req_context.req_id, None)
-        # its keys stay in _asked until answered: dropping them here would ask again
+        # Its questions not sent yet are dropped, and forgotten, so that another request
+        # asking for those keys sends them; those sent stay in _asked until answered.
+        for tk in self._ask_batch.pop(req_context.req_id, ()):
+            self._asked.discard(tk)
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         if self._ask_batch:
@@ -373,9 +375,6 @@ class PagedKVTier(SecondaryTierManager):
                 out.set_gauge(name, getattr(now, field), label)
         self._reported = now
         return None if out.is_empty() else out
-
-    def config_info(self) -> dict[str, str | int | float | bool]:
-        return {}
 
     def shutdown(self) -> None:
         """Finish every job, stop the threads, close a Redis store's connections."""
