@@ -4,6 +4,7 @@ their exact bytes, and bad options fail when the engine starts (docs/tiers.md)."
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -190,3 +191,53 @@ def test_stats_reach_vllm(nodes):
     assert node.tier.get_stats() is not None  # the gauges again, no new counts
     defs = PagedKVTier.build_metric_definitions({})
     assert set(defs) >= {"pagedkv:tier_puts", "pagedkv:tier_stored_bytes"}
+
+
+def job(job_id, keys, cids, node, promotion=False):
+    return TransferJob(job_id, keys, np.array(cids), promotion, node.ctx)
+
+
+def test_bad_jobs_raise_and_change_nothing(nodes):
+    node = Node(HOST, chunks=8)
+    nodes.append(node)
+    tier = node.tier
+    with pytest.raises(ValueError, match="2 keys, 1 chunk ids"):
+        tier.submit_store(job(1, [key(1), key(2)], [0], node))
+    with pytest.raises(ValueError, match="out of the primary tier's 8 rows"):
+        tier.submit_store(job(2, [key(1)], [8], node))
+    with pytest.raises(ValueError, match="out of the primary tier's 8 rows"):
+        tier.submit_load(job(3, [key(1)], [-1], node, True))
+    assert list(tier.get_finished_jobs()) == [] and not tier.has_pending_work()
+    assert tier.tier_stats().puts == 0
+
+
+def test_a_store_past_max_pending_bytes_is_dropped_whole(nodes):
+    node = Node({**HOST, "max_pending_bytes": ROW}, chunks=8)
+    nodes.append(node)
+    node.rows[0:2] = 1
+    node.tier.submit_store(job(5, [key(1), key(2)], [0, 1], node))
+    (res,) = list(node.tier.get_finished_jobs())
+    assert res.job_id == 5 and not res.success
+    node.tier.drain_jobs()
+    assert node.tier.tier_stats().puts == 0
+
+
+def test_drain_waits_for_every_job_and_aborts_none(nodes, monkeypatch):
+    """Stores that take 50 ms each: drain_jobs returns once all landed, each reported."""
+    node = Node(HOST, chunks=16)
+    nodes.append(node)
+    store = node.tier.tier_store
+    put = store.put
+
+    def slow_put(k, data):
+        time.sleep(0.05)
+        return put(k, data)
+
+    monkeypatch.setattr(store, "put", slow_put)
+    for j in range(4):
+        node.rows[j] = j
+        node.tier.submit_store(job(j, [key(j)], [j], node))
+    assert node.tier.has_pending_work()
+    node.tier.drain_jobs()
+    assert sorted(r.job_id for r in node.tier.get_finished_jobs() if r.success) == [0, 1, 2, 3]
+    assert store.stats().puts == 4 and not node.tier.has_pending_work()

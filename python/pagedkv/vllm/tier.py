@@ -193,11 +193,16 @@ class PagedKVTier(SecondaryTierManager):
         for keys in self._ask_batch.values():
             self._workers.ask(keys)
         self._ask_batch = {}
-        if len(self._verdicts) > self._prune_at:
-            now = time.monotonic()
-            self._verdicts = {k: v for k, v in self._verdicts.items() if v[1] > now}
-            self._failed = {k: t for k, t in self._failed.items() if t > now}
-            self._prune_at = max(4096, 2 * len(self._verdicts))
+
+    def _prune(self) -> None:
+        """Forget expired answers once they pass twice what was left last time (amortised:
+        the maps stay within twice the keys asked in the last `lookup_ttl_s`)."""
+        if len(self._verdicts) + len(self._failed) <= self._prune_at:
+            return
+        now = time.monotonic()
+        self._verdicts = {k: v for k, v in self._verdicts.items() if v[1] > now}
+        self._failed = {k: t for k, t in self._failed.items() if t > now}
+        self._prune_at = max(4096, 2 * (len(self._verdicts) + len(self._failed)))
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         return  # the store's own LRU counts reads; a look-up is not a use
@@ -325,6 +330,7 @@ class PagedKVTier(SecondaryTierManager):
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         if self._ask_batch:
             self._send_asks()
+        self._prune()
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         if not self._events:

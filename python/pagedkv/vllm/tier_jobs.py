@@ -15,7 +15,7 @@ Two rules make the bytes right whatever order vLLM's calls come in:
   misses, fails its check or has another length leaves its row untouched and is reported
   failed.
 
-Nothing here imports vLLM.
+This module uses nothing of vLLM (its package, pagedkv.vllm, imports it).
 """
 
 from __future__ import annotations

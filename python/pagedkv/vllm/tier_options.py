@@ -4,7 +4,7 @@ vLLM secondary tier keeps its chunks in, and the namespace those chunks live in.
 vLLM passes every key of a ``secondary_tiers`` entry but ``type``, ``module_path`` and
 ``backpressure`` to the tier's constructor; `TierOptions.parse` checks them here, so that a
 misspelt or mistyped option is an error naming it when the engine starts, never a tier that
-silently does something else. Nothing here imports vLLM: the spec's configuration is read
+silently does something else. This module uses nothing of vLLM: the spec's configuration is read
 through its attributes.
 """
 
