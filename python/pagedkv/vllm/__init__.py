@@ -9,9 +9,24 @@ manager in place of vLLM's (docs/vllm.md); ``{"type": "PagedKVTier", "module_pat
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from pagedkv.vllm.blocks import PagedKVCacheBlocks
 from pagedkv.vllm.manager import KVCacheManager
 from pagedkv.vllm.scheduler import AsyncScheduler, Scheduler
-from pagedkv.vllm.tier import PagedKVTier
+
+if TYPE_CHECKING:
+    from pagedkv.vllm.tier import PagedKVTier
+
+
+def __getattr__(name: str) -> Any:
+    """`PagedKVTier` on first use (vLLM's factory asks for it by name): a scheduler that
+    only uses `--scheduler-cls` does not load vLLM's offloading stack through pagedkv."""
+    if name == "PagedKVTier":
+        from pagedkv.vllm.tier import PagedKVTier
+
+        return PagedKVTier
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["AsyncScheduler", "KVCacheManager", "PagedKVCacheBlocks", "PagedKVTier", "Scheduler"]
