@@ -15,7 +15,13 @@ from vllm.v1.kv_offload.base import LookupResult, Medium, ReqContext
 
 from pagedkv.tiers.remote import RemoteTier
 from pagedkv.vllm.tier import tier_key
-from redis_fixtures import ServerProcess, free_port, running_server, server_binary
+from redis_fixtures import (
+    ServerProcess,
+    free_port,
+    running_cluster,
+    running_server,
+    server_binary,
+)
 from vllm_tiering import Node, block, key
 
 #: A manager call that waited on the server would take the tier's socket timeout (1 s
@@ -174,3 +180,20 @@ def test_a_request_gone_before_its_lookups_were_sent_strands_nothing(nodes, serv
     b.ctx = ReqContext("second")
     b.m.on_new_request(b.ctx)
     assert b.load([key(1)]) == {key(1): block(1)}
+
+
+def test_two_engines_share_a_cluster(nodes, tmp_path):
+    """``redis_cluster: true``: chunks spread over a three-node Redis Cluster's slots; the
+    other engine loads them all, exact."""
+    with running_cluster(server_binary("redis"), tmp_path / "cluster") as cluster:
+        a = Node(remote(cluster.url, redis_cluster=True), chunks=16)
+        b = Node(remote(cluster.url, redis_cluster=True), chunks=16)
+        nodes += [a, b]
+        blocks = {key(i): block(i) for i in range(12)}
+        a.store(blocks)
+        a.settle()
+        assert a.tier.tier_stats().dropped_puts == 0
+        owners = {cluster.owner(a.tier.tier_store.key_name(tier_key(k))) for k in blocks}
+        assert len(owners) > 1  # the chunks really are spread over several nodes
+        assert b.load(list(blocks)) == blocks
+        assert max(a.slowest, b.slowest) < CALL_BOUND
