@@ -92,6 +92,10 @@ class Recommendation:
     checked: bool = True  # False: curve only, no check runs (`--mrc-only`)
     complete: bool = True  # False: interrupted, or still running
     two_sided: bool = False  # the search's kind: `--bracket` (True) or one-sided (the default)
+    # Why the search ended: "bracketed" (a fail within PRECISION below the answer),
+    # "one-sided" (the default search's stop at its first pass), "out of runs" (`MAX_RUNS`);
+    # "" while it runs, when interrupted, or when nothing passed.
+    ended: str = ""
 
     @property
     def passed(self) -> Trial | None:
@@ -221,7 +225,13 @@ class Search:
     def result(self, *, checked: bool = True, complete: bool = True) -> Recommendation:
         """The answer from the runs so far."""
         lo, hi = self.bracket()
-        del lo
+        ended = ""
+        if hi is not None and lo is not None and _close(lo, hi):
+            ended = "bracketed"
+        elif hi is not None and not self.two_sided and hi <= self.first:
+            ended = "one-sided"
+        elif hi is not None and self.runs >= MAX_RUNS:
+            ended = "out of runs"
         ordered = tuple(sorted(self.trials.values(), key=lambda t: t.num_blocks))
         return Recommendation(
             self.block_size,
@@ -233,6 +243,7 @@ class Search:
             checked=checked,
             complete=complete,
             two_sided=self.two_sided,
+            ended=ended,
         )
 
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from pagedkv.sim.kv_bytes import KVBytes
 from pagedkv.sim.mrc_curve import MissRatioCurve
-from pagedkv.sim.sizing import PRECISION, Recommendation, Trial
+from pagedkv.sim.sizing import MAX_RUNS, PRECISION, Recommendation, Trial
 
 TABLE_ROWS = 24  # rows of the printed curve (--mrc-points); the JSON has more
 START_FRACTION = 0.01  # the table starts where the curve reaches this share of its top
@@ -97,15 +97,19 @@ def _run(t: Trial) -> str:
 def _lower_side(r: Recommendation, n: int) -> str:
     """Why no failing size lies just below the answer `n` (`r.lower_checked` is False)."""
     e = r.estimate
-    tried = {t.num_blocks for t in r.trials}
-    if r.two_sided:
-        return f"no size within {PRECISION:.0%} below it failed before the runs ran out"
-    if e is not None and e < n and e not in tried:
+    if r.ended == "one-sided":
+        if e is not None and e < n and e not in {t.num_blocks for t in r.trials}:
+            return (
+                f"passed a full run; the curve's estimate {e}, {1 - e / n:.0%} below, was not "
+                "run (add --bracket to check it)"
+            )
+        return "passed a full run; the sizes below it were not run (add --bracket to check them)"
+    if r.ended == "out of runs":
         return (
-            f"passed a full run; the curve's estimate {e}, {1 - e / n:.0%} below, was not run "
-            "(add --bracket to check it)"
+            f"the runs ran out ({MAX_RUNS} per block size) before a size within "
+            f"{PRECISION:.0%} below it was found to fail"
         )
-    return "passed a full run; sizes below it were not run (add --bracket to check them)"
+    return f"no size within {PRECISION:.0%} below it was found to fail"
 
 
 def recommendation_lines(recs: list[Recommendation], kv: KVBytes | None) -> str:
@@ -182,6 +186,7 @@ def recommendation_json(r: Recommendation, kv: KVBytes | None) -> dict[str, Any]
         "search": "bracket" if r.two_sided else "one-sided",
         # A size within PRECISION below the answer was run and failed (the answer bracketed).
         "lower_side_checked": r.lower_checked,
+        "search_ended": r.ended or None,  # "bracketed", "one-sided", "out of runs"
         "largest_fail_below_blocks": fail.num_blocks if (fail := r.largest_fail) else None,
         "num_blocks": r.num_blocks,
         "gib": kv.gib(r.num_blocks, bs) if kv and r.num_blocks is not None else None,
