@@ -305,6 +305,7 @@ class Sizing:
             self.shared = max(mine, key=lambda j: configs[j].num_blocks)
             self.skipped = {j for j, c in enumerate(configs) if c.block_size != sizes[0]}
         self.replays = 0  # curve runs finished
+        self.preempted = 0  # the shared replay's preemptions, when it had any (`_fall_back`)
         self.shared_curves: dict[int, dict[str, Any]] = {}  # block size -> its curve's JSON
         self.lines = None if args.no_progress else RunLines(err, tty=err.isatty())
         self.figures: list[dict[str, Any] | None] = [None] * len(configs)
@@ -337,7 +338,11 @@ class Sizing:
                 "block_size": c.block_size,
                 "num_blocks": c.num_blocks,
                 "hash_algo": c.hash_algo,
-                "curves_of_block_sizes": sorted({x.block_size for x in self.configs}),
+                "curves_of_block_sizes": sorted(
+                    {c.block_size, *(self.configs[j].block_size for j in self.skipped)}
+                ),
+                # When it preempted, the other block sizes were replayed on their own.
+                "preemptions": self.preempted,
             }
         return {
             "curve_replays": self.replays,
@@ -486,11 +491,7 @@ class Sizing:
     def run(self) -> int:
         """Everything, then the answer; returns the exit status."""
         pending: dict[cf.Future[dict[str, Any]], Task] = {}
-        tasks = (
-            len(self.configs)
-            - len(self.skipped)
-            + ROUND * len({c.block_size for c in self.configs})
-        )
+        tasks = len(self.configs) + ROUND * len({c.block_size for c in self.configs})
         parallel = self.jobs > 1
         executor: _Pool | _Serial = (
             _Pool(self.args, min(self.jobs, tasks))
@@ -504,22 +505,9 @@ class Sizing:
 
         previous = _on_sigterm()
         try:
-            several = len(self.configs) > len({c.block_size for c in self.configs})
-            others = sorted({self.configs[j].block_size for j in self.skipped})
-            for i, c in enumerate(self.configs):
-                if i in self.skipped:
-                    continue
-                label = f"B={c.block_size} curve run"
-                if several:
-                    label += f" ({c.num_blocks} blocks, {c.hash_algo})"
-                extra: tuple[tuple[int, float], ...] = ()
-                if i == self.shared:
-                    extra = tuple(
-                        (bs, recorder(self.args, self.workload, bs).sample_rate) for bs in others
-                    )
-                    label += f" (and the curve of B={', '.join(map(str, others))})"
-                rate = recorder(self.args, self.workload, c.block_size).sample_rate
-                submit(Task(label, "curve", c, index=i, sample_rate=rate, others=extra))
+            for i in range(len(self.configs)):
+                if i not in self.skipped:
+                    submit(self._curve_task(i))
             while pending:
                 if isinstance(executor, _Pool):
                     done, _ = cf.wait(pending, timeout=0.25, return_when=cf.FIRST_COMPLETED)
@@ -552,6 +540,38 @@ class Sizing:
         self._answer()
         return 0
 
+    def _curve_task(self, i: int) -> Task:
+        """The curve run of configured run `i` (with the other block sizes' recorders when it
+        is the shared replay)."""
+        c = self.configs[i]
+        label = f"B={c.block_size} curve run"
+        if len(self.configs) > len({c.block_size for c in self.configs}):
+            label += f" ({c.num_blocks} blocks, {c.hash_algo})"
+        extra: tuple[tuple[int, float], ...] = ()
+        if i == self.shared and self.skipped:
+            others = sorted({self.configs[j].block_size for j in self.skipped})
+            extra = tuple((bs, recorder(self.args, self.workload, bs).sample_rate) for bs in others)
+            label += f" (and the curve of B={', '.join(map(str, others))})"
+        rate = recorder(self.args, self.workload, c.block_size).sample_rate
+        return Task(label, "curve", c, index=i, sample_rate=rate, others=extra)
+
+    def _fall_back(self, result: dict[str, Any], submit: Callable[[Task], None]) -> None:
+        """The shared replay preempted: its schedule is no guide to the other block sizes'
+        (a pool under pressure shapes the curve: recomputed prompts are touched again), so
+        they get their own replays after all, as with explicit sizes."""
+        self.preempted = result["figures"]["preemptions"]
+        result["others"] = {}
+        again = sorted(self.skipped)
+        self.skipped = set()
+        for j in again:
+            submit(self._curve_task(j))
+        if self.lines is not None:
+            by = self.configs[self.shared or 0].block_size
+            self.lines.note(
+                f"B={by}'s replay preempted {self.preempted} times: every block size is "
+                "replayed on its own"
+            )
+
     def _finished(self, task: Task, result: dict[str, Any], submit: Callable[[Task], None]) -> None:
         lines = self.lines
         if task.kind == "curve":
@@ -559,6 +579,8 @@ class Sizing:
             if lines is not None:
                 f = result["figures"]
                 lines.end(task.label, f"done, hit rate {f['workload_hit_rate']:.2%}")
+            if result["others"] and result["figures"]["preemptions"]:
+                self._fall_back(result, submit)
             before = set(self.searches)
             self._curve_done(i, result)
             if self._replays_done():
