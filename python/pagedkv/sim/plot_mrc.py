@@ -31,6 +31,8 @@ def draw_mrc(ax: Any, runs: Sequence[dict[str, Any]], sizing: dict[str, Any] | N
         rising = [x for x, y in zip(xs, ys, strict=True) if y >= 0.01 * max(ys, default=0)]
         left = min(left, rising[0] / 2 if rising and max(ys) > 0 else xs[0])
         how = "exact" if f["mrc_info"]["method"] == "exact" else "sampled"
+        if "from_replay_block_size" in f:
+            how += f", from the B={f['from_replay_block_size']} replay"
         line = ax.plot(xs, ys, linewidth=1.0, label=f"block {bs} ({how})")[0]
         if "num_blocks" in f:  # a run of its own
             ax.axvline(
