@@ -323,8 +323,11 @@ class Sizing:
         assert self.shared is not None
         by = self.configs[self.shared].block_size
         bs = config.block_size
+        which = f"B={bs}"
+        if sum(c.block_size == bs for c in self.configs) > 1:
+            which += f" ({config.num_blocks} blocks, {config.hash_algo})"
         return (
-            f"B={bs}: no run of its own; its curve comes from the B={by} run's replay, in "
+            f"{which}: no run of its own; its curve comes from the B={by} run's replay, in "
             f"blocks of {bs} (a replay of its own would differ only by hit granularity and "
             "pool pressure); give --num-blocks or --cache-tokens to run each block size"
         )
