@@ -479,7 +479,11 @@ class Sizing:
         if not sizes and self.lines is not None and search.estimate is not None:
             lo, hi = search.bracket()
             found = f"{hi} blocks passed" if hi is not None else "no size passed"
-            below = f", {lo} failed below it" if lo is not None and hi is not None else ""
+            below = {
+                "bracketed": f", {lo} failed below it",
+                "one-sided": " (one-sided: no size just below it run)",
+                "out of runs": " (the runs ran out before a size just below it failed)",
+            }.get(search.result().ended, "")
             self.lines.note(f"B={bs}: check runs done: {found}{below}")
         for n in sizes:
             sized = BlockManagerConfig(
