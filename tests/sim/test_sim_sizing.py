@@ -216,7 +216,7 @@ def test_bracket_checks_the_estimate_and_below(
 ) -> None:
     checks = _count_checks(monkeypatch)
     js = tmp_path / "two.json"
-    rc, out, _ = _simulate(capsys, *CALM, "--mrc", "--bracket", "--json", str(js))
+    rc, out, _ = _simulate(capsys, *CALM, "--bracket", "--json", str(js))  # implies --mrc
     assert rc == 0, out
     doc = json.loads(js.read_text())
     assert doc["sizing"]["search"] == "bracket"

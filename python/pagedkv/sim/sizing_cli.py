@@ -77,7 +77,8 @@ def add_sizing_arguments(sim: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the two-sided search: check the curve's estimate itself too, and search until a "
         "size that fails lies within 5%% below the answer (default: one check run per block "
-        "size, 5%% above the curve's estimate, and further up only if that fails)",
+        "size, 5%% above the curve's estimate, and further up only if that fails); implies "
+        "--mrc",
     )
     g.add_argument(
         "--mrc-points",
@@ -124,7 +125,11 @@ def add_sizing_arguments(sim: argparse.ArgumentParser) -> None:
 
 def wants_mrc(args: argparse.Namespace) -> bool:
     return bool(
-        args.mrc or args.mrc_only or args.mrc_sample is not None or args.target_hit_rate is not None
+        args.mrc
+        or args.mrc_only
+        or args.bracket
+        or args.mrc_sample is not None
+        or args.target_hit_rate is not None
     )
 
 
