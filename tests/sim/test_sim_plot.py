@@ -88,3 +88,20 @@ def test_mrc_panel_end_to_end(capsys: pytest.CaptureFixture[str], tmp_path: Path
     labels = mrc.get_legend_handles_labels()[1]
     assert "block 16 (exact)" in labels and any("smallest for" in x for x in labels)
     plt.close(fig)
+
+
+def test_mrc_panel_draws_a_curve_from_another_block_sizes_replay(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """One replay for both block sizes: B=32's curve, kept in `sizing.curves`, is drawn too
+    (without a pool line: it had no run of its own)."""
+    js = tmp_path / "r.json"
+    argv = ["simulate", "--requests", "60", "--doc-tokens", "2048", "--no-progress", "--mrc"]
+    argv += ["--block-size", "16,32", "--kv-bytes-per-token", "4096", "--json", str(js)]
+    assert main([*argv, "--mrc-only", "--jobs", "1"]) == 0, capsys.readouterr()
+    doc = json.loads(js.read_text())
+    fig = figure(doc["runs"], sizing=doc["sizing"])
+    labels = fig.axes[-1].get_legend_handles_labels()[1]
+    assert "block 32 (exact, from the B=16 replay)" in labels
+    assert "block 16: the run's pool" in labels and "block 32: the run's pool" not in labels
+    plt.close(fig)

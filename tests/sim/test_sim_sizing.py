@@ -1,5 +1,6 @@
-"""`simulate --mrc`'s recommendation: the search, and the command end to end (the answer is
-checked again here by an independent full run), GiB from --kv-bytes-per-token and --model."""
+"""`simulate --mrc`'s recommendation: the search (one-sided by default, two-sided with
+`--bracket`), and the command end to end (the answer is checked again here by an independent
+full run), GiB from --kv-bytes-per-token and --model."""
 
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ import pytest
 
 from pagedkv import BlockManager
 from pagedkv.__main__ import main
-from pagedkv.sim import build_workload, run_workload, sizing_cli
+from pagedkv.sim import build_workload, run_workload, sizing_cli, sizing_jobs
 from pagedkv.sim.mrc_curve import MissRatioCurve
-from pagedkv.sim.sizing import MAX_RUNS, PRECISION, Trial, recommend
+from pagedkv.sim.sizing import MAX_RUNS, PRECISION, STEP, Trial, recommend
 
 SMALL = ["simulate", "--requests", "120", "--doc-tokens", "2048", "--no-progress"]
+# A workload where the curve's estimate is close (8 sequences at most: no preemption near it),
+# so that one step above it passes.
+CALM = [*SMALL, "--max-batch", "8", "--block-size", "16,32", "--jobs", "1"]
 
 
 def _linear_curve(blocks: int = 1000, block_size: int = 16) -> MissRatioCurve:
@@ -33,8 +37,8 @@ def _linear_curve(blocks: int = 1000, block_size: int = 16) -> MissRatioCurve:
 
 
 @pytest.mark.parametrize("needed", [300, 500, 520, 700, 2600])
-def test_search_finds_the_smallest_passing_size(needed: int) -> None:
-    """Sizes pass from `needed` on; the curve proposes 500 (the target is 50%)."""
+def test_bracket_finds_the_smallest_passing_size(needed: int) -> None:
+    """Two-sided: sizes pass from `needed` on; the curve proposes 500 (the target is 50%)."""
     curve = _linear_curve()
     calls: list[int] = []
 
@@ -42,8 +46,9 @@ def test_search_finds_the_smallest_passing_size(needed: int) -> None:
         calls.append(n)
         return Trial(n, 0.5 if n >= needed else 0.4, 0, 0, 0.5)
 
-    rec = recommend(curve, 0.5, run, ceiling=10_000)
-    assert rec.estimate == 500 and calls[0] == 500
+    rec = recommend(curve, 0.5, run, ceiling=10_000, bracket=True)
+    assert rec.estimate == 500 and calls[:2] == [500, 525]  # the first round: E and STEP x E
+    assert rec.two_sided and rec.ended in ("bracketed", "out of runs")
     assert len(calls) == len(set(calls)) <= MAX_RUNS
     assert rec.num_blocks is not None
     assert needed <= rec.num_blocks
@@ -52,6 +57,40 @@ def test_search_finds_the_smallest_passing_size(needed: int) -> None:
     fail = rec.largest_fail
     assert fail is not None and fail.num_blocks < needed  # bracketed from below
     assert [t.num_blocks for t in rec.trials] == sorted(calls)
+    assert rec.lower_checked == (rec.ended == "bracketed")
+
+
+@pytest.mark.parametrize("needed", [300, 500, 525, 526, 700, 2600])
+def test_default_search_runs_once_when_a_step_above_the_estimate_passes(needed: int) -> None:
+    """One-sided (the default): the first round is STEP x the estimate alone; if it passes,
+    that is the answer, with nothing run below it; if not, the search goes up and brackets."""
+    curve = _linear_curve()
+    calls: list[int] = []
+
+    def run(n: int) -> Trial:
+        calls.append(n)
+        return Trial(n, 0.5 if n >= needed else 0.4, 0, 0, 0.5)
+
+    rec = recommend(curve, 0.5, run, ceiling=10_000)
+    first = round(500 * STEP)
+    assert rec.estimate == 500 and calls[0] == first == 525 and not rec.two_sided
+    if needed <= first:
+        assert calls == [first]  # one check run, no more
+        assert rec.num_blocks == first and rec.ended == "one-sided" and not rec.lower_checked
+        assert rec.largest_fail is None
+    else:
+        assert len(calls) == len(set(calls)) <= MAX_RUNS and min(calls) == first
+        assert rec.num_blocks is not None and needed <= rec.num_blocks
+        assert rec.num_blocks <= needed * (1 + PRECISION) + 1 or len(calls) == MAX_RUNS
+        assert rec.ended in ("bracketed", "out of runs")
+        assert rec.lower_checked == (rec.ended == "bracketed")
+
+
+def test_default_search_stops_at_a_known_pass_below_its_first_size() -> None:
+    """The curve's own run passed below STEP x the estimate: no check run at all."""
+    known = (Trial(400, 0.6, 0, 0, 0.5, source="curve"),)
+    rec = recommend(_linear_curve(), 0.5, lambda n: pytest.fail(f"ran {n}"), known=known)
+    assert rec.num_blocks == 400 and rec.ended == "one-sided"
 
 
 def test_search_reports_an_unreachable_target() -> None:
@@ -71,7 +110,7 @@ def _simulate(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str,
 def test_mrc_end_to_end(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     js = tmp_path / "mrc.json"
     rc, out, err = _simulate(
-        capsys, *SMALL, "--mrc", "--kv-bytes-per-token", "131072", "--json", str(js)
+        capsys, *SMALL, "--mrc", "--bracket", "--kv-bytes-per-token", "131072", "--json", str(js)
     )
     assert rc == 0, out + err
     assert "miss-ratio curve, block size 16 (exact LRU stack distances" in out
@@ -85,6 +124,7 @@ def test_mrc_end_to_end(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
     (rec,) = doc["sizing"]["recommendations"]
     target, n = rec["target_hit_rate"], rec["num_blocks"]
     assert target == pytest.approx(0.95 * doc["mrc_info"]["unbounded_hit_rate"])
+    assert rec["search"] == "bracket" and rec["lower_side_checked"]
     assert n is not None and rec["gib"] == pytest.approx(n * 16 * 131072 / 2**30)
     assert f"{n} blocks ({n * 16} tokens = {rec['gib']:.2f} GiB)" in out
     # Independently: the same workload at the recommended size reaches the target with no
@@ -130,6 +170,64 @@ def test_sweep_gives_one_curve_and_answer_per_block_size(
     assert [r["block_size"] for r in recs] == [16, 32]
     assert all(r["target_hit_rate"] == 0.5 and r["hit_rate"] >= 0.5 for r in recs)
     assert {r["block_size"]: "mrc" in r for r in doc["runs"]} == {16: True, 32: True}
+    # Sizes given: each block size ran, and recorded, on its own.
+    assert doc["sizing"]["curve_replays"] == 2 and doc["sizing"]["not_run"] == []
+    assert doc["sizing"]["shared_replay"] is None
+
+
+def _count_checks(monkeypatch: pytest.MonkeyPatch) -> dict[int, list[int]]:
+    """Block size -> the sizes of its check runs, as the command runs them (--jobs 1)."""
+    perform = sizing_jobs.perform
+    checks: dict[int, list[int]] = {}
+
+    def counting(task: Any, ctx: Any, report: Any) -> Any:
+        if task.kind == "check":
+            checks.setdefault(task.config.block_size, []).append(task.config.num_blocks)
+        return perform(task, ctx, report)
+
+    monkeypatch.setattr(sizing_jobs, "perform", counting)
+    return checks
+
+
+def test_default_runs_one_check_per_block_size(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checks = _count_checks(monkeypatch)
+    js = tmp_path / "one.json"
+    rc, out, _ = _simulate(capsys, *CALM, "--mrc", "--json", str(js))
+    assert rc == 0, out
+    recs = json.loads(js.read_text())["sizing"]["recommendations"]
+    assert [r["block_size"] for r in recs] == [16, 32]
+    for r in recs:
+        first = max(round(r["curve_estimate_blocks"] * STEP), r["curve_estimate_blocks"] + 1)
+        assert checks[r["block_size"]] == [first]  # one check run, a step above the estimate
+        assert r["num_blocks"] == first and r["search"] == "one-sided"
+        assert r["search_ended"] == "one-sided" and r["lower_side_checked"] is False
+        assert [x["num_blocks"] for x in r["runs"] if x["source"] == "check"] == [first]
+        e = r["curve_estimate_blocks"]
+        assert (
+            f"passed a full run; the curve's estimate {e}, 5% below, was not run "
+            "(add --bracket to check it)" in out
+        )
+
+
+def test_bracket_checks_the_estimate_and_below(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checks = _count_checks(monkeypatch)
+    js = tmp_path / "two.json"
+    rc, out, _ = _simulate(capsys, *CALM, "--bracket", "--json", str(js))  # implies --mrc
+    assert rc == 0, out
+    doc = json.loads(js.read_text())
+    assert doc["sizing"]["search"] == "bracket"
+    for r in doc["sizing"]["recommendations"]:
+        e, n = r["curve_estimate_blocks"], r["num_blocks"]
+        assert checks[r["block_size"]][:2] == [e, round(e * STEP)]  # the first round
+        assert r["search"] == "bracket" and r["lower_side_checked"] is True
+        fail = r["largest_fail_below_blocks"]
+        assert fail is not None and fail < n <= fail * (1 + PRECISION) + 1
+        assert not next(x for x in r["runs"] if x["num_blocks"] == fail)["passed"]
+    assert "add --bracket" not in out
 
 
 def test_large_workloads_are_sampled(

@@ -43,11 +43,18 @@ def _without_timing(x: Any) -> Any:
     return x
 
 
-def test_parallel_equals_serial(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "mode",
+    [[], ["--bracket", "--num-blocks", "4096"]],
+    ids=["one-replay-one-sided", "own-replays-bracket"],
+)
+def test_parallel_equals_serial(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, mode: list[str]
+) -> None:
     docs = []
     for jobs in ("1", "2"):
         js = tmp_path / f"jobs{jobs}.json"
-        argv = [*SMALL, "--block-size", "16,32", "--no-progress", "--jobs", jobs]
+        argv = [*SMALL, *mode, "--block-size", "16,32", "--no-progress", "--jobs", jobs]
         rc, out, _ = _run(capsys, *argv, "--json", str(js))
         assert rc == 0, out
         assert f"--jobs {jobs}" in out
@@ -55,6 +62,8 @@ def test_parallel_equals_serial(capsys: pytest.CaptureFixture[str], tmp_path: Pa
     serial, parallel = docs
     assert serial["sizing"]["recommendations"] == parallel["sizing"]["recommendations"]
     assert len(serial["sizing"]["recommendations"]) == 2
+    assert serial["sizing"]["curve_replays"] == (2 if mode else 1)
+    assert serial["sizing"]["curves"] == parallel["sizing"]["curves"]
     for a, b in zip(serial["runs"], parallel["runs"], strict=True):
         assert a["mrc"] == b["mrc"] and a["mrc_info"] == b["mrc_info"]
         assert a["workload_hit_rate"] == b["workload_hit_rate"]
@@ -130,7 +139,8 @@ def test_json_is_valid_after_every_stage(
         seen.append(json.loads(Path(path).read_text()))  # the file as a reader finds it
 
     monkeypatch.setattr(sizing_jobs, "write_doc", spy)
-    argv = [*SMALL, "--block-size", "16,32", "--no-progress", "--jobs", "1"]
+    # Sizes given: a curve run per block size, so there is a stage between them.
+    argv = [*SMALL, "--block-size", "16,32", "--num-blocks", "4096", "--no-progress", "--jobs", "1"]
     rc, _, _ = _run(capsys, *argv, "--json", str(js))
     assert rc == 0
     statuses = [d["sizing"]["status"] for d in seen]

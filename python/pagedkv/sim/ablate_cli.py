@@ -28,6 +28,7 @@ from pagedkv.sim.ablate_claims import (
 from pagedkv.sim.ablate_report import ablation_table
 from pagedkv.sim.kv_bytes import from_model, kv_bytes
 from pagedkv.sim.requests import Workload
+from pagedkv.sim.sizing_cli import wants_mrc
 from pagedkv.sim.tier_run import DEFAULT_MODEL, TierOptions, parse_bytes
 
 
@@ -157,7 +158,7 @@ def simulate_ablate(
 ) -> int:
     """`--ablate` and/or `--ablate-claims` (the command's workload, scheduler and cache
     options come through the callables of `sim.cli`)."""
-    if args.mrc or args.host_tier_bytes is not None or args.remote is not None:
+    if wants_mrc(args) or args.host_tier_bytes is not None or args.remote is not None:
         raise ValueError("--ablate and --ablate-claims run on their own: drop --mrc and tiers")
     if args.ablate_repeats < 1:
         raise ValueError(f"--ablate-repeats must be >= 1, got {args.ablate_repeats}")

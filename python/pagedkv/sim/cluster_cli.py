@@ -22,6 +22,7 @@ from pagedkv.sim.kv_bytes import from_model, kv_bytes
 from pagedkv.sim.progress import ProgressBar
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.router import ROUTINGS
+from pagedkv.sim.sizing_cli import wants_mrc
 from pagedkv.sim.tier_run import DEFAULT_MODEL, parse_bytes
 
 DEFAULT_SHARED_TIER_BYTES = 256 << 30
@@ -91,7 +92,7 @@ def _options(args: argparse.Namespace, config: BlockManagerConfig) -> tuple[Clus
         given = [f"--{k.replace('_', '-')}" for k in _OPTIONS if getattr(args, k) is not None]
         raise ValueError(f"{', '.join(given)} needs --nodes")
     refused = {
-        "--mrc": args.mrc or args.mrc_sample is not None or args.target_hit_rate is not None,
+        "--mrc": wants_mrc(args),  # or an option that implies it
         "--host-tier-bytes (the nodes' tier is --shared-tier-bytes)": args.host_tier_bytes
         is not None,
         "--compress (the cluster counts blocks, it moves no KV)": args.compress is not None,

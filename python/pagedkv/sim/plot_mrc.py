@@ -1,7 +1,8 @@
 """The miss-ratio curve panel of `--plot`: hit rate against cache size, one curve per block
 size, on a log axis of GiB (when the bytes per token are known) or tokens, so that block sizes
-compare at equal memory. The configured pool of each curve's run is a dashed line; the
-recommended size (`--mrc`'s sizing) a dot."""
+compare at equal memory. The configured pool of each curve's run is a dashed line (none for a
+block size whose curve came from another's replay: `sizing.curves`); the recommended size
+(`--mrc`'s sizing) a dot."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ def draw_mrc(ax: Any, runs: Sequence[dict[str, Any]], sizing: dict[str, Any] | N
             have = best.get(f["block_size"])
             if have is None or f["num_blocks"] > have["num_blocks"]:
                 best[f["block_size"]] = f
+    for c in (sizing or {}).get("curves", ()):  # recorded in another block size's replay
+        best.setdefault(c["block_size"], c)
     gib = all(f.get("bytes_per_block") for f in best.values())
     recs = {r["block_size"]: r for r in (sizing or {}).get("recommendations", ())}
     left = float("inf")
@@ -28,14 +31,17 @@ def draw_mrc(ax: Any, runs: Sequence[dict[str, Any]], sizing: dict[str, Any] | N
         rising = [x for x, y in zip(xs, ys, strict=True) if y >= 0.01 * max(ys, default=0)]
         left = min(left, rising[0] / 2 if rising and max(ys) > 0 else xs[0])
         how = "exact" if f["mrc_info"]["method"] == "exact" else "sampled"
+        if "from_replay_block_size" in f:
+            how += f", from the B={f['from_replay_block_size']} replay"
         line = ax.plot(xs, ys, linewidth=1.0, label=f"block {bs} ({how})")[0]
-        ax.axvline(
-            f["num_blocks"] * scale,
-            color=line.get_color(),
-            linestyle="--",
-            linewidth=0.6,
-            label=f"block {bs}: the run's pool",
-        )
+        if "num_blocks" in f:  # a run of its own
+            ax.axvline(
+                f["num_blocks"] * scale,
+                color=line.get_color(),
+                linestyle="--",
+                linewidth=0.6,
+                label=f"block {bs}: the run's pool",
+            )
         rec = recs.get(bs)
         if rec and rec["num_blocks"] is not None:
             ax.plot(

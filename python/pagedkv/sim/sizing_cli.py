@@ -1,12 +1,14 @@
 """The sizing part of `simulate`: its options, the curve's recorder and the target.
 
-`--mrc` records a miss-ratio curve in every run (`mrc_fast.FastMRCRecorder`), prints the curve
-of each block size (from its run with the most blocks: the least disturbed by pressure) and ends the
-summary with the smallest cache that reaches a target hit rate without preemption, checked by
-full runs (`sizing.Search`), all of it in parallel processes (`sizing_jobs`); `--mrc-only`
-stops at the curve's estimate. `--model NAME` (a one-group preset) or `--kv-bytes-per-token
-N` turn block counts into GiB (`kv_bytes`). The options form their own argument group, so
-that other groups can come and go beside it.
+`--mrc` records a miss-ratio curve in every run (`mrc_fast.FastMRCRecorder`; with the default
+pool, one replay records every block size's: `sizing_jobs`), prints the curve of each block size
+(from its run with the most blocks: the least disturbed by pressure) and ends the summary with
+the smallest cache that reaches a target hit rate without preemption, checked by full runs
+(`sizing.Search`: one run above the curve's estimate, or two-sided with `--bracket`), all of
+it in parallel processes (`sizing_jobs`); `--mrc-only` stops at the curve's estimate.
+`--model NAME` (a one-group preset) or `--kv-bytes-per-token N` turn block counts into GiB
+(`kv_bytes`). The options form their own argument group, so that other groups can come and go
+beside it.
 """
 
 from __future__ import annotations
@@ -58,7 +60,9 @@ def add_sizing_arguments(sim: argparse.ArgumentParser) -> None:
         "(LRU over block contents, from exact stack distances; sampled for large workloads), "
         "printed per block size, saved as 'mrc' in --json and drawn by --plot; then the "
         "smallest cache reaching the target hit rate without preemption, per block size, "
-        "checked by full runs (in parallel processes: --jobs)",
+        "checked by full runs (in parallel processes: --jobs). Without --num-blocks or "
+        "--cache-tokens one replay, the smallest block size's, records every block size's "
+        "curve and the other block sizes get no run of their own",
     )
     g.add_argument(
         "--mrc-only",
@@ -67,6 +71,14 @@ def add_sizing_arguments(sim: argparse.ArgumentParser) -> None:
         dest="mrc_only",
         help="the quickest answer: the curves and, per block size, the curve's estimate of the "
         "size for the target (marked as an estimate), without the check runs; implies --mrc",
+    )
+    g.add_argument(
+        "--bracket",
+        action="store_true",
+        help="the two-sided search: check the curve's estimate itself too, and search until a "
+        "size that fails lies within 5%% below the answer (default: one check run per block "
+        "size, 5%% above the curve's estimate, and further up only if that fails); implies "
+        "--mrc",
     )
     g.add_argument(
         "--mrc-points",
@@ -113,7 +125,11 @@ def add_sizing_arguments(sim: argparse.ArgumentParser) -> None:
 
 def wants_mrc(args: argparse.Namespace) -> bool:
     return bool(
-        args.mrc or args.mrc_only or args.mrc_sample is not None or args.target_hit_rate is not None
+        args.mrc
+        or args.mrc_only
+        or args.bracket
+        or args.mrc_sample is not None
+        or args.target_hit_rate is not None
     )
 
 

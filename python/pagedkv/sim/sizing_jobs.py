@@ -2,6 +2,14 @@
 
 Every configured run records a curve (one task each); once a block size's curve runs are in,
 its search (`sizing.Search`) proposes check runs, a round at a time, and each becomes a task.
+One replay for every block size: when the pool sizes were not given (no `--num-blocks`, no
+`--cache-tokens`: the default pool, the same block count at every block size), only the
+smallest block size's configured run is replayed, with one recorder per block size (`FanOut`),
+and the other block sizes' configured runs are not run at all (the output and `--json`'s
+`sizing.not_run` say so). Their curves differ from their own replays' by little: the order of
+block touches depends on the block size only through the schedule (on the 12,031-request
+conversation trace, B=32's estimate from the B=16 replay was 608,230 blocks, from its own
+608,232), and the check runs that decide the answer are full runs at each block size anyway.
 `--jobs N` processes take the tasks (default: one per core; `--jobs 1` runs them here, one
 after another). Workers are started with `spawn`, so each imports the Rust extension afresh,
 reads the workload itself and ignores Ctrl-C: the parent stops them (and they die with it).
@@ -32,13 +40,14 @@ from typing import Any, TextIO
 
 from pagedkv.config import BlockManagerConfig
 from pagedkv.sim.check_bound import StopRule
+from pagedkv.sim.fan_out import FanOut
 from pagedkv.sim.kv_bytes import KVBytes, kv_bytes
 from pagedkv.sim.mrc_curve import MissRatioCurve
 from pagedkv.sim.mrc_fast import FastMRCRecorder
 from pagedkv.sim.progress import ProgressBar, RunLines, clock
 from pagedkv.sim.report import json_doc, summary_table, sweep_table, write_doc
 from pagedkv.sim.requests import Workload
-from pagedkv.sim.sizing import Recommendation, Search, Trial
+from pagedkv.sim.sizing import ROUND, Recommendation, Search, Trial
 from pagedkv.sim.sizing_cli import DEFAULT_TARGET_FRACTION, recorder, target_for
 from pagedkv.sim.sizing_report import (
     curve_json,
@@ -62,6 +71,8 @@ class Task:
     target: float = 0.0
     index: int = 0  # a curve run: which configured run
     sample_rate: float = 1.0  # a curve run: the curve's (decided here, by `recorder`)
+    # A curve run: other block sizes whose curves this replay records too, with their rates.
+    others: tuple[tuple[int, float], ...] = ()
 
 
 Report = Callable[[str, int, int], None]  # (label, finished requests, requests)
@@ -94,7 +105,8 @@ class _Bar(ProgressBar):
 
 
 def perform(task: Task, ctx: _Context, report: Report) -> dict[str, Any]:
-    """Run one task; `{"figures", "curve"}` for a curve run, `{"trial"}` for a check run."""
+    """Run one task; `{"figures", "curve", "others"}` for a curve run (`others`: block size
+    -> curve, of `task.others`), `{"trial"}` for a check run."""
     from pagedkv.sim import cli  # here: cli imports this module
     from pagedkv.sim.factory import make_manager
     from pagedkv.sim.scheduler import run_workload
@@ -102,9 +114,11 @@ def perform(task: Task, ctx: _Context, report: Report) -> dict[str, Any]:
     args, config = ctx.args, task.config
     if task.kind == "curve":
         runner = cli._Runner(args, ctx.workload, ctx.kv, lambda label: _Bar(label, report))
-        watch = FastMRCRecorder(config.block_size, task.sample_rate)
+        own = FastMRCRecorder(config.block_size, task.sample_rate)
+        others = [(bs, FastMRCRecorder(bs, rate)) for bs, rate in task.others]
+        watch = FanOut([own, *(r for _, r in others)]) if others else own
         f = runner(config, task.label, watch)
-        return {"figures": f, "curve": watch.curve()}
+        return {"figures": f, "curve": own.curve(), "others": {bs: r.curve() for bs, r in others}}
     rule = StopRule.build(ctx.workload, config.block_size, task.target, args.abort_rate > 0)
     manager = make_manager(config, reference=args.reference)
     res = run_workload(
@@ -280,6 +294,19 @@ class Sizing:
         self.err = err
         self.jobs = args.jobs or os.cpu_count() or 1
         self.checks = not args.mrc_only
+        self.two_sided = bool(args.bracket)
+        # One replay for every block size (the module docstring): `shared` is the configured
+        # run that records every block size's curve, `skipped` the runs left out for it.
+        self.shared: int | None = None
+        self.skipped: set[int] = set()
+        sizes = sorted({c.block_size for c in configs})
+        if args.num_blocks is None and args.cache_tokens is None and len(sizes) > 1:
+            mine = [j for j, c in enumerate(configs) if c.block_size == sizes[0]]
+            self.shared = max(mine, key=lambda j: configs[j].num_blocks)
+            self.skipped = {j for j, c in enumerate(configs) if c.block_size != sizes[0]}
+        self.replays = 0  # curve runs finished
+        self.preempted = 0  # the shared replay's preemptions, when it had any (`_fall_back`)
+        self.shared_curves: dict[int, dict[str, Any]] = {}  # block size -> its curve's JSON
         self.lines = None if args.no_progress else RunLines(err, tty=err.isatty())
         self.figures: list[dict[str, Any] | None] = [None] * len(configs)
         self.run_curves: dict[int, MissRatioCurve] = {}  # configured run -> its curve
@@ -290,6 +317,51 @@ class Sizing:
         self.printed_curves = False
 
     # ------------------------------------------------------------------ what is known
+
+    def _not_run_note(self, config: BlockManagerConfig) -> str:
+        """Why a configured run of a block size was not run (one replay for every size)."""
+        assert self.shared is not None
+        by = self.configs[self.shared].block_size
+        bs = config.block_size
+        which = f"B={bs}"
+        if sum(c.block_size == bs for c in self.configs) > 1:
+            which += f" ({config.num_blocks} blocks, {config.hash_algo})"
+        return (
+            f"{which}: no run of its own; its curve comes from the B={by} run's replay, in "
+            f"blocks of {bs} (a replay of its own would differ only by hit granularity and "
+            "pool pressure); give --num-blocks or --cache-tokens to run each block size"
+        )
+
+    def replay_json(self) -> dict[str, Any]:
+        """`sizing`'s account of the curve replays: how many, and what was not run."""
+        shared = None
+        if self.shared is not None:
+            c = self.configs[self.shared]
+            shared = {
+                "block_size": c.block_size,
+                "num_blocks": c.num_blocks,
+                "hash_algo": c.hash_algo,
+                "curves_of_block_sizes": sorted(
+                    {c.block_size, *(self.configs[j].block_size for j in self.skipped)}
+                ),
+                # When it preempted, the other block sizes were replayed on their own.
+                "preemptions": self.preempted,
+            }
+        return {
+            "curve_replays": self.replays,
+            "shared_replay": shared,
+            "not_run": [
+                {
+                    "block_size": c.block_size,
+                    "num_blocks": c.num_blocks,
+                    "hash_algo": c.hash_algo,
+                    "why": self._not_run_note(c),
+                }
+                for j, c in enumerate(self.configs)
+                if j in self.skipped
+            ],
+            "curves": [self.shared_curves[bs] for bs in sorted(self.shared_curves)],
+        }
 
     def recommendations(self) -> list[Recommendation]:
         done = self.status == "complete"
@@ -302,9 +374,11 @@ class Sizing:
         return {
             "status": self.status,
             "checked": self.checks,
+            "search": "bracket" if self.two_sided else "one-sided",
             "target_hit_rate": self.args.target_hit_rate,
             "default_target_fraction": DEFAULT_TARGET_FRACTION,
             "recommendations": [recommendation_json(r, self.kv) for r in self.recommendations()],
+            **self.replay_json(),
             "jobs": self.jobs,
             "wall_s": time.perf_counter() - self.t0,
         }
@@ -319,12 +393,29 @@ class Sizing:
 
     # ------------------------------------------------------------------ the steps
 
+    def _replays_done(self) -> bool:
+        return all(f is not None for j, f in enumerate(self.figures) if j not in self.skipped)
+
     def _curve_done(self, i: int, result: dict[str, Any]) -> None:
         config = self.configs[i]
         curve: MissRatioCurve = result["curve"]
         result["figures"].update(curve_json(curve))
         self.figures[i] = result["figures"]
         self.run_curves[i] = curve
+        self.replays += 1
+        for other, shared in sorted(result["others"].items()):
+            # A block size with no run of its own: its curve is this replay's.
+            target, note = target_for(self.args, shared)
+            sizes = table_sizes(shared, self.args.mrc_points, (target,))
+            per_block = self.kv.per_block(other) if self.kv else None
+            self.shared_curves[other] = {
+                "block_size": other,
+                "from_replay_block_size": config.block_size,
+                "bytes_per_block": per_block,
+                **curve_json(shared, sizes),
+            }
+            self.curves[other] = shared
+            self.searches[other] = Search(shared, target, target_note=note, bracket=self.two_sided)
         bs = config.block_size
         mine = [j for j, c in enumerate(self.configs) if c.block_size == bs]
         if any(self.figures[j] is None for j in mine):
@@ -350,12 +441,16 @@ class Sizing:
                 )
             )
         self.curves[bs] = best_curve
-        self.searches[bs] = Search(best_curve, target, target_note=note, known=tuple(known))
+        self.searches[bs] = Search(
+            best_curve, target, target_note=note, known=tuple(known), bracket=self.two_sided
+        )
 
     def _summary(self) -> None:
         runs = [f for f in self.figures if f is not None]
         print(file=self.out)
         print(summary_table(runs[0]) if len(runs) == 1 else sweep_table(runs), file=self.out)
+        for j in sorted(self.skipped):
+            print(f"not run     {self._not_run_note(self.configs[j])}", file=self.out)
         if self.args.check:
             print(
                 "invariants  OK (checked after every step; no prefix hit on unscheduled tokens)",
@@ -369,10 +464,12 @@ class Sizing:
         for bs, curve in sorted(self.curves.items()):
             print(file=self.out)
             target = self.searches[bs].target
-            print(
-                mrc_table(curve, self.kv, rows=self.args.mrc_points, targets=(target,)),
-                file=self.out,
+            shared = self.shared_curves.get(bs)
+            source = f"from the B={shared['from_replay_block_size']} replay" if shared else ""
+            table = mrc_table(
+                curve, self.kv, rows=self.args.mrc_points, targets=(target,), source=source
             )
+            print(table, file=self.out)
         self.out.flush()
 
     def _submit_round(self, bs: int, submit: Callable[[Task], None]) -> None:
@@ -382,7 +479,11 @@ class Sizing:
         if not sizes and self.lines is not None and search.estimate is not None:
             lo, hi = search.bracket()
             found = f"{hi} blocks passed" if hi is not None else "no size passed"
-            below = f", {lo} failed below it" if lo is not None and hi is not None else ""
+            below = {
+                "bracketed": f", {lo} failed below it",
+                "one-sided": " (one-sided: no size just below it run)",
+                "out of runs": " (the runs ran out before a size just below it failed)",
+            }.get(search.result().ended, "")
             self.lines.note(f"B={bs}: check runs done: {found}{below}")
         for n in sizes:
             sized = BlockManagerConfig(
@@ -397,7 +498,7 @@ class Sizing:
     def run(self) -> int:
         """Everything, then the answer; returns the exit status."""
         pending: dict[cf.Future[dict[str, Any]], Task] = {}
-        tasks = len(self.configs) + 2 * len({c.block_size for c in self.configs})
+        tasks = len(self.configs) + ROUND * len({c.block_size for c in self.configs})
         parallel = self.jobs > 1
         executor: _Pool | _Serial = (
             _Pool(self.args, min(self.jobs, tasks))
@@ -411,13 +512,9 @@ class Sizing:
 
         previous = _on_sigterm()
         try:
-            several = len(self.configs) > len({c.block_size for c in self.configs})
-            for i, c in enumerate(self.configs):
-                label = f"B={c.block_size} curve run"
-                if several:
-                    label += f" ({c.num_blocks} blocks, {c.hash_algo})"
-                rate = recorder(self.args, self.workload, c.block_size).sample_rate
-                submit(Task(label, "curve", c, index=i, sample_rate=rate))
+            for i in range(len(self.configs)):
+                if i not in self.skipped:
+                    submit(self._curve_task(i))
             while pending:
                 if isinstance(executor, _Pool):
                     done, _ = cf.wait(pending, timeout=0.25, return_when=cf.FIRST_COMPLETED)
@@ -450,6 +547,38 @@ class Sizing:
         self._answer()
         return 0
 
+    def _curve_task(self, i: int) -> Task:
+        """The curve run of configured run `i` (with the other block sizes' recorders when it
+        is the shared replay)."""
+        c = self.configs[i]
+        label = f"B={c.block_size} curve run"
+        if len(self.configs) > len({c.block_size for c in self.configs}):
+            label += f" ({c.num_blocks} blocks, {c.hash_algo})"
+        extra: tuple[tuple[int, float], ...] = ()
+        if i == self.shared and self.skipped:
+            others = sorted({self.configs[j].block_size for j in self.skipped})
+            extra = tuple((bs, recorder(self.args, self.workload, bs).sample_rate) for bs in others)
+            label += f" (and the curve of B={', '.join(map(str, others))})"
+        rate = recorder(self.args, self.workload, c.block_size).sample_rate
+        return Task(label, "curve", c, index=i, sample_rate=rate, others=extra)
+
+    def _fall_back(self, result: dict[str, Any], submit: Callable[[Task], None]) -> None:
+        """The shared replay preempted: its schedule is no guide to the other block sizes'
+        (a pool under pressure shapes the curve: recomputed prompts are touched again), so
+        they get their own replays after all, as with explicit sizes."""
+        self.preempted = result["figures"]["preemptions"]
+        result["others"] = {}
+        again = sorted(self.skipped)
+        self.skipped = set()
+        for j in again:
+            submit(self._curve_task(j))
+        if self.lines is not None:
+            by = self.configs[self.shared or 0].block_size
+            self.lines.note(
+                f"B={by}'s replay preempted {self.preempted} times: every block size is "
+                "replayed on its own"
+            )
+
     def _finished(self, task: Task, result: dict[str, Any], submit: Callable[[Task], None]) -> None:
         lines = self.lines
         if task.kind == "curve":
@@ -457,9 +586,11 @@ class Sizing:
             if lines is not None:
                 f = result["figures"]
                 lines.end(task.label, f"done, hit rate {f['workload_hit_rate']:.2%}")
+            if result["others"] and result["figures"]["preemptions"]:
+                self._fall_back(result, submit)
             before = set(self.searches)
             self._curve_done(i, result)
-            if all(f is not None for f in self.figures):
+            if self._replays_done():
                 self.status = "check runs" if self.checks else "complete"
                 self._summary()
                 self._print_curves()

@@ -8,7 +8,7 @@ import numpy as np
 
 from pagedkv.sim.kv_bytes import KVBytes
 from pagedkv.sim.mrc_curve import MissRatioCurve
-from pagedkv.sim.sizing import Recommendation, Trial
+from pagedkv.sim.sizing import MAX_RUNS, PRECISION, Recommendation, Trial
 
 TABLE_ROWS = 24  # rows of the printed curve (--mrc-points); the JSON has more
 START_FRACTION = 0.01  # the table starts where the curve reaches this share of its top
@@ -51,11 +51,14 @@ def mrc_table(
     *,
     rows: int = TABLE_ROWS,
     targets: tuple[float, ...] = (),
+    source: str = "",
 ) -> str:
     """The curve at a few sizes (`table_sizes`): blocks (tokens, GiB) against hit rate; the
-    row where the curve first reaches a target says so."""
+    row where the curve first reaches a target says so. `source`: where the curve was
+    recorded, when not in its own block size's run ("from the B=16 replay")."""
     bs = curve.block_size
-    head = f"miss-ratio curve, block size {bs} ({curve.method()}; {curve.lookups} prompts)"
+    where = f"{source}; " if source else ""
+    head = f"miss-ratio curve, block size {bs} ({where}{curve.method()}; {curve.lookups} prompts)"
     cols = ["blocks", "tokens", *(["GiB"] if kv else []), "hit rate"]
     table = [cols]
     marks: dict[int, str] = {}
@@ -91,6 +94,24 @@ def _run(t: Trial) -> str:
     return f"{t.num_blocks} {what}" + (" [the curve's own run]" if t.source == "curve" else "")
 
 
+def _lower_side(r: Recommendation, n: int) -> str:
+    """Why no failing size lies just below the answer `n` (`r.lower_checked` is False)."""
+    e = r.estimate
+    if r.ended == "one-sided":
+        if e is not None and e < n and e not in {t.num_blocks for t in r.trials}:
+            return (
+                f"passed a full run; the curve's estimate {e}, {1 - e / n:.0%} below, was not "
+                "run (add --bracket to check it)"
+            )
+        return "passed a full run; the sizes below it were not run (add --bracket to check them)"
+    if r.ended == "out of runs":
+        return (
+            f"the runs ran out ({MAX_RUNS} per block size) before a size within "
+            f"{PRECISION:.0%} below it was found to fail"
+        )
+    return f"no size within {PRECISION:.0%} below it was found to fail"
+
+
 def recommendation_lines(recs: list[Recommendation], kv: KVBytes | None) -> str:
     """The summary's last lines: per block size, the smallest size that passed (or, without
     check runs, the curve's estimate, marked as such)."""
@@ -117,6 +138,8 @@ def recommendation_lines(recs: list[Recommendation], kv: KVBytes | None) -> str:
                 head + f"{_size(best.num_blocks, bs, kv)}, hit rate {best.hit_rate:.2%} "
                 f"(curve estimate {r.estimate})"
             )
+            if not r.lower_checked and r.complete:
+                lines.append("              " + _lower_side(r, best.num_blocks))
         if not r.complete:
             lines.append("              interrupted: the search did not finish")
         lines.append(f"              runs: {', '.join(_run(t) for t in r.trials) or 'none'}")
@@ -160,6 +183,11 @@ def recommendation_json(r: Recommendation, kv: KVBytes | None) -> dict[str, Any]
         "curve_estimate_gib": kv.gib(r.estimate, bs) if kv and r.estimate is not None else None,
         "checked": r.checked,
         "complete": r.complete,
+        "search": "bracket" if r.two_sided else "one-sided",
+        # A size within PRECISION below the answer was run and failed (the answer bracketed).
+        "lower_side_checked": r.lower_checked,
+        "search_ended": r.ended or None,  # "bracketed", "one-sided", "out of runs"
+        "largest_fail_below_blocks": fail.num_blocks if (fail := r.largest_fail) else None,
         "num_blocks": r.num_blocks,
         "gib": kv.gib(r.num_blocks, bs) if kv and r.num_blocks is not None else None,
         "hit_rate": best.hit_rate if best else None,
