@@ -17,6 +17,7 @@ from pagedkv.__main__ import main
 from pagedkv.sim import Request, Workload, bind_trace, build_workload, read_trace, run_workload
 from pagedkv.sim.calls import same_result
 from pagedkv.sim.record import ScheduleRecord, UnscheduledHitError
+from pagedkv.sim.scheduler import SimResult, _Scheduler
 from pagedkv_reference import ReferenceBlockManager
 
 SHARED_TRACE = (
@@ -88,10 +89,12 @@ def test_decodes_take_the_budget_first() -> None:
     assert max(r.series.scheduled_tokens) == 512
 
 
-def test_prefix_hit_is_not_charged_to_the_budget() -> None:
+def test_prefix_hit_is_not_charged_to_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     """The second copy of a prompt hits the first one's blocks: the budget pays only for the
     tokens computed, so a long cached prompt is admitted whole in one step."""
     p = _prompt(3000, 3)
+    # Asked even where the count-only answer makes it sure (see the test below).
+    monkeypatch.setattr(_Scheduler, "skip_sure_checks", False)
     m = BlockManager(2048, 16)
     r = run_workload(
         m, _workload((0, 2, p), (10, 2, p)), max_num_batched_tokens=1024, record=True, check=True
@@ -104,6 +107,38 @@ def test_prefix_hit_is_not_charged_to_the_budget() -> None:
     checks = [c for c in _calls(r, "can_allocate") if "num_new_tokens" in c[1]]
     assert len(checks) == 2
     assert isinstance(checks[0][0][0], np.ndarray) and "cache_salt" in checks[0][1]
+
+
+def test_a_sure_admission_skips_the_hit_aware_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the whole prompt fits beside the watermark with no hit (the count-only answer is
+    OK), the hit-aware `can_allocate` could only say OK: it is not asked, and the run is the
+    same call for call otherwise. In a tight pool it is still asked."""
+
+    def run(skip: bool, num_blocks: int) -> tuple[SimResult, list[Any]]:
+        monkeypatch.setattr(_Scheduler, "skip_sure_checks", skip)
+        work = build_workload("chat", 40, seed=2)
+        r = run_workload(
+            BlockManager(num_blocks, 16), work, max_num_batched_tokens=512, record=True
+        )
+        checks = [c for c in _calls(r, "can_allocate") if "num_new_tokens" in c[1]]
+        return r, checks
+
+    roomy, roomy_checks = run(True, 4096)
+    asked, asked_checks = run(False, 4096)
+    assert roomy_checks == [] and len(asked_checks) >= 40
+    assert roomy.trace is not None and roomy.results is not None
+    assert asked.trace is not None and asked.results is not None
+    kept = [
+        (c, x)
+        for c, x in zip(asked.trace, asked.results, strict=True)
+        if not (c[0] == "can_allocate" and "num_new_tokens" in c[2])
+    ]
+    assert len(kept) == len(roomy.trace)
+    for (c, x), (c2, x2) in zip(kept, zip(roomy.trace, roomy.results, strict=True), strict=True):
+        assert c[0] == c2[0] and same_result(x, x2)
+    assert roomy.prefix_hit_tokens == asked.prefix_hit_tokens > 0
+    tight, tight_checks = run(True, 160)
+    assert tight.preemptions > 0 and tight_checks  # under pressure it is asked
 
 
 def test_same_step_hits_with_a_per_prompt_cap() -> None:

@@ -307,6 +307,9 @@ class _Seq:
 
 
 class _Scheduler:
+    # False asks the hit-aware `can_allocate` even when the answer is sure (tests compare).
+    skip_sure_checks = True
+
     def __init__(
         self,
         manager: ManagerLike,
@@ -385,8 +388,6 @@ class _Scheduler:
         # (available blocks, chunk) when the queue's head last failed to allocate
         self.blocked_at: tuple[int, int] = (-1, 0)
         self.one_group = manager.num_groups == 1
-        # False asks the hit-aware `can_allocate` even when the answer is sure (tests compare).
-        self.skip_sure_checks = True
         self.budget = 0  # tokens left in this step's budget (chunked prefill)
         self.preempted = False  # a preemption in this step: admit nothing more
         self.speculating: list[_Seq] = []  # this step's speculating sequences
