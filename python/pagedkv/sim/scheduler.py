@@ -830,21 +830,17 @@ class _Scheduler:
                 res.truncate_calls += 1
         self.speculating = []
 
-    def _retire(self) -> float:
-        """Free the finished sequences; returns the fragmentation."""
-        bs = self.m.block_size
-        used = reserved = 0
-        done: list[_Seq] = []
-        still: list[_Seq] = []
-        for s in self.running:
-            n = s.scheduled
-            used += n
-            reserved += -(-n // bs) * bs
-            if s.generated >= s.request.max_new_tokens:
-                done.append(s)
-            else:
-                still.append(s)
-        if done:
+    def _retire(self, sums: tuple[int, int, bool] | None = None) -> float:
+        """Free the finished sequences; returns the fragmentation. `sums`: the running
+        sequences' `(used, reserved, any finished)`, when the caller already summed them."""
+        if sums is None:
+            sums = self._sums()
+        used, reserved, finished = sums
+        if finished:
+            done: list[_Seq] = []
+            still: list[_Seq] = []
+            for s in self.running:
+                (done if s.generated >= s.request.max_new_tokens else still).append(s)
             if self.tiers is not None and self.tiers.check:
                 self.tiers.finished([(s.seq_id, s.token_range(0, s.scheduled)) for s in done])
             self.call("free_batch", np.fromiter((s.seq_id for s in done), dtype=np.int64))
@@ -854,8 +850,21 @@ class _Scheduler:
                 for o in self.observers:
                     o.free(s.seq_id)
                 self._end(s)
-        self.running = still
+            self.running = still
         return 1.0 - used / reserved if reserved else 0.0
+
+    def _sums(self) -> tuple[int, int, bool]:
+        """The running sequences' tokens, their slots in whole blocks, and whether any has
+        finished."""
+        bs = self.m.block_size
+        used = reserved = 0
+        finished = False
+        for s in self.running:
+            n = s.scheduled
+            used += n
+            reserved += -(-n // bs) * bs
+            finished = finished or s.generated >= s.request.max_new_tokens
+        return used, reserved, finished
 
     # ------------------------------------------------------------------ the loop
 
@@ -912,13 +921,21 @@ class _Scheduler:
         self._step_runs()
         if record is not None:
             record.step_ran()
-        live = 0  # the live tokens, summed here rather than in a pass of their own
+        # The step ran: each sequence's scheduled tokens are computed. The same pass sums what
+        # the samples and `_retire` need (one pass over the running sequences, not three).
+        bs = m.block_size
+        live = reserved = 0
+        finished = False
         for s in self.running:
             s.computed = n = s.scheduled
             live += n
+            reserved += -(-n // bs) * bs
+            finished = finished or s.generated >= s.request.max_new_tokens
+        sums: tuple[int, int, bool] | None = (live, reserved, finished)
         if self.speculating:
             self._verify_drafts()
-            live = sum(s.scheduled for s in self.running)  # accepted drafts added
+            sums = self._sums()  # accepted drafts added
+            live = sums[0]
         cached = m.num_cached_blocks
         series.usage.append((num_blocks - m.num_free_blocks - cached) / num_blocks)
         series.cached_blocks.append(cached)
@@ -928,7 +945,7 @@ class _Scheduler:
         series.live_tokens.append(live)
         if self.observe is not None:
             self.observe()  # sees the same moment as the samples above
-        series.fragmentation.append(self._retire())
+        series.fragmentation.append(self._retire(sums))
         series.hit_rate.append(res.workload_hit_rate)
         series.manager_ns.append(call.ns - ns0)
         series.scheduled_tokens.append(res.scheduled_tokens - tokens0)
