@@ -26,7 +26,14 @@ _Evicted: TypeAlias = list[tuple[int, int, bytes]]
 # `block_hashes=`: the caller's keys of full blocks (exact lists and tuples of 1..=128 bytes).
 _Keys: TypeAlias = list[bytes] | tuple[bytes, ...]
 
-__all__ = ["BlockManager", "MrcStream", "RunningBatch", "__version__", "hash_blocks"]
+__all__ = [
+    "BlockManager",
+    "MrcStream",
+    "RunningBatch",
+    "__version__",
+    "hash_blocks",
+    "trace_tokens",
+]
 
 __version__: str
 
@@ -293,3 +300,7 @@ class MrcStream:
     def swap_in(self, seq_id: int) -> None: ...
     def curve(self, sample_rate: float) -> tuple[npt.NDArray[np.float64], int, int]:
         """`(thresholds, touches, distinct)`, the thresholds ascending."""
+
+def trace_tokens(hash_ids: _Ints, length: int, block_tokens: int) -> npt.NDArray[np.uint32]:
+    """The first `length` pseudo-tokens of a trace prompt given as hash ids, `block_tokens`
+    per id (`pagedkv.sim.requests.hash_id_tokens`)."""

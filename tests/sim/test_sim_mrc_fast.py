@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 from pagedkv import BlockManager
-from pagedkv._core import MrcStream
+from pagedkv._core import MrcStream, trace_tokens
 from pagedkv.errors import InvalidArgumentError, UnknownSequenceError
 from pagedkv.sim import WORKLOADS, build_workload, read_trace, run_workload
 from pagedkv.sim.mrc import MRCRecorder
 from pagedkv.sim.mrc_curve import MissRatioCurve
 from pagedkv.sim.mrc_fast import FastMRCRecorder
-from pagedkv.sim.requests import TRACE_BLOCK_TOKENS, Workload
+from pagedkv.sim.requests import TRACE_BLOCK_TOKENS, Request, Workload, hash_id_tokens
 
 BUDGET = 2048
 
@@ -156,3 +156,22 @@ def test_bad_calls_raise_and_change_nothing() -> None:
     assert len(s) == before + 1
     with pytest.raises(ValueError, match="sample_rate"):
         FastMRCRecorder(16, 1.5)
+
+
+@pytest.mark.parametrize("block_tokens", [16, 512])
+def test_trace_tokens_equal_the_numpy_reference(block_tokens: int) -> None:
+    """`Request.prompt` builds a trace prompt's tokens in Rust; `hash_id_tokens` (numpy) is
+    the definition: equal for every length, short of, at and past the ids' tokens."""
+    rng = np.random.default_rng(4)
+    for _ in range(30):
+        ids = rng.integers(0, 2**40, rng.integers(1, 12), dtype=np.int64)
+        full = len(ids) * block_tokens
+        for length in (1, full - 1, full, full + 5, int(rng.integers(1, full + 1))):
+            want = hash_id_tokens(ids, length, block_tokens)
+            got = trace_tokens(ids, length, block_tokens)
+            assert got.dtype == np.uint32
+            np.testing.assert_array_equal(got, want)
+    r = Request(0, 700, 1, hash_ids=np.array([5, 6], dtype=np.int64), hash_block_tokens=512)
+    np.testing.assert_array_equal(r.prompt, hash_id_tokens(np.array([5, 6]), 700, 512))
+    with pytest.raises(InvalidArgumentError, match="block_tokens"):
+        trace_tokens([1], 4, 0)

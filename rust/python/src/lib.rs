@@ -31,6 +31,22 @@ mod _core {
         m.add("__version__", env!("CARGO_PKG_VERSION"))
     }
 
+    /// The first `length` pseudo-tokens of a trace prompt given as hash ids, `block_tokens`
+    /// per id (`pagedkv.sim.requests.hash_id_tokens`).
+    #[pyfunction]
+    fn trace_tokens<'py>(
+        py: Python<'py>,
+        hash_ids: &Bound<'py, PyAny>,
+        length: &Bound<'py, PyAny>,
+        block_tokens: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, numpy::PyArray1<u32>>> {
+        use numpy::IntoPyArray;
+        let ids = crate::convert::seq_ids(hash_ids)?;
+        let length = int_arg(length, "length", 0, i32::MAX.into())? as usize;
+        let block_tokens = int_arg(block_tokens, "block_tokens", 1, 1 << 20)? as usize;
+        Ok(pagedkv_sim::hash_id_tokens(&ids, length, block_tokens).into_pyarray(py))
+    }
+
     /// Chain digests of the full blocks of `token_ids` (docs/hashing.md).
     #[pyfunction]
     #[pyo3(

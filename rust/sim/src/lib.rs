@@ -7,10 +7,13 @@
 //!   an ordered stream of lookups and touches (`python/pagedkv/sim/mrc.py`'s `MRCRecorder`,
 //!   the reference it is tested against).
 //! - `stack`: exact LRU stack distances over that stream, and the curve's thresholds.
+//! - `trace_tokens`: the pseudo-tokens of a trace prompt given as hash ids.
 
 pub mod block_keys;
 pub mod mrc_stream;
 pub mod stack;
+pub mod trace_tokens;
 
 pub use mrc_stream::{MrcStream, StreamError};
 pub use stack::Thresholds;
+pub use trace_tokens::hash_id_tokens;
