@@ -18,6 +18,7 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolName,
     PoolTransfer,
 )
+
 from sglang_objects import (
     dynamic_extra,
     fill_pages,

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from redis_fixtures import ServerProcess, running_server, server_binary
+
+from redis_fixtures import ServerProcess, running_cluster, running_server, server_binary
 from sglang_objects import (
     SECRET_HEX,
     dynamic_extra,
@@ -36,7 +37,7 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServerPro
         yield s
 
 
-def remote(url: str, **more) -> dict:
+def remote(url: str, **more: object) -> dict:
     return dynamic_extra(
         redis_url=url, timeout=TIMEOUT, connect_timeout=TIMEOUT, retry_after=0.5, **more
     )
@@ -65,7 +66,7 @@ def test_models_ranks_and_page_formats_never_share_pages(server):
     ks = keys(3)
     assert all(writer.batch_set_v1(ks, indices([0, 1, 2], pool.page_size)))
 
-    def hits(p, **config) -> int:
+    def hits(p, **config: object) -> int:
         return make_store(p, remote(server.url), **config).batch_exists(ks)
 
     assert hits(host_pool(), tp_rank=0, tp_size=2) == 3  # the same shard on another node
@@ -147,3 +148,18 @@ def test_a_full_server_drops_or_evicts_never_serves_a_wrong_page(tmp_path, polic
             assert page_of(pool, i) == (want[i] if ok else bytes(len(want[i])))
         assert any(got) and not all(got)
         assert all(s for s, g in zip(stored, got, strict=True) if g)  # a hit was a stored page
+
+
+def test_a_redis_cluster_by_configuration(tmp_path):
+    with running_cluster(server_binary("redis"), tmp_path / "cluster") as cluster:
+        a_pool, b_pool = host_pool(), host_pool()
+        fill_pages(a_pool, seed=26)
+        a = make_store(a_pool, remote(cluster.url, redis_cluster=True))
+        b = make_store(b_pool, remote(cluster.url, redis_cluster=True))
+        ks = keys(12)
+        assert a.batch_set_v1(ks, indices(list(range(12)), a_pool.page_size)) == [True] * 12
+        assert b.batch_exists(ks) == 12
+        assert b.batch_get_v1(ks, indices(list(range(12, 24)), b_pool.page_size)) == [True] * 12
+        assert [page_of(b_pool, 12 + i) for i in range(12)] == [
+            page_of(a_pool, i) for i in range(12)
+        ]

@@ -12,6 +12,8 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolName,
     PoolTransfer,
 )
+
+from pagedkv.sglang import PagedKVStore
 from sglang_objects import (
     dynamic_extra,
     fill_pages,
@@ -22,8 +24,6 @@ from sglang_objects import (
     page_of,
     storage_config,
 )
-
-from pagedkv.sglang import PagedKVStore
 
 HOST = {"host_bytes": 1 << 20}
 LAYOUTS = ["layer_first", "page_first", "page_first_direct", "page_head"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from redis_fixtures import running_server, server_binary
 from sglang_objects import SECRET_HEX, dynamic_extra, host_pool, indices, keys, make_store, page_of
 

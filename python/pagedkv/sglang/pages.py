@@ -29,7 +29,7 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     if t.device.type != "cpu":
         t = t.cpu()
     flat = t.contiguous().reshape(-1).view(torch.uint8)
-    return memoryview(flat.numpy()).cast("B")
+    return flat.numpy().data.cast("B")
 
 
 def page_nbytes(pool: Any) -> int:
