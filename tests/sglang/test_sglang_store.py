@@ -181,3 +181,27 @@ def test_clear_forgets_the_host_pages():
     store.batch_set_v1(ks, indices([0, 1, 2], pool.page_size))
     store.clear()
     assert store.batch_exists(ks) == 0
+
+
+def test_pools_of_other_classes_go_through_their_own_page_calls():
+    """The store writes MHA pages in place with numpy; any other pool class gets its own
+    set_from_flat_data_page. A subclass that overrides it (counting the calls) must be
+    called, and the bytes must land the same."""
+    calls = []
+
+    class CountingPool(type(host_pool())):
+        def set_from_flat_data_page(self, index, data_page):
+            calls.append(index)
+            super().set_from_flat_data_page(index, data_page)
+
+    src = host_pool()
+    fill_pages(src, seed=7)
+    dst = host_pool()
+    dst.__class__ = CountingPool
+    store = make_store(src, dynamic_extra(**HOST))
+    ks = keys(3)
+    assert all(store.batch_set_v1(ks, indices([1, 2, 3], src.page_size)))
+    store.register_mem_pool_host(dst)
+    assert store.batch_get_v1(ks, indices([5, 6, 7], dst.page_size)) == [True] * 3
+    assert calls == [5 * dst.page_size, 6 * dst.page_size, 7 * dst.page_size]
+    assert [page_of(dst, p) for p in (5, 6, 7)] == [page_of(src, p) for p in (1, 2, 3)]

@@ -6,11 +6,17 @@ are the ones SGLang's own file backend stores for the page.
 
 - `read_page` returns the page's bytes as a buffer the caller must consume before the page
   is written again: the store copies it (framing, codec, or the socket write) before its
-  `put` returns, so a set has copied the page out of the pool when it returns.
-- `write_page` copies the bytes into the pool before it returns (a CPU tensor copy), so a
-  get reports success only once the page is in place. The bytes go through a staging page
-  of the pool's dtype, one per thread and pool (SGLang's prefetch and backup threads call
-  at once; a pinned staging page is allocated once, not per call).
+  `put` returns, so a set has copied the page out of the pool when it returns. It takes the
+  unflattened page (`flat=False`, the same elements in the same order: every pool's
+  ``flat=True`` is that page's ``flatten()``) and copies it with numpy, which gathers a
+  strided bf16 page 5 to 15 times as fast as torch's ``flatten()`` on a CPU here.
+- `write_page` copies the bytes into the pool before it returns, so a get reports success
+  only once the page is in place. For SGLang's MHA host pool, whose page is a view of its
+  buffer and whose `set_from_flat_data_page` assigns exactly that view, numpy writes the view
+  directly (checked: the view must share the buffer's memory); any other pool gets its own
+  `set_from_flat_data_page`, through a staging page of its dtype, one per thread and pool
+  (SGLang's prefetch and backup threads call at once; a pinned staging page is allocated
+  once, not per call).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
 _local = threading.local()
 
@@ -38,9 +45,36 @@ def page_nbytes(pool: Any) -> int:
     return int(dummy.numel() * dummy.element_size())
 
 
+def _numpy_bytes(t: torch.Tensor) -> np.ndarray | None:
+    """`t`'s bytes as a numpy array of its shape (last axis in bytes), without a copy; None
+    where numpy cannot view it (not on the CPU, or its last axis is strided)."""
+    if t.device.type != "cpu" or (t.dim() > 0 and t.stride(-1) != 1):
+        return None
+    return t.view(torch.uint8).numpy() if t.dim() > 0 else None
+
+
 def read_page(pool: Any, index: int) -> memoryview:
     """The bytes of the page at token `index` of `pool`."""
-    return tensor_bytes(pool.get_data_page(index, flat=True))
+    arr = _numpy_bytes(pool.get_data_page(index, flat=False))
+    if arr is None:
+        return tensor_bytes(pool.get_data_page(index, flat=True))
+    return np.ascontiguousarray(arr).reshape(-1).data.cast("B")
+
+
+def _mha_view(pool: Any, index: int) -> np.ndarray | None:
+    """The page at `index` of an MHA host pool as a writable numpy view of its buffer, or
+    None for any other pool (or a page that is not a view of the buffer)."""
+    cls = type(pool)
+    if (
+        cls.set_from_flat_data_page is not MHATokenToKVPoolHost.set_from_flat_data_page
+        or cls.get_data_page is not MHATokenToKVPoolHost.get_data_page
+    ):
+        return None
+    page = pool.get_data_page(index, flat=False)
+    buf = pool.kv_buffer
+    if page.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr():
+        return None
+    return _numpy_bytes(page)
 
 
 def _staging(pool: Any) -> torch.Tensor:
@@ -55,6 +89,13 @@ def _staging(pool: Any) -> torch.Tensor:
 
 def write_page(pool: Any, index: int, data: bytes | memoryview) -> None:
     """Copy `data` (exactly one page's bytes) into the page at token `index` of `pool`."""
+    view = _mha_view(pool, index)
+    if view is not None:
+        src = np.frombuffer(data, dtype=np.uint8)
+        if src.size != view.size:
+            raise ValueError(f"a page of this pool is {view.size} bytes, got {src.size}")
+        view[...] = src.reshape(view.shape)
+        return
     page = _staging(pool)
     dst = page.view(torch.uint8).numpy()
     src = np.frombuffer(data, dtype=np.uint8)
