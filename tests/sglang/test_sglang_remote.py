@@ -19,6 +19,7 @@ from sglang_objects import (
     indices,
     keys,
     make_store,
+    mla_pool,
     page_of,
 )
 
@@ -82,12 +83,12 @@ def test_models_ranks_and_page_formats_never_share_pages(server):
 
 
 def test_mla_kv_is_one_shard_for_every_tp_rank(server):
-    pool = host_pool()
+    pool = mla_pool()
     fill_pages(pool, seed=22)
     rank0 = make_store(pool, remote(server.url), tp_rank=0, tp_size=4, is_mla=True)
     ks = keys(2)
     assert all(rank0.batch_set_v1(ks, indices([3, 4], pool.page_size)))
-    other = host_pool()
+    other = mla_pool()
     rank3 = make_store(other, remote(server.url), tp_rank=3, tp_size=4, is_mla=True)
     assert rank3.batch_get_v1(ks, indices([0, 1], other.page_size)) == [True, True]
     assert page_of(other, 1) == page_of(pool, 4)

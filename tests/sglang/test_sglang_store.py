@@ -21,6 +21,7 @@ from sglang_objects import (
     indices,
     keys,
     make_store,
+    mla_pool,
     page_of,
     storage_config,
 )
@@ -53,6 +54,20 @@ def test_v1_round_trip_into_another_pool(layout, codec):
     for i, p in enumerate([3, 7, 8, 1, 20]):
         assert page_of(dst, i) == page_of(src, p)
     assert page_of(dst, 5) == bytes(len(page_of(dst, 5)))  # untouched
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
+def test_mla_pages_round_trip_through_the_pools_own_calls(layout):
+    """SGLang's MLA host pool: not the MHA fast path, its own page calls."""
+    src, dst = mla_pool(layout=layout), mla_pool(layout=layout)
+    fill_pages(src, seed=8)
+    store = make_store(src, dynamic_extra(**HOST), is_mla=True)
+    ks = keys(4)
+    assert store.batch_set_v1(ks, indices([9, 2, 4, 6], src.page_size)) == [True] * 4
+    store.register_mem_pool_host(dst)
+    assert store.batch_get_v1(ks, indices([0, 1, 2, 3], dst.page_size)) == [True] * 4
+    assert [page_of(dst, p) for p in range(4)] == [page_of(src, p) for p in (9, 2, 4, 6)]
+    assert page_of(dst, 4) == bytes(len(page_of(dst, 4)))
 
 
 def test_the_compressed_tier_compresses_and_restores_exactly():

@@ -11,9 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
+from sglang.srt.mem_cache.device_pool_info import (
+    KVBufferLayout,
+    KVBuffers,
+    MHABufferInfo,
+    MLABufferInfo,
+)
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
 #: The remote tier's secret for the tests (docs/tiers.md, "Who must be trusted").
@@ -64,6 +70,40 @@ def host_pool(
     )
 
 
+def mla_pool(
+    *, layers: int = 2, page_size: int = 4, pages: int = 32, layout: str = "page_first"
+) -> MLATokenToKVPoolHost:
+    """An MLA host pool (one latent row of 32 + 16 rope dims per token and layer, bf16)."""
+    tokens = pages * page_size
+    rank, rope = 32, 16
+    bufs = tuple(torch.zeros(tokens, 1, rank + rope, dtype=torch.bfloat16) for _ in range(layers))
+    info = MLABufferInfo(
+        buffers=bufs,
+        data_ptrs=torch.tensor([b.data_ptr() for b in bufs], dtype=torch.uint64),
+        layer_indices=tuple(range(layers)),
+        device_layer_num=layers,
+        page_size=page_size,
+        kv_lora_rank=rank,
+        qk_rope_head_dim=rope,
+        kv_cache_dim=rank + rope,
+        dtype=torch.bfloat16,
+        device=torch.device("cpu"),
+    )
+    return MLATokenToKVPoolHost(
+        info,
+        1.0,
+        0,
+        page_size,
+        layout,
+        pin_memory=False,
+        device="cpu",
+        device_capacity_tokens=tokens,
+        start_layer=0,
+        end_layer=layers,
+        target_layer_num=layers,
+    )
+
+
 def storage_config(
     extra: dict[str, Any],
     *,
@@ -106,13 +146,13 @@ def make_store(pool: Any, extra: dict[str, Any], **config: Any) -> HiCacheStorag
     return backend
 
 
-def fill_pages(pool: MHATokenToKVPoolHost, seed: int) -> None:
+def fill_pages(pool: Any, seed: int) -> None:
     """Random KV in every page of the pool (a different pattern for each seed)."""
     g = torch.Generator().manual_seed(seed)
     pool.kv_buffer.copy_(torch.randn(pool.kv_buffer.shape, generator=g).to(pool.kv_buffer.dtype))
 
 
-def page_of(pool: MHATokenToKVPoolHost, page: int) -> bytes:
+def page_of(pool: Any, page: int) -> bytes:
     """The bytes of page number `page` (SGLang's flat page, as its file backend stores it)."""
     t = pool.get_data_page(page * pool.page_size, flat=True).contiguous()
     return bytes(t.view(torch.uint8).numpy())
