@@ -1,8 +1,8 @@
-"""Moving one page's bytes out of and into an SGLang host pool (`HostKVCache`), through the
-pool's own page calls: `get_data_page(index, flat=True)`, `get_dummy_flat_data_page()` and
+"""Moving one page's bytes out of and into an SGLang host pool (`HostKVCache`), as the pool's
+own page calls move them: `get_data_page(index, flat=True)`, `get_dummy_flat_data_page()` and
 `set_from_flat_data_page(index, page)`. Every host pool of SGLang 0.5.23 has them (MHA, MLA,
-Mamba, DSA indexer...), in each of its layouts, so one path serves them all, and the bytes
-are the ones SGLang's own file backend stores for the page.
+Mamba, DSA indexer...), in each of its layouts, so every pool is served, and the bytes are
+the ones SGLang's own file backend stores for the page.
 
 - `read_page` returns the page's bytes as a buffer the caller must consume before the page
   is written again: the store copies it (framing, codec, or the socket write) before its
