@@ -220,3 +220,23 @@ def test_pools_of_other_classes_go_through_their_own_page_calls():
     assert store.batch_get_v1(ks, indices([5, 6, 7], dst.page_size)) == [True] * 3
     assert calls == [5 * dst.page_size, 6 * dst.page_size, 7 * dst.page_size]
     assert [page_of(dst, p) for p in (5, 6, 7)] == [page_of(src, p) for p in (1, 2, 3)]
+
+
+def test_import_pagedkv_never_imports_sglang():
+    """With SGLang installed and importable, `import pagedkv` (and its tiers) leaves it
+    alone; `import pagedkv.sglang` is what brings it in."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pagedkv, pagedkv.tiers, pagedkv.tiers.host\n"
+        "print('sglang' in sys.modules)\n"
+        "import pagedkv.sglang\n"
+        "print('sglang' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert out.stdout.split() == ["False", "True"]
