@@ -12,6 +12,9 @@ from __future__ import annotations
 import random
 
 import pytest
+
+pytest.importorskip("sglang", reason="SGLang 0.5.23 is not installed")
+
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheFile,
     PoolHitPolicy,

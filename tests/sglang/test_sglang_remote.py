@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("sglang", reason="SGLang 0.5.23 is not installed")
+
+
 from redis_fixtures import ServerProcess, running_cluster, running_server, server_binary
 from sglang_objects import (
     SECRET_HEX,

@@ -5,6 +5,9 @@
 from __future__ import annotations
 
 import pytest
+
+pytest.importorskip("sglang", reason="SGLang 0.5.23 is not installed")
+
 import torch
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorage,

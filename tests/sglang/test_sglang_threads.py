@@ -9,6 +9,9 @@ import threading
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("sglang", reason="SGLang 0.5.23 is not installed")
+
 import torch
 
 from redis_fixtures import running_server, server_binary
