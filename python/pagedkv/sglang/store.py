@@ -121,8 +121,9 @@ class PagedKVStore(HiCacheStorage):
             tenant=self.options.namespace,
         )
         self._chain = TierChain(_build_stores(self.options, self.namespace))
-        self._pools: dict[str, _Pool] = {}
-        self._lock = threading.Lock()  # the table of registered pools
+        self._kv: _Pool | None = None  # register_mem_pool_host's: the v1 and tensor calls
+        self._v2: dict[str, _Pool] = {}  # register_mem_host_pool_v2's, by name: the v2 calls
+        self._lock = threading.Lock()  # the tables of registered pools
         self.mem_pool_host: Any = None
         self.registered_pools: dict[str, Any] = {}
 
@@ -139,24 +140,39 @@ class PagedKVStore(HiCacheStorage):
         entry = _Pool(self.storage_config, mem_pool_host, KV_POOL)
         with self._lock:
             self.mem_pool_host = mem_pool_host
-            self._pools[KV_POOL] = entry
+            self._kv = entry
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
-        """A host pool of a hybrid model, by SGLang's pool name (`PoolName`)."""
+        """A host pool of a hybrid model, by SGLang's pool name (`PoolName`): the pool the v2
+        calls' transfers of that name index. Pages of one name and one byte format share
+        entries whichever call stored them."""
         name = str(host_pool_name)
         entry = _Pool(self.storage_config, host_pool, name)
         with self._lock:
             self.registered_pools[name] = host_pool
-            if name != KV_POOL or KV_POOL not in self._pools:
-                self._pools[name] = entry
+            self._v2[name] = entry
 
-    def _pool(self, name: Any = KV_POOL) -> _Pool:
+    def _pool(self) -> _Pool:
+        """The KV pool of the v1 and tensor calls."""
         with self._lock:
-            entry = self._pools.get(str(name))
+            entry = self._kv
         if entry is None:
             raise RuntimeError(
-                f"no host pool {str(name)!r} registered with PagedKVStore "
-                "(register_mem_pool_host / register_mem_host_pool_v2 first)"
+                "no host pool registered with PagedKVStore (register_mem_pool_host first)"
+            )
+        return entry
+
+    def _pool_v2(self, name: Any) -> _Pool:
+        """The pool of the v2 transfers named `name` (the KV pool by default for KV)."""
+        key = str(name)
+        with self._lock:
+            entry = self._v2.get(key)
+            if entry is None and key == KV_POOL:
+                entry = self._kv
+        if entry is None:
+            raise RuntimeError(
+                f"no host pool {key!r} registered with PagedKVStore "
+                "(register_mem_host_pool_v2 first)"
             )
         return entry
 
@@ -188,7 +204,7 @@ class PagedKVStore(HiCacheStorage):
             if not restorable:
                 break
             name = str(transfer.name)
-            tier_keys = self._pool(name).keys.keys(keys[:kv_pages])
+            tier_keys = self._pool_v2(name).keys.keys(keys[:kv_pages])
             policy = PoolHitPolicy(transfer.hit_policy)
             if policy == PoolHitPolicy.ALL_PAGES:
                 run = self._chain.count_present(tier_keys)
@@ -232,7 +248,7 @@ class PagedKVStore(HiCacheStorage):
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> dict[str, list[bool]]:
         return {
-            str(t.name): self._load(self._pool(t.name), _str_keys(t.keys or []), t.host_indices)
+            str(t.name): self._load(self._pool_v2(t.name), _str_keys(t.keys or []), t.host_indices)
             for t in transfers
         }
 
@@ -242,7 +258,7 @@ class PagedKVStore(HiCacheStorage):
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> dict[str, list[bool]]:
         return {
-            str(t.name): self._store(self._pool(t.name), _str_keys(t.keys or []), t.host_indices)
+            str(t.name): self._store(self._pool_v2(t.name), _str_keys(t.keys or []), t.host_indices)
             for t in transfers
         }
 
