@@ -128,3 +128,18 @@ def test_batch_exists_v2_answers_as_sglangs_file_backend(seed, tmp_path):
     assert {str(k): v for k, v in got.extra_pool_hit_pages.items()} == {
         str(k): v for k, v in want.extra_pool_hit_pages.items()
     }
+
+
+def test_kv_pages_are_one_set_of_entries_for_v1_and_v2():
+    """A KV page stored by batch_set_v1 loads through batch_get_v2 of the KV pool, and back."""
+    kv, _, _ = pools()
+    store = make_store(kv, dynamic_extra(host_bytes=1 << 22))
+    store.register_mem_host_pool_v2(kv, PoolName.KV)
+    ks = keys(3)
+    assert all(store.batch_set_v1(ks[:2], indices([0, 1], kv.page_size)))
+    t = PoolTransfer(name=PoolName.KV, keys=ks[2:], host_indices=indices([2], kv.page_size))
+    assert store.batch_set_v2([t]) == {"kv": [True]}
+    get = PoolTransfer(name=PoolName.KV, keys=ks[:2], host_indices=indices([8, 9], kv.page_size))
+    assert store.batch_get_v2([get]) == {"kv": [True, True]}
+    assert store.batch_get_v1(ks[2:], indices([10], kv.page_size)) == [True]
+    assert [page_of(kv, p) for p in (8, 9, 10)] == [page_of(kv, p) for p in (0, 1, 2)]

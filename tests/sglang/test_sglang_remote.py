@@ -167,3 +167,23 @@ def test_a_redis_cluster_by_configuration(tmp_path):
         assert [page_of(b_pool, 12 + i) for i in range(12)] == [
             page_of(a_pool, i) for i in range(12)
         ]
+
+
+def test_a_stalled_server_costs_one_timeout_then_misses(server):
+    pool = host_pool()
+    fill_pages(pool, seed=27)
+    store = make_store(pool, remote(server.url))
+    ks = keys(8)
+    assert all(store.batch_set_v1(ks, indices(list(range(8)), pool.page_size)))
+    pool.kv_buffer.zero_()
+    server.pause()
+    try:
+        t0 = time.monotonic()
+        assert store.batch_get_v1(ks, indices(list(range(10, 18)), pool.page_size)) == [False] * 8
+        assert store.batch_exists(ks) == 0
+        assert store.batch_set_v1(ks, indices(list(range(8)), pool.page_size)) == [False] * 8
+        # One read timed out; the server then rests and the other calls miss at once.
+        assert time.monotonic() - t0 < 2 * TIMEOUT + SLACK
+    finally:
+        server.resume()
+    assert page_of(pool, 10) == bytes(len(page_of(pool, 10)))
