@@ -167,11 +167,36 @@ class WireEncoder:
             return _ClearedArray() if array else _Cleared()
         raise TypeError(f"not a pagedkv KV event: {e!r}")
 
+    def structs(self, events: Iterable[KVEvent]) -> list[msgspec.Struct]:
+        return [self.event(e) for e in events]
+
+    def payload(self, structs: list[msgspec.Struct], ts: float | None = None) -> bytes:
+        """Events already made structs, as a `KVEventBatch` payload."""
+        stamp = time.time() if ts is None else ts
+        return self._enc.encode(_Batch(stamp, structs, self.options.data_parallel_rank))
+
     def batch(self, events: Iterable[KVEvent], ts: float | None = None) -> bytes:
         """A `KVEventBatch` payload: `[ts, [events], data_parallel_rank]`."""
-        stamp = time.time() if ts is None else ts
-        body = [self.event(e) for e in events]
-        return self._enc.encode(_Batch(stamp, body, self.options.data_parallel_rank))
+        return self.payload(self.structs(events), ts)
 
 
-__all__ = ["EventForm", "HashForm", "WireEncoder", "WireOptions", "hash_int"]
+def decoder(event_form: EventForm = "map") -> msgspec.msgpack.Decoder[Any]:
+    """Decodes payloads into `(ts, events, data_parallel_rank)` of this module's structs."""
+    if event_form == "array":
+        return msgspec.msgpack.Decoder(_ArrayBatch)
+    return msgspec.msgpack.Decoder(_MapBatch)
+
+
+class _MapBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[_Stored | _Removed | _Cleared]
+    data_parallel_rank: int | None = None
+
+
+class _ArrayBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[_StoredArray | _RemovedArray | _ClearedArray]
+    data_parallel_rank: int | None = None
+
+
+__all__ = ["EventForm", "HashForm", "WireEncoder", "WireOptions", "decoder", "hash_int"]

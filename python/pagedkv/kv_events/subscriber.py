@@ -1,0 +1,166 @@
+"""`Subscriber`: a reference router-side indexer for a `Publisher` (or a vLLM publisher).
+
+It follows the PUB stream, checks each sequence number, and on a gap asks the replay socket
+for the missing batches; when those are gone from the buffer (or it starts, or the publisher's
+epoch changed) it takes a snapshot and resumes from the snapshot's sequence number. Its
+`BlockSet` then equals the publisher's after the same sequence number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from pagedkv.kv_events import wire
+from pagedkv.kv_events.blockset import BlockSet
+from pagedkv.kv_events.publisher import EPOCH, SNAPSHOT
+
+
+class RecoveryError(RuntimeError):
+    """The replay socket did not answer in time."""
+
+
+def _int(b: bytes) -> int:
+    return int.from_bytes(b, "big", signed=True)
+
+
+class Subscriber:
+    """Connects to `endpoint` (PUB) and `replay_endpoint` (ROUTER); call `poll()` in a loop.
+
+    `on_batch(seq, events)` sees every batch applied (the command line prints with it)."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        replay_endpoint: str | None,
+        *,
+        topic: str = "",
+        event_form: wire.EventForm = "map",
+        timeout: float = 5.0,
+        on_batch: Callable[[int, list[Any]], None] | None = None,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        ctx = context or zmq.Context.instance()
+        self.blocks = BlockSet()
+        self.next_seq: int | None = None  # None: not in step with the stream yet
+        self.epoch: int | None = None
+        self.gaps = 0
+        self.replays = 0
+        self.snapshots = 0
+        self._decode = wire.decoder(event_form).decode
+        self._timeout_ms = int(timeout * 1000)
+        self._on_batch = on_batch
+        self._sub = ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.LINGER, 0)
+        self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        self._sub.connect(endpoint)
+        self._req: zmq.Socket[Any] | None = None
+        if replay_endpoint is not None:
+            self._req = ctx.socket(zmq.DEALER)
+            self._req.setsockopt(zmq.LINGER, 0)
+            self._req.connect(replay_endpoint)
+
+    def close(self) -> None:
+        self._sub.close(linger=0)
+        if self._req is not None:
+            self._req.close(linger=0)
+
+    # ---- the replay socket -------------------------------------------------------------
+
+    def _ask(self, request: bytes) -> None:
+        assert self._req is not None
+        self._req.send_multipart((b"", request))
+
+    def _recv(self) -> list[bytes]:
+        assert self._req is not None
+        if not self._req.poll(self._timeout_ms):
+            raise RecoveryError("no answer from the replay socket")
+        return self._req.recv_multipart()[1:]
+
+    def snapshot(self) -> None:
+        """Replace the block set with the publisher's and resume from its sequence number."""
+        if self._req is None:
+            raise RecoveryError("no replay endpoint: cannot take a snapshot")
+        self._ask(SNAPSHOT)
+        head = self._recv()
+        if len(head) != 3 or head[0] != SNAPSHOT:
+            raise RecoveryError(f"bad snapshot header: {head!r}")
+        fresh = BlockSet()
+        while True:
+            _, seq, payload = self._recv()
+            if _int(seq) == -1:
+                break
+            fresh.apply(self._decode(payload).events)
+        self.blocks = fresh
+        self.epoch, self.next_seq = _int(head[1]), _int(head[2])
+        self.snapshots += 1
+
+    def _replay(self, start: int) -> bool:
+        """Apply the buffered batches from `start`; False if the buffer no longer has it."""
+        self.replays += 1
+        self._ask(start.to_bytes(8, "big", signed=True))
+        ok = True
+        while True:
+            _, seq_b, payload = self._recv()
+            seq = _int(seq_b)
+            if seq == -1:
+                return ok and self.next_seq is not None and self.next_seq > start
+            if not ok or self.next_seq is None or seq < self.next_seq:
+                continue
+            if seq > self.next_seq:
+                ok = False  # the buffer begins after what we need
+                continue
+            self._apply(seq, payload)
+
+    def _epoch_changed(self) -> bool:
+        if self._req is None:
+            return False
+        self._ask(EPOCH)
+        head = self._recv()
+        return _int(head[1]) != self.epoch
+
+    # ---- the stream --------------------------------------------------------------------
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        events = self._decode(payload).events
+        self.blocks.apply(events)
+        self.next_seq = seq + 1
+        if self._on_batch is not None:
+            self._on_batch(seq, events)
+
+    def handle(self, seq: int, payload: bytes) -> None:
+        """One message from the PUB socket."""
+        if self.next_seq is None:
+            if self._req is None:  # no recovery: follow from here
+                self._apply(seq, payload)
+                return
+            self.snapshot()
+        assert self.next_seq is not None
+        if seq == self.next_seq:
+            self._apply(seq, payload)
+        elif seq > self.next_seq:
+            self.gaps += 1
+            if self._req is None:
+                self._apply(seq, payload)
+            elif not self._replay(self.next_seq):
+                self.snapshot()
+            if seq == self.next_seq:
+                self._apply(seq, payload)
+        elif self._epoch_changed():  # behind us: a new publisher, or one already applied
+            self.snapshot()
+
+    def poll(self, timeout: float = 0.1) -> int:
+        """Handle the messages that arrive within `timeout` seconds; returns how many."""
+        n = 0
+        wait = int(timeout * 1000)
+        while self._sub.poll(wait):
+            _, seq, payload = self._sub.recv_multipart()
+            self.handle(_int(seq), payload)
+            n += 1
+            wait = 0
+        return n
+
+
+__all__ = ["RecoveryError", "Subscriber"]
