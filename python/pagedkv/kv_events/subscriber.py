@@ -8,6 +8,7 @@ epoch changed) it takes a snapshot and resumes from the snapshot's sequence numb
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +30,9 @@ def _int(b: bytes) -> int:
 class Subscriber:
     """Connects to `endpoint` (PUB) and `replay_endpoint` (ROUTER); call `poll()` in a loop.
 
-    `on_batch(seq, events)` sees every batch applied (the command line prints with it)."""
+    `on_batch(seq, events)` sees every batch applied (the command line prints with it).
+    Every `epoch_check` seconds `poll` asks the publisher's epoch: a restarted publisher
+    whose numbers happen to continue ours is otherwise indistinguishable from the old one."""
 
     def __init__(
         self,
@@ -39,6 +42,7 @@ class Subscriber:
         topic: str = "",
         event_form: wire.EventForm = "map",
         timeout: float = 5.0,
+        epoch_check: float = 1.0,
         on_batch: Callable[[int, list[Any]], None] | None = None,
         context: zmq.Context[Any] | None = None,
     ) -> None:
@@ -52,15 +56,25 @@ class Subscriber:
         self._decode = wire.decoder(event_form).decode
         self._timeout_ms = int(timeout * 1000)
         self._on_batch = on_batch
+        self._epoch_check = epoch_check
+        self._checked = time.monotonic()
         self._sub = ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
         self._sub.connect(endpoint)
+        self._ctx, self._replay_endpoint = ctx, replay_endpoint
+        self.failures = 0
         self._req: zmq.Socket[Any] | None = None
-        if replay_endpoint is not None:
-            self._req = ctx.socket(zmq.DEALER)
+        self._open_req()
+
+    def _open_req(self) -> None:
+        """A fresh DEALER socket: late answers to an abandoned request go with the old one."""
+        if self._req is not None:
+            self._req.close(linger=0)
+        if self._replay_endpoint is not None:
+            self._req = self._ctx.socket(zmq.DEALER)
             self._req.setsockopt(zmq.LINGER, 0)
-            self._req.connect(replay_endpoint)
+            self._req.connect(self._replay_endpoint)
 
     def close(self) -> None:
         self._sub.close(linger=0)
@@ -117,6 +131,7 @@ class Subscriber:
     def _epoch_changed(self) -> bool:
         if self._req is None:
             return False
+        self._checked = time.monotonic()
         self._ask(EPOCH)
         head = self._recv()
         return _int(head[1]) != self.epoch
@@ -144,8 +159,8 @@ class Subscriber:
             self.gaps += 1
             if self._req is None:
                 self._apply(seq, payload)
-            elif not self._replay(self.next_seq):
-                self.snapshot()
+            elif self._epoch_changed() or not self._replay(self.next_seq):
+                self.snapshot()  # a new publisher, or the batches are gone from its buffer
             if seq == self.next_seq:
                 self._apply(seq, payload)
         elif self._epoch_changed():  # behind us: a new publisher, or one already applied
@@ -155,11 +170,21 @@ class Subscriber:
         """Handle the messages that arrive within `timeout` seconds; returns how many."""
         n = 0
         wait = int(timeout * 1000)
-        while self._sub.poll(wait):
-            _, seq, payload = self._sub.recv_multipart()
-            self.handle(_int(seq), payload)
-            n += 1
-            wait = 0
+        try:
+            while self._sub.poll(wait):
+                _, seq, payload = self._sub.recv_multipart()
+                self.handle(_int(seq), payload)
+                n += 1
+                wait = 0
+            due = time.monotonic() - self._checked >= self._epoch_check
+            if due and self.next_seq is not None and self._epoch_changed():
+                self.snapshot()
+        except RecoveryError:
+            # The publisher is away (restarting?): start over with the next message.
+            self.failures += 1
+            self.next_seq = None
+            self._checked = time.monotonic()
+            self._open_req()
         return n
 
 
