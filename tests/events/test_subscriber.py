@@ -202,3 +202,30 @@ def test_publisher_restart_new_epoch_hands_over_state() -> None:
     assert sub.epoch == pub.epoch and sub.snapshots >= 2
     sub.close()
     pub.close()
+
+
+def test_command_line_prints_the_stream(capsys: pytest.CaptureFixture[str]) -> None:
+    from pagedkv.__main__ import main
+
+    m, pub = _setup()
+    assert pub.replay_endpoint is not None
+    m.allocate(1, list(range(2 * B)))
+    pub.flush()
+
+    def later() -> None:
+        time.sleep(0.5)
+        m.allocate(2, list(range(2 * B)) + list(range(50, 50 + B)))
+        m.free(1)
+
+    t = threading.Thread(target=later)
+    t.start()
+    args = ["events", "--connect", pub.endpoint, "--replay", pub.replay_endpoint, "--count", "2"]
+    assert main([*args, "--duration", "20"]) == 0
+    t.join()
+    pub.close()
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("snapshot: 2 blocks, resuming at "), out  # heartbeats may precede
+    stored = hash_int(hash_blocks(list(range(2 * B)) + list(range(50, 50 + B)), B)[2])
+    assert any(
+        "BlockStored GPU group=0 parent=" in line and f"{stored:#018x}" in line for line in out
+    )
