@@ -1,6 +1,7 @@
 """The hot path with the KV-event publisher on and off, side by side (pytest-benchmark groups).
 
-"off": a manager without events. "on": events enabled and a `pagedkv.kv_events.Publisher`
+"off": a manager without events. "events": events enabled, drained between rounds (untimed):
+the cost of recording them. "on": events enabled and a `pagedkv.kv_events.Publisher`
 draining them on its thread, encoding vLLM's payloads and sending them on a loopback PUB
 socket (with a replay buffer). The manager's calls only append to its event queue; what the
 publisher thread costs them is the GIL and cache traffic it takes while they run.
@@ -20,7 +21,7 @@ from pagedkv.kv_events import Publisher
 
 B = 16
 LOOP = "tcp://127.0.0.1:0"
-MODES = ["off", "on"]
+MODES = ["off", "events", "on"]
 
 
 @pytest.fixture(params=MODES)
@@ -30,7 +31,7 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 @contextmanager
 def _manager(mode: str, num_blocks: int) -> Iterator[BlockManager]:
-    m = BlockManager(num_blocks, B, enable_kv_events=mode == "on")
+    m = BlockManager(num_blocks, B, enable_kv_events=mode != "off")
     pub = Publisher(m, endpoint=LOOP, replay_endpoint=LOOP, heartbeat=1.0) if mode == "on" else None
     try:
         yield m
@@ -58,7 +59,11 @@ def test_allocate_free_32_prompts(benchmark: Any, mode: str, record: Any) -> Non
                 assert m.allocate(i, prompts[i]) is not None
             m.free_batch(ids)
 
-        benchmark.pedantic(run, rounds=200, warmup_rounds=4)
+        def setup() -> None:
+            if mode == "events":
+                m.drain_events()  # nobody else drains them
+
+        benchmark.pedantic(run, setup=setup, rounds=200, warmup_rounds=4)
     record(benchmark, group, mode)
 
 
@@ -83,6 +88,8 @@ def test_decode_step_256(benchmark: Any, mode: str, record: Any) -> None:
                     m.allocate(i, prompts[i])
                 state["rounds"] = 0
             state["rounds"] += 1
+            if mode == "events":
+                m.drain_events()
 
         def run() -> None:
             m.append_batch(ids, toks)

@@ -29,6 +29,7 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 SNAPSHOT = b"pagedkv-snapshot"
 EPOCH = b"pagedkv-epoch"
 SNAPSHOT_CHUNK = 256  # BlockStored events per snapshot batch
+YIELD_EVERY = 64  # events the thread handles between GIL hand-offs
 
 
 class EventSource(Protocol):
@@ -162,13 +163,16 @@ class Publisher:
             self._publish([])
 
     def _publish(self, events: list[KVEvent]) -> None:
-        structs = self.encoder.structs(events)
-        mirror = (
-            structs
-            if self._mirror_encoder is self.encoder
-            else self._mirror_encoder.structs(events)
-        )
-        self.state.apply(mirror)
+        structs: list[Any] = []
+        for i in range(0, max(len(events), 1), YIELD_EVERY):
+            part = events[i : i + YIELD_EVERY]
+            made = self.encoder.structs(part)
+            structs += made
+            same = self._mirror_encoder is self.encoder
+            self.state.apply(made if same else self._mirror_encoder.structs(part))
+            # Let the manager's callers have the GIL: otherwise each waits for the switch
+            # interval (5 ms) whenever this thread holds it through a long batch.
+            time.sleep(0)
         payload = self.encoder.payload(structs)
         seq = self.next_seq
         self.next_seq += 1
