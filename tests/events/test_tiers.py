@@ -38,6 +38,9 @@ def test_tier_media_follow_the_tier() -> None:
     cpu = {k for k in keys if k[0] == "CPU"}
     assert cpu == {("CPU", k.group, hash_int(k.digest)) for k in tier._keys} and cpu
     assert len(keys - cpu) == m.num_cached_blocks
+    # The tier's own events carry no tokens: the publisher gave them the GPU block's.
+    for k in cpu:
+        assert len(sub.blocks.blocks[k].token_ids) == B, k
     sub.close()
     pub.close()
     tc.close()

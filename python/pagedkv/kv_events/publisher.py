@@ -11,16 +11,17 @@ the next sequence number.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import zmq
 
-from pagedkv.events import KVEvent
+from pagedkv.events import BlockStored, KVEvent
 from pagedkv.kv_events import wire
 from pagedkv.kv_events.blockset import BlockSet
 
@@ -59,8 +60,11 @@ class Publisher:
     silence after which an empty batch goes out (its sequence number is the newest);
     `wire_options`: the payload's form; `state`: a previous publisher's `BlockSet` when this
     one takes over the same source (otherwise the source must be new: blocks cached before
-    the publisher started are not in its snapshots). `send_filter(seq) -> bool` is for tests:
-    False drops that batch from the PUB socket (it stays in the replay buffer)."""
+    the publisher started are not in its snapshots). A tier's `BlockStored` carries no token
+    ids; the publisher fills them (and the parent) from the last `memo_blocks` GPU blocks it
+    saw stored, so routers that rebuild keys from tokens can use it. `send_filter(seq) ->
+    bool` is for tests: False drops that batch from the PUB socket (it stays in the replay
+    buffer)."""
 
     def __init__(
         self,
@@ -76,11 +80,14 @@ class Publisher:
         heartbeat: float = 1.0,
         wire_options: wire.WireOptions | None = None,
         state: BlockSet | None = None,
+        memo_blocks: int = 1 << 16,
         send_filter: Callable[[int], bool] | None = None,
         context: zmq.Context[Any] | None = None,
     ) -> None:
         if buffer_steps < 1:
             raise ValueError(f"buffer_steps must be at least 1, got {buffer_steps}")
+        if memo_blocks < 0:
+            raise ValueError(f"memo_blocks must be >= 0, got {memo_blocks}")
         if interval <= 0 or heartbeat <= 0:
             raise ValueError("interval and heartbeat must be positive")
         self._sources = _sources(source)
@@ -96,6 +103,10 @@ class Publisher:
             )
         )
         self.state = state if state is not None else BlockSet()
+        # (group, digest) -> (parent digest, token ids, lora id) of recent GPU blocks.
+        self._memo: OrderedDict[tuple[int, bytes], tuple[bytes | None, list[int], int | None]]
+        self._memo = OrderedDict()
+        self._memo_blocks = memo_blocks
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._interval = interval
         self._heartbeat = heartbeat
@@ -162,7 +173,34 @@ class Publisher:
             self.heartbeats += 1
             self._publish([])
 
+    def _fill(self, events: list[KVEvent]) -> list[KVEvent]:
+        """Remember GPU blocks' tokens; give them to tier BlockStored events without any."""
+        memo, out = self._memo, []
+        for e in events:
+            if isinstance(e, BlockStored):
+                if e.token_ids or e.medium == "GPU":
+                    bs, parent = e.block_size, e.parent_block_hash
+                    for i, d in enumerate(e.block_hashes):
+                        memo[(e.group_idx, d)] = (
+                            parent,
+                            e.token_ids[i * bs : (i + 1) * bs],
+                            e.lora_id,
+                        )
+                        memo.move_to_end((e.group_idx, d))
+                        parent = d
+                    while len(memo) > self._memo_blocks:
+                        memo.popitem(last=False)
+                elif len(e.block_hashes) == 1 and (e.group_idx, e.block_hashes[0]) in memo:
+                    parent, toks, lora = memo[(e.group_idx, e.block_hashes[0])]
+                    e = dataclasses.replace(
+                        e, parent_block_hash=parent, token_ids=toks, lora_id=lora
+                    )
+            out.append(e)
+        return out
+
     def _publish(self, events: list[KVEvent]) -> None:
+        if self._memo_blocks:
+            events = self._fill(events)
         structs: list[Any] = []
         for i in range(0, max(len(events), 1), YIELD_EVERY):
             part = events[i : i + YIELD_EVERY]
