@@ -158,3 +158,20 @@ def test_bad_arguments() -> None:
         Publisher(object(), endpoint=LOOP)
     with pytest.raises(zmq.ZMQError):
         Publisher(m, endpoint="bogus://x")
+
+
+def test_snapshot_larger_than_the_replay_buffer_arrives_whole() -> None:
+    """A snapshot of many chunks with a 1-batch buffer (the replay socket drops nothing)."""
+    from pagedkv.kv_events import Subscriber
+
+    m = BlockManager(4096, B, enable_kv_events=True)
+    with Publisher(m, endpoint=LOOP, replay_endpoint=LOOP, buffer_steps=1, heartbeat=60) as pub:
+        assert pub.replay_endpoint is not None
+        for i in range(30):
+            m.allocate(i, list(range(1000 * i, 1000 * i + 100 * B)))  # 3,000 blocks
+        pub.flush()
+        sub = Subscriber(pub.endpoint, pub.replay_endpoint)
+        sub.snapshot()
+        assert len(sub.blocks) == len(pub.state) == 3000
+        assert sub.blocks.blocks == pub.state.blocks and sub.next_seq == pub.next_seq
+        sub.close()

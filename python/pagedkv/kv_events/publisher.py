@@ -129,7 +129,9 @@ class Publisher:
             if replay_endpoint is not None:
                 self._replay = ctx.socket(zmq.ROUTER)
                 self._replay.setsockopt(zmq.LINGER, 0)
-                self._replay.setsockopt(zmq.SNDHWM, 2 * (buffer_steps + 1))
+                # No limit: a ROUTER drops what passes its limit silently, and a snapshot
+                # is as long as the cache is large (not bounded by buffer_steps).
+                self._replay.setsockopt(zmq.SNDHWM, 0)
                 self._replay.bind(replay_endpoint)
                 self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         except Exception:
