@@ -16,11 +16,15 @@ import zmq
 
 from pagedkv.kv_events import wire
 from pagedkv.kv_events.blockset import BlockSet
-from pagedkv.kv_events.publisher import EPOCH, SNAPSHOT
+from pagedkv.kv_events.publisher import END_SEQ, EPOCH, SNAPSHOT
 
 
 class RecoveryError(RuntimeError):
     """The replay socket did not answer in time."""
+
+
+class NoSnapshots(RecoveryError):
+    """The publisher answers replays but not snapshots (vLLM's own)."""
 
 
 def _int(b: bytes) -> int:
@@ -51,6 +55,7 @@ class Subscriber:
         self.next_seq: int | None = None  # None: not in step with the stream yet
         self.epoch: int | None = None
         self.gaps = 0
+        self.lost = 0  # gaps that neither a replay nor a snapshot could fill
         self.replays = 0
         self.snapshots = 0
         self._decode = wire.decoder(event_form).decode
@@ -64,6 +69,7 @@ class Subscriber:
         self._sub.connect(endpoint)
         self._ctx, self._replay_endpoint = ctx, replay_endpoint
         self.failures = 0
+        self.snapshots_supported = True  # until the publisher shows otherwise
         self._req: zmq.Socket[Any] | None = None
         self._open_req()
 
@@ -99,6 +105,9 @@ class Subscriber:
             raise RecoveryError("no replay endpoint: cannot take a snapshot")
         self._ask(SNAPSHOT)
         head = self._recv()
+        if head[:2] == [b"", END_SEQ]:  # vLLM's replay: an unknown request, nothing to send
+            self.snapshots_supported = False
+            raise NoSnapshots("the publisher does not serve snapshots")
         if len(head) != 3 or head[0] != SNAPSHOT:
             raise RecoveryError(f"bad snapshot header: {head!r}")
         fresh = BlockSet()
@@ -132,6 +141,8 @@ class Subscriber:
         if self._req is None:
             return False
         self._checked = time.monotonic()
+        if not self.snapshots_supported:
+            return False  # vLLM's publisher: no epochs either
         self._ask(EPOCH)
         head = self._recv()
         return _int(head[1]) != self.epoch
@@ -148,19 +159,29 @@ class Subscriber:
     def handle(self, seq: int, payload: bytes) -> None:
         """One message from the PUB socket."""
         if self.next_seq is None:
-            if self._req is None:  # no recovery: follow from here
+            if self._req is None or not self.snapshots_supported:
+                self._apply(seq, payload)  # no snapshot to start from: follow from here
+                return
+            try:
+                self.snapshot()
+            except NoSnapshots:
                 self._apply(seq, payload)
                 return
-            self.snapshot()
         assert self.next_seq is not None
         if seq == self.next_seq:
             self._apply(seq, payload)
         elif seq > self.next_seq:
             self.gaps += 1
             if self._req is None:
+                self.lost += 1
                 self._apply(seq, payload)
             elif self._epoch_changed() or not self._replay(self.next_seq):
-                self.snapshot()  # a new publisher, or the batches are gone from its buffer
+                # A new publisher, or the batches are gone from its buffer.
+                if self.snapshots_supported:
+                    self.snapshot()
+                else:
+                    self.lost += 1  # vLLM's publisher: nothing more to ask; go on
+                    self.next_seq = seq
             if seq == self.next_seq:
                 self._apply(seq, payload)
         elif self._epoch_changed():  # behind us: a new publisher, or one already applied
@@ -188,4 +209,4 @@ class Subscriber:
         return n
 
 
-__all__ = ["RecoveryError", "Subscriber"]
+__all__ = ["NoSnapshots", "RecoveryError", "Subscriber"]
