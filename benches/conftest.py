@@ -72,6 +72,7 @@ def _fmt(seconds: float) -> str:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     _vllm_summary(terminalreporter)
+    _events_summary(terminalreporter)
     pairs = {g: m for g, m in _MEANS.items() if "rust" in m and "reference" in m}
     if not pairs:
         return
@@ -82,6 +83,21 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         tr.write_line(
             f"{group:<{width}}  rust {_fmt(m['rust'])}  reference {_fmt(m['reference'])}"
             f"  speedup {m['reference'] / m['rust']:8.1f}x"
+        )
+
+
+def _events_summary(tr: Any) -> None:
+    """The hot path with the KV-event publisher off and on (test_bench_events_publisher)."""
+    pairs = {g: m for g, m in _MEANS.items() if "off" in m and "on" in m}
+    if not pairs:
+        return
+    tr.section("KV-event publisher: the hot path off, with events only, and on (mean per round)")
+    width = max(len(g) for g in pairs)
+    for group, m in sorted(pairs.items()):
+        events = f"  events {_fmt(m['events'])}" if "events" in m else ""
+        tr.write_line(
+            f"{group:<{width}}  off {_fmt(m['off'])}{events}  on {_fmt(m['on'])}"
+            f"  on/off {m['on'] / m['off']:6.2f}"
         )
 
 

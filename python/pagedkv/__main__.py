@@ -49,7 +49,24 @@ def _build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         epilog=GLOSSARY,
     )
     add_arguments(sim)
+    ev = sub.add_parser(
+        "events",
+        help="follow a KV-event publisher (vLLM's wire format) and print its events",
+        description="Follow a KV-event stream (pagedkv.kv_events.Publisher, or vLLM's own) "
+        "and print one event a line, prefixed by its batch's sequence number "
+        "(docs/events.md). Needs pyzmq and msgspec.",
+    )
+    _events_arguments(ev)
     return parser
+
+
+def _events_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--connect", required=True, help="the publisher's PUB endpoint")
+    p.add_argument("--replay", help="its replay endpoint: gaps are replayed, a start snapshots")
+    p.add_argument("--topic", default="", help="topic prefix to follow (default: every topic)")
+    p.add_argument("--form", choices=["map", "array"], default="map", help="the events' form")
+    p.add_argument("--count", type=int, default=0, help="stop after this many batches (0: never)")
+    p.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -67,6 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # optional package missing (lz4 or redis for the tiers)
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
+        if args.command == "events":
+            from pagedkv.kv_events.cli import follow  # pyzmq and msgspec only when asked
+
+            return follow(args, sys.stdout)
         raise AssertionError(f"unknown command {args.command!r}")  # argparse prevents this
     except KeyboardInterrupt:
         # Ctrl-C outside the sizing runs (which print and save what they know themselves):
