@@ -6,6 +6,7 @@ waits on it (docs/tiers.md, "Under stock vLLM")."""
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,14 +124,18 @@ def test_a_load_that_meets_a_dead_server_fails_cleanly(nodes, server):
     a.settle()
     b.slowest = 0.0
     ks = list(blocks)
-    for _ in range(2000):
+    # Bounded by time, not by a count of tries: on a loaded machine the background presence
+    # check (RETRY until it answers) can take longer than thousands of quick look-ups.
+    deadline = time.monotonic() + 30
+    while True:
         res = [b.call(b.m.lookup, k, b.ctx) for k in ks]
         if all(r is LookupResult.HIT_PENDING for r in res):
             break  # promotions initiated, submitted at the step's end
+        if time.monotonic() > deadline:
+            pytest.fail(f"no promotion started: {res}")
         if LookupResult.HIT_PENDING not in res:  # no step while some are queued: it loads them
             b.step()
-    else:
-        pytest.fail(f"no promotion started: {res}")
+        time.sleep(0.001)
     server.kill()
     rows_before = b.rows.copy()
     assert b.resolve(ks) == [LookupResult.MISS] * 3

@@ -5,7 +5,7 @@ configuration alone (docs/tiers.md, "Under SGLang"):
     '{"backend_name": "pagedkv", "module_path": "pagedkv.sglang",
       "class_name": "PagedKVStore", "interface_v1": 1, "host_bytes": "8GiB"}'
 
-Importing this package imports SGLang (`pip install 'pagedkv[sglang]'`); `import pagedkv`
+Importing this package imports SGLang (`pip install '.[sglang]'`); `import pagedkv`
 never does.
 """
 
