@@ -191,21 +191,8 @@ impl MrcStream {
             seq.partial = seq.tail.clone();
         }
         if last > first {
-            let shift = 64 - SAMPLE_BITS;
-            let before = self.keys.len();
-            let threshold = self.threshold;
-            self.keys.extend(
-                seq.keys[first..last]
-                    .iter()
-                    .copied()
-                    .filter(|k| k >> shift < threshold),
-            );
-            if self.keys.len() > before {
-                self.pieces.push(Piece {
-                    end: self.keys.len(),
-                    lookup: false,
-                });
-            }
+            let new = &seq.keys[first..last];
+            Self::push(&mut self.keys, &mut self.pieces, self.threshold, new, false);
         }
     }
 
@@ -231,21 +218,13 @@ impl MrcStream {
         let start = seq.keys.len();
         seq.state = chain(seq.state, &seq.partial[..full], bs, &mut seq.keys);
         seq.partial.drain(..full);
-        let shift = 64 - SAMPLE_BITS;
-        let before = self.keys.len();
-        let threshold = self.threshold;
-        self.keys.extend(
-            seq.keys[start..]
-                .iter()
-                .copied()
-                .filter(|k| k >> shift < threshold),
+        Self::push(
+            &mut self.keys,
+            &mut self.pieces,
+            self.threshold,
+            &seq.keys[start..],
+            false,
         );
-        if self.keys.len() > before {
-            self.pieces.push(Piece {
-                end: self.keys.len(),
-                lookup: false,
-            });
-        }
         Ok(())
     }
 
