@@ -345,10 +345,19 @@ def sweep_table(runs: Sequence[dict[str, Any]]) -> str:
 def write_doc(path: str | Path, doc: dict[str, Any]) -> None:
     """Write `doc` as JSON atomically (a temporary file, then a rename): a run killed while
     writing leaves the previous version whole (`--mrc` writes the file after every stage)."""
+    text = json.dumps(doc, indent=1) + "\n"
     target = Path(path)
+    if target.exists() and not target.is_file():
+        # A device, a pipe or the like (`--json /dev/null`, `--json /dev/stdout`): written
+        # in place. A rename would replace it with a regular file, and as root that breaks
+        # /dev/null for every process on the machine.
+        with open(target, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
+    target = target.resolve()  # a symlink: replace the file it names, not the link
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
