@@ -148,8 +148,10 @@ def test_store_events_name_the_keys(nodes):
 
 
 def test_host_budget_evicts_and_reports_removals(nodes):
-    """A store that holds 3 rows: the oldest go, their removal is an event, and they miss."""
-    node = Node({"host_bytes": 3 * (ROW + 89)}, chunks=8)
+    """A store that holds 3 rows: the oldest go, their removal is an event, and they miss.
+    One worker, so the five puts reach the store in the job's order ("oldest" is defined;
+    with two workers the job is split in two parts that race, CI 2026-12-02)."""
+    node = Node({"host_bytes": 3 * (ROW + 89), "workers": 1}, chunks=8)
     nodes.append(node)
     blocks = {key(i): block(i) for i in range(5)}
     node.store(blocks)
@@ -159,6 +161,21 @@ def test_host_budget_evicts_and_reports_removals(nodes):
     node.forget_primary()
     got = node.load(list(blocks))
     assert got == {**dict.fromkeys(list(blocks)[:2]), **dict(list(blocks.items())[2:])}
+
+
+def test_host_budget_with_racing_workers_keeps_three_and_reports_the_rest(nodes):
+    """Two workers put the job's halves in either order: whichever two keys go, exactly
+    those are reported removed and miss, and the three kept load exact."""
+    node = Node({"host_bytes": 3 * (ROW + 89), "workers": 2}, chunks=8)
+    nodes.append(node)
+    blocks = {key(i): block(i) for i in range(5)}
+    node.store(blocks)
+    node.settle()
+    removed = {k for e in node.m.take_events() if e.removed and e.locality for k in e.keys}
+    assert len(removed) == 2 and removed <= set(blocks)
+    node.forget_primary()
+    got = node.load(list(blocks))
+    assert got == {k: (None if k in removed else v) for k, v in blocks.items()}
 
 
 @pytest.mark.parametrize(
