@@ -8,7 +8,7 @@ import numpy.typing as npt
 from typing_extensions import disjoint_base
 
 from pagedkv.alloc_status import AllocStatus
-from pagedkv.events import KVEvent
+from pagedkv.events import BlockStored, KVEvent, KVEventQueueStats
 from pagedkv.groups import KVCacheGroup
 from pagedkv.stats import Stats
 
@@ -253,7 +253,14 @@ class BlockManager:
     # -- cache, statistics, events, audit ---------------------------------------------------
     def stats(self) -> Stats: ...
     def reset_prefix_cache(self) -> bool: ...
-    def drain_events(self) -> list[KVEvent]: ...
+    def drain_events(self) -> list[KVEvent]:
+        """The events since the last drain or snapshot; raises `KVEventsOverflowError`
+        (changing nothing) once a bounded queue overflowed."""
+    def kv_event_snapshot(self) -> list[BlockStored]:
+        """Every block the events so far describe (parents first), taken between two events;
+        the queue restarts empty."""
+    def set_kv_event_capacity(self, capacity: int | None) -> None: ...
+    def kv_event_queue_stats(self) -> KVEventQueueStats: ...
     def check_invariants(self) -> None: ...
 
 @final

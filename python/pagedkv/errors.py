@@ -48,6 +48,11 @@ class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
     `InvalidArgumentError` and the `TypeError` Python code expects for a wrong type."""
 
 
+class KVEventsOverflowError(PagedKVError, RuntimeError):
+    """The bounded KV event queue overflowed: events were lost, so `drain_events` refuses
+    until `kv_event_snapshot()` gives the consumer the cached set to start again from."""
+
+
 class InvariantError(PagedKVError, AssertionError):
     """`check_invariants` found the lifecycle contract broken."""
 
@@ -57,6 +62,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "InvariantError",
+    "KVEventsOverflowError",
     "ManagerBrokenError",
     "PagedKVError",
     "RefcountOverflowError",

@@ -37,4 +37,22 @@ class AllBlocksCleared:
 
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
-__all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEvent"]
+
+@dataclass(frozen=True, slots=True)
+class KVEventQueueStats:
+    """The event queue's state (`BlockManager.kv_event_queue_stats()`)."""
+
+    queued: int
+    """Events waiting to be drained."""
+    capacity: int | None
+    """The most events the queue holds; None: unbounded (the default)."""
+    dropped: int
+    """Events never delivered: those queued when the queue overflowed, and every one after,
+    until the next `kv_event_snapshot()`."""
+    overflows: int
+    """Times the queue overflowed."""
+    blocks: int
+    """Blocks the events so far describe: what `kv_event_snapshot()` lists."""
+
+
+__all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEvent", "KVEventQueueStats"]

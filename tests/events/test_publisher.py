@@ -52,6 +52,7 @@ def manager() -> BlockManager:
 
 def test_three_frames_topic_seq_payload(manager: BlockManager) -> None:
     with Publisher(manager, endpoint=LOOP, pod="p1", model="m/x", heartbeat=60) as pub:
+        pub.flush()  # batch 0, the start's resync (nothing cached: just AllBlocksCleared)
         sub = _sub(pub.endpoint, b"kv@p1@m/x")
         toks = list(range(2 * B))
         manager.allocate(1, toks)
@@ -61,13 +62,13 @@ def test_three_frames_topic_seq_payload(manager: BlockManager) -> None:
         pub.flush()
         frames = _recv(sub)
         assert len(frames) == 3 and frames[0] == b"kv@p1@m/x" and len(frames[1]) == 8
-        assert _seq(frames[1]) == 0
+        assert _seq(frames[1]) == 1
         batch = DECODE(frames[2])
         assert [e.block_hashes[0] for e in batch.events] == [
             hash_int(d) for d in hash_blocks(toks, B)
         ]
         frames = _recv(sub)
-        assert _seq(frames[1]) == 1
+        assert _seq(frames[1]) == 2
         assert isinstance(DECODE(frames[2]).events[-1], v.AllBlocksCleared)
         sub.close()
 
@@ -77,20 +78,21 @@ def test_replay_follows_vllm_protocol(manager: BlockManager) -> None:
         manager, endpoint=LOOP, replay_endpoint=LOOP, buffer_steps=3, heartbeat=60
     ) as pub:
         assert pub.replay_endpoint is not None
+        pub.flush()  # batch 0: the start's resync
         for i in range(5):
             manager.allocate(i, list(range(100 * i, 100 * i + B)))
             pub.flush()
-        assert pub.next_seq == 5
+        assert pub.next_seq == 6
         d = _dealer(pub.replay_endpoint)
-        d.send_multipart((b"", (3).to_bytes(8, "big")))
+        d.send_multipart((b"", (4).to_bytes(8, "big")))
         got = [_recv(d) for _ in range(3)]
-        assert [_seq(f[2]) for f in got] == [3, 4, -1]
+        assert [_seq(f[2]) for f in got] == [4, 5, -1]
         assert got[0][0] == b"" and got[0][1] == pub.topic
         assert DECODE(got[1][3]).events[0].token_ids == list(range(400, 400 + B))
         assert got[2] == [b"", b"", END_SEQ, b""]
-        # The buffer holds the last 3 batches: asking from 0 gets 2, 3, 4.
+        # The buffer holds the last 3 batches: asking from 0 gets 3, 4, 5.
         d.send_multipart((b"", (0).to_bytes(8, "big")))
-        assert [_seq(_recv(d)[2]) for _ in range(4)] == [2, 3, 4, -1]
+        assert [_seq(_recv(d)[2]) for _ in range(4)] == [3, 4, 5, -1]
         d.close()
 
 
@@ -141,6 +143,7 @@ def test_epoch_and_snapshot_parents_first(manager: BlockManager) -> None:
 def test_array_form_on_the_wire(manager: BlockManager) -> None:
     opts = WireOptions(event_form="array", hash_form="bytes")
     with Publisher(manager, endpoint=LOOP, wire_options=opts, heartbeat=60) as pub:
+        pub.flush()  # the start's resync goes before the subscription
         sub = _sub(pub.endpoint)
         manager.allocate(1, list(range(B)))
         pub.flush()

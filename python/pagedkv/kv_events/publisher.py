@@ -7,6 +7,13 @@ drain as one batch with the next sequence number, applies it to its own `BlockSe
 as `[topic, seq (8 bytes, big-endian), payload]` and keeps it for replay. Since one thread
 numbers, applies and sends, a snapshot taken between two batches is exactly the state before
 the next sequence number.
+
+The source's queue is bounded (`queue_events`): a manager call that finds it full drops it
+and never waits. The thread then resynchronises: `AllBlocksCleared` and the source's own
+snapshot of what its events describe (taken between two of its events), as ordinary
+batches, so any router that applies vLLM's events in order ends with the right set. Every
+publisher's first batches are such a resync, so it announces what was cached before it
+started.
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ from typing import Any, Protocol
 
 import zmq
 
-from pagedkv.events import BlockStored, KVEvent
+from pagedkv.errors import KVEventsOverflowError
+from pagedkv.events import AllBlocksCleared, BlockStored, KVEvent
 from pagedkv.kv_events import wire
 from pagedkv.kv_events.blockset import BlockSet
 
@@ -30,11 +38,14 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 SNAPSHOT = b"pagedkv-snapshot"
 EPOCH = b"pagedkv-epoch"
 SNAPSHOT_CHUNK = 256  # BlockStored events per snapshot batch
+RESYNC_CHUNK = 4096  # events per batch of a resync
 YIELD_EVERY = 64  # events the thread handles between GIL hand-offs
 
 
 class EventSource(Protocol):
     def drain_events(self) -> list[KVEvent]: ...
+    def kv_event_snapshot(self) -> list[BlockStored]: ...
+    def set_kv_event_capacity(self, capacity: int | None) -> None: ...
 
 
 def _sources(source: Any) -> list[EventSource]:
@@ -58,9 +69,9 @@ class Publisher:
     snapshots (bound, or None); `topic`: default `kv@<pod>@<model>`; `buffer_steps`: batches
     kept for replay; `interval`: seconds between drains when idle; `heartbeat`: seconds of
     silence after which an empty batch goes out (its sequence number is the newest);
-    `wire_options`: the payload's form; `state`: a previous publisher's `BlockSet` when this
-    one takes over the same source (otherwise the source must be new: blocks cached before
-    the publisher started are not in its snapshots). A tier's `BlockStored` carries no token
+    `wire_options`: the payload's form; `queue_events`: the bound it sets on the source's
+    event queues (None: unbounded); past it the source drops events and the publisher
+    resynchronises (`resyncs`). A tier's `BlockStored` carries no token
     ids; the publisher fills them (and the parent) from the last `memo_blocks` GPU blocks it
     saw stored, so routers that rebuild keys from tokens can use it. `send_filter(seq) ->
     bool` is for tests: False drops that batch from the PUB socket (it stays in the replay
@@ -79,7 +90,7 @@ class Publisher:
         interval: float = 0.001,
         heartbeat: float = 1.0,
         wire_options: wire.WireOptions | None = None,
-        state: BlockSet | None = None,
+        queue_events: int | None = 1 << 20,
         memo_blocks: int = 1 << 16,
         send_filter: Callable[[int], bool] | None = None,
         context: zmq.Context[Any] | None = None,
@@ -91,6 +102,8 @@ class Publisher:
         if interval <= 0 or heartbeat <= 0:
             raise ValueError("interval and heartbeat must be positive")
         self._sources = _sources(source)
+        for s in self._sources:  # before any socket: a bad bound or a source without events
+            s.set_kv_event_capacity(queue_events)
         self.topic = (topic if topic is not None else f"kv@{pod}@{model}").encode()
         self.epoch = int.from_bytes(os.urandom(8), "big") >> 1  # fits a signed 64-bit int
         self.encoder = wire.WireEncoder(wire_options)
@@ -102,7 +115,7 @@ class Publisher:
                 wire.WireOptions(hash_form=self.encoder.options.hash_form, event_form="map")
             )
         )
-        self.state = state if state is not None else BlockSet()
+        self.state = BlockSet()
         # (group, digest) -> (parent digest, token ids, lora id) of recent GPU blocks.
         self._memo: OrderedDict[tuple[int, bytes], tuple[bytes | None, list[int], int | None]]
         self._memo = OrderedDict()
@@ -118,6 +131,8 @@ class Publisher:
         self.dropped = 0
         self.replays = 0
         self.snapshots = 0
+        self.resyncs = 0
+        self._resync_due = True  # the first round announces what the source holds already
         ctx = context or zmq.Context.instance()
         self._pub = ctx.socket(zmq.PUB)
         self._replay: zmq.Socket[Any] | None = None
@@ -167,13 +182,33 @@ class Publisher:
 
     def _step(self) -> None:
         events: list[KVEvent] = []
-        for s in self._sources:
-            events.extend(s.drain_events())
-        if events:
+        if not self._resync_due:
+            for s in self._sources:
+                try:
+                    events.extend(s.drain_events())
+                except KVEventsOverflowError:
+                    self._resync_due = True
+                    break
+        if self._resync_due:
+            self._resync()
+        elif events:
             self._publish(events)
         elif time.monotonic() - self._last_send >= self._heartbeat:
             self.heartbeats += 1
             self._publish([])
+
+    def _resync(self) -> None:
+        """Clear, then every source's snapshot: each is taken between two of its events and
+        restarts its queue, so the batches drained after continue it (the events drained
+        from a source earlier this round are in its snapshot)."""
+        if self.next_seq > 0:
+            self.resyncs += 1
+        self._resync_due = False
+        events: list[KVEvent] = [AllBlocksCleared()]
+        for s in self._sources:
+            events.extend(s.kv_event_snapshot())
+        for i in range(0, len(events), RESYNC_CHUNK):
+            self._publish(events[i : i + RESYNC_CHUNK])
 
     def _fill(self, events: list[KVEvent]) -> list[KVEvent]:
         """Remember GPU blocks' tokens; give them to tier BlockStored events without any."""

@@ -41,9 +41,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.events import BlockRemoved, BlockStored, KVEvent
+from pagedkv.events import BlockRemoved, BlockStored, KVEvent, KVEventQueueStats
 from pagedkv.tiers.base import TierKey, TierStats, TierStore
 from pagedkv.tiers.blocks import BlockCopy, block_nbytes, copy_in, copy_out
+from pagedkv.tiers.event_queue import EventQueue
 
 T = TypeVar("T")
 Evicted = list[tuple[int, int, bytes]]
@@ -134,7 +135,7 @@ class TieredCache:
         self._block_bytes = block_nbytes(pool) if pool is not None else 0
         self._keep_events = events
         self._lock = threading.Lock()
-        self._events: list[KVEvent] = []
+        self._events = EventQueue()
         self._stats = TieredStats(tier_hit_tokens=[0] * len(self.stores))
         self._max_pending = max_pending_bytes
         self._pending_bytes = 0
@@ -301,8 +302,7 @@ class TieredCache:
                 self._event(BlockRemoved([key.digest], store.medium, key.group))
 
     def _event(self, e: KVEvent) -> None:
-        with self._lock:
-            self._events.append(e)
+        self._events.push(e)
 
     def flush(self) -> None:
         """Wait until every background store has finished (tests, shutdown)."""
@@ -474,9 +474,23 @@ class TieredCache:
         """Tier events (`BlockStored`/`BlockRemoved` with each tier's medium), in order."""
         for store in self.stores:
             self._removed(store)
-        with self._lock:
-            out, self._events = self._events, []
-        return out
+        return self._events.drain()
+
+    def kv_event_snapshot(self) -> list[BlockStored]:
+        """Every tier block the tier events so far describe, one `BlockStored` each, taken
+        between two events: the queue restarts empty (as `BlockManager.kv_event_snapshot`;
+        the manager's own blocks are in its snapshot)."""
+        for store in self.stores:
+            self._removed(store)
+        return self._events.snapshot()
+
+    def set_kv_event_capacity(self, capacity: int | None) -> None:
+        """Bound the tier event queue (None: unbounded, the default); past it,
+        `drain_events()` raises `KVEventsOverflowError` until `kv_event_snapshot()`."""
+        self._events.set_capacity(capacity)
+
+    def kv_event_queue_stats(self) -> KVEventQueueStats:
+        return self._events.stats()
 
     def stats(self) -> TieredStats:
         with self._lock:

@@ -691,11 +691,14 @@ impl BlockPool {
         self.index.warm(digests, blocks);
     }
 
-    pub fn drain_events(&self) -> Vec<KvEvent> {
-        self.events
-            .as_ref()
-            .map(EventLog::drain)
-            .unwrap_or_default()
+    /// The queued events (none when events are disabled); refused after an overflow.
+    pub fn drain_events(&self) -> Result<Vec<KvEvent>> {
+        self.events.as_ref().map_or(Ok(Vec::new()), EventLog::drain)
+    }
+
+    /// The event log, when events are enabled.
+    pub fn event_log(&self) -> Option<&EventLog> {
+        self.events.as_ref()
     }
 
     /// Move every CACHED block to the free stack and forget its digest. Refuses (false)
@@ -834,7 +837,7 @@ mod tests {
         assert_eq!(pool.evictions(), 1);
         assert!(pool.peek(&ds[1]).is_none(), "evicted digests no longer hit");
         assert_eq!(pool.pin(&ds[1], None, &mut spare), Ok(Hit::Miss));
-        let events = pool.drain_events();
+        let events = pool.drain_events().unwrap();
         assert_eq!(
             events.last(),
             Some(&KvEvent::BlockRemoved {

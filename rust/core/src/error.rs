@@ -25,6 +25,13 @@ pub enum Error {
     /// further mutating call, since its state may be inconsistent.
     #[error("the block manager is broken and refuses changes: {0}")]
     Broken(String),
+    /// The bounded KV event queue overflowed: `drain_events` refuses until a snapshot
+    /// (`kv_event_snapshot`) starts the consumer again.
+    #[error(
+        "the KV event queue overflowed its capacity of {capacity} events and {dropped} events \
+         were not delivered; take kv_event_snapshot() to start again from the cached set"
+    )]
+    EventsOverflowed { capacity: usize, dropped: u64 },
     #[error("invariant violated: {0}")]
     Invariant(String),
 }

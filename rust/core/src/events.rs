@@ -1,11 +1,17 @@
 //! KV-cache events for external indexers (vLLM's `BlockStored`, `BlockRemoved`,
-//! `AllBlocksCleared`), queued until the caller drains them.
+//! `AllBlocksCleared`), queued until the caller drains them, and the set of blocks they
+//! describe, so that a consumer that fell behind can start again from a snapshot.
 
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
+
+use crate::error::{Error, Result};
 use crate::hashing::Digest;
+use crate::id_hasher::IdHasher;
 use crate::sync::{lock, Mutex};
 
 /// Where a block's KV lives (vLLM's `medium` field).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Medium {
     Gpu,
     Cpu,
@@ -39,31 +45,395 @@ pub enum KvEvent {
     AllBlocksCleared,
 }
 
+/// What `EventLog::stats` reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventQueueStats {
+    /// Events waiting to be drained.
+    pub queued: usize,
+    /// The most events the queue holds (`None`: unbounded).
+    pub capacity: Option<usize>,
+    /// Events never delivered: those queued when the queue overflowed, and every one since,
+    /// until the next snapshot.
+    pub dropped: u64,
+    /// Times the queue overflowed.
+    pub overflows: u64,
+    /// Blocks the events so far describe (what a snapshot lists).
+    pub blocks: usize,
+}
+
+/// A block's identity for indexers: medium, group and (unkeyed) digest.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct BlockKey {
+    medium: Medium,
+    group: u8,
+    digest: Digest,
+}
+
+impl Hash for BlockKey {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        // A digest's first word is already uniform; the id hasher mixes it with the rest.
+        h.write_u64(self.digest.words()[0] ^ (u64::from(self.group) << 1) ^ self.medium as u64);
+    }
+}
+
+/// A described block: enough to announce it again as `BlockStored`.
+struct Described {
+    parent: Option<Digest>,
+    token_ids: Vec<u32>,
+    lora_id: Option<u64>,
+    /// When it was (last) stored, in event order: a snapshot lists parents first, and among
+    /// unrelated blocks oldest first.
+    stamp: u64,
+}
+
+/// Everything behind the log's one lock. Each field's invariant holds whenever the lock is
+/// free.
+struct Log {
+    /// The events not yet drained, in the order they took effect. Empty while `overflowed`.
+    queue: Vec<KvEvent>,
+    /// The most events `queue` holds; `usize::MAX` for unbounded (the default).
+    capacity: usize,
+    /// A push found the queue full since the last snapshot: events were lost, so `drain`
+    /// refuses until a snapshot starts the consumer again.
+    overflowed: bool,
+    dropped: u64,
+    overflows: u64,
+    /// The fold of every event pushed so far, applied as an indexer applies them (stored:
+    /// insert; removed: remove; cleared: empty). So a snapshot plus the events queued after
+    /// it describe exactly what the whole stream would.
+    described: HashMap<BlockKey, Described, BuildHasherDefault<IdHasher>>,
+    /// Events pushed so far (the stamps of `described`).
+    pushed: u64,
+}
+
 /// The queue; `None` inside the pool when events are disabled, so the hot path pays nothing.
 pub struct EventLog {
-    /// In the order the events took effect: a block's `BlockStored` is queued after its index
-    /// entry exists and before any release of the block, hence before its `BlockRemoved`.
-    queue: Mutex<Vec<KvEvent>>,
+    /// One lock for the queue and the described set, so that a snapshot is taken between two
+    /// events: callers push each index change's event under that change's stripe (the pool
+    /// documents the order), and the event order is the order of this lock.
+    log: Mutex<Log>,
 }
 
 impl EventLog {
     pub fn new() -> Self {
         Self {
-            queue: Mutex::new(Vec::new()),
+            log: Mutex::new(Log {
+                queue: Vec::new(),
+                capacity: usize::MAX,
+                overflowed: false,
+                dropped: 0,
+                overflows: 0,
+                described: HashMap::default(),
+                pushed: 0,
+            }),
         }
     }
 
     pub fn push(&self, event: KvEvent) {
-        lock(&self.queue).push(event);
+        let mut log = lock(&self.log);
+        log.pushed += 1;
+        let stamp = log.pushed;
+        match &event {
+            KvEvent::BlockStored {
+                block_hash,
+                parent_block_hash,
+                token_ids,
+                lora_id,
+                medium,
+                group,
+            } => {
+                let key = BlockKey {
+                    medium: *medium,
+                    group: *group,
+                    digest: *block_hash,
+                };
+                let block = Described {
+                    parent: *parent_block_hash,
+                    token_ids: token_ids.clone(),
+                    lora_id: *lora_id,
+                    stamp,
+                };
+                log.described.insert(key, block);
+            }
+            KvEvent::BlockRemoved {
+                block_hash,
+                medium,
+                group,
+            } => {
+                log.described.remove(&BlockKey {
+                    medium: *medium,
+                    group: *group,
+                    digest: *block_hash,
+                });
+            }
+            KvEvent::AllBlocksCleared => log.described.clear(),
+        }
+        if log.overflowed {
+            log.dropped = log.dropped.saturating_add(1);
+        } else if log.queue.len() >= log.capacity {
+            // Full: what is queued no longer leads to the described set without the events
+            // that do not fit, so it is dropped too (its memory with it).
+            let lost = log.queue.len() as u64 + 1;
+            log.queue = Vec::new();
+            log.overflowed = true;
+            log.overflows = log.overflows.saturating_add(1);
+            log.dropped = log.dropped.saturating_add(lost);
+        } else {
+            log.queue.push(event);
+        }
     }
 
-    pub fn drain(&self) -> Vec<KvEvent> {
-        std::mem::take(&mut *lock(&self.queue))
+    /// The queued events, in order; refused (changing nothing) once the queue overflowed,
+    /// until `snapshot`.
+    pub fn drain(&self) -> Result<Vec<KvEvent>> {
+        let mut log = lock(&self.log);
+        if log.overflowed {
+            return Err(Error::EventsOverflowed {
+                capacity: log.capacity,
+                dropped: log.dropped,
+            });
+        }
+        Ok(std::mem::take(&mut log.queue))
+    }
+
+    /// The described set as one `BlockStored` per block (parents before children when both
+    /// are listed; otherwise oldest first), at a point between two events: the queue is
+    /// emptied and the overflow forgotten, so the next `drain` returns exactly the events
+    /// after the snapshot.
+    pub fn snapshot(&self) -> Vec<KvEvent> {
+        let mut log = lock(&self.log);
+        log.queue = Vec::new();
+        log.overflowed = false;
+        let mut keys: Vec<(u64, BlockKey)> =
+            log.described.iter().map(|(k, b)| (b.stamp, *k)).collect();
+        keys.sort_unstable_by_key(|(stamp, _)| *stamp);
+        let mut done: HashSet<BlockKey, BuildHasherDefault<IdHasher>> = HashSet::default();
+        let mut out = Vec::with_capacity(keys.len());
+        let mut chain = Vec::new();
+        for (_, key) in keys {
+            // Walk up to the first ancestor listed already (or absent), then list down.
+            let mut at = Some(key);
+            while let Some(k) = at {
+                // A chain longer than the set is a cycle (only colliding digests make one).
+                if done.contains(&k) || chain.len() > log.described.len() {
+                    break;
+                }
+                let Some(b) = log.described.get(&k) else {
+                    break;
+                };
+                chain.push(k);
+                at = b.parent.map(|p| BlockKey { digest: p, ..k });
+            }
+            while let Some(k) = chain.pop() {
+                if !done.insert(k) {
+                    continue;
+                }
+                let b = &log.described[&k];
+                out.push(KvEvent::BlockStored {
+                    block_hash: k.digest,
+                    parent_block_hash: b.parent,
+                    token_ids: b.token_ids.clone(),
+                    lora_id: b.lora_id,
+                    medium: k.medium,
+                    group: k.group,
+                });
+            }
+        }
+        out
+    }
+
+    /// Bound the queue at `capacity` events (`None`: unbounded). A queue already longer
+    /// overflows at its next push.
+    pub fn set_capacity(&self, capacity: Option<usize>) -> Result<()> {
+        if capacity == Some(0) {
+            return Err(Error::InvalidArgument(
+                "the KV event queue's capacity must be at least 1 (or None: unbounded)".into(),
+            ));
+        }
+        lock(&self.log).capacity = capacity.unwrap_or(usize::MAX);
+        Ok(())
+    }
+
+    pub fn stats(&self) -> EventQueueStats {
+        let log = lock(&self.log);
+        EventQueueStats {
+            queued: log.queue.len(),
+            capacity: (log.capacity != usize::MAX).then_some(log.capacity),
+            dropped: log.dropped,
+            overflows: log.overflows,
+            blocks: log.described.len(),
+        }
     }
 }
 
 impl Default for EventLog {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::hashing::{BlockHasher, HashAlgo};
+
+    fn d(token: u32) -> Digest {
+        let h = BlockHasher::new(HashAlgo::Xxh3_128, 0);
+        h.hash_block(&h.root(), &[token], &[0])
+    }
+
+    fn stored(block: Digest, parent: Option<Digest>, medium: Medium) -> KvEvent {
+        KvEvent::BlockStored {
+            block_hash: block,
+            parent_block_hash: parent,
+            token_ids: vec![7, 8],
+            lora_id: None,
+            medium,
+            group: 0,
+        }
+    }
+
+    fn removed(block: Digest) -> KvEvent {
+        KvEvent::BlockRemoved {
+            block_hash: block,
+            medium: Medium::Gpu,
+            group: 0,
+        }
+    }
+
+    fn hashes(events: &[KvEvent]) -> Vec<(Digest, Medium)> {
+        events
+            .iter()
+            .map(|e| match e {
+                KvEvent::BlockStored {
+                    block_hash, medium, ..
+                } => (*block_hash, *medium),
+                other => panic!("a snapshot lists BlockStored only, got {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_snapshot_is_the_fold_of_the_events_parents_first() {
+        let log = EventLog::new();
+        // The child is stored, then its parent is evicted and stored again (later stamp).
+        log.push(stored(d(1), None, Medium::Gpu));
+        log.push(stored(d(2), Some(d(1)), Medium::Gpu));
+        log.push(removed(d(1)));
+        log.push(stored(d(1), None, Medium::Gpu));
+        log.push(stored(d(3), None, Medium::Cpu));
+        log.push(stored(d(4), None, Medium::Gpu));
+        log.push(removed(d(4)));
+        let snap = log.snapshot();
+        assert_eq!(
+            hashes(&snap),
+            vec![
+                (d(1), Medium::Gpu),
+                (d(2), Medium::Gpu),
+                (d(3), Medium::Cpu)
+            ]
+        );
+        assert_eq!(
+            snap[1],
+            stored(d(2), Some(d(1)), Medium::Gpu),
+            "tokens and parent kept"
+        );
+        assert_eq!(log.drain(), Ok(vec![]), "the snapshot empties the queue");
+        log.push(KvEvent::AllBlocksCleared);
+        assert!(log.snapshot().is_empty(), "cleared: nothing described");
+    }
+
+    #[test]
+    fn a_parent_cycle_from_colliding_digests_ends() {
+        let log = EventLog::new();
+        log.push(stored(d(1), Some(d(2)), Medium::Gpu));
+        log.push(stored(d(2), Some(d(1)), Medium::Gpu));
+        let mut got = hashes(&log.snapshot());
+        got.sort_by_key(|(h, _)| h.as_bytes().to_vec());
+        let mut want = vec![(d(1), Medium::Gpu), (d(2), Medium::Gpu)];
+        want.sort_by_key(|(h, _)| h.as_bytes().to_vec());
+        assert_eq!(got, want, "each block once");
+    }
+
+    #[test]
+    fn a_full_queue_overflows_one_past_its_capacity() {
+        let log = EventLog::new();
+        log.set_capacity(Some(2)).unwrap();
+        log.push(stored(d(1), None, Medium::Gpu));
+        log.push(stored(d(2), None, Medium::Gpu));
+        let at = log.stats();
+        assert_eq!(
+            (at.queued, at.dropped, at.overflows),
+            (2, 0, 0),
+            "at capacity: kept"
+        );
+        assert_eq!(at.capacity, Some(2));
+        assert_eq!(log.drain().unwrap().len(), 2);
+        log.push(stored(d(3), None, Medium::Gpu));
+        log.push(removed(d(1)));
+        log.push(stored(d(4), None, Medium::Gpu)); // one past: overflows
+        log.push(removed(d(2)));
+        let past = log.stats();
+        assert_eq!((past.queued, past.dropped, past.overflows), (0, 4, 1));
+        assert_eq!(past.blocks, 2, "the described set follows every event");
+        let refused = log.drain();
+        assert_eq!(
+            refused,
+            Err(Error::EventsOverflowed {
+                capacity: 2,
+                dropped: 4
+            })
+        );
+        assert_eq!(log.stats(), past, "a refused drain changes nothing");
+        assert_eq!(
+            hashes(&log.snapshot()),
+            vec![(d(3), Medium::Gpu), (d(4), Medium::Gpu)]
+        );
+        log.push(removed(d(3)));
+        assert_eq!(
+            log.drain(),
+            Ok(vec![removed(d(3))]),
+            "drains again after it"
+        );
+        let after = log.stats();
+        assert_eq!((after.dropped, after.overflows), (4, 1), "tallies stay");
+    }
+
+    #[test]
+    fn capacity_zero_is_refused_and_none_unbounds() {
+        let log = EventLog::new();
+        assert!(matches!(
+            log.set_capacity(Some(0)),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert_eq!(log.stats().capacity, None, "refused: unchanged");
+        log.set_capacity(Some(1)).unwrap();
+        log.push(stored(d(1), None, Medium::Gpu));
+        log.set_capacity(None).unwrap();
+        (2..100).for_each(|t| log.push(stored(d(t), None, Medium::Gpu)));
+        assert_eq!(log.drain().unwrap().len(), 99);
+    }
+
+    #[test]
+    fn lowering_the_capacity_below_the_queue_overflows_at_the_next_push() {
+        let log = EventLog::new();
+        (0..5).for_each(|t| log.push(stored(d(t), None, Medium::Gpu)));
+        log.set_capacity(Some(3)).unwrap();
+        assert_eq!(log.stats().queued, 5, "nothing dropped until a push");
+        log.push(stored(d(9), None, Medium::Gpu));
+        let s = log.stats();
+        assert_eq!((s.queued, s.dropped, s.overflows, s.blocks), (0, 6, 1, 6));
+        assert!(log.drain().is_err());
+    }
+
+    #[test]
+    fn the_dropped_tally_saturates() {
+        let log = EventLog::new();
+        log.set_capacity(Some(1)).unwrap();
+        lock(&log.log).dropped = u64::MAX - 1;
+        log.push(stored(d(1), None, Medium::Gpu));
+        log.push(stored(d(2), None, Medium::Gpu)); // overflows: 2 lost
+        log.push(stored(d(3), None, Medium::Gpu));
+        assert_eq!(log.stats().dropped, u64::MAX);
     }
 }

@@ -41,6 +41,7 @@ pub mod duties;
 #[cfg(all(test, not(loom)))]
 mod duties_tests;
 mod error;
+mod event_calls;
 mod events;
 mod free_stack;
 mod gate;
@@ -80,7 +81,7 @@ pub use allocate::AllocateOpts;
 pub use block_state::RC_MAX;
 pub use config::{Config, MAX_BLOCKS};
 pub use error::{Error, Result};
-pub use events::{KvEvent, Medium};
+pub use events::{EventQueueStats, KvEvent, Medium};
 pub use grouped::NULL;
 pub use hashing::{encode_extras, BlockHasher, Digest, HashAlgo, Tag, MAX_KEY_LEN};
 pub use keys::PromptKeys;

@@ -52,7 +52,7 @@ fn a_cached_block_becomes_free_and_a_held_one_loses_its_registration() {
     m.free(1).unwrap();
     m.allocate(2, &prompt[..5], None, None, 0).unwrap().unwrap(); // hits blocks 0 and 1
     assert_eq!(m.block_table(2).unwrap()[..2], table[..2]);
-    m.drain_events();
+    m.drain_events().unwrap();
     let before = m.stats();
     // table[1] is held by sequence 2, table[2] CACHED, table[3] was never full: not cached.
     assert_eq!(
@@ -75,7 +75,7 @@ fn a_cached_block_becomes_free_and_a_held_one_loses_its_registration() {
         before.free_blocks + before.cached_blocks
     );
     assert_eq!(
-        removed(&m.drain_events()),
+        removed(&m.drain_events().unwrap()),
         vec![(digests[1], 0), (digests[2], 0)]
     );
     // Later lookups stop at the first withdrawn block; the holder keeps it.
@@ -186,7 +186,7 @@ fn with_groups_each_group_reports_its_hit_and_evicts_its_blocks() {
     let window = m.block_table_of(1, 1).unwrap();
     let digests = m.block_hashes(1).unwrap();
     m.free(1).unwrap();
-    m.drain_events();
+    m.drain_events().unwrap();
     // Hit of 3 blocks: the window group needs only the last one.
     let (h, tables) = m.lookup_blocks(&prompt, &q(None, None, None)).unwrap();
     assert_eq!(h, 6);
@@ -200,7 +200,7 @@ fn with_groups_each_group_reports_its_hit_and_evicts_its_blocks() {
     assert_eq!(m.allocation_cost_count(7, None, 0), Ok((0, 8, 0)));
     // Withdraw the window group's last block: the hit falls to where the window is whole.
     assert_eq!(m.evict_blocks(&[window[2]]), Ok(1));
-    assert_eq!(removed(&m.drain_events()), vec![(digests[2], 1)]);
+    assert_eq!(removed(&m.drain_events().unwrap()), vec![(digests[2], 1)]);
     m.check_invariants().unwrap();
     let (h, tables) = m.lookup_blocks(&prompt, &q(None, None, None)).unwrap();
     assert_eq!((h, tables[1].clone()), (4, vec![NULL, window[1]]));

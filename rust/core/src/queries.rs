@@ -2,7 +2,6 @@
 
 use crate::counters;
 use crate::error::{Error, Result};
-use crate::events::KvEvent;
 use crate::hashing::Digest;
 use crate::manager::BlockManager;
 use crate::stats::{GroupStats, Stats};
@@ -122,9 +121,5 @@ impl BlockManager {
                 }
             })
             .collect()
-    }
-
-    pub fn drain_events(&self) -> Vec<KvEvent> {
-        self.gpu.drain_events()
     }
 }

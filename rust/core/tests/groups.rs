@@ -173,6 +173,7 @@ fn events_name_their_group() {
     alloc(&m, 1, 0..9).unwrap();
     let stored: Vec<u8> = m
         .drain_events()
+        .unwrap()
         .iter()
         .filter_map(|e| match e {
             KvEvent::BlockStored { group, .. } => Some(*group),

@@ -93,12 +93,12 @@ fn free_releases_tail_first_and_eviction_takes_least_recently_released() {
     m.free(1).unwrap();
     // Block 2 (unhashed) went to the free stack; 0 and 1 are cached, tail (1) older.
     assert_eq!((m.num_free_blocks(), m.num_cached_blocks()), (2, 2));
-    let stored: Vec<_> = m.drain_events();
+    let stored: Vec<_> = m.drain_events().unwrap();
     assert_eq!(stored.len(), 2);
     // Needs 3 blocks: the two free ones (2 first: most recently freed), then evict block 1.
     m.allocate(2, &toks(50..61), None, None, 0).unwrap();
     assert_eq!(m.block_table(2).unwrap(), vec![2, 3, 1]);
-    let removed = m.drain_events();
+    let removed = m.drain_events().unwrap();
     let KvEvent::BlockRemoved { block_hash, .. } = &removed[0] else {
         panic!("expected a removal first, got {removed:?}")
     };
@@ -251,9 +251,9 @@ fn reset_refuses_while_blocks_are_owned_then_clears() {
     m.allocate(1, &toks(0..9), None, None, 0).unwrap();
     assert!(!m.reset_prefix_cache().unwrap());
     m.free(1).unwrap();
-    m.drain_events();
+    m.drain_events().unwrap();
     assert!(m.reset_prefix_cache().unwrap());
-    assert_eq!(m.drain_events(), vec![KvEvent::AllBlocksCleared]);
+    assert_eq!(m.drain_events().unwrap(), vec![KvEvent::AllBlocksCleared]);
     assert_eq!((m.num_free_blocks(), m.num_cached_blocks()), (8, 0));
     assert_eq!(m.allocate(2, &toks(0..9), None, None, 0), Ok(Some(0)));
     // As in vLLM, whose reset only drops the hashes: the formerly cached blocks (0 and 1,

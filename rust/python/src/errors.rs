@@ -15,6 +15,7 @@ static INVARIANT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static NOT_SWAPPED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static OVERFLOW: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static BROKEN: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static EVENTS_OVERFLOW: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 fn raise(py: Python<'_>, cell: &PyOnceLock<Py<PyType>>, name: &str, msg: String) -> PyErr {
     match cell.import(py, "pagedkv.errors", name) {
@@ -35,6 +36,7 @@ pub fn to_pyerr(py: Python<'_>, e: Error) -> PyErr {
         Error::RefcountOverflow { .. } => raise(py, &OVERFLOW, "RefcountOverflowError", msg),
         Error::OutOfMemory(_) => PyMemoryError::new_err(msg),
         Error::Broken(_) => raise(py, &BROKEN, "ManagerBrokenError", msg),
+        Error::EventsOverflowed { .. } => raise(py, &EVENTS_OVERFLOW, "KVEventsOverflowError", msg),
         // Only non-blocking mode returns it, and the binding retries those calls blocking.
         Error::WouldBlock => PyRuntimeError::new_err(msg),
     }

@@ -975,9 +975,38 @@ impl PyBlockManager {
 
     /// The KV events (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`) since the
     /// last call, in order (needs `enable_kv_events=True`).
+    /// Raises `KVEventsOverflowError`, changing nothing, once a bounded queue overflowed
+    /// (`set_kv_event_capacity`): take `kv_event_snapshot()` then.
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let events = self.inner.drain_events();
+        let events = self.inner.drain_events().py(py)?;
         events.iter().map(|e| objects::event(py, e)).collect()
+    }
+
+    /// Every block the events so far describe, one `BlockStored` each (parents first),
+    /// taken between two events: the queue restarts empty and an overflow is forgotten, so
+    /// the next `drain_events()` gives exactly the changes after it.
+    fn kv_event_snapshot<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let events = py.detach(|| self.inner.kv_event_snapshot()).py(py)?;
+        events.iter().map(|e| objects::event(py, e)).collect()
+    }
+
+    /// Bound the event queue at `capacity` events (None: unbounded, the default). A call
+    /// that finds it full never waits: the queue and every event until the next snapshot
+    /// are dropped and counted, and `drain_events()` raises `KVEventsOverflowError`.
+    #[pyo3(signature = (capacity))]
+    fn set_kv_event_capacity(&self, py: Python<'_>, capacity: &Bound<'_, PyAny>) -> PyResult<()> {
+        let capacity = if capacity.is_none() {
+            None
+        } else {
+            Some(int_arg(capacity, "capacity", 1, i64::MAX)? as usize)
+        };
+        self.inner.set_kv_event_capacity(capacity).py(py)
+    }
+
+    /// The event queue's tallies (`pagedkv.events.KVEventQueueStats`).
+    fn kv_event_queue_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let s = self.inner.kv_event_queue_stats().py(py)?;
+        objects::event_queue_stats(py, &s)
     }
 
     /// Audit the manager's internal invariants; raises `InvariantError` with the

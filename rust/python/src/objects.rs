@@ -1,7 +1,7 @@
 //! Core results as the Python objects of `pagedkv.events`, `pagedkv.stats` and
 //! `pagedkv.alloc_status` (plain dataclasses and an enum, shared with the reference model).
 
-use pagedkv_core::{AllocStatus, GroupStats, KvEvent, Stats};
+use pagedkv_core::{AllocStatus, EventQueueStats, GroupStats, KvEvent, Stats};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyType};
@@ -12,6 +12,7 @@ static CLEARED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static STATS: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static GROUP_STATS: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static STATUS: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static QUEUE_STATS: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 pub fn event<'py>(py: Python<'py>, e: &KvEvent) -> PyResult<Bound<'py, PyAny>> {
     match e {
@@ -61,6 +62,18 @@ pub fn event<'py>(py: Python<'py>, e: &KvEvent) -> PyResult<Bound<'py, PyAny>> {
             .import(py, "pagedkv.events", "AllBlocksCleared")?
             .call0(),
     }
+}
+
+pub fn event_queue_stats<'py>(py: Python<'py>, s: &EventQueueStats) -> PyResult<Bound<'py, PyAny>> {
+    let kw = PyDict::new(py);
+    kw.set_item("queued", s.queued)?;
+    kw.set_item("capacity", s.capacity)?;
+    kw.set_item("dropped", s.dropped)?;
+    kw.set_item("overflows", s.overflows)?;
+    kw.set_item("blocks", s.blocks)?;
+    QUEUE_STATS
+        .import(py, "pagedkv.events", "KVEventQueueStats")?
+        .call((), Some(&kw))
 }
 
 pub fn stats<'py>(

@@ -9,7 +9,7 @@
 //! One file per protocol: `free_stack`, `block_state` (the state word), `release` (admission
 //! and release to the pool), `hits` (pin, then compare the digest), `retraction`,
 //! `prefix_index` (slots and stripes), `lru_queue`, `gate` (the reset gate), `withdraw`
-//! (`evict_blocks`). This file holds
+//! (`evict_blocks`), `snapshot` (a KV event snapshot between two events). This file holds
 //! the fixture they share: pools in a known start state, a digest per token, `pin`, `model`
 //! and `Seen`.
 
@@ -21,6 +21,7 @@ mod lru_queue;
 mod prefix_index;
 mod release;
 mod retraction;
+mod snapshot;
 mod withdraw;
 
 use crate::block_pool::{BlockPool, Hit};

@@ -50,7 +50,7 @@ fn two_registrations_of_one_digest_store_it_once() {
         let theirs = other.join().unwrap();
         assert!(mine != theirs, "exactly one registration wins");
         let winner = if mine { 1 } else { 0 };
-        assert_eq!(pool.drain_events(), vec![stored(d)]);
+        assert_eq!(pool.drain_events().unwrap(), vec![stored(d)]);
         assert!(pool.index_holds(winner, &d));
         assert!(!pool.state(1 - winner).load().hashed());
         pool.audit(&[1, 1]).unwrap();
@@ -76,7 +76,7 @@ fn eviction_and_registration_of_one_digest_queue_events_in_index_order() {
         let pool = pool_all_owned(2, true);
         assert!(pool.register(0, d, None, || stored(d)));
         pool.release(0, Some(&d)).unwrap();
-        assert_eq!(pool.drain_events(), vec![stored(d)]);
+        assert_eq!(pool.drain_events().unwrap(), vec![stored(d)]);
         let registrar = {
             let pool = pool.clone();
             thread::spawn(move || pool.register(1, d, None, || stored(d)))
@@ -86,7 +86,7 @@ fn eviction_and_registration_of_one_digest_queue_events_in_index_order() {
         let registered = registrar.join().unwrap();
         // Replay from "d is cached" (each event must change the state it names).
         let mut present = true;
-        for e in pool.drain_events() {
+        for e in pool.drain_events().unwrap() {
             match e {
                 KvEvent::BlockStored { block_hash, .. } => {
                     assert_eq!(block_hash, d);

@@ -73,7 +73,7 @@ fn withdrawal_racing_an_evicting_allocation() {
         assert_eq!(pool.take(), 0);
         assert!(pool.register(0, d, None, || super::stored(d)));
         pool.release(0, Some(&d)).unwrap();
-        pool.drain_events();
+        pool.drain_events().unwrap();
         let withdrawer = {
             let pool = pool.clone();
             thread::spawn(move || pool.withdraw(0, LEN))
@@ -82,7 +82,7 @@ fn withdrawal_racing_an_evicting_allocation() {
         assert_eq!(pool.take(), 0);
         let w = withdrawer.join().unwrap();
         pool.audit(&[1]).unwrap();
-        assert_eq!(pool.drain_events().len(), 1, "one BlockRemoved");
+        assert_eq!(pool.drain_events().unwrap().len(), 1, "one BlockRemoved");
         assert!(pool.peek(&d).is_none());
         match w {
             Withdrawal::NotCached => s.saw(ALLOCATION_FIRST),

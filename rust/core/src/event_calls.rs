@@ -1,0 +1,38 @@
+//! The manager's KV event calls: drain, snapshot, the queue's bound and its tallies. The
+//! events themselves are queued by the pool, under each index change's stripe.
+
+use crate::error::{invalid, Result};
+use crate::events::{EventLog, EventQueueStats, KvEvent};
+use crate::manager::BlockManager;
+
+impl BlockManager {
+    /// The KV events since the last drain (or snapshot), in order; none when events are
+    /// disabled. Refused, changing nothing, once the bounded queue overflowed: take
+    /// `kv_event_snapshot` then.
+    pub fn drain_events(&self) -> Result<Vec<KvEvent>> {
+        self.gpu.drain_events()
+    }
+
+    /// Every block the events so far describe, as `BlockStored` events (parents first),
+    /// taken between two events: the queue restarts empty, so the drains that follow give
+    /// exactly the changes after it (docs/events.md, "Resynchronising").
+    pub fn kv_event_snapshot(&self) -> Result<Vec<KvEvent>> {
+        Ok(self.event_log()?.snapshot())
+    }
+
+    /// Bound the event queue at `capacity` events (`None`: unbounded, the default). A push
+    /// that finds it full drops the queue and every event until the next snapshot.
+    pub fn set_kv_event_capacity(&self, capacity: Option<usize>) -> Result<()> {
+        self.event_log()?.set_capacity(capacity)
+    }
+
+    pub fn kv_event_queue_stats(&self) -> Result<EventQueueStats> {
+        Ok(self.event_log()?.stats())
+    }
+
+    fn event_log(&self) -> Result<&EventLog> {
+        self.gpu.event_log().ok_or_else(|| {
+            invalid("KV events are disabled: build the manager with enable_kv_events=True")
+        })
+    }
+}
