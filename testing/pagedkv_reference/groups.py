@@ -128,7 +128,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         del self._index[_key(g, d)]
         self._hashed[b] = None
         if self._events_on:
-            self._events.append(BlockRemoved(block_hashes=[d], medium="GPU", group_idx=g))
+            self._log.push(BlockRemoved(block_hashes=[d], medium="GPU", group_idx=g))
 
     def _release_table(self, table: list[int]) -> None:
         """One group's table, tail first, as the core pool releases a table (the null
@@ -154,7 +154,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
                 self._group_registered[g] += 1
                 if self._events_on:
                     stored = self._stored(seq, i, "GPU")
-                    self._events.append(dataclasses.replace(stored, group_idx=g))
+                    self._log.push(dataclasses.replace(stored, group_idx=g))
 
     def _held(self, seq: _Seq) -> list[int]:
         """The non-null GPU blocks, group by group in table order."""
@@ -441,7 +441,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
             for i in range(self._registrable(seq)):
                 if table[i] != CPU_NULL:
                     d = seq.digests[i]
-                    self._events.append(BlockRemoved(block_hashes=[d], medium="CPU", group_idx=g))
+                    self._log.push(BlockRemoved(block_hashes=[d], medium="CPU", group_idx=g))
 
     def swap_out(self, seq_id: int) -> Pairs | None:
         """Move a resident sequence's non-null blocks to CPU blocks (group by group, table
@@ -464,7 +464,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
                 for i in range(self._registrable(gs)):
                     if table[i] != CPU_NULL:
                         stored = self._stored(gs, i, "CPU")
-                        self._events.append(dataclasses.replace(stored, group_idx=g))
+                        self._log.push(dataclasses.replace(stored, group_idx=g))
         return list(zip(held, cpu, strict=True))
 
     def _swap_in(self, seq_id: int) -> Pairs | None:

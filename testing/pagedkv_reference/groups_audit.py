@@ -140,7 +140,7 @@ def _check_cpu_and_counters(m: Manager) -> None:
         cpu.extend(m._cpu_held(_gseq(s)))
     if sorted(cpu) != list(range(m._num_cpu_blocks)):
         _fail("CPU blocks: free stack and swapped sequences do not partition the CPU space")
-    if not m._events_on and m._events:
+    if not m._events_on and m._log.queue:
         _fail("events queued with events disabled")
     st = m.stats()
     if len(m._recent) > RECENT_WINDOW or not (

@@ -32,9 +32,10 @@ from pagedkv.errors import (
     SequenceSwappedError,
     UnknownSequenceError,
 )
-from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventQueueStats
 from pagedkv.groups import KVCacheGroup, check_groups
 from pagedkv.stats import Stats
+from pagedkv_reference.event_log import EventLog
 
 # `evicted=`: the list a block-taking call appends its (block, group, digest) evictions to.
 Evicted = list[tuple[int, int, bytes]]
@@ -471,7 +472,7 @@ class ReferenceBlockManager:
         self._lru: OrderedDict[int, None] = OrderedDict()  # CACHED blocks, oldest first
         self._cpu_free: list[int] = list(range(self._num_cpu_blocks - 1, -1, -1))
         self._seqs: dict[int, _Seq] = {}
-        self._events: list[KVEvent] = []
+        self._log = EventLog()
 
         self._prefix_queries = 0
         self._prefix_hits = 0
@@ -497,7 +498,7 @@ class ReferenceBlockManager:
         del self._index[d]
         self._hashed[b] = None
         if self._events_on:
-            self._events.append(BlockRemoved(block_hashes=[d], medium="GPU"))
+            self._log.push(BlockRemoved(block_hashes=[d], medium="GPU"))
 
     def _take(self) -> int:
         """One new block: pop the free stack, else evict the oldest CACHED block."""
@@ -597,7 +598,7 @@ class ReferenceBlockManager:
             self._hashed[b] = d
             self._registered_blocks += 1
             if self._events_on:
-                self._events.append(self._stored(seq, i, "GPU"))
+                self._log.push(self._stored(seq, i, "GPU"))
 
     def _registrable(self, seq: _Seq) -> int:
         """Leading blocks full of scheduled tokens, digested and below the hold: those that
@@ -1091,7 +1092,7 @@ class ReferenceBlockManager:
         """The CPU copies of the blocks `swap_out` stored are gone."""
         if self._events_on and self._caching:
             for d in seq.digests[: self._registrable(seq)]:
-                self._events.append(BlockRemoved(block_hashes=[d], medium="CPU"))
+                self._log.push(BlockRemoved(block_hashes=[d], medium="CPU"))
 
     def swap_out(self, seq_id: int) -> list[tuple[int, int]] | None:
         """Move a resident sequence to CPU blocks; return the (gpu, cpu) pairs, or None."""
@@ -1106,7 +1107,7 @@ class ReferenceBlockManager:
         self._swapped_out_blocks += len(pairs)
         if self._events_on and self._caching:
             for i in range(self._registrable(seq)):
-                self._events.append(self._stored(seq, i, "CPU"))
+                self._log.push(self._stored(seq, i, "CPU"))
         return pairs
 
     def swap_in(
@@ -1640,7 +1641,7 @@ class ReferenceBlockManager:
         self._prefix_hits = 0
         self._recent.clear()
         if self._events_on:
-            self._events.append(AllBlocksCleared())
+            self._log.push(AllBlocksCleared())
         return True
 
     def _clear_cached(self) -> None:
@@ -1653,8 +1654,23 @@ class ReferenceBlockManager:
         self._lru.clear()
 
     def drain_events(self) -> list[KVEvent]:
-        out, self._events = self._events, []
-        return out
+        return self._log.drain()
+
+    def kv_event_snapshot(self) -> list[BlockStored]:
+        return self._log_on().snapshot()
+
+    def set_kv_event_capacity(self, capacity: int | None) -> None:
+        self._log_on().set_capacity(capacity)
+
+    def kv_event_queue_stats(self) -> KVEventQueueStats:
+        return self._log_on().stats()
+
+    def _log_on(self) -> EventLog:
+        if not self._events_on:
+            raise InvalidArgumentError(
+                "KV events are disabled: build the manager with enable_kv_events=True"
+            )
+        return self._log
 
     # ---------------------------------------------------------------- audit
 
@@ -1761,7 +1777,7 @@ class ReferenceBlockManager:
             cpu.extend(s.cpu_blocks)
         if sorted(cpu) != list(range(self._num_cpu_blocks)):
             fail("CPU blocks: free stack and swapped sequences do not partition the CPU space")
-        if not self._events_on and self._events:
+        if not self._events_on and self._log.queue:
             fail("events queued with events disabled")
         st = self.stats()
         if len(self._recent) > RECENT_WINDOW or not (

@@ -1,0 +1,84 @@
+"""The reference's KV event queue: a list, an optional bound, and the blocks its events
+describe, written plainly (the oracle of the core's `events.rs`; docs/events.md, "Bounded
+queues")."""
+
+from __future__ import annotations
+
+from pagedkv.errors import InvalidArgumentError, KVEventsOverflowError
+from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventQueueStats
+
+Key = tuple[str | None, int, bytes]
+
+
+class EventLog:
+    def __init__(self) -> None:
+        self.queue: list[KVEvent] = []
+        self.capacity: int | None = None
+        self.overflowed = False
+        self.dropped = 0
+        self.overflows = 0
+        # Every block the events describe, in the order each was last stored.
+        self.described: dict[Key, BlockStored] = {}
+
+    def push(self, e: KVEvent) -> None:
+        if isinstance(e, BlockStored):
+            (h,) = e.block_hashes
+            key = (e.medium, e.group_idx, h)
+            self.described.pop(key, None)  # a re-store counts as the newest
+            self.described[key] = e
+        elif isinstance(e, BlockRemoved):
+            for h in e.block_hashes:
+                self.described.pop((e.medium, e.group_idx, h), None)
+        else:
+            assert isinstance(e, AllBlocksCleared)
+            self.described.clear()
+        if self.overflowed:
+            self.dropped += 1
+        elif self.capacity is not None and len(self.queue) >= self.capacity:
+            self.dropped += len(self.queue) + 1
+            self.overflows += 1
+            self.overflowed = True
+            self.queue = []
+        else:
+            self.queue.append(e)
+
+    def drain(self) -> list[KVEvent]:
+        if self.overflowed:
+            raise KVEventsOverflowError("the KV event queue overflowed")
+        out, self.queue = self.queue, []
+        return out
+
+    def snapshot(self) -> list[BlockStored]:
+        """Oldest first, each block after its listed ancestors."""
+        self.queue = []
+        self.overflowed = False
+        out: list[BlockStored] = []
+        listed: set[Key] = set()
+        for key in self.described:
+            chain: list[Key] = []
+            k = key
+            while k not in listed and k in self.described and k not in chain:
+                chain.append(k)
+                parent = self.described[k].parent_block_hash
+                if parent is None:
+                    break
+                k = (k[0], k[1], parent)
+            for c in reversed(chain):
+                listed.add(c)
+                out.append(self.described[c])
+        return out
+
+    def set_capacity(self, capacity: int | None) -> None:
+        c: object = capacity
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
+            raise InvalidArgumentError(f"capacity must be >= 1 or None, got {capacity!r}")
+        self.capacity = capacity
+
+    def stats(self) -> KVEventQueueStats:
+        return KVEventQueueStats(
+            queued=len(self.queue),
+            capacity=self.capacity,
+            dropped=self.dropped,
+            overflows=self.overflows,
+            blocks=len(self.described),
+        )
