@@ -1,4 +1,5 @@
-"""The hot path with the KV-event publisher on and off, side by side (pytest-benchmark groups).
+"""The hot path with the KV-event publisher on and off, side by side (pytest-benchmark groups),
+and the cost of a snapshot of the described set.
 
 "off": a manager without events. "events": events enabled, drained between rounds (untimed):
 the cost of recording them. "on": events enabled and a `pagedkv.kv_events.Publisher`
@@ -96,3 +97,18 @@ def test_decode_step_256(benchmark: Any, mode: str, record: Any) -> None:
 
         benchmark.pedantic(run, setup=setup, rounds=1000, warmup_rounds=2)
     record(benchmark, group, mode)
+
+
+@pytest.mark.parametrize("cached", [4_096, 65_536])
+def test_kv_event_snapshot(benchmark: Any, cached: int) -> None:
+    """`kv_event_snapshot()` of a cache of `cached` blocks in chains of 64 (what a publisher
+    takes on an overflow or at its start), converted to Python events."""
+    benchmark.group = "events: kv_event_snapshot"
+    m = BlockManager(cached + 64, B, enable_kv_events=True)
+    rng = np.random.default_rng(11)
+    for i in range(cached // 64):
+        assert m.allocate(i, rng.integers(0, 2**31, size=64 * B).tolist()) is not None
+        m.free(i)
+    m.drain_events()
+    got = benchmark.pedantic(m.kv_event_snapshot, rounds=5, warmup_rounds=1)
+    assert len(got) == cached

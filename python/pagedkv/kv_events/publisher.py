@@ -90,7 +90,7 @@ class Publisher:
         interval: float = 0.001,
         heartbeat: float = 1.0,
         wire_options: wire.WireOptions | None = None,
-        queue_events: int | None = 1 << 20,
+        queue_events: int | None = 1 << 18,
         memo_blocks: int = 1 << 16,
         send_filter: Callable[[int], bool] | None = None,
         context: zmq.Context[Any] | None = None,

@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::hashing::Digest;
@@ -31,7 +32,8 @@ pub enum KvEvent {
     BlockStored {
         block_hash: Digest,
         parent_block_hash: Option<Digest>,
-        token_ids: Vec<u32>,
+        /// Shared with the described set (one allocation per stored block).
+        token_ids: Arc<[u32]>,
         lora_id: Option<u64>,
         medium: Medium,
         /// The KV-cache group (0 without groups): indexers key on `(group, block_hash)`.
@@ -79,7 +81,7 @@ impl Hash for BlockKey {
 /// A described block: enough to announce it again as `BlockStored`.
 struct Described {
     parent: Option<Digest>,
-    token_ids: Vec<u32>,
+    token_ids: Arc<[u32]>,
     lora_id: Option<u64>,
     /// When it was (last) stored, in event order: a snapshot lists parents first, and among
     /// unrelated blocks oldest first.
@@ -286,7 +288,7 @@ mod tests {
         KvEvent::BlockStored {
             block_hash: block,
             parent_block_hash: parent,
-            token_ids: vec![7, 8],
+            token_ids: vec![7, 8].into(),
             lora_id: None,
             medium,
             group: 0,

@@ -979,7 +979,7 @@ impl PyBlockManager {
     /// (`set_kv_event_capacity`): take `kv_event_snapshot()` then.
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
         let events = self.inner.drain_events().py(py)?;
-        events.iter().map(|e| objects::event(py, e)).collect()
+        objects::events(py, &events)
     }
 
     /// Every block the events so far describe, one `BlockStored` each (parents first),
@@ -987,7 +987,7 @@ impl PyBlockManager {
     /// the next `drain_events()` gives exactly the changes after it.
     fn kv_event_snapshot<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
         let events = py.detach(|| self.inner.kv_event_snapshot()).py(py)?;
-        events.iter().map(|e| objects::event(py, e)).collect()
+        objects::events(py, &events)
     }
 
     /// Bound the event queue at `capacity` events (None: unbounded, the default). A call

@@ -14,6 +14,21 @@ static GROUP_STATS: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static STATUS: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static QUEUE_STATS: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
+/// Events converted one by one, handing the GIL to other threads every `GIL_HAND_OFF`: a
+/// snapshot or a long queue takes about 10 us an event, and the engine's threads must not
+/// wait for all of it.
+pub fn events<'py>(py: Python<'py>, events: &[KvEvent]) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    const GIL_HAND_OFF: usize = 256;
+    let mut out = Vec::with_capacity(events.len());
+    for (i, e) in events.iter().enumerate() {
+        if i > 0 && i % GIL_HAND_OFF == 0 {
+            py.detach(|| ());
+        }
+        out.push(event(py, e)?);
+    }
+    Ok(out)
+}
+
 pub fn event<'py>(py: Python<'py>, e: &KvEvent) -> PyResult<Bound<'py, PyAny>> {
     match e {
         KvEvent::BlockStored {
@@ -33,7 +48,7 @@ pub fn event<'py>(py: Python<'py>, e: &KvEvent) -> PyResult<Bound<'py, PyAny>> {
                 "parent_block_hash",
                 parent_block_hash.map(|p| PyBytes::new(py, p.as_bytes())),
             )?;
-            kw.set_item("token_ids", token_ids)?;
+            kw.set_item("token_ids", &token_ids[..])?;
             kw.set_item("block_size", token_ids.len())?;
             kw.set_item("lora_id", *lora_id)?;
             kw.set_item("medium", medium.name())?;

@@ -102,7 +102,7 @@ impl BlockManager {
         KvEvent::BlockStored {
             block_hash: seq.digests[i],
             parent_block_hash: i.checked_sub(1).map(|p| seq.digests[p]),
-            token_ids: seq.tokens[i * bs..(i + 1) * bs].to_vec(),
+            token_ids: seq.tokens[i * bs..(i + 1) * bs].into(),
             lora_id: seq.lora_id,
             medium,
             group: g as u8,

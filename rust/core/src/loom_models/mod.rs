@@ -63,7 +63,7 @@ fn stored(d: Digest) -> KvEvent {
     KvEvent::BlockStored {
         block_hash: d,
         parent_block_hash: None,
-        token_ids: vec![],
+        token_ids: Vec::new().into(),
         lora_id: None,
         medium: crate::events::Medium::Gpu,
         group: 0,
