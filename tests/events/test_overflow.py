@@ -114,13 +114,18 @@ def test_a_publisher_started_on_a_warm_manager_announces_its_cache() -> None:
     pub.close()
 
 
-def test_bad_queue_bounds_fail_before_any_socket() -> None:
+def test_bad_queue_bounds_and_failed_starts_change_nothing() -> None:
     m = BlockManager(8, B, enable_kv_events=True)
-    for bad in (0, -1):
+    for bad in (0, -1, 2.0, True, "8"):
         with pytest.raises(InvalidArgumentError, match="capacity"):
-            Publisher(m, endpoint=LOOP, queue_events=bad)
+            Publisher(m, endpoint=LOOP, queue_events=bad)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="enable_kv_events=True"):
         Publisher(BlockManager(8, B), endpoint=LOOP)
+    with pytest.raises(zmq.ZMQError):
+        Publisher(m, endpoint="bogus://x", queue_events=5)
+    assert m.kv_event_queue_stats().capacity is None, "a failed start leaves the bound"
+    with Publisher(m, endpoint=LOOP, queue_events=5):
+        assert m.kv_event_queue_stats().capacity == 5
 
 
 def test_tier_queue_overflows_resync_with_tokens() -> None:

@@ -28,8 +28,8 @@ from typing import Any, Protocol
 
 import zmq
 
-from pagedkv.errors import KVEventsOverflowError
-from pagedkv.events import AllBlocksCleared, BlockStored, KVEvent
+from pagedkv.errors import InvalidArgumentError, KVEventsOverflowError
+from pagedkv.events import AllBlocksCleared, BlockStored, KVEvent, KVEventQueueStats
 from pagedkv.kv_events import wire
 from pagedkv.kv_events.blockset import BlockSet
 
@@ -46,6 +46,7 @@ class EventSource(Protocol):
     def drain_events(self) -> list[KVEvent]: ...
     def kv_event_snapshot(self) -> list[BlockStored]: ...
     def set_kv_event_capacity(self, capacity: int | None) -> None: ...
+    def kv_event_queue_stats(self) -> KVEventQueueStats: ...
 
 
 def _sources(source: Any) -> list[EventSource]:
@@ -102,8 +103,13 @@ class Publisher:
         if interval <= 0 or heartbeat <= 0:
             raise ValueError("interval and heartbeat must be positive")
         self._sources = _sources(source)
-        for s in self._sources:  # before any socket: a bad bound or a source without events
-            s.set_kv_event_capacity(queue_events)
+        q: object = queue_events
+        if q is not None and (isinstance(q, bool) or not isinstance(q, int) or q < 1):
+            raise InvalidArgumentError(
+                f"queue_events (the queue's capacity) must be an int >= 1 or None, got {q!r}"
+            )
+        for s in self._sources:  # raises, changing nothing, for a source without events
+            s.kv_event_queue_stats()
         self.topic = (topic if topic is not None else f"kv@{pod}@{model}").encode()
         self.epoch = int.from_bytes(os.urandom(8), "big") >> 1  # fits a signed 64-bit int
         self.encoder = wire.WireEncoder(wire_options)
@@ -149,6 +155,9 @@ class Publisher:
                 self._replay.setsockopt(zmq.SNDHWM, 0)
                 self._replay.bind(replay_endpoint)
                 self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+            # Last: a publisher that failed to start leaves its source's bound as it was.
+            for s in self._sources:
+                s.set_kv_event_capacity(queue_events)
         except Exception:
             self._close_sockets()
             raise
