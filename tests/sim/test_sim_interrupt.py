@@ -12,18 +12,20 @@ import time
 import pytest
 
 from pagedkv.__main__ import main
+from sigint import sigint_default_in_children
 
 
 def test_sigint_stops_a_plain_run_without_a_traceback() -> None:
     # A long built-in run (minutes), interrupted once it is well under way.
     argv = ["simulate", "--requests", "100000", "--no-progress"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pagedkv", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ),
-    )
+    with sigint_default_in_children():  # CI may have started pytest ignoring SIGINT
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pagedkv", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ),
+        )
     try:
         time.sleep(3.0)  # imports done, the replay running
         assert proc.poll() is None, "the run ended before it could be interrupted"

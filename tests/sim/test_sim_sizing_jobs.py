@@ -19,6 +19,7 @@ import pytest
 from pagedkv.__main__ import main
 from pagedkv.sim import progress, sizing_jobs
 from pagedkv.sim.progress import RunLines
+from sigint import sigint_default_in_children
 
 SMALL = ["simulate", "--requests", "120", "--doc-tokens", "2048", "--mrc"]
 TIMING = {"wall_s", "jobs", "manager_ns"}  # and every key naming seconds
@@ -234,13 +235,14 @@ def test_sigint_stops_a_real_run_and_its_workers(tmp_path: Path) -> None:
     """A real process, SIGINT while the check runs run in two workers."""
     js = tmp_path / "sigint.json"
     argv = ["--requests", "1500", "--doc-tokens", "4096", "--mrc", "--jobs", "2"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pagedkv", "simulate", *argv, "--json", str(js)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ),
-    )
+    with sigint_default_in_children():  # CI may have started pytest ignoring SIGINT
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pagedkv", "simulate", *argv, "--json", str(js)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ),
+        )
     try:
         deadline = time.monotonic() + 120
         status = None
