@@ -6,6 +6,8 @@ queue while a consumer follows it by drains and snapshots and ends with the cach
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -213,3 +215,33 @@ def test_the_tier_queue_keeps_the_same_contract() -> None:
             q.set_capacity(bad)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="not a KV event"):
         q.push("x")  # type: ignore[arg-type]
+
+
+def test_events_that_fail_to_convert_force_a_resync() -> None:
+    """A drain or snapshot whose conversion to Python fails (here: the event class raises)
+    tells the log the events were lost: the next drain raises KVEventsOverflowError, and a
+    snapshot starts the consumer again. A fresh interpreter: the binding caches the class."""
+    script = """
+import pagedkv.events as ev
+from pagedkv import BlockManager
+from pagedkv.errors import KVEventsOverflowError
+class Broken:
+    def __init__(self, **kw):
+        raise RuntimeError("conversion failed")
+ev.BlockStored = Broken
+m = BlockManager(16, 4, enable_kv_events=True)
+m.allocate(1, list(range(8)))
+try:
+    m.drain_events()
+except RuntimeError as e:
+    assert "conversion failed" in str(e)
+try:
+    m.drain_events()
+    raise SystemExit("the lost events were not noticed")
+except KVEventsOverflowError:
+    pass
+s = m.kv_event_queue_stats()
+assert (s.dropped, s.overflows, s.blocks) == (2, 1, 2), s
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr

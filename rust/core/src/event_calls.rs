@@ -26,6 +26,14 @@ impl BlockManager {
         self.event_log()?.set_capacity(capacity)
     }
 
+    /// `n` events taken by `drain_events` or `kv_event_snapshot` never reached the consumer
+    /// (converting them failed): drains refuse until the next snapshot, as after an overflow.
+    pub fn kv_events_lost(&self, n: usize) {
+        if let Some(log) = self.gpu.event_log() {
+            log.lost(n);
+        }
+    }
+
     pub fn kv_event_queue_stats(&self) -> Result<EventQueueStats> {
         Ok(self.event_log()?.stats())
     }

@@ -104,7 +104,8 @@ struct Log {
     /// insert; removed: remove; cleared: empty). So a snapshot plus the events queued after
     /// it describe exactly what the whole stream would.
     described: HashMap<BlockKey, Described, BuildHasherDefault<IdHasher>>,
-    /// Events pushed so far (the stamps of `described`).
+    /// Events pushed so far (the stamps of `described`); saturates, after which the newest
+    /// blocks share a stamp and only their parent order is kept.
     pushed: u64,
 }
 
@@ -133,7 +134,7 @@ impl EventLog {
 
     pub fn push(&self, event: KvEvent) {
         let mut log = lock(&self.log);
-        log.pushed += 1;
+        log.pushed = log.pushed.saturating_add(1);
         let stamp = log.pushed;
         match &event {
             KvEvent::BlockStored {
@@ -242,6 +243,16 @@ impl EventLog {
             }
         }
         out
+    }
+
+    /// `n` drained events never reached the consumer (the caller failed to hand them on):
+    /// the log counts them and refuses drains until a snapshot, as after an overflow.
+    pub fn lost(&self, n: usize) {
+        let mut log = lock(&self.log);
+        log.queue = Vec::new();
+        log.overflowed = true;
+        log.overflows = log.overflows.saturating_add(1);
+        log.dropped = log.dropped.saturating_add(n as u64);
     }
 
     /// Bound the queue at `capacity` events (`None`: unbounded). A queue already longer
@@ -426,6 +437,53 @@ mod tests {
         let s = log.stats();
         assert_eq!((s.queued, s.dropped, s.overflows, s.blocks), (0, 6, 1, 6));
         assert!(log.drain().is_err());
+    }
+
+    #[test]
+    fn events_a_caller_failed_to_hand_on_force_a_snapshot() {
+        let log = EventLog::new();
+        log.push(stored(d(1), None, Medium::Gpu));
+        let drained = log.drain().unwrap();
+        log.lost(drained.len());
+        let s = log.stats();
+        assert_eq!((s.dropped, s.overflows, s.blocks), (1, 1, 1));
+        assert!(
+            log.drain().is_err(),
+            "the consumer must start again from a snapshot"
+        );
+        assert_eq!(hashes(&log.snapshot()), vec![(d(1), Medium::Gpu)]);
+        assert_eq!(log.drain(), Ok(vec![]));
+    }
+
+    #[test]
+    fn the_overflow_tally_saturates() {
+        let log = EventLog::new();
+        log.set_capacity(Some(1)).unwrap();
+        lock(&log.log).overflows = u64::MAX - 1;
+        for round in 0..3 {
+            log.push(stored(d(2 * round), None, Medium::Gpu));
+            log.push(stored(d(2 * round + 1), None, Medium::Gpu)); // overflows
+            log.snapshot();
+        }
+        assert_eq!(log.stats().overflows, u64::MAX);
+    }
+
+    #[test]
+    fn stamps_saturate_and_parents_still_come_first() {
+        let log = EventLog::new();
+        lock(&log.log).pushed = u64::MAX - 1;
+        log.push(stored(d(3), Some(d(2)), Medium::Gpu)); // stamp MAX
+        log.push(stored(d(2), Some(d(1)), Medium::Gpu)); // MAX again
+        log.push(stored(d(1), None, Medium::Gpu)); // MAX again
+        assert_eq!(lock(&log.log).pushed, u64::MAX);
+        assert_eq!(
+            hashes(&log.snapshot()),
+            vec![
+                (d(1), Medium::Gpu),
+                (d(2), Medium::Gpu),
+                (d(3), Medium::Gpu)
+            ]
+        );
     }
 
     #[test]

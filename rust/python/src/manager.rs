@@ -139,6 +139,20 @@ impl PyBlockManager {
     pub(crate) fn records(&self) -> bool {
         self.inner.config().record_evictions
     }
+
+    /// Events taken from the log are handed on only if their conversion succeeded;
+    /// otherwise the log is told they were lost, so the consumer resyncs instead of
+    /// silently missing them.
+    fn handed_on<'py>(
+        &self,
+        converted: PyResult<Vec<Bound<'py, PyAny>>>,
+        taken: usize,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        if converted.is_err() {
+            self.inner.kv_events_lost(taken);
+        }
+        converted
+    }
 }
 
 fn salt_bytes(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u8>>> {
@@ -979,7 +993,7 @@ impl PyBlockManager {
     /// (`set_kv_event_capacity`): take `kv_event_snapshot()` then.
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
         let events = self.inner.drain_events().py(py)?;
-        objects::events(py, &events)
+        self.handed_on(objects::events(py, &events), events.len())
     }
 
     /// Every block the events so far describe, one `BlockStored` each (parents first),
@@ -987,7 +1001,7 @@ impl PyBlockManager {
     /// the next `drain_events()` gives exactly the changes after it.
     fn kv_event_snapshot<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
         let events = py.detach(|| self.inner.kv_event_snapshot()).py(py)?;
-        objects::events(py, &events)
+        self.handed_on(objects::events(py, &events), events.len())
     }
 
     /// Bound the event queue at `capacity` events (None: unbounded, the default). A call
