@@ -5,7 +5,11 @@ A router or an external prefix index replays these to mirror what the manager ca
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,4 +59,30 @@ class KVEventQueueStats:
     """Blocks the events so far describe: what `kv_event_snapshot()` lists."""
 
 
-__all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEvent", "KVEventQueueStats"]
+def parents_first(keys: Iterable[K], parent: Callable[[K], K | None]) -> Iterator[K]:
+    """`keys` in their order, except that each comes after its ancestors among them
+    (`parent(k)`: the key of k's parent, or None; keys outside `keys` end a chain). How a
+    set of blocks is announced again so that an indexer can chain each to its parent."""
+    order = list(keys)
+    present = set(order)
+    done: set[K] = set()
+    for key in order:
+        chain: list[K] = []
+        k: K | None = key
+        while k is not None and k not in done and k in present and len(chain) <= len(present):
+            chain.append(k)
+            k = parent(k)
+        for c in reversed(chain):
+            if c not in done:
+                done.add(c)
+                yield c
+
+
+__all__ = [
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "KVEvent",
+    "KVEventQueueStats",
+    "parents_first",
+]

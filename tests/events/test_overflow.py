@@ -6,7 +6,6 @@ announces its cache; a TieredCache's tier queue overflows and resyncs the same w
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from typing import Any
@@ -16,10 +15,9 @@ import zmq
 
 from pagedkv import BlockManager
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.kv_events import BlockSet, Publisher, Subscriber, hash_int, wire
-from pagedkv.tiers.cache import TieredCache
-from pagedkv.tiers.digests import DigestTier
-from test_subscriber import LOOP, PREFIXES, B, Loop, _follow, _subscriber, audit, run_workload
+from pagedkv.kv_events import BlockSet, Publisher, wire
+from test_subscriber import LOOP, B, Loop, _follow, _subscriber, audit, run_workload
+from test_tiers import run_tier_workload
 
 
 class Router:
@@ -129,36 +127,10 @@ def test_bad_queue_bounds_and_failed_starts_change_nothing() -> None:
 
 
 def test_tier_queue_overflows_resync_with_tokens() -> None:
-    m = BlockManager(40, B, enable_kv_events=True, record_evictions=True)
-    tier = DigestTier(24)
-    tc = TieredCache(m, None, [tier], workers=0)
-    pub = Publisher(
-        tc, endpoint=LOOP, replay_endpoint=LOOP, interval=0.05, heartbeat=0.2, queue_events=4
-    )
-    assert pub.replay_endpoint is not None
-    sub = Subscriber(pub.endpoint, pub.replay_endpoint, epoch_check=0.2)
-    time.sleep(0.2)
-    rng = random.Random(3)
-    for r in range(300):
-        prompt = rng.choice(PREFIXES)[: rng.randrange(B, 6 * B)] + [rng.randrange(10**6)] * B
-        alloc = tc.allocate(r, prompt)
-        if alloc is not None:
-            tc.load(alloc)
-            tc.free(r)
-        if r % 10 == 0:
-            sub.poll(0.01)
-    tc.flush()
-    _follow(sub, pub)
-    assert tc.kv_event_queue_stats().overflows > 0 and pub.resyncs > 0
-    assert sub.blocks.blocks == pub.state.blocks
-    keys = sub.blocks.key_set()
-    cpu = {k for k in keys if k[0] == "CPU"}
-    assert cpu == {("CPU", k.group, hash_int(k.digest)) for k in tier._keys} and cpu
-    assert len(keys - cpu) == m.num_cached_blocks
+    run = run_tier_workload(interval=0.05, queue_events=4)
+    assert run.tc.kv_event_queue_stats().overflows > 0 and run.pub.resyncs > 0
     # A tier block gets its GPU block's tokens when the publisher saw that block stored;
     # one stored and evicted within a lost window goes out without (docs/events.md).
-    lengths = [len(sub.blocks.blocks[k].token_ids) for k in cpu]
+    lengths = [len(run.sub.blocks.blocks[k].token_ids) for k in run.cpu]
     assert set(lengths) <= {0, B} and B in lengths, lengths
-    sub.close()
-    pub.close()
-    tc.close()
+    run.close()

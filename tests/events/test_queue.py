@@ -142,15 +142,19 @@ def test_threads_overflow_the_queue_and_a_consumer_still_ends_with_the_cache() -
     state: dict[Key, BlockStored] = {}
     resyncs = 0
 
-    def consumer() -> None:
+    def follow() -> None:
+        """One drain, or after an overflow a fresh start from the snapshot."""
         nonlocal resyncs
+        try:
+            fold(state, m.drain_events())
+        except KVEventsOverflowError:
+            resyncs += 1
+            state.clear()
+            fold(state, list(m.kv_event_snapshot()))
+
+    def consumer() -> None:
         while not stop.is_set():
-            try:
-                fold(state, m.drain_events())
-            except KVEventsOverflowError:
-                resyncs += 1
-                state.clear()
-                fold(state, list(m.kv_event_snapshot()))
+            follow()
 
     def worker(tid: int) -> None:
         rng = random.Random(tid)
@@ -172,12 +176,7 @@ def test_threads_overflow_the_queue_and_a_consumer_still_ends_with_the_cache() -
         w.join()
     stop.set()
     c.join()
-    try:
-        fold(state, m.drain_events())
-    except KVEventsOverflowError:
-        resyncs += 1
-        state.clear()
-        fold(state, list(m.kv_event_snapshot()))
+    follow()
     m.check_invariants()
     s = m.kv_event_queue_stats()
     assert s.overflows > 0 and s.dropped > 0 and resyncs == s.overflows

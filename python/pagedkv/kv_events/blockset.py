@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from pagedkv.events import parents_first
 from pagedkv.kv_events import wire
 
 Key = tuple[str | None, int, Any]
@@ -57,18 +58,13 @@ class BlockSet:
 
     def ordered(self) -> Iterator[Key]:
         """Every key, each block after its parent when the parent is in the set."""
-        done: set[Key] = set()
         blocks = self.blocks
-        for key in blocks:
-            chain = []
-            k: Key | None = key
-            while k is not None and k not in done and k in blocks:
-                chain.append(k)
-                p = blocks[k].parent
-                k = None if p is None else (k[0], k[1], p)
-            for c in reversed(chain):
-                done.add(c)
-                yield c
+
+        def parent(k: Key) -> Key | None:
+            p = blocks[k].parent
+            return None if p is None else (k[0], k[1], p)
+
+        return parents_first(blocks, parent)
 
     def snapshot_events(self, encoder: wire.WireEncoder) -> list[msgspec.Struct]:
         """The set as one `BlockStored` per block, parents first, in the encoder's form."""

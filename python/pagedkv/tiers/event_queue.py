@@ -12,7 +12,14 @@ from __future__ import annotations
 import threading
 
 from pagedkv.errors import InvalidArgumentError, KVEventsOverflowError
-from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventQueueStats
+from pagedkv.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    KVEventQueueStats,
+    parents_first,
+)
 
 _Key = tuple[str | None, int, bytes]
 
@@ -75,20 +82,12 @@ class EventQueue:
             self._queue = []
             self._overflowed = False
             d = self._described
-            done: set[_Key] = set()
-            out: list[BlockStored] = []
-            for key in d:
-                chain: list[_Key] = []
-                k: _Key | None = key
-                while k is not None and k not in done and k in d and len(chain) <= len(d):
-                    chain.append(k)
-                    p = d[k].parent_block_hash
-                    k = None if p is None else (k[0], k[1], p)
-                for c in reversed(chain):
-                    if c not in done:
-                        done.add(c)
-                        out.append(d[c])
-            return out
+
+            def parent(k: _Key) -> _Key | None:
+                p = d[k].parent_block_hash
+                return None if p is None else (k[0], k[1], p)
+
+            return [d[k] for k in parents_first(d, parent)]
 
     def set_capacity(self, capacity: int | None) -> None:
         c: object = capacity
