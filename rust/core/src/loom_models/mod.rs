@@ -70,6 +70,28 @@ fn stored(d: Digest) -> KvEvent {
     }
 }
 
+/// Apply `events`, all about digest `d`, to "is `d` cached" starting from `held`, as an
+/// indexer would, requiring each to change what it names (no store of a block already
+/// held, no removal of one not held); returns the final answer.
+fn replay_one_digest(events: Vec<KvEvent>, d: Digest, mut held: bool) -> bool {
+    for e in events {
+        match e {
+            KvEvent::BlockStored { block_hash, .. } => {
+                assert_eq!(block_hash, d);
+                assert!(!held, "stored while already held");
+                held = true;
+            }
+            KvEvent::BlockRemoved { block_hash, .. } => {
+                assert_eq!(block_hash, d);
+                assert!(held, "removed while not held");
+                held = false;
+            }
+            KvEvent::AllBlocksCleared => panic!("no reset here"),
+        }
+    }
+    held
+}
+
 /// A prefix hit by a caller that reserved nothing. A unit that `pin` reserved for a revival
 /// that then did not happen (the block went stale meanwhile) comes back in `spare`; the
 /// caller returns it, as `take_prompt_blocks` does, and the audit checks `available`.

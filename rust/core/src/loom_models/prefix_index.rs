@@ -1,8 +1,7 @@
 //! The prefix index (`prefix_index.rs`): slots, and the stripes that allow one registration per
 //! digest and queue events in index order.
 
-use super::{digest, model, pool_all_owned, stored, Seen};
-use crate::events::KvEvent;
+use super::{digest, model, pool_all_owned, replay_one_digest, stored, Seen};
 use crate::prefix_index::PrefixIndex;
 use loom::sync::Arc;
 use loom::thread;
@@ -85,22 +84,7 @@ fn eviction_and_registration_of_one_digest_queue_events_in_index_order() {
         assert_eq!(pool.take(), 0, "the free stack is empty: evicts block 0");
         let registered = registrar.join().unwrap();
         // Replay from "d is cached" (each event must change the state it names).
-        let mut present = true;
-        for e in pool.drain_events().unwrap() {
-            match e {
-                KvEvent::BlockStored { block_hash, .. } => {
-                    assert_eq!(block_hash, d);
-                    assert!(!present, "stored while already cached");
-                    present = true;
-                }
-                KvEvent::BlockRemoved { block_hash, .. } => {
-                    assert_eq!(block_hash, d);
-                    assert!(present, "removed while not cached");
-                    present = false;
-                }
-                KvEvent::AllBlocksCleared => panic!("no reset here"),
-            }
-        }
+        let present = replay_one_digest(pool.drain_events().unwrap(), d, true);
         assert_eq!(present, pool.peek(&d).is_some());
         assert_eq!(present, registered);
         s.saw(if registered { REGISTERED } else { REFUSED });

@@ -2,8 +2,7 @@
 //! digest: the snapshot is taken between two events, so the snapshot followed by the events
 //! drained after it describes exactly the final index, whichever of the three came first.
 
-use super::{digest, model, pool_all_owned, stored, Seen};
-use crate::events::KvEvent;
+use super::{digest, model, pool_all_owned, replay_one_digest, stored, Seen};
 use loom::thread;
 
 /// Block 0 is cached under `d`; one thread evicts it (a take that finds the free stack
@@ -37,7 +36,7 @@ fn snapshot_between_an_eviction_and_a_registration() {
         let snapshot = pool.event_log().unwrap().snapshot();
         evictor.join().unwrap();
         registrar.join().unwrap();
-        let mut held = match snapshot.as_slice() {
+        let held = match snapshot.as_slice() {
             [] => false,
             [e] if *e == stored(d) => true,
             other => panic!("a snapshot of at most d, got {other:?}"),
@@ -47,21 +46,7 @@ fn snapshot_between_an_eviction_and_a_registration() {
         } else {
             SNAPSHOT_LACKED_D
         });
-        for e in pool.drain_events().unwrap() {
-            match e {
-                KvEvent::BlockStored { block_hash, .. } => {
-                    assert_eq!(block_hash, d);
-                    assert!(!held, "stored while the snapshot holds it");
-                    held = true;
-                }
-                KvEvent::BlockRemoved { block_hash, .. } => {
-                    assert_eq!(block_hash, d);
-                    assert!(held, "removed while the snapshot lacks it");
-                    held = false;
-                }
-                KvEvent::AllBlocksCleared => panic!("no reset here"),
-            }
-        }
+        let held = replay_one_digest(pool.drain_events().unwrap(), d, held);
         assert_eq!(held, pool.peek(&d).is_some());
         let again = pool.event_log().unwrap().snapshot();
         assert_eq!(
