@@ -92,6 +92,10 @@ class TenantQuotas:
     def __contains__(self, block: object) -> bool:
         return block in self._tenant
 
+    def policy(self, tenant: Tenant) -> EvictionPolicy:
+        """The tenant's own policy (made on first use), e.g. to set retention on it."""
+        return self._policy(_check_tenant(tenant))
+
     def _policy(self, tenant: Tenant) -> EvictionPolicy:
         p = self._policies.get(tenant)
         if p is None:
