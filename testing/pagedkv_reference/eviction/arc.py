@@ -9,9 +9,12 @@ The paper's cases, mapped to the manager's calls:
 
 - Case I, a hit in T1 or T2: `on_hit` takes the block out (it is in use); when released
   again it goes to T2's MRU end, where the paper moves a hit.
-- Case II, key in B1: when a block is cached under it, p = min(c, p + max(|B2| // |B1|, 1)),
-  the key leaves B1 and the block enters T2's MRU end.
-- Case III, key in B2: p = max(0, p - max(|B1| // |B2|, 1)); the block enters T2.
+- Case II, key in B1: when the key is requested (`on_miss`; else when a block is cached
+  under it), p = min(c, p + max(|B2| // |B1|, 1)) and the key leaves B1; its block enters
+  T2's MRU end when cached.
+- Case III, key in B2 (likewise): p = max(0, p - max(|B1| // |B2|, 1)); the block enters
+  T2. Keys requested from B1 or B2 wait in a readmission list (at most c, oldest dropped)
+  until their block is cached.
 - Case IV, a new key: the block enters T1's MRU end.
 - REPLACE, run here by `victim`: evict T1's LRU block (its key to B1's MRU end) if T1 is
   non-empty and |T1| > p, or T2 is empty; else T2's LRU block (its key to B2).
@@ -45,22 +48,35 @@ class Arc(EvictionPolicy):
         self._t2: OrderedDict[int, None] = OrderedDict()
         self._b1: OrderedDict[bytes, None] = OrderedDict()
         self._b2: OrderedDict[bytes, None] = OrderedDict()
+        self._readmit: OrderedDict[bytes, None] = OrderedDict()  # ghost keys requested
 
     @property
     def p(self) -> int:
         return self._p
 
-    def _insert(self, block: int, now: float, key: bytes, revived: bool) -> None:
+    def _ghost_hit(self, key: bytes) -> bool:
+        """Cases II and III: adapt p and take the key out of its ghost list."""
         b1, b2 = self._b1, self._b2
-        if revived:  # case I
-            self._t2[block] = None
-        elif key in b1:  # case II
+        if key in b1:
             self._p = min(self._c, self._p + max(len(b2) // len(b1), 1))
             del b1[key]
-            self._t2[block] = None
-        elif key in b2:  # case III
+        elif key in b2:
             self._p = max(0, self._p - max(len(b1) // len(b2), 1))
             del b2[key]
+        else:
+            return False
+        return True
+
+    def _miss(self, key: bytes, now: float) -> None:
+        if self._ghost_hit(key):
+            self._readmit[key] = None
+            while len(self._readmit) > self._c:
+                self._readmit.popitem(last=False)
+
+    def _insert(self, block: int, now: float, key: bytes, revived: bool) -> None:
+        readmit = key in self._readmit
+        self._readmit.pop(key, None)
+        if revived or readmit or self._ghost_hit(key):  # cases I, II, III
             self._t2[block] = None
         else:  # case IV
             self._t1[block] = None

@@ -10,6 +10,14 @@ manager tells it four things and asks one:
   of bad KV): it leaves the set without being an eviction and without counting as an access.
 - `victim(now)`: the next block to evict, removed from the set; None when nothing may go.
 
+And one optional report, for the policies with ghosts (S3-FIFO, ARC):
+
+- `on_miss(key, now)`: a request needs `key` and the cache does not have it (the manager
+  reports the keys past a prompt's hit when it admits it). The paper algorithms look their
+  ghosts up at the request, before they evict for it; a block is only cached (`on_cached`)
+  after it is computed, and the evictions made meanwhile could push its key out of the
+  ghost list first. A key that was never reported is still looked up at `on_cached`.
+
 `now` is the manager's clock in seconds (a simulated clock in the tests); it must never go
 back, because retention deadlines and recency stamps are compared across calls.
 
@@ -77,6 +85,12 @@ class EvictionPolicy(ABC):
         self._keys[b] = key
         self._insert(b, self._now, key, revived)
 
+    def on_miss(self, key: bytes, now: float) -> None:
+        if not isinstance(key, bytes):
+            raise TypeError(f"key must be bytes, got {type(key).__name__}")
+        self._tick(now)
+        self._miss(key, self._now)
+
     def on_hit(self, block: int, now: float) -> None:
         b = self._member(block)
         self._tick(now)
@@ -121,6 +135,9 @@ class EvictionPolicy(ABC):
     def _hit(self, block: int, now: float, key: bytes) -> None:
         """A hit took the block out; by default it is just forgotten (LRU, FIFO-like)."""
         self._forget(block, key)
+
+    def _miss(self, key: bytes, now: float) -> None:  # noqa: B027 (optional hook)
+        """A request missed `key`; only the policies with ghosts care."""
 
     @abstractmethod
     def _pick(self, now: float) -> int | None:

@@ -14,6 +14,9 @@ them:
 - From M: the oldest block with frequency f > 0 is reinserted at M's newest end with f - 1;
   the first with f = 0 is evicted (its key does not join G).
 - G is a FIFO of at most as many keys as M's share of the cache (90% of `num_blocks`).
+  The paper looks G up at the request: here at `on_miss`, which moves a ghost key to a
+  readmission list (at most `num_blocks` keys, oldest dropped) that sends its block to M
+  when it is cached; a key never reported is looked up in G at `on_cached`.
 
 Adaptations to a block manager, and why:
 
@@ -61,6 +64,8 @@ class S3Fifo(EvictionPolicy):
         self._small: OrderedDict[int, None] = OrderedDict()  # oldest first
         self._main: OrderedDict[int, None] = OrderedDict()
         self._ghost: OrderedDict[bytes, None] = OrderedDict()
+        self._readmit: OrderedDict[bytes, None] = OrderedDict()  # ghost keys requested
+        self._readmit_cap = c
         self._freq: dict[int, int] = {}  # cached or revived block -> its frequency
         self._home: dict[int, Queue] = {}  # cached or revived block -> its queue
 
@@ -71,11 +76,19 @@ class S3Fifo(EvictionPolicy):
         if revived:
             q = self._home[block]  # back to the queue it left, newest end; freq kept
         else:
-            q = "main" if key in self._ghost else "small"
+            q = "main" if key in self._ghost or key in self._readmit else "small"
             self._ghost.pop(key, None)
+            self._readmit.pop(key, None)
             self._freq[block] = 0
         self._home[block] = q
         self._queue(q)[block] = None
+
+    def _miss(self, key: bytes, now: float) -> None:
+        if key in self._ghost:
+            del self._ghost[key]
+            self._readmit[key] = None
+            while len(self._readmit) > self._readmit_cap:
+                self._readmit.popitem(last=False)
 
     def _hit(self, block: int, now: float, key: bytes) -> None:
         del self._queue(self._home[block])[block]
