@@ -26,6 +26,7 @@ from pagedkv_reference.eviction import (
     Priority,
     Quota,
     S3Fifo,
+    Slru,
     TenantQuotas,
     make_policy,
 )
@@ -179,6 +180,21 @@ def test_lfu_aging_hand_worked() -> None:
     assert p.victim(5.0) == 0
     assert p.age == 4
     assert p.victim(5.0) == 4
+
+
+def test_slru_hand_worked() -> None:
+    p = Slru(4)  # protected holds int(4 * 0.8) = 3
+    for b in range(5):
+        p.on_cached(b, 0.0, k(f"k{b}"))  # probation: 0 1 2 3 4
+    for b in (1, 2, 3, 4):  # each hit once: protected on release
+        p.on_hit(b, 1.0)
+        p.on_cached(b, 1.0, k(f"k{b}"))
+    # Protected took 1 2 3, then 4 pushed its LRU 1 back to probation's MRU end.
+    assert p.segments() == ([0, 1], [2, 3, 4])
+    # Probation first, LRU first (0, then the demoted 1, then the newcomer 5); then
+    # protected. LRU would evict 0 1 2 3 4 5: the newcomer last.
+    p.on_cached(5, 2.0, k("k5"))
+    assert drain(p, 3.0) == [0, 1, 5, 2, 3, 4]
 
 
 def test_priority_hand_worked() -> None:
@@ -623,7 +639,7 @@ def scan_trace(hot: int, scan: int, rounds: int) -> tuple[list[bytes], list[bool
 
 
 @pytest.mark.parametrize("hot", [4, 8])
-@pytest.mark.parametrize("name", ["s3fifo", "arc"])
+@pytest.mark.parametrize("name", ["s3fifo", "arc", "slru"])
 def test_scan_resistance(name: str, hot: int) -> None:
     capacity, scan, rounds = 20, 30, 12
     trace, is_hot = scan_trace(hot, scan, rounds)
@@ -641,9 +657,10 @@ def test_scan_resistance(name: str, hot: int) -> None:
     # keys have frequency 1 < 2 at S's tail, so the first scan sends them to G; round 2's
     # first pass misses them there (ghost hits: into M) and from then on M keeps them
     # through the scans, which only ever evict from S. ARC: the second pass moves them to
-    # T2 and every later victim comes from T1 (|T1| > p = 0), so they hit from round 2 on.
+    # T2 and every later victim comes from T1 (|T1| > p = 0), so they hit from round 2 on;
+    # SLRU likewise with its protected segment (16 blocks, more than the hot set).
     assert got >= hot + hot + 2 * hot * (rounds - 2)  # fails if the policy behaved like LRU
-    if name == "arc":
+    if name in ("arc", "slru"):
         assert got == hot + 2 * hot * (rounds - 1)
 
 

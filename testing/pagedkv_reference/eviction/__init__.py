@@ -7,6 +7,7 @@ module per policy, each implementing the `EvictionPolicy` interface of `base`.
 - `s3fifo.S3Fifo`: S3-FIFO (SOSP'23)
 - `arc.Arc`: ARC (FAST'03)
 - `lfu.LfuAging`: LFU with dynamic aging (LFU-DA)
+- `slru.Slru`: segmented LRU
 - `priority.Priority`: TensorRT-LLM's retention priorities and durations, and pins
 - `quotas.TenantQuotas`: per-tenant caps and reserved shares around any of them
 """
@@ -20,6 +21,7 @@ from pagedkv_reference.eviction.lru import Lru
 from pagedkv_reference.eviction.priority import Priority
 from pagedkv_reference.eviction.quotas import Quota, TenantQuotas
 from pagedkv_reference.eviction.s3fifo import S3Fifo
+from pagedkv_reference.eviction.slru import Slru
 
 __all__ = [
     "POLICIES",
@@ -30,11 +32,12 @@ __all__ = [
     "Priority",
     "Quota",
     "S3Fifo",
+    "Slru",
     "TenantQuotas",
     "make_policy",
 ]
 
-POLICIES = ("lru", "s3fifo", "arc", "lfu", "priority")
+POLICIES = ("lru", "s3fifo", "arc", "lfu", "slru", "priority")
 """The names `make_policy` (and, later, `BlockManager(eviction=...)`) accepts."""
 
 
@@ -48,6 +51,8 @@ def make_policy(name: str, num_blocks: int) -> EvictionPolicy:
         return Arc(num_blocks)
     if name == "lfu":
         return LfuAging()
+    if name == "slru":
+        return Slru(num_blocks)
     if name == "priority":
         return Priority()
     raise ValueError(f"unknown eviction policy {name!r}; expected one of {', '.join(POLICIES)}")
