@@ -30,7 +30,11 @@ from pagedkv_reference.eviction import (
     TenantQuotas,
     make_policy,
 )
-from pagedkv_reference.eviction.priority import DEFAULT_PRIORITY, NEVER_EVICT
+from pagedkv_reference.eviction.priority import (
+    DEFAULT_PRIORITY,
+    NEVER_EVICT,
+    per_block_retention,
+)
 
 
 def k(name: str) -> bytes:
@@ -270,6 +274,31 @@ def test_retention_change_on_a_cached_block_applies_now() -> None:
     # Back at the default, 0 counts as released at its deadline 4.0: after 1 (1.0), before
     # 2 (5.0).
     assert p.order(6.0) == [1, 0, 2]
+
+
+def test_token_ranges_to_blocks() -> None:
+    # TensorRT-LLM's own cases (its KvCacheRetentionConfigTest.BlockConfigTest): a block
+    # takes the range holding its first token.
+    assert per_block_retention([(0, 64, 80, None), (64, 128, 50, None)], 64, 256) == [
+        (80, None),
+        (50, None),
+        None,
+        None,
+    ]
+    # Blocks start at 0, 32, 64, 96: 32 < 63 is still in the first range.
+    two = [(63, 127, 30, None), (0, 63, 80, 5.0)]  # any order: taken by start
+    assert per_block_retention(two, 32, 127) == [(80, 5.0), (80, 5.0), (30, None), (30, None)]
+    assert per_block_retention([(0, 1, 80, None), (1, 2, 5, None)], 32, 128) == [
+        (80, None),
+        None,
+        None,
+        None,
+    ]
+    assert per_block_retention([(16, None, 90, None)], 16, 40) == [None, (90, None), (90, None)]
+    with pytest.raises(ValueError, match="overlap"):
+        per_block_retention([(0, 64, 80, None), (30, 128, 80, None)], 16, 128)
+    with pytest.raises(ValueError, match="empty"):
+        per_block_retention([(8, 8, 80, None)], 16, 128)
 
 
 @pytest.mark.parametrize(

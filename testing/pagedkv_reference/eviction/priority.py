@@ -28,17 +28,57 @@ with `set_retention(block, DEFAULT_PRIORITY)`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pagedkv_reference.eviction.base import EvictionPolicy, check_block, check_int, check_number
 
-__all__ = ["DEFAULT_PRIORITY", "MAX_PRIORITY", "MIN_PRIORITY", "NEVER_EVICT", "Priority"]
+__all__ = [
+    "DEFAULT_PRIORITY",
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
+    "NEVER_EVICT",
+    "Priority",
+    "per_block_retention",
+]
 
 MIN_PRIORITY = 0
 MAX_PRIORITY = 100
 DEFAULT_PRIORITY = 35
 NEVER_EVICT = MAX_PRIORITY + 1
 """The pin level: above every priority, and never a victim."""
+
+
+Range = tuple[int, int | None, int, float | None]
+"""(start_token, end_token or None for "to the end", priority, duration_s or None)."""
+
+
+def per_block_retention(
+    ranges: Sequence[Range], block_size: int, num_tokens: int
+) -> list[tuple[int, float | None] | None]:
+    """The (priority, duration) of each block of a prompt of `num_tokens` tokens, from
+    token-range retention (`allocate(retention=...)`), as TensorRT-LLM's
+    `getPerBlockRetentionPriorityDuration` maps them: ranges are taken in start order and
+    must not overlap nor be empty; a block takes the range holding its first token; None
+    where no range does (the block keeps the default)."""
+    bs = check_int(block_size, "block_size", 1)
+    n = check_int(num_tokens, "num_tokens")
+    rs = sorted(ranges, key=lambda r: r[0])
+    for i, (start, end, prio, dur) in enumerate(rs):
+        check_int(start, "start_token")
+        if end is not None and check_int(end, "end_token") <= start:
+            raise ValueError(f"retention range [{start}, {end}) is empty")
+        if check_int(prio, "priority") > NEVER_EVICT:
+            raise ValueError(f"priority {prio} out of range [{MIN_PRIORITY}, {MAX_PRIORITY}]")
+        if dur is not None and not check_number(dur, "duration_s") >= 0:
+            raise ValueError(f"duration_s must be >= 0, got {dur}")
+        if i + 1 < len(rs) and (end is None or end > rs[i + 1][0]):
+            raise ValueError(f"retention ranges overlap at token {rs[i + 1][0]}")
+    out: list[tuple[int, float | None] | None] = []
+    for t in range(0, n, bs):
+        hit = next((r for r in rs if r[0] <= t and (r[1] is None or t < r[1])), None)
+        out.append(None if hit is None else (hit[2], hit[3]))
+    return out
 
 
 @dataclass
