@@ -10,7 +10,9 @@ Each block has a retention priority in [0, 100] (default 35, TensorRT-LLM's
   priority for good, and counts as released at its deadline: it joins the default level
   ahead of every block released after the deadline, and of those released at the very same
   instant. The deadline is inclusive (expired when now >= deadline), as TensorRT-LLM's
-  `refresh` tests it. The result depends only on the times, never on when `victim` runs.
+  `refresh` tests it. The result depends only on the times, never on when `victim` runs
+  (TensorRT-LLM appends an expired block to the default queue whenever it next refreshes,
+  so there its place depends on that moment).
 - A block at the default priority has no deadline (TensorRT-LLM only queues expiry for
   non-default priorities).
 - NEVER_EVICT (a pin) is a level above 100: a pinned block is never a victim; `victim`
@@ -21,7 +23,11 @@ Each block has a retention priority in [0, 100] (default 35, TensorRT-LLM's
 release (the manager sets it when it writes the block, from `allocate(retention=...)`); set
 on an evictable block, it applies at once: the block keeps its release time and its new
 duration counts from `now`. It survives prefix hits (a revived block is released again with
-its priority and a fresh full duration, unless the old one had run out) and is forgotten
+its priority and a fresh full duration, unless the old one had run out; the manager calls
+`set_retention` again when the reviving request has its own retention for the block, which
+then overrides, as TensorRT-LLM's `claimBlock` does. Unlike `claimBlock`, a revival without
+retention keeps the duration: TensorRT-LLM clears it, which leaves the block at its raised
+priority for good) and is forgotten
 when the block is evicted or removed. The owner of a block that goes free unhashed resets it
 with `set_retention(block, DEFAULT_PRIORITY)`.
 """
