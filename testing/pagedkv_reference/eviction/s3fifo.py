@@ -29,6 +29,8 @@ Adaptations to a block manager, and why:
   to the newest end of the queue it left. Its frequency is per block (it only lives while
   the block is cached or in use); only G holds history across evictions, by key.
 - A block removed for another reason (reset, withdrawal) leaves no ghost.
+- The paper's "if M is full then evict from M" during a move from S cannot arise: a move
+  does not change the evictable set's size, and the manager asks for one victim at a time.
 """
 
 from __future__ import annotations
