@@ -10,6 +10,8 @@ benchmarks (benches/conftest.py).
 - `groups`, `groups_audit`: the same manager with KV-cache groups, and its invariant audit
 - `hybrid_hit`: the prefix hit of a manager with groups, as pure functions
 - `running`: `ReferenceRunningBatch`, the model of `pagedkv.RunningBatch`
+- `eviction`: the eviction policies, retention, pins and tenant quotas of issue 25, plainly
+  (docs/eviction.md); not yet wired into the managers
 """
 
 from __future__ import annotations
