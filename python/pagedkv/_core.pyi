@@ -21,6 +21,7 @@ _TokenIds: TypeAlias = _Ints
 _SeqIds: TypeAlias = _Ints
 _Salt: TypeAlias = str | bytes | None
 _HashAlgo: TypeAlias = Literal["sha256", "xxh3_128"]
+_Eviction: TypeAlias = Literal["lru", "s3fifo", "arc", "lfu", "slru"]
 # `evicted=`: the list a block-taking call appends its evictions to, (block, group, digest).
 _Evicted: TypeAlias = list[tuple[int, int, bytes]]
 # `block_hashes=`: the caller's keys of full blocks (exact lists and tuples of 1..=128 bytes).
@@ -64,6 +65,7 @@ class BlockManager:
         watermark: float = 0.01,
         enable_kv_events: bool = False,
         record_evictions: bool = False,
+        eviction: _Eviction = "lru",
         groups: Sequence[KVCacheGroup] | None = None,
     ) -> Self: ...
 
@@ -249,6 +251,9 @@ class BlockManager:
     @property
     def record_evictions(self) -> bool:
         """Whether calls report the cached blocks they evict (`evicted=`)."""
+    @property
+    def eviction(self) -> _Eviction:
+        """The eviction policy the manager was built with (`eviction=`)."""
 
     # -- cache, statistics, events, audit ---------------------------------------------------
     def stats(self) -> Stats: ...

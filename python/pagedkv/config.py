@@ -15,6 +15,9 @@ from pagedkv.groups import KVCacheGroup, check_groups
 
 HashAlgo = Literal["sha256", "xxh3_128"]
 HASH_ALGOS: tuple[HashAlgo, ...] = ("sha256", "xxh3_128")
+Eviction = Literal["lru", "s3fifo", "arc", "lfu", "slru"]
+EVICTIONS: tuple[Eviction, ...] = ("lru", "s3fifo", "arc", "lfu", "slru")
+"""The eviction policies (docs/eviction.md); "lru" is the default and vLLM's order."""
 
 _U64_LIMIT = 1 << 64
 
@@ -40,7 +43,7 @@ class BlockManagerConfig:
 
     Fields mirror `BlockManager(num_blocks, block_size=16, *, num_cpu_blocks=0,
     enable_prefix_caching=True, hash_algo="sha256", hash_seed=0, watermark=0.01,
-    enable_kv_events=False, record_evictions=False, groups=None)`. Invalid values raise
+    enable_kv_events=False, record_evictions=False, eviction="lru", groups=None)`. Invalid values raise
     `InvalidArgumentError` (a `ValueError`); `groups` is kept as a tuple.
     """
 
@@ -53,6 +56,7 @@ class BlockManagerConfig:
     watermark: float = 0.01
     enable_kv_events: bool = False
     record_evictions: bool = False
+    eviction: Eviction = "lru"
     groups: tuple[KVCacheGroup, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -62,6 +66,10 @@ class BlockManagerConfig:
         _require_bool("enable_prefix_caching", self.enable_prefix_caching)
         _require_bool("enable_kv_events", self.enable_kv_events)
         _require_bool("record_evictions", self.record_evictions)
+        if self.eviction not in EVICTIONS:
+            raise InvalidArgumentError(
+                f"eviction must be one of {', '.join(EVICTIONS)}, got {self.eviction!r}"
+            )
         if self.hash_algo not in HASH_ALGOS:
             raise InvalidArgumentError(
                 f"hash_algo must be one of {', '.join(HASH_ALGOS)}, got {self.hash_algo!r}"
@@ -82,4 +90,4 @@ class BlockManagerConfig:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
 
 
-__all__ = ["HASH_ALGOS", "BlockManagerConfig", "HashAlgo"]
+__all__ = ["EVICTIONS", "HASH_ALGOS", "BlockManagerConfig", "Eviction", "HashAlgo"]

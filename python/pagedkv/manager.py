@@ -24,7 +24,7 @@ class BlockManager(_core.BlockManager):
 
     `BlockManager(num_blocks, block_size=16, *, num_cpu_blocks=0, enable_prefix_caching=True,
     hash_algo="sha256", hash_seed=0, watermark=0.01, enable_kv_events=False, record_evictions=False,
-    groups=None)`.
+    eviction="lru", groups=None)`.
     With `groups=[KVCacheGroup(...), ...]` each sequence holds one block table per group
     (hybrid models; docs/semantics.md, "KV-cache groups").
     Every method is safe to call from many threads at once.
@@ -45,6 +45,7 @@ class BlockManager(_core.BlockManager):
             watermark=config.watermark,
             enable_kv_events=config.enable_kv_events,
             record_evictions=config.record_evictions,
+            eviction=config.eviction,
             groups=None if config.groups is None else list(config.groups),
         )
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 import numpy as np
 import numpy.typing as npt
 
+from pagedkv.config import EVICTIONS
 from pagedkv.alloc_status import AllocStatus
 from pagedkv.errors import (
     DuplicateSequenceError,
@@ -447,6 +448,7 @@ class ReferenceBlockManager:
         watermark: float = 0.01,
         enable_kv_events: bool = False,
         record_evictions: bool = False,
+        eviction: str = "lru",
         groups: Iterable[KVCacheGroup] | None = None,
     ) -> None:
         # Arguments in signature order (docs/inputs.md).
@@ -459,6 +461,13 @@ class ReferenceBlockManager:
         self._watermark_blocks = int(_watermark(watermark) * self._num_blocks)
         self._events_on = _check_bool(enable_kv_events, "enable_kv_events")
         self._record_evictions = _check_bool(record_evictions, "record_evictions")
+        if eviction not in EVICTIONS:
+            raise InvalidArgumentError(
+                f"eviction must be one of {', '.join(EVICTIONS)}, got {eviction!r}"
+            )
+        if eviction != "lru":
+            raise NotImplementedError(f"eviction={eviction!r} in the reference manager")
+        self._eviction = eviction
         # (block, group, digest) of the evictions of the call in progress that asked for
         # them (`evicted=`; docs/tiers.md), else None
         self._duty: Evicted | None = None
@@ -543,6 +552,10 @@ class ReferenceBlockManager:
     def num_groups(self) -> int:
         """KV-cache groups (1 without `groups=`)."""
         return max(1, len(self._groups))
+
+    @property
+    def eviction(self) -> str:
+        return self._eviction
 
     @property
     def record_evictions(self) -> bool:

@@ -289,6 +289,9 @@ impl BlockManager {
             return failure.map_or(Ok(None), Err);
         }
         self.gpu.unreserve(spare.saturating_sub(new));
+        // The request is admitted: its digests past the hit are misses (reported before the
+        // evictions that make room for them, as the ghost policies look them up).
+        self.gpu.missed(&digests[hits..]);
         self.gpu.take_into(new, &mut blocks);
         if let (true, Some(t)) = (hits > 0, self.gpu.tally(0)) {
             counters::add(&t.hit_blocks, hits);

@@ -12,9 +12,11 @@ use crate::block_state::{BlockState, Pin, Released, RC_MAX};
 use crate::duties;
 use crate::error::{Error, Result};
 use crate::events::{EventLog, KvEvent, Medium};
+use crate::eviction::EvictionKind;
+use crate::eviction_order::{out_of_step, EvictionOrder};
 use crate::free_stack::FreeStack;
 use crate::hashing::{Digest, Tag};
-use crate::lru_queue::{Entry, LruQueue};
+use crate::lru_queue::Entry;
 use crate::prefix_index::PrefixIndex;
 use crate::sync::{
     backoff, lock, prefetch, AtomicU64, AtomicU8, AtomicUsize, Mutex, Ordering, Padded,
@@ -63,8 +65,9 @@ pub struct BlockPool {
     states: Box<[BlockState]>,
     /// Exactly the FREE blocks (at quiescence).
     free: FreeStack,
-    /// One live record per CACHED block, oldest release first.
-    lru: LruQueue,
+    /// The eviction order of the CACHED blocks: the LRU queue (one live record per CACHED
+    /// block, oldest release first) or a policy in locked mode (`eviction_order`).
+    order: EvictionOrder,
     /// FREE + CACHED blocks not promised to any caller; see the module docs. Increments are
     /// Release and successful reservations Acquire (see `reserve`); reads for `can_allocate`
     /// and statistics are Relaxed snapshots.
@@ -143,7 +146,7 @@ impl BlockPool {
         Ok(Self {
             states: try_boxed(n, |_| BlockState::new_free(), "the block states")?,
             free: FreeStack::full(num_blocks)?,
-            lru: LruQueue::new(n)?,
+            order: EvictionOrder::new(EvictionKind::Lru, n)?,
             available: Padded(AtomicUsize::new(n)),
             cached: Padded(AtomicUsize::new(0)),
             index: PrefixIndex::new(n, tagged)?,
@@ -211,6 +214,21 @@ impl BlockPool {
             return None;
         }
         self.tally(self.group_of(block))
+    }
+
+    /// The same pool, evicting by `kind` (LRU is how `new` builds it).
+    pub fn with_eviction(mut self, kind: EvictionKind) -> Result<Self> {
+        if kind != EvictionKind::Lru {
+            self.order = EvictionOrder::new(kind, self.num_blocks())?;
+        }
+        Ok(self)
+    }
+
+    /// The same pool, running `order` (tests of locked mode with a plain policy).
+    #[cfg(all(test, not(loom)))]
+    pub fn with_order(mut self, order: EvictionOrder) -> Self {
+        self.order = order;
+        self
     }
 
     /// The same pool, reporting its evictions (see `record_evictions`).
@@ -328,7 +346,10 @@ impl BlockPool {
 
     /// Evict up to `n` cached blocks, oldest first, into `out`; returns how many.
     fn evict_into(&self, n: usize, out: &mut Vec<u32>) -> usize {
-        let claimed = self.lru.pop_claimed(n, |e| self.claim_record(e, 1, true));
+        let claimed = match &self.order {
+            EvictionOrder::Lru(lru) => lru.pop_claimed(n, |e| self.claim_record(e, 1, true)),
+            EvictionOrder::Locked(_) => self.evict_locked(n),
+        };
         if self.record_evictions {
             claimed.iter().for_each(|e| {
                 // The evicted block's group until its taker sets its own (after this).
@@ -347,6 +368,37 @@ impl BlockPool {
             out.push(e.block);
         }
         claimed.len()
+    }
+
+    /// Tell the policy that a request needs these digests and the cache lacks them (S3-FIFO's
+    /// and ARC's ghost lookups at the request, before evicting for it). Lock-free LRU: nothing.
+    pub fn missed(&self, digests: &[Digest]) {
+        if digests.is_empty() {
+            return;
+        }
+        if let Some(mut policy) = self.order.guard() {
+            digests.iter().for_each(|d| policy.miss(d));
+        }
+    }
+
+    /// Locked mode's eviction: the policy's victims, each claimed under its lock (where every
+    /// CACHED transition happens, so the claim cannot fail unless the pool is broken).
+    fn evict_locked(&self, n: usize) -> Vec<Entry> {
+        let Some(mut policy) = self.order.guard() else {
+            return Vec::new();
+        };
+        let mut out = Vec::with_capacity(n.min(policy.len()));
+        while out.len() < n {
+            let Some(e) = policy.victim() else { break };
+            if self.claim_record(&e, 1, true) {
+                out.push(e);
+            } else {
+                // Not CACHED with that generation: the rule was broken somewhere. The block
+                // is lost to eviction, which the audit reports; nothing else is harmed.
+                debug_assert!(false, "{}", out_of_step("evicted", e.block));
+            }
+        }
+        out
     }
 
     /// Drop one reference; `digest` is the block's chain digest if the holder has one (it
@@ -379,6 +431,14 @@ impl BlockPool {
         let mut cached: Vec<Entry> = Vec::with_capacity(blocks.len());
         let mut freed: Vec<u32> = Vec::with_capacity(blocks.len());
         let mut broken = None;
+        // Locked mode: a hashed block may become CACHED here, so the policy's lock is held
+        // from before the first release until the policy knows (`eviction_order`). Without
+        // digests no block can become CACHED (a hashed one would be a broken table).
+        let mut policy = if digests.is_empty() {
+            None
+        } else {
+            self.order.guard()
+        };
         // Every state's line in flight before the first release's locked instruction.
         blocks.iter().for_each(|&b| prefetch(self.state(b)));
         for (i, &block) in blocks.iter().enumerate().rev() {
@@ -420,8 +480,17 @@ impl BlockPool {
         if !cached.is_empty() {
             // Relaxed: a tally, raised before the records can be claimed.
             self.cached.fetch_add(cached.len(), Ordering::Relaxed);
-            let bound = 2 * self.states.len() + 64;
-            self.lru.push_all(&cached, bound, |e| self.is_live(e));
+            match (&self.order, policy.as_mut()) {
+                (_, Some(policy)) => cached.iter().for_each(|&e| policy.cached(e)),
+                (EvictionOrder::Lru(lru), None) => {
+                    let bound = 2 * self.states.len() + 64;
+                    lru.push_all(&cached, bound, |e| self.is_live(e));
+                }
+                (EvictionOrder::Locked(_), None) => {
+                    broken = Some("hashed blocks cached without the policy lock".into());
+                }
+            }
+            drop(policy);
             if !held {
                 // Release: a reserver that takes these units sees the queued records.
                 self.available.fetch_add(cached.len(), Ordering::Release);
@@ -438,6 +507,8 @@ impl BlockPool {
     /// so the failed call leaves the eviction order as it found it; if `evict_blocks`
     /// withdrew it meanwhile, it becomes FREE.
     pub fn unpin(&self, block: u32, digest: &Digest) -> Result<()> {
+        // Locked mode: the release may make the block CACHED (`eviction_order`).
+        let mut policy = self.order.guard();
         match self.state(block).release() {
             Some(Released::ToCached { generation }) => {
                 // Relaxed: a tally (see the field).
@@ -446,13 +517,20 @@ impl BlockPool {
                     down(&t.used);
                     up(&t.cached);
                 }
-                let bound = 2 * self.states.len() + 64;
                 let entry = Entry {
                     block,
                     generation,
                     digest: *digest,
                 };
-                self.lru.restore(entry, bound, |e| self.is_live(e));
+                match (&self.order, policy.as_mut()) {
+                    (_, Some(policy)) => policy.restore(entry),
+                    (EvictionOrder::Lru(lru), None) => {
+                        let bound = 2 * self.states.len() + 64;
+                        lru.restore(entry, bound, |e| self.is_live(e));
+                    }
+                    (EvictionOrder::Locked(_), None) => unreachable!("guard() is Some when locked"),
+                }
+                drop(policy);
                 // Release: as in `release_table`.
                 self.available.fetch_add(1, Ordering::Release);
                 Ok(())
@@ -500,9 +578,20 @@ impl BlockPool {
         };
         let state = self.state(b);
         let mut have_unit = false;
+        // Locked mode: taken before any attempt that may revive (one with a unit), so the
+        // revival and the policy's `hit` are one step under its lock (`eviction_order`).
+        // Without a unit `state.pin` never revives, so the first attempt needs no lock.
+        let mut policy = None;
         loop {
+            if have_unit && policy.is_none() {
+                policy = self.order.guard();
+            }
             match state.pin(have_unit) {
                 Pin::Pinned { revived } => {
+                    if let (true, Some(policy)) = (revived, policy.as_mut()) {
+                        policy.hit(b);
+                    }
+                    drop(policy.take());
                     if revived {
                         self.cached.fetch_sub(1, Ordering::Relaxed);
                         if let Some(t) = self.tally_of(b) {
@@ -628,6 +717,9 @@ impl BlockPool {
             // withdrawn and registered anew meanwhile, this read may give another key (or a
             // torn one), which the look under the stripe rejects.
             let key = self.index.stored(block, len);
+            // Locked mode: the claim below may take a CACHED block out (`eviction_order`);
+            // the policy's lock comes before the stripe, as for an eviction.
+            let mut policy = self.order.guard();
             let stripe = lock(&self.stripes[stripe_of(&key)]);
             // Under the key's stripe every registration, claim and retraction of `key` is
             // wholly before or after this point, so an entry of `key` naming the block means
@@ -637,6 +729,7 @@ impl BlockPool {
                 // Withdrawn since the first read (the next one sees it unhashed), or
                 // registered under another key: look again.
                 drop(stripe);
+                drop(policy);
                 continue;
             }
             let outcome = loop {
@@ -664,6 +757,10 @@ impl BlockPool {
                 });
             }
             drop(stripe);
+            if let (Withdrawal::Freed, Some(policy)) = (outcome, policy.as_mut()) {
+                policy.removed(block);
+            }
+            drop(policy);
             if outcome == Withdrawal::Freed {
                 // Relaxed: tallies (see the fields), moved before the block can be taken
                 // (its taker names its own group). `available` already counts it: CACHED
@@ -713,7 +810,21 @@ impl BlockPool {
         if self.num_free() + self.num_cached() != self.num_usable() {
             return false;
         }
-        let records = self.lru.drain();
+        let records = match &self.order {
+            EvictionOrder::Lru(lru) => lru.drain(),
+            // The policy's eviction order (its victims, next first), then a fresh policy:
+            // a reset forgets ghosts and adaptive state too.
+            EvictionOrder::Locked(_) => {
+                let mut policy = self.order.guard();
+                let policy = policy.as_mut().expect("locked");
+                let mut order = Vec::with_capacity(policy.len());
+                while let Some(e) = policy.victim() {
+                    order.push(e);
+                }
+                policy.clear();
+                order
+            }
+        };
         let mut formerly = Vec::with_capacity(records.len());
         for e in records {
             // rc stays 0: CACHED -> FREE. Units stay counted in `available`.
@@ -748,8 +859,18 @@ impl BlockPool {
     pub fn free_snapshot(&self) -> Vec<u32> {
         self.free.snapshot(self.states.len() + 1)
     }
+    /// The eviction order's records: the LRU queue's, oldest first, live or stale; a
+    /// policy's set, in no order.
     pub fn lru_snapshot(&self) -> Vec<Entry> {
-        self.lru.snapshot()
+        match &self.order {
+            EvictionOrder::Lru(lru) => lru.snapshot(),
+            EvictionOrder::Locked(_) => self.order.guard().map_or(Vec::new(), |p| p.entries()),
+        }
+    }
+
+    /// Whether the policy runs in locked mode (`eviction_order`).
+    pub fn locked_order(&self) -> bool {
+        self.order.is_locked()
     }
     pub fn index_snapshot(&self) -> Vec<(u32, bool)> {
         self.index.snapshot()

@@ -1,6 +1,7 @@
 //! Construction options, validated once.
 
 use crate::error::{invalid, Result};
+use crate::eviction::EvictionKind;
 use crate::hashing::HashAlgo;
 
 #[derive(Debug, Clone)]
@@ -17,6 +18,8 @@ pub struct Config {
     /// Report evicted cached blocks to the evicting call's `duties::capture`, for tiers
     /// below the GPU.
     pub record_evictions: bool,
+    /// Which CACHED block goes first when blocks run out (`eviction`); LRU by default.
+    pub eviction: EvictionKind,
 }
 
 /// Block ids must fit in a `u32` with one value spare, and in an `i32` for the int32 tables.
@@ -34,6 +37,7 @@ impl Config {
             watermark: 0.01,
             enable_kv_events: false,
             record_evictions: false,
+            eviction: EvictionKind::Lru,
         }
     }
 

@@ -183,7 +183,8 @@ impl BlockManager {
             hasher: BlockHasher::new(config.hash_algo, config.hash_seed),
             tagger: tagged.then(HitTagger::random),
             gpu: {
-                let pool = BlockPool::new(config.num_blocks, config.enable_kv_events, tagged)?;
+                let pool = BlockPool::new(config.num_blocks, config.enable_kv_events, tagged)?
+                    .with_eviction(config.eviction)?;
                 let pool = if config.record_evictions {
                     pool.with_eviction_log()
                 } else {

@@ -42,9 +42,16 @@ impl BlockPool {
             );
         }
 
-        // The LRU queue has one live record per CACHED block.
+        // The LRU queue has one live record per CACHED block; a policy in locked mode holds
+        // exactly the CACHED blocks (no stale record at all).
         let mut live = vec![false; n];
+        let locked = self.locked_order();
         for e in self.lru_snapshot() {
+            ensure!(
+                !locked || self.lru_entry_is_live(&e),
+                "the eviction policy holds block {}, which is not CACHED with that generation",
+                e.block
+            );
             if self.lru_entry_is_live(&e) {
                 ensure!(
                     !live[e.block as usize],

@@ -11,8 +11,8 @@ use crate::objects;
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
 use pagedkv_core::{
-    duties, nonblocking, AllocateOpts, BlockManager, Config, Error, GroupKind, HashAlgo,
-    PromptKeys, PromptLen, Result as CoreResult,
+    duties, nonblocking, AllocateOpts, BlockManager, Config, Error, EvictionKind, GroupKind,
+    HashAlgo, PromptKeys, PromptLen, Result as CoreResult,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
@@ -182,6 +182,17 @@ pub fn hash_algo_arg(py: Python<'_>, name: &str) -> PyResult<HashAlgo> {
     })
 }
 
+/// Parse `eviction`: one of the policy names.
+pub fn eviction_arg(py: Python<'_>, name: &str) -> PyResult<EvictionKind> {
+    EvictionKind::from_name(name).ok_or_else(|| {
+        let names: Vec<&str> = EvictionKind::ALL.iter().map(|k| k.name()).collect();
+        invalid(
+            py,
+            format!("eviction must be one of {}, got {name:?}", names.join(", ")),
+        )
+    })
+}
+
 /// Parse `cache_salt`: str (as UTF-8), bytes, or None.
 pub fn salt_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u8>>> {
     salt_bytes(obj)
@@ -204,10 +215,10 @@ impl PyBlockManager {
         signature = (num_blocks, block_size=Given::Absent, *, num_cpu_blocks=Given::Absent,
             enable_prefix_caching=Given::Absent, hash_algo=Given::Absent, hash_seed=Given::Absent,
             watermark=Given::Absent, enable_kv_events=Given::Absent,
-            record_evictions=Given::Absent, groups=None),
+            record_evictions=Given::Absent, eviction=Given::Absent, groups=None),
         text_signature = "(num_blocks, block_size=16, *, num_cpu_blocks=0, \
             enable_prefix_caching=True, hash_algo='sha256', hash_seed=0, watermark=0.01, \
-            enable_kv_events=False, record_evictions=False, groups=None)"
+            enable_kv_events=False, record_evictions=False, eviction='lru', groups=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -221,6 +232,7 @@ impl PyBlockManager {
         watermark: Given<'_>,
         enable_kv_events: Given<'_>,
         record_evictions: Given<'_>,
+        eviction: Given<'_>,
         groups: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let max = i64::from(i32::MAX);
@@ -235,6 +247,7 @@ impl PyBlockManager {
             watermark: crate::convert::watermark(&watermark)?,
             enable_kv_events: flag(&enable_kv_events, false, "enable_kv_events")?,
             record_evictions: flag(&record_evictions, false, "record_evictions")?,
+            eviction: eviction_arg(py, &text(&eviction, "lru", "eviction")?)?,
         };
         let kinds = groups
             .map(|g| groups_arg(py, g, config.block_size))
@@ -985,6 +998,12 @@ impl PyBlockManager {
     #[getter]
     fn record_evictions(&self) -> bool {
         self.records()
+    }
+
+    /// The eviction policy the manager was built with (`eviction=`).
+    #[getter]
+    fn eviction(&self) -> &'static str {
+        self.inner.config().eviction.name()
     }
 
     /// The KV events (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`) since the
