@@ -225,7 +225,7 @@ impl BlockPool {
     }
 
     /// The same pool, running `order` (tests of locked mode with a plain policy).
-    #[cfg(all(test, not(loom)))]
+    #[cfg(test)]
     pub fn with_order(mut self, order: EvictionOrder) -> Self {
         self.order = order;
         self

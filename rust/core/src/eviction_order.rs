@@ -57,3 +57,137 @@ pub fn out_of_step(what: &str, block: u32) -> Error {
         "eviction policy out of step with the block states: {what} block {block}"
     ))
 }
+
+/// The plainest policy, for the tests and loom models of locked mode itself: least recently
+/// cached first, with exact `restore`.
+#[cfg(test)]
+pub mod plain {
+    use super::Policy;
+    use crate::hashing::Digest;
+    use crate::lru_queue::Entry;
+    use std::collections::{BTreeMap, HashMap};
+
+    #[derive(Default)]
+    pub struct PlainLru {
+        /// Release order -> record; one per CACHED block.
+        queue: BTreeMap<u64, Entry>,
+        /// Block -> its key in `queue`, while in the set; after a hit, the key it had.
+        at: HashMap<u32, u64>,
+        next: u64,
+    }
+
+    impl Policy for PlainLru {
+        fn cached(&mut self, e: Entry) {
+            let seq = self.next;
+            self.next += 1;
+            assert!(self.queue.insert(seq, e).is_none());
+            self.at.insert(e.block, seq);
+        }
+        fn hit(&mut self, block: u32) {
+            let seq = self.at[&block];
+            assert!(
+                self.queue.remove(&seq).is_some(),
+                "hit on block {block} outside the set"
+            );
+        }
+        fn restore(&mut self, e: Entry) {
+            let seq = self.at[&e.block];
+            assert!(self.queue.insert(seq, e).is_none());
+        }
+        fn removed(&mut self, block: u32) {
+            let seq = self.at.remove(&block).expect("removed block in the set");
+            assert!(self.queue.remove(&seq).is_some());
+        }
+        fn miss(&mut self, _: &Digest) {}
+        fn victim(&mut self) -> Option<Entry> {
+            let (_, e) = self.queue.pop_first()?;
+            self.at.remove(&e.block);
+            Some(e)
+        }
+        fn len(&self) -> usize {
+            self.queue.len()
+        }
+        fn entries(&self) -> Vec<Entry> {
+            self.queue.values().copied().collect()
+        }
+        fn clear(&mut self) -> Vec<Entry> {
+            self.at.clear();
+            std::mem::take(&mut self.queue).into_values().collect()
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::plain::PlainLru;
+    use super::EvictionOrder;
+    use crate::block_pool::{BlockPool, Hit};
+    use crate::hashing::sample_digests;
+
+    /// The same calls on the lock-free LRU and on the plainest locked policy evict in the
+    /// same order, hits, failed hits (restore), withdrawals and reset included.
+    #[test]
+    fn locked_mode_follows_the_calls_as_the_lock_free_queue_does() {
+        let run = |locked: bool| {
+            let mut pool = BlockPool::new(6, false, false).unwrap();
+            if locked {
+                pool = pool.with_order(EvictionOrder::locked(Box::<PlainLru>::default()));
+            }
+            let ds = sample_digests(6);
+            assert!(pool.reserve(6));
+            let blocks: Vec<u32> = (0..6).map(|_| pool.take()).collect();
+            for (b, d) in blocks.iter().zip(&ds) {
+                assert!(pool.register(*b, *d, None, || unreachable!()));
+            }
+            pool.release_table(&blocks, &ds).unwrap();
+            let mut spare = 0;
+            // A hit on block 3 (revived, then released again: newest), a failed hit on
+            // block 1 (revived, then given back: back where it was), a withdrawal of block 4.
+            assert!(matches!(
+                pool.pin(&ds[3], None, &mut spare),
+                Ok(Hit::Pinned { .. })
+            ));
+            pool.release(blocks[3], Some(&ds[3])).unwrap();
+            assert!(matches!(
+                pool.pin(&ds[1], None, &mut spare),
+                Ok(Hit::Pinned { .. })
+            ));
+            pool.unpin(blocks[1], &ds[1]).unwrap();
+            pool.unreserve(spare);
+            pool.withdraw(blocks[4], ds[4].as_bytes().len());
+            pool.audit(&[0; 6]).unwrap();
+            // Take them all: the withdrawn block comes from the free stack first, then the
+            // evictions in order.
+            assert!(pool.reserve(6));
+            let order: Vec<u32> = (0..6).map(|_| pool.take()).collect();
+            pool.audit(&[1; 6]).unwrap();
+            order
+        };
+        let lock_free = run(false);
+        assert_eq!(lock_free, vec![4, 5, 2, 1, 0, 3]);
+        assert_eq!(run(true), lock_free);
+    }
+
+    #[test]
+    fn reset_in_locked_mode_frees_in_the_policys_order() {
+        let pool = BlockPool::new(3, false, false)
+            .unwrap()
+            .with_order(EvictionOrder::locked(Box::<PlainLru>::default()));
+        let ds = sample_digests(3);
+        assert!(pool.reserve(3));
+        let blocks: Vec<u32> = (0..3).map(|_| pool.take()).collect();
+        for (b, d) in blocks.iter().zip(&ds) {
+            assert!(pool.register(*b, *d, None, || unreachable!()));
+        }
+        pool.release_table(&blocks, &ds).unwrap();
+        assert!(pool.reset());
+        assert_eq!(pool.lru_snapshot().len(), 0);
+        pool.audit(&[0; 3]).unwrap();
+        // Released tail first: 2, 1, 0 are the policy's order, reused in that order.
+        assert!(pool.reserve(3));
+        assert_eq!(
+            (0..3).map(|_| pool.take()).collect::<Vec<_>>(),
+            vec![2, 1, 0]
+        );
+    }
+}

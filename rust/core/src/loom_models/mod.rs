@@ -8,7 +8,8 @@
 //!
 //! One file per protocol: `free_stack`, `block_state` (the state word), `release` (admission
 //! and release to the pool), `hits` (pin, then compare the digest), `retraction`,
-//! `prefix_index` (slots and stripes), `lru_queue`, `gate` (the reset gate), `withdraw`
+//! `prefix_index` (slots and stripes), `lru_queue`, `locked_order` (a policy in locked
+//! mode), `gate` (the reset gate), `withdraw`
 //! (`evict_blocks`), `snapshot` (a KV event snapshot between two events). This file holds
 //! the fixture they share: pools in a known start state, a digest per token, `pin`, `model`
 //! and `Seen`.
@@ -17,6 +18,7 @@ mod block_state;
 mod free_stack;
 mod gate;
 mod hits;
+mod locked_order;
 mod lru_queue;
 mod prefix_index;
 mod release;
@@ -26,6 +28,7 @@ mod withdraw;
 
 use crate::block_pool::{BlockPool, Hit};
 use crate::events::KvEvent;
+use crate::eviction_order::{plain::PlainLru, EvictionOrder};
 use crate::hashing::{BlockHasher, Digest, HashAlgo};
 use loom::sync::Arc;
 
@@ -37,7 +40,19 @@ fn digest(token: u32) -> Digest {
 /// A pool of `n` blocks whose block 0 is OWNED by `holders` tables and, with `digest`,
 /// registered (hashed) under it.
 fn pool_with_owned_block(n: u32, holders: u32, digest: Option<Digest>) -> Arc<BlockPool> {
-    let pool = Arc::new(BlockPool::new(n, false, false).unwrap());
+    owned_block_in(BlockPool::new(n, false, false).unwrap(), holders, digest)
+}
+
+/// `pool_with_owned_block` for a pool whose eviction policy runs in locked mode
+/// (`eviction_order`), with the plainest policy.
+fn locked_pool_with_owned_block(n: u32, holders: u32, digest: Option<Digest>) -> Arc<BlockPool> {
+    let order = EvictionOrder::locked(Box::<PlainLru>::default());
+    let pool = BlockPool::new(n, false, false).unwrap().with_order(order);
+    owned_block_in(pool, holders, digest)
+}
+
+fn owned_block_in(pool: BlockPool, holders: u32, digest: Option<Digest>) -> Arc<BlockPool> {
+    let pool = Arc::new(pool);
     assert!(pool.reserve(1));
     let b = pool.take();
     assert_eq!(b, 0);
