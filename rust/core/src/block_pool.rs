@@ -29,7 +29,8 @@ pub(crate) const STRIPES: usize = 256;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Peek {
     pub block: u32,
-    /// CACHED: a hit must revive it (one unit of `available`).
+    /// CACHED and not pinned: a hit must revive it with one unit of `available` (a pinned
+    /// CACHED block is revived without one: its unit was never counted).
     pub cached: bool,
     /// It already has `RC_MAX` holders.
     pub full: bool,
@@ -89,6 +90,11 @@ pub struct BlockPool {
     record_evictions: bool,
     /// Cached blocks evicted so far (a tally: Relaxed everywhere).
     evictions: Padded<AtomicU64>,
+    /// CACHED blocks that are pinned (never evicted; not in the eviction order, their units
+    /// not in `available`). Raised after the release that cached them, lowered after the
+    /// revival or withdrawal that took them out: exact at quiescence. Relaxed everywhere: a
+    /// tally for statistics and the audit.
+    pinned: Padded<AtomicUsize>,
     /// With several KV-cache groups: the group whose tables hold each OWNED or CACHED block
     /// (its index key is `digest.keyed(group)`). Written by the taker right after `take`,
     /// before the block is shared, registered or released; read by its holders and, for a
@@ -154,6 +160,7 @@ impl BlockPool {
             events: events.then(EventLog::new),
             record_evictions: false,
             evictions: Padded(AtomicU64::new(0)),
+            pinned: Padded(AtomicUsize::new(0)),
             group: Box::new([]),
             tallies: Box::new([]),
             null: false,
@@ -430,6 +437,7 @@ impl BlockPool {
     fn release_table_inner(&self, blocks: &[u32], digests: &[Digest], held: bool) -> Result<usize> {
         let mut cached: Vec<Entry> = Vec::with_capacity(blocks.len());
         let mut freed: Vec<u32> = Vec::with_capacity(blocks.len());
+        let mut pinned = 0;
         let mut broken = None;
         // Locked mode: a hashed block may become CACHED here, so the policy's lock is held
         // from before the first release until the policy knows (`eviction_order`). Without
@@ -454,7 +462,9 @@ impl BlockPool {
             match released {
                 Some(Released::StillOwned) => {}
                 Some(Released::ToFree) => freed.push(block),
-                Some(Released::ToCached { generation }) => match digests.get(i) {
+                // Pinned: CACHED, findable, but outside the eviction order and `available`.
+                Some(Released::ToCached { pinned: true, .. }) => pinned += 1,
+                Some(Released::ToCached { generation, .. }) => match digests.get(i) {
                     Some(&digest) => cached.push(Entry {
                         block,
                         generation,
@@ -476,6 +486,11 @@ impl BlockPool {
                 // Release: a reserver that takes these units sees the push (see `reserve`).
                 self.available.fetch_add(freed.len(), Ordering::Release);
             }
+        }
+        if pinned > 0 {
+            // Relaxed: tallies (see the fields).
+            self.cached.fetch_add(pinned, Ordering::Relaxed);
+            self.pinned.fetch_add(pinned, Ordering::Relaxed);
         }
         if !cached.is_empty() {
             // Relaxed: a tally, raised before the records can be claimed.
@@ -510,7 +525,18 @@ impl BlockPool {
         // Locked mode: the release may make the block CACHED (`eviction_order`).
         let mut policy = self.order.guard();
         match self.state(block).release() {
-            Some(Released::ToCached { generation }) => {
+            Some(Released::ToCached { pinned: true, .. }) => {
+                // Its revival took no unit, and the pinned block stays out of the order.
+                // Relaxed: tallies (see the fields).
+                self.cached.fetch_add(1, Ordering::Relaxed);
+                self.pinned.fetch_add(1, Ordering::Relaxed);
+                if let Some(t) = self.tally_of(block) {
+                    down(&t.used);
+                    up(&t.cached);
+                }
+                Ok(())
+            }
+            Some(Released::ToCached { generation, .. }) => {
                 // Relaxed: a tally (see the field).
                 self.cached.fetch_add(1, Ordering::Relaxed);
                 if let Some(t) = self.tally_of(block) {
@@ -564,7 +590,7 @@ impl BlockPool {
         let w = self.state(b).load();
         w.hashed().then_some(Peek {
             block: b,
-            cached: w.rc() == 0,
+            cached: w.rc() == 0 && !w.pinned(),
             full: w.rc() == RC_MAX,
         })
     }
@@ -587,18 +613,24 @@ impl BlockPool {
                 policy = self.order.guard();
             }
             match state.pin(have_unit) {
-                Pin::Pinned { revived } => {
-                    if let (true, Some(policy)) = (revived, policy.as_mut()) {
+                Pin::Pinned { revived, unit } => {
+                    // A pinned block is outside the policy (see `release_table`).
+                    if let (true, Some(policy)) = (unit, policy.as_mut()) {
                         policy.hit(b);
                     }
                     drop(policy.take());
                     if revived {
                         self.cached.fetch_sub(1, Ordering::Relaxed);
+                        if !unit {
+                            // Relaxed: a tally (see the field).
+                            self.pinned.fetch_sub(1, Ordering::Relaxed);
+                        }
                         if let Some(t) = self.tally_of(b) {
                             down(&t.cached);
                             up(&t.used);
                         }
-                    } else if have_unit {
+                    }
+                    if have_unit && !unit {
                         *spare += 1;
                     }
                     // The lookup compared the digest racily; pinned and hashed, the block's
@@ -732,12 +764,15 @@ impl BlockPool {
                 drop(policy);
                 continue;
             }
+            let mut was_pinned = false;
             let outcome = loop {
                 let w = state.load();
                 if w.rc() == 0 {
                     // CACHED: claimed as an eviction claims it, to rc 0 (FREE). Its LRU
                     // record goes stale with the generation; evictors skip it.
                     if state.claim_cached(w.generation(), 0) {
+                        // The pin bit is constant while CACHED: this is the claimed word's.
+                        was_pinned = w.pinned();
                         break Withdrawal::Freed;
                     }
                 } else if state.unhash_held() {
@@ -757,7 +792,8 @@ impl BlockPool {
                 });
             }
             drop(stripe);
-            if let (Withdrawal::Freed, Some(policy)) = (outcome, policy.as_mut()) {
+            if let (Withdrawal::Freed, false, Some(policy)) = (outcome, was_pinned, policy.as_mut())
+            {
                 policy.removed(block);
             }
             drop(policy);
@@ -770,6 +806,12 @@ impl BlockPool {
                     down(&t.cached);
                 }
                 self.free.push(block);
+                if was_pinned {
+                    // A pinned CACHED block had no unit counted: it has one now, FREE.
+                    // Relaxed: a tally. Release: the push is seen by its reserver.
+                    self.pinned.fetch_sub(1, Ordering::Relaxed);
+                    self.available.fetch_add(1, Ordering::Release);
+                }
             }
             return outcome;
         }
@@ -806,7 +848,10 @@ impl BlockPool {
     /// The formerly cached blocks go *under* the blocks already free, oldest release first:
     /// vLLM's reset only drops the hashes, so those blocks keep their places at the far end
     /// of its free queue, behind every free one, and are reused last, oldest first.
-    pub fn reset(&self) -> bool {
+    ///
+    /// Pinned CACHED blocks are freed too (a reset drops every hash, pins with them), after
+    /// the others, by block id; `len` is the manager's digest length (their index keys).
+    pub fn reset(&self, len: usize) -> bool {
         if self.num_free() + self.num_cached() != self.num_usable() {
             return false;
         }
@@ -836,6 +881,29 @@ impl BlockPool {
                 formerly.push(e.block);
             }
         }
+        if self.pinned.load(Ordering::Relaxed) > 0 {
+            for b in 0..self.num_blocks() as u32 {
+                let w = self.state(b).load();
+                if !(w.is_cached() && w.pinned()) {
+                    continue;
+                }
+                let e = Entry {
+                    block: b,
+                    generation: w.generation(),
+                    digest: self.index.stored(b, len),
+                };
+                if self.claim_record(&e, 0, false) {
+                    // Relaxed: tallies. Its unit was not counted while pinned: it is now.
+                    self.cached.fetch_sub(1, Ordering::Relaxed);
+                    self.pinned.fetch_sub(1, Ordering::Relaxed);
+                    if let Some(t) = self.tally_of(b) {
+                        down(&t.cached);
+                    }
+                    self.available.fetch_add(1, Ordering::Release);
+                    formerly.push(b);
+                }
+            }
+        }
         if !formerly.is_empty() {
             // Rebuild the stack: the free blocks, top first, then `formerly`, oldest first.
             let mut free = Vec::with_capacity(self.num_free());
@@ -853,6 +921,17 @@ impl BlockPool {
 
     pub fn evictions(&self) -> u64 {
         self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// CACHED blocks that are pinned (a snapshot; exact at quiescence).
+    pub fn num_pinned_cached(&self) -> usize {
+        self.pinned.load(Ordering::Relaxed)
+    }
+
+    /// Pin (`on`) or unpin the OWNED `block` for a holder: a pinned block is never evicted
+    /// (`block_state`). False if the block has no holder (a caller bug).
+    pub fn set_pinned(&self, block: u32, on: bool) -> bool {
+        self.state(block).set_pinned(on)
     }
 
     // Read-only views for the audit.
@@ -968,10 +1047,10 @@ mod tests {
             })
         );
         // Reset refuses while `b` and `c` are owned, then clears the rest.
-        assert!(!pool.reset());
+        assert!(!pool.reset(ds[0].as_bytes().len()));
         pool.release(b, None).unwrap();
         pool.release(c, None).unwrap();
-        assert!(pool.reset());
+        assert!(pool.reset(ds[0].as_bytes().len()));
         assert_eq!((pool.num_free(), pool.num_cached()), (3, 0));
         assert!(pool.peek(&ds[0]).is_none());
     }

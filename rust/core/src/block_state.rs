@@ -4,7 +4,10 @@
 //! - bits 0..20: `rc`, the number of sequence tables that hold the block, at most `RC_MAX`;
 //!   every increment is checked first, so the count never carries into the flag;
 //! - bit 20: `HASHED`, the block is registered in the prefix index under its digest;
-//! - bits 21..64: `gen`, a 43-bit generation bumped each time the block becomes CACHED and
+//! - bit 21: `PINNED`, the block is never evicted (`pin`): set and cleared only while the
+//!   block is OWNED, by a holder, so it is constant through every CACHED period; cleared when
+//!   the block becomes FREE or is claimed;
+//! - bits 22..64: `gen`, a 42-bit generation bumped each time the block becomes CACHED and
 //!   each time a CACHED block is claimed (evicted or reset). An LRU record names the
 //!   generation it was written for; it is live only while the block is CACHED with that
 //!   generation.
@@ -14,7 +17,7 @@
 //! `2 * num_blocks + 64` records (`lru_queue`). Between a record's push and its removal the
 //! queue takes at most `bound + num_blocks` pushes (one per release to CACHED), and each
 //! claim of the block follows one of those releases, so the block's generation advances by
-//! less than `2 * (3 * 2^31 + 64) + 2 < 2^34` while the record exists: far below `2^43`.
+//! less than `2 * (3 * 2^31 + 64) + 2 < 2^34` while the record exists: far below `2^42`.
 //! `tests::generation_wraps_inside_its_bits` checks the field at its limit.
 //!
 //! The states of the contract: FREE = `rc == 0 && !HASHED`, OWNED = `rc >= 1`,
@@ -27,7 +30,8 @@ const RC_MASK: u64 = (1 << RC_BITS) - 1;
 /// The most tables that may hold one block.
 pub const RC_MAX: u32 = RC_MASK as u32;
 const HASHED: u64 = 1 << RC_BITS;
-const GEN_SHIFT: u32 = RC_BITS + 1;
+const PINNED: u64 = 1 << (RC_BITS + 1);
+const GEN_SHIFT: u32 = RC_BITS + 2;
 /// Generations live in `0..=GEN_MAX` and wrap to 0.
 #[cfg(all(test, not(loom)))]
 pub const GEN_MAX: u64 = u64::MAX >> GEN_SHIFT;
@@ -43,6 +47,9 @@ impl Word {
     pub fn hashed(self) -> bool {
         self.0 & HASHED != 0
     }
+    pub fn pinned(self) -> bool {
+        self.0 & PINNED != 0
+    }
     pub fn generation(self) -> u64 {
         self.0 >> GEN_SHIFT
     }
@@ -56,10 +63,10 @@ impl Word {
         debug_assert!(rc <= RC_MAX);
         Self((self.0 & !RC_MASK) | u64::from(rc))
     }
-    /// The same flags and rc with the next generation (wrapping inside its 43 bits: the
+    /// The same flags and rc with the next generation (wrapping inside its 42 bits: the
     /// shift drops the carry).
     fn next_generation(self) -> Self {
-        let low = self.0 & (RC_MASK | HASHED);
+        let low = self.0 & (RC_MASK | HASHED | PINNED);
         Self(low | (self.generation().wrapping_add(1) << GEN_SHIFT))
     }
 }
@@ -71,15 +78,18 @@ pub enum Released {
     StillOwned,
     /// Last reference, unhashed: the caller pushes it on the free stack.
     ToFree,
-    /// Last reference, hashed: the caller queues `(block, generation)` in the LRU.
-    ToCached { generation: u64 },
+    /// Last reference, hashed: the caller queues `(block, generation)` in the LRU, unless
+    /// the block is `pinned` (never evicted: it is kept out of the eviction order, and its
+    /// unit out of `available`).
+    ToCached { generation: u64, pinned: bool },
 }
 
 /// What a prefix hit found when it tried to take a reference.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pin {
-    /// Referenced; `revived` when it was CACHED (one unit of `available` consumed).
-    Pinned { revived: bool },
+    /// Referenced; `revived` when it was CACHED; `unit` when that consumed the caller's unit
+    /// of `available` (a pinned CACHED block has none counted, so reviving it takes none).
+    Pinned { revived: bool, unit: bool },
     /// The block is not hashed (any more): the index entry was stale.
     Stale,
     /// It is CACHED and the caller holds no unit of `available` for it.
@@ -147,7 +157,8 @@ impl BlockState {
                 return Pin::Full;
             }
             let revived = cur.rc() == 0;
-            if revived && !have_unit {
+            let unit = revived && !cur.pinned();
+            if unit && !have_unit {
                 return Pin::NeedsUnit;
             }
             match self.0.compare_exchange_weak(
@@ -156,7 +167,7 @@ impl BlockState {
                 Ordering::Acquire,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return Pin::Pinned { revived },
+                Ok(_) => return Pin::Pinned { revived, unit },
                 Err(actual) => cur = Word(actual),
             }
         }
@@ -173,6 +184,8 @@ impl BlockState {
             let next = match cur.rc() {
                 0 => return None,
                 1 if cur.hashed() => cur.with_rc(0).next_generation(),
+                // FREE: a pin does not outlive the block's content.
+                1 => Word(cur.0 & !PINNED).with_rc(0),
                 rc => cur.with_rc(rc - 1),
             };
             match self
@@ -183,6 +196,7 @@ impl BlockState {
                 Ok(_) if next.hashed() => {
                     return Some(Released::ToCached {
                         generation: next.generation(),
+                        pinned: next.pinned(),
                     })
                 }
                 Ok(_) => return Some(Released::ToFree),
@@ -230,7 +244,20 @@ impl BlockState {
             .is_ok()
     }
 
-    /// CACHED with this `generation` -> unhashed, next generation, with `rc` set to `rc`:
+    /// OWNED -> the same, pinned (`on`) or not: by a holder, so never during a CACHED
+    /// period. Refused (false) when the block has no holder (a caller bug). Release on
+    /// success, so the flag travels with the holder's later release to whoever makes the
+    /// block CACHED (its AcqRel release reads this write's value).
+    pub fn set_pinned(&self, on: bool) -> bool {
+        self.0
+            .fetch_update(Ordering::Release, Ordering::Relaxed, |w| {
+                let cur = Word(w);
+                (cur.rc() >= 1).then_some(if on { w | PINNED } else { w & !PINNED })
+            })
+            .is_ok()
+    }
+
+    /// CACHED with this `generation` -> unhashed and unpinned, next generation, with `rc` set to `rc`:
     /// 1 when an evictor claims it for an allocation, 0 when reset moves it to the free stack.
     /// Acquire on success: the claimer sees the last owner's use of the block as finished.
     pub fn claim_cached(&self, generation: u64, rc: u32) -> bool {
@@ -239,7 +266,9 @@ impl BlockState {
         if !cur.is_cached() || cur.generation() != generation {
             return false;
         }
-        let next = Word(cur.0 & !HASHED).next_generation().with_rc(rc);
+        let next = Word(cur.0 & !(HASHED | PINNED))
+            .next_generation()
+            .with_rc(rc);
         self.0
             .compare_exchange(cur.0, next.0, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
@@ -252,7 +281,7 @@ mod tests {
 
     fn cached_generation(r: Option<Released>) -> u64 {
         match r {
-            Some(Released::ToCached { generation }) => generation,
+            Some(Released::ToCached { generation, .. }) => generation,
             other => panic!("a hashed block's last release must cache it, got {other:?}"),
         }
     }
@@ -304,8 +333,20 @@ mod tests {
         assert!(s.load().is_cached());
         // A hit needs a unit of `available` to revive a cached block.
         assert_eq!(s.pin(false), Pin::NeedsUnit);
-        assert_eq!(s.pin(true), Pin::Pinned { revived: true });
-        assert_eq!(s.pin(false), Pin::Pinned { revived: false });
+        assert_eq!(
+            s.pin(true),
+            Pin::Pinned {
+                revived: true,
+                unit: true
+            }
+        );
+        assert_eq!(
+            s.pin(false),
+            Pin::Pinned {
+                revived: false,
+                unit: false
+            }
+        );
         assert!(!s.claim_cached(first, 1), "owned blocks cannot be claimed");
         s.release();
         let newer = cached_generation(s.release());
@@ -348,7 +389,13 @@ mod tests {
         let w = s.load();
         assert_eq!((w.rc(), w.hashed(), w.generation()), (RC_MAX, true, 7));
         assert_eq!(s.release(), Some(Released::StillOwned));
-        assert_eq!(s.pin(false), Pin::Pinned { revived: false });
+        assert_eq!(
+            s.pin(false),
+            Pin::Pinned {
+                revived: false,
+                unit: false
+            }
+        );
     }
 
     #[test]

@@ -180,7 +180,7 @@ mod tests {
             assert!(pool.register(*b, *d, None, || unreachable!()));
         }
         pool.release_table(&blocks, &ds).unwrap();
-        assert!(pool.reset());
+        assert!(pool.reset(ds[0].as_bytes().len()));
         assert_eq!(pool.lru_snapshot().len(), 0);
         pool.audit(&[0; 3]).unwrap();
         // Released tail first: 2, 1, 0 are the policy's order, reused in that order.

@@ -140,7 +140,7 @@ impl BlockManager {
     pub fn reset_prefix_cache(&self) -> Result<bool> {
         self.guarded(true, || {
             Ok(self.gate.exclusive(|| {
-                let cleared = self.gpu.reset();
+                let cleared = self.gpu.reset(self.hasher.root().as_bytes().len());
                 if cleared {
                     counters::reset(&self.counters.prefix_queries);
                     counters::reset(&self.counters.prefix_hits);

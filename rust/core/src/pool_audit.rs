@@ -13,7 +13,7 @@ impl BlockPool {
         let n = self.num_blocks();
         ensure!(refs.len() == n, "{} references for {n} blocks", refs.len());
         // Block states against the references.
-        let (mut free, mut cached) = (0, 0);
+        let (mut free, mut cached, mut pinned) = (0, 0, 0);
         for (b, &r) in refs.iter().enumerate() {
             let w = self.state(b as u32).load();
             ensure!(
@@ -23,6 +23,8 @@ impl BlockPool {
             );
             free += usize::from(w.is_free());
             cached += usize::from(w.is_cached());
+            pinned += usize::from(w.is_cached() && w.pinned());
+            ensure!(!w.is_free() || !w.pinned(), "FREE block {b} is pinned");
         }
 
         // The free stack holds exactly the FREE blocks.
@@ -61,11 +63,18 @@ impl BlockPool {
                 live[e.block as usize] = true;
             }
         }
+        // Pinned CACHED blocks are outside the order.
         let live_count = live.iter().filter(|&&l| l).count();
         ensure!(
-            live_count == cached,
-            "{live_count} live LRU records for {cached} CACHED blocks"
+            live_count == cached - pinned,
+            "{live_count} live LRU records for {cached} CACHED blocks, {pinned} pinned"
         );
+        for (b, &l) in live.iter().enumerate() {
+            ensure!(
+                !l || !self.state(b as u32).load().pinned(),
+                "pinned block {b} is in the eviction order"
+            );
+        }
 
         // The index holds exactly the hashed blocks, once each, in the right bucket, under
         // the digests their holders expect.
@@ -125,10 +134,15 @@ impl BlockPool {
             self.num_cached()
         );
         ensure!(
-            self.num_available() == free + cached,
-            "available {} but FREE + CACHED = {}",
+            self.num_pinned_cached() == pinned,
+            "pinned count {} but {pinned} pinned CACHED",
+            self.num_pinned_cached()
+        );
+        ensure!(
+            self.num_available() == free + cached - pinned,
+            "available {} but FREE + CACHED - pinned = {}",
             self.num_available(),
-            free + cached
+            free + cached - pinned
         );
         Ok(indexed)
     }

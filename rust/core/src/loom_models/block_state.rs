@@ -11,7 +11,7 @@ fn pin_and_eviction_claim_exclude_each_other() {
         let st = Arc::new(BlockState::new_free());
         st.take();
         st.set_hashed();
-        let Some(Released::ToCached { generation }) = st.release() else {
+        let Some(Released::ToCached { generation, .. }) = st.release() else {
             panic!("a hashed block's last release caches it")
         };
         let pinner = {
@@ -21,7 +21,7 @@ fn pin_and_eviction_claim_exclude_each_other() {
         let claimed = st.claim_cached(generation, 1);
         let pinned = pinner.join().unwrap();
         match pinned {
-            Pin::Pinned { revived } => {
+            Pin::Pinned { revived, .. } => {
                 assert!(revived && !claimed);
                 assert_eq!(st.load().rc(), 1);
                 assert!(st.load().hashed());

@@ -86,7 +86,7 @@ fn reset_racing_a_hit_and_an_allocation() {
         };
         let resetter = {
             let (pool, gate) = (pool.clone(), gate.clone());
-            thread::spawn(move || gate.exclusive(|| pool.reset()))
+            thread::spawn(move || gate.exclusive(|| pool.reset(16)))
         };
         let got = gate.try_shared(false).map(|_g| {
             assert!(

@@ -9,7 +9,7 @@
 //! One file per protocol: `free_stack`, `block_state` (the state word), `release` (admission
 //! and release to the pool), `hits` (pin, then compare the digest), `retraction`,
 //! `prefix_index` (slots and stripes), `lru_queue`, `locked_order` (a policy in locked
-//! mode), `gate` (the reset gate), `withdraw`
+//! mode), `pins` (never-evicted blocks), `gate` (the reset gate), `withdraw`
 //! (`evict_blocks`), `snapshot` (a KV event snapshot between two events). This file holds
 //! the fixture they share: pools in a known start state, a digest per token, `pin`, `model`
 //! and `Seen`.
@@ -20,6 +20,7 @@ mod gate;
 mod hits;
 mod locked_order;
 mod lru_queue;
+mod pins;
 mod prefix_index;
 mod release;
 mod retraction;
