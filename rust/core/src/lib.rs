@@ -43,6 +43,7 @@ mod duties_tests;
 mod error;
 mod event_calls;
 mod events;
+mod eviction;
 mod free_stack;
 mod gate;
 mod grouped;
