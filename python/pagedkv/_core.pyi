@@ -127,6 +127,11 @@ class BlockManager:
     def free(self, seq_id: _Int, *, num_computed_tokens: _Int | None = None) -> None:
         """Release the sequence's blocks, tail first, and forget it; blocks past
         `num_computed_tokens` that it registered and holds alone leave the cache."""
+    def pin(self, seq_id: _Int) -> int:
+        """Pin every GPU block the sequence holds now: never evicted (docs/eviction.md)."""
+    def unpin(self, seq_id: _Int) -> int:
+        """Unpin every GPU block the sequence holds now; returns how many."""
+    def num_pinned_cached(self) -> int: ...
     def lookup(
         self,
         token_ids: _TokenIds,

@@ -62,6 +62,7 @@ mod lookahead;
 mod loom_models;
 mod lru_queue;
 mod manager;
+mod pins;
 mod policy;
 mod pool_audit;
 mod pool_calls;

@@ -518,6 +518,27 @@ impl PyBlockManager {
         run(py, false, || self.inner.free_computed(id, computed))
     }
 
+    /// Pin every GPU block the sequence holds now: never evicted, kept in the prefix cache
+    /// after it is freed, outside what admission counts on (docs/eviction.md, "Pins").
+    /// Returns how many blocks it holds.
+    #[pyo3(text_signature = "($self, seq_id)")]
+    fn pin(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let id = self::seq_id(seq_id)?;
+        run(py, false, || self.inner.pin(id))
+    }
+
+    /// Unpin every GPU block the sequence holds now (whoever pinned it). Returns how many.
+    #[pyo3(text_signature = "($self, seq_id)")]
+    fn unpin(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let id = self::seq_id(seq_id)?;
+        run(py, false, || self.inner.unpin(id))
+    }
+
+    /// CACHED blocks that are pinned now (held ones are counted when released).
+    fn num_pinned_cached(&self) -> usize {
+        self.inner.num_pinned_cached()
+    }
+
     /// Move a sequence to CPU swap blocks.
     ///
     /// Returns the `(gpu, cpu)` block pairs to copy before any later device work, or None if the
