@@ -9,18 +9,20 @@
 
 use crate::alloc::try_boxed;
 use crate::block_state::{BlockState, Pin, Released, RC_MAX};
+use crate::clock::Clock;
 use crate::duties;
 use crate::error::{Error, Result};
 use crate::events::{EventLog, KvEvent, Medium};
-use crate::eviction::EvictionKind;
+use crate::eviction::{EvictionKind, Retention};
 use crate::eviction_order::{out_of_step, EvictionOrder};
 use crate::free_stack::FreeStack;
 use crate::hashing::{Digest, Tag};
-use crate::lru_queue::Entry;
+use crate::lru_queue::{Entry, LruQueue};
 use crate::prefix_index::PrefixIndex;
 use crate::sync::{
     backoff, lock, prefetch, AtomicU64, AtomicU8, AtomicUsize, Mutex, Ordering, Padded,
 };
+use std::sync::Arc;
 
 /// Number of digest stripes (a power of two).
 pub(crate) const STRIPES: usize = 256;
@@ -152,7 +154,7 @@ impl BlockPool {
         Ok(Self {
             states: try_boxed(n, |_| BlockState::new_free(), "the block states")?,
             free: FreeStack::full(num_blocks)?,
-            order: EvictionOrder::new(EvictionKind::Lru, n)?,
+            order: EvictionOrder::Lru(LruQueue::new(n)?),
             available: Padded(AtomicUsize::new(n)),
             cached: Padded(AtomicUsize::new(0)),
             index: PrefixIndex::new(n, tagged)?,
@@ -223,10 +225,11 @@ impl BlockPool {
         self.tally(self.group_of(block))
     }
 
-    /// The same pool, evicting by `kind` (LRU is how `new` builds it).
-    pub fn with_eviction(mut self, kind: EvictionKind) -> Result<Self> {
+    /// The same pool, evicting by `kind` (LRU is how `new` builds it); `clock` is the
+    /// manager's.
+    pub fn with_eviction(mut self, kind: EvictionKind, clock: &Arc<Clock>) -> Result<Self> {
         if kind != EvictionKind::Lru {
-            self.order = EvictionOrder::new(kind, self.num_blocks())?;
+            self.order = EvictionOrder::new(kind, self.num_blocks(), clock)?;
         }
         Ok(self)
     }
@@ -375,6 +378,17 @@ impl BlockPool {
             out.push(e.block);
         }
         claimed.len()
+    }
+
+    /// Give held blocks their retention from their next release (the priority policy; a
+    /// no-op for the others and for the lock-free LRU).
+    pub fn set_retentions(&self, blocks: &[(u32, Retention)]) {
+        if blocks.is_empty() {
+            return;
+        }
+        if let Some(mut policy) = self.order.guard() {
+            blocks.iter().for_each(|&(b, r)| policy.set_retention(b, r));
+        }
     }
 
     /// Tell the policy that a request needs these digests and the cache lacks them (S3-FIFO's

@@ -11,10 +11,12 @@
 //! the mutex always claims its victim. Lock order: this mutex, then a digest stripe, then the
 //! event log (as the LRU queue's).
 
+use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::eviction::{new_policy, EvictionKind, Policy};
 use crate::lru_queue::LruQueue;
 use crate::sync::{lock, Mutex, MutexGuard, Padded};
+use std::sync::Arc;
 
 pub enum EvictionOrder {
     /// Least recently released first, hits lock-free (`lru_queue`).
@@ -25,8 +27,8 @@ pub enum EvictionOrder {
 }
 
 impl EvictionOrder {
-    pub fn new(kind: EvictionKind, num_blocks: usize) -> Result<Self> {
-        Ok(match new_policy(kind, num_blocks)? {
+    pub fn new(kind: EvictionKind, num_blocks: usize, clock: &Arc<Clock>) -> Result<Self> {
+        Ok(match new_policy(kind, num_blocks, clock)? {
             None => Self::Lru(LruQueue::new(num_blocks)?),
             Some(policy) => Self::Locked(Padded(Mutex::new(policy))),
         })

@@ -33,6 +33,7 @@ mod batch;
 mod block_pool;
 mod block_state;
 mod broken;
+mod clock;
 mod config;
 mod counters;
 mod cpu_pool;

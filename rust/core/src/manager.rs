@@ -12,6 +12,7 @@
 
 use crate::block_pool::BlockPool;
 use crate::broken::BrokenGuard;
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::counters::{Counters, RecentHits};
 use crate::cpu_pool::CpuPool;
@@ -23,6 +24,7 @@ use crate::policy::{GroupKind, MAX_GROUPS};
 use crate::seq_map::{lock_cell, SeqMap};
 use crate::sequence::Sequence;
 use crate::sync::{lock, may_wait, try_lock, AtomicU64, Mutex, MutexGuard, Ordering, Padded};
+use std::sync::Arc;
 
 /// The most tokens one sequence may hold (positions fit an `i32`, as attention kernels and
 /// FlashInfer's tables expect).
@@ -41,6 +43,8 @@ pub struct BlockManager {
     pub(crate) counters: Padded<Counters>,
     /// Prefix queries and hits of the last allocations (`stats()`'s recent hit rate).
     pub(crate) recent: RecentHits,
+    /// What retention durations count against (`set_time` makes it manual).
+    pub(crate) clock: Arc<Clock>,
     /// Shared by every call that changes block ownership, exclusive for reset.
     pub(crate) gate: Gate,
     /// `stats()`'s reserved and used slots of resident sequences, changed under the lock of
@@ -179,12 +183,13 @@ impl BlockManager {
             ));
         }
         let tagged = config.hash_algo.needs_verified_hits();
+        let clock = Arc::new(Clock::default());
         Ok(Self {
             hasher: BlockHasher::new(config.hash_algo, config.hash_seed),
             tagger: tagged.then(HitTagger::random),
             gpu: {
                 let pool = BlockPool::new(config.num_blocks, config.enable_kv_events, tagged)?
-                    .with_eviction(config.eviction)?;
+                    .with_eviction(config.eviction, &clock)?;
                 let pool = if config.record_evictions {
                     pool.with_eviction_log()
                 } else {
@@ -196,6 +201,7 @@ impl BlockManager {
             seqs: SeqMap::new(),
             counters: Padded::default(),
             recent: RecentHits::default(),
+            clock,
             gate: Gate::new(),
             reserved_slots: Padded(AtomicU64::new(0)),
             used_slots: Padded(AtomicU64::new(0)),

@@ -34,9 +34,11 @@ pub(crate) use lru::Lru;
 pub(crate) use s3fifo::S3Fifo;
 pub(crate) use slru::Slru;
 
+use crate::clock::Clock;
 use crate::error::Result;
 use crate::hashing::Digest;
 use crate::lru_queue::Entry;
+use std::sync::Arc;
 
 /// The eviction policy of a manager's GPU pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -71,6 +73,22 @@ impl EvictionKind {
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|k| k.name() == name)
     }
+}
+
+/// The default retention priority (TensorRT-LLM's `kDefaultRetentionPriority`).
+pub const DEFAULT_PRIORITY: u8 = 35;
+/// The highest retention priority (TensorRT-LLM's `kMaxRetentionPriority`).
+pub const MAX_PRIORITY: u8 = 100;
+
+/// The retention of one block, with TensorRT-LLM's meaning: every evictable block of lower
+/// priority goes before any of higher priority; after `duration` seconds from its release a
+/// block returns to `DEFAULT_PRIORITY` (None: it keeps its priority while cached).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Retention {
+    /// 0..=`MAX_PRIORITY`.
+    pub priority: u8,
+    /// Seconds, finite and >= 0, or None.
+    pub duration: Option<f64>,
 }
 
 /// A policy over the evictable (CACHED) blocks, called under the pool's policy lock only.
@@ -114,11 +132,24 @@ pub trait Policy: Send {
     /// Forget everything, ghosts and adaptive state included (reset of the prefix cache);
     /// returns the records that were in the set.
     fn clear(&mut self) -> Vec<Entry>;
+
+    /// The retention of `block` from its next release on (it is held, by the caller); the
+    /// priority policy keeps it per block, the others have none (the manager refuses
+    /// retention unless the policy is `priority`, so they never see this call).
+    fn set_retention(&mut self, block: u32, retention: Retention) {
+        let _ = (block, retention);
+    }
 }
 
 /// A new policy of `kind` for a pool of `num_blocks` blocks; None for `Lru`, which the pool
-/// runs lock-free. Fails with `OutOfMemory` when its per-block tables do not fit.
-pub fn new_policy(kind: EvictionKind, num_blocks: usize) -> Result<Option<Box<dyn Policy>>> {
+/// runs lock-free. `clock`: the manager's (retention durations count against it). Fails with
+/// `OutOfMemory` when its per-block tables do not fit.
+pub fn new_policy(
+    kind: EvictionKind,
+    num_blocks: usize,
+    clock: &Arc<Clock>,
+) -> Result<Option<Box<dyn Policy>>> {
+    let _ = clock;
     Ok(match kind {
         EvictionKind::Lru => None,
         EvictionKind::S3Fifo => Some(Box::new(S3Fifo::new(num_blocks)?)),
