@@ -22,6 +22,8 @@ _SeqIds: TypeAlias = _Ints
 _Salt: TypeAlias = str | bytes | None
 _HashAlgo: TypeAlias = Literal["sha256", "xxh3_128"]
 _Eviction: TypeAlias = Literal["lru", "s3fifo", "arc", "lfu", "slru"]
+# `allocate(retention=...)`: (start_token, end_token or None, priority, duration_s or None).
+_RetentionRange: TypeAlias = tuple[_Int, _Int | None, _Int, float | None]
 # `evicted=`: the list a block-taking call appends its evictions to, (block, group, digest).
 _Evicted: TypeAlias = list[tuple[int, int, bytes]]
 # `block_hashes=`: the caller's keys of full blocks (exact lists and tuples of 1..=128 bytes).
@@ -83,6 +85,8 @@ class BlockManager:
         block_hashes: _Keys | None = None,
         max_hit_tokens: _Int | None = None,
         register: bool = True,
+        retention: Sequence[_RetentionRange] | None = None,
+        decode_retention: tuple[_Int, float | None] | None = None,
     ) -> int | None:
         """Give a new sequence its blocks for the hit plus `num_new_tokens` prompt tokens
         (default all); returns the prefix-hit tokens, or None if full. `evicted` (with
@@ -132,6 +136,9 @@ class BlockManager:
     def unpin(self, seq_id: _Int) -> int:
         """Unpin every GPU block the sequence holds now; returns how many."""
     def num_pinned_cached(self) -> int: ...
+    def set_time(self, t: float) -> None:
+        """Make the clock manual at `t` seconds (retention durations); never back."""
+    def now(self) -> float: ...
     def lookup(
         self,
         token_ids: _TokenIds,

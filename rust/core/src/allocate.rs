@@ -7,6 +7,7 @@ use crate::error::Result;
 use crate::hashing::{encode_extras, Digest, Tag};
 use crate::keys::{check_key_count, PromptKeys};
 use crate::manager::{cdiv, chain_lock, check_new_tokens, check_tokens, BlockManager};
+use crate::retention::RetentionSpec;
 use crate::sequence::Sequence;
 use std::sync::Arc;
 
@@ -22,6 +23,8 @@ pub struct AllocateOpts<'a> {
     /// `false`: held registration; the blocks scheduled past the hit are registered only by
     /// `register` (KV arriving from elsewhere).
     pub register: bool,
+    /// Retention of the sequence's blocks (`retention`; the priority policy only).
+    pub retention: Option<&'a RetentionSpec>,
 }
 
 impl Default for AllocateOpts<'_> {
@@ -31,6 +34,7 @@ impl Default for AllocateOpts<'_> {
             num_new_tokens: None,
             lookahead: 0,
             register: true,
+            retention: None,
         }
     }
 }
@@ -99,6 +103,7 @@ impl BlockManager {
             num_new_tokens,
             lookahead,
             register: true,
+            retention: None,
         };
         self.allocate_with(id, tokens, &opts)
     }
@@ -117,6 +122,7 @@ impl BlockManager {
             let k = check_new_tokens(opts.num_new_tokens, n)?;
             let q = &opts.keys;
             q.check()?;
+            self.check_retention_allowed(opts.retention)?;
             let lookahead = opts.lookahead;
             let bs = self.block_size();
             // Scheduled tokens for `h` hit blocks, and the blocks they and the lookahead need.
@@ -144,6 +150,7 @@ impl BlockManager {
                 let new_seq = |tokens: &mut Vec<u32>, hits: usize| {
                     let mut s = Sequence::new(std::mem::take(tokens), extras.clone(), q.lora_id);
                     s.keyed = q.block_hashes.is_some();
+                    s.retention = opts.retention.map(|r| Arc::new(r.clone()));
                     if !opts.register {
                         // Blocks fit a u32 (tokens fit an i32): the cast is exact.
                         s.hold = hits as u32;

@@ -493,6 +493,12 @@ impl BlockPool {
         // pushed head first, the tail ends on top and is reused first, as vLLM reuses a
         // request's unhashed blocks (it prepends them, tail first, to its free queue). The
         // cached records keep the tail-first order: tails are evicted first.
+        if let Some(policy) = policy.as_mut() {
+            // A FREE block's content is gone: so is any retention a holder gave it.
+            freed
+                .iter()
+                .for_each(|&b| policy.set_retention(b, Retention::DEFAULT));
+        }
         if !freed.is_empty() {
             freed.reverse();
             self.free.push_all(&freed);
@@ -579,6 +585,10 @@ impl BlockPool {
             Some(Released::ToFree) => {
                 // `evict_blocks` withdrew it while the caller held it: FREE, as after any
                 // release of an unhashed block, and its unit goes back to `available`.
+                if let Some(policy) = policy.as_mut() {
+                    policy.set_retention(block, Retention::DEFAULT);
+                }
+                drop(policy);
                 if let Some(t) = self.tally_of(block) {
                     down(&t.used);
                 }

@@ -130,6 +130,7 @@ impl BlockManager {
             self.cpu.give_back(&cpu);
             self.cpu_copies_removed(seq);
         }
+        self.retain(seq, 0, seq.blocks.len());
         let blocks = seq.clear_blocks();
         self.release_blocks(&blocks, &seq.digests)
     }

@@ -45,17 +45,6 @@ impl BlockManager {
         })
     }
 
-    /// Make the manager's clock manual at `t` seconds (retention durations count against
-    /// it): from then on time moves only by `set_time`, never back.
-    pub fn set_time(&self, t: f64) -> Result<()> {
-        self.clock.set(t)
-    }
-
-    /// The manager's clock, in seconds.
-    pub fn now(&self) -> f64 {
-        self.clock.now()
-    }
-
     /// CACHED blocks that are pinned (a snapshot; exact at quiescence).
     pub fn num_pinned_cached(&self) -> usize {
         self.gpu.num_pinned_cached()

@@ -1,6 +1,7 @@
 //! One sequence's state: its block table, tokens and chain digests.
 
 use crate::hashing::{Digest, Tag};
+use crate::retention::RetentionSpec;
 use std::sync::Arc;
 
 /// Held under the sequence's own mutex; every field is consistent whenever the lock is free.
@@ -49,6 +50,10 @@ pub struct Sequence {
     /// Sum over `i` of `mix(i, blocks[i])`: equal tables give equal digests, and replacing
     /// one entry updates it in O(1).
     pub table_digest: u64,
+    /// The prompt's length (tokens at creation): where decode retention starts.
+    pub prompt_len: usize,
+    /// `allocate(retention=...)`, shared by forks; None without.
+    pub retention: Option<Arc<RetentionSpec>>,
 }
 
 /// The tables of a sequence's groups `1..`.
@@ -76,6 +81,8 @@ impl Sequence {
     pub fn new(tokens: Vec<u32>, extras: Arc<[u8]>, lora_id: Option<u64>) -> Self {
         Self {
             blocks: Vec::new(),
+            prompt_len: tokens.len(),
+            retention: None,
             tokens,
             scheduled: 0,
             hit_blocks: 0,

@@ -27,6 +27,7 @@ impl BlockManager {
                 .copied()
                 .zip(cpu.iter().copied())
                 .collect();
+            self.retain(seq, 0, seq.blocks.len());
             let gpu = seq.clear_blocks();
             // Hashed blocks stay CACHED on the GPU: a later prompt may hit them (swap-in
             // copies every block back instead; see `swap_in`).

@@ -46,6 +46,7 @@ impl BlockManager {
                 _ => None,
             };
             let keep = cdiv(m, bs).min(seq.blocks.len());
+            self.retain(seq, keep, seq.blocks.len() - keep);
             let dropped = seq.truncate_blocks(keep);
             self.release_blocks(&dropped, seq.digests.get(keep..).unwrap_or_default())?;
             counters::add(&self.counters.truncated_blocks, dropped.len());

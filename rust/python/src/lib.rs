@@ -5,6 +5,7 @@ mod errors;
 mod manager;
 mod mrc;
 mod objects;
+mod retention;
 mod running;
 
 use pyo3::prelude::*;

@@ -8,6 +8,7 @@ use crate::convert::{
 };
 use crate::errors::{invalid, IntoPy};
 use crate::objects;
+use crate::retention::retention_arg;
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
 use pagedkv_core::{
@@ -277,13 +278,16 @@ impl PyBlockManager {
     /// byte strings, chain keys such as vLLM's block hashes): the sequence is then keyed by them,
     /// never by its tokens. `max_hit_tokens`: the hit takes at most that many tokens' blocks.
     /// `register=False`: the blocks scheduled past the hit are registered only by `register`.
+    /// `retention` (eviction="priority"): `[(start_token, end_token or None, priority,
+    /// duration_s or None), ...]`, TensorRT-LLM's token-range retention; `decode_retention`:
+    /// `(priority, duration_s or None)` for the blocks past the prompt (docs/eviction.md).
     #[pyo3(
         signature = (seq_id, token_ids, *, num_new_tokens=None, cache_salt=None, lora_id=None,
             lookahead=Given::Absent, evicted=None, block_hashes=None, max_hit_tokens=None,
-            register=Given::Absent),
+            register=Given::Absent, retention=None, decode_retention=None),
         text_signature = "($self, seq_id, token_ids, *, num_new_tokens=None, cache_salt=None, \
             lora_id=None, lookahead=0, evicted=None, block_hashes=None, max_hit_tokens=None, \
-            register=True)"
+            register=True, retention=None, decode_retention=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn allocate(
@@ -299,6 +303,8 @@ impl PyBlockManager {
         block_hashes: Option<&Bound<'_, PyAny>>,
         max_hit_tokens: Option<&Bound<'_, PyAny>>,
         register: Given<'_>,
+        retention: Option<&Bound<'_, PyAny>>,
+        decode_retention: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<usize>> {
         let evicted = evicted_arg(evicted, self.records())?;
         let id = self::seq_id(seq_id)?;
@@ -310,6 +316,7 @@ impl PyBlockManager {
         let keys = keys_arg(block_hashes)?;
         let cap = max_hit_arg(max_hit_tokens)?;
         let register = flag(&register, true, "register")?;
+        let retention = retention_arg(py, retention, decode_retention)?;
         let detach = toks.len() >= DETACH_MIN_TOKENS;
         let mut toks = toks;
         let opts = AllocateOpts {
@@ -322,6 +329,7 @@ impl PyBlockManager {
             num_new_tokens: new,
             lookahead,
             register,
+            retention: retention.as_ref(),
         };
         // The converted tokens move into the core on success: no second copy of a prompt.
         run_evicting(py, detach, evicted.as_ref(), || {
@@ -532,6 +540,17 @@ impl PyBlockManager {
     fn unpin(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let id = self::seq_id(seq_id)?;
         run(py, false, || self.inner.unpin(id))
+    }
+
+    /// Make the manager's clock manual at `t` seconds (retention durations count against
+    /// it); from then on it moves only by `set_time`, never back.
+    fn set_time(&self, py: Python<'_>, t: f64) -> PyResult<()> {
+        self.inner.set_time(t).py(py)
+    }
+
+    /// The manager's clock, in seconds (monotonic until `set_time`).
+    fn now(&self) -> f64 {
+        self.inner.now()
     }
 
     /// CACHED blocks that are pinned now (held ones are counted when released).

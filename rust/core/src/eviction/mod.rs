@@ -91,6 +91,14 @@ pub struct Retention {
     pub duration: Option<f64>,
 }
 
+impl Retention {
+    /// What a block has unless a sequence gave it retention.
+    pub const DEFAULT: Retention = Retention {
+        priority: DEFAULT_PRIORITY,
+        duration: None,
+    };
+}
+
 /// A policy over the evictable (CACHED) blocks, called under the pool's policy lock only.
 ///
 /// Contract (the pool keeps it; a policy may `debug_assert!` it): `cached` is called only for
