@@ -68,6 +68,7 @@ class BlockManager:
         enable_kv_events: bool = False,
         record_evictions: bool = False,
         eviction: _Eviction = "lru",
+        tenants: bool = False,
         groups: Sequence[KVCacheGroup] | None = None,
     ) -> Self: ...
 
@@ -263,6 +264,16 @@ class BlockManager:
     @property
     def record_evictions(self) -> bool:
         """Whether calls report the cached blocks they evict (`evicted=`)."""
+    @property
+    def tenants(self) -> bool:
+        """Whether the manager groups requests by cache salt (`tenants=`)."""
+    def set_tenant_quota(
+        self, cache_salt: _Salt, *, max_cached: _Int | None = None, reserved: _Int = 0
+    ) -> None:
+        """Cap and reserve of one tenant's CACHED blocks (needs `tenants=True`)."""
+    def _tenant_stats(
+        self,
+    ) -> list[tuple[bytes | None, int, int, int, int, int | None, int]]: ...
     @property
     def eviction(self) -> _Eviction:
         """The eviction policy the manager was built with (`eviction=`)."""

@@ -43,7 +43,7 @@ class BlockManagerConfig:
 
     Fields mirror `BlockManager(num_blocks, block_size=16, *, num_cpu_blocks=0,
     enable_prefix_caching=True, hash_algo="sha256", hash_seed=0, watermark=0.01,
-    enable_kv_events=False, record_evictions=False, eviction="lru", groups=None)`. Invalid values raise
+    enable_kv_events=False, record_evictions=False, eviction="lru", tenants=False, groups=None)`. Invalid values raise
     `InvalidArgumentError` (a `ValueError`); `groups` is kept as a tuple.
     """
 
@@ -57,6 +57,7 @@ class BlockManagerConfig:
     enable_kv_events: bool = False
     record_evictions: bool = False
     eviction: Eviction = "lru"
+    tenants: bool = False
     groups: tuple[KVCacheGroup, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -66,6 +67,7 @@ class BlockManagerConfig:
         _require_bool("enable_prefix_caching", self.enable_prefix_caching)
         _require_bool("enable_kv_events", self.enable_kv_events)
         _require_bool("record_evictions", self.record_evictions)
+        _require_bool("tenants", self.tenants)
         if self.eviction not in EVICTIONS:
             raise InvalidArgumentError(
                 f"eviction must be one of {', '.join(EVICTIONS)}, got {self.eviction!r}"

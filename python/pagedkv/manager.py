@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Self, TextIO
 
 from pagedkv import _core
+from pagedkv.stats import TenantStats
 
 if TYPE_CHECKING:
     import numpy as np
@@ -24,7 +25,7 @@ class BlockManager(_core.BlockManager):
 
     `BlockManager(num_blocks, block_size=16, *, num_cpu_blocks=0, enable_prefix_caching=True,
     hash_algo="sha256", hash_seed=0, watermark=0.01, enable_kv_events=False, record_evictions=False,
-    eviction="lru", groups=None)`.
+    eviction="lru", tenants=False, groups=None)`.
     With `groups=[KVCacheGroup(...), ...]` each sequence holds one block table per group
     (hybrid models; docs/semantics.md, "KV-cache groups").
     Every method is safe to call from many threads at once.
@@ -46,8 +47,14 @@ class BlockManager(_core.BlockManager):
             enable_kv_events=config.enable_kv_events,
             record_evictions=config.record_evictions,
             eviction=config.eviction,
+            tenants=config.tenants,
             groups=None if config.groups is None else list(config.groups),
         )
+
+    def tenant_stats(self) -> list[TenantStats]:
+        """Per tenant (cache salt; None first for requests without one, then in order of first
+        use): blocks held and cached, prefix queries and hits, quota. Needs `tenants=True`."""
+        return [TenantStats(*row) for row in self._tenant_stats()]
 
     def lookup_many(
         self,

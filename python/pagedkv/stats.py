@@ -104,4 +104,23 @@ class Stats:
         )
 
 
-__all__ = ["GroupStats", "Stats"]
+@dataclass(frozen=True, slots=True)
+class TenantStats:
+    """One tenant's share of the cache (`BlockManager(tenants=True).tenant_stats()`): the
+    requests of one cache salt (None: without one). A snapshot, exact when no call runs."""
+
+    cache_salt: bytes | None
+    held_blocks: int  # distinct GPU blocks its live sequences hold
+    cached_blocks: int  # its CACHED blocks (pinned ones included)
+    prefix_queries: int  # prompt tokens of its successful allocations
+    prefix_hits: int  # of those, tokens found cached
+    max_cached: int | None  # its quota's cap (None: none)
+    reserved: int  # its quota's reserve
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens served from the prefix cache over prompt tokens looked up."""
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+
+__all__ = ["GroupStats", "Stats", "TenantStats"]

@@ -14,13 +14,15 @@ use crate::duties;
 use crate::error::{Error, Result};
 use crate::events::{EventLog, KvEvent, Medium};
 use crate::eviction::{EvictionKind, Retention};
+use crate::tenants::Quota;
 use crate::eviction_order::{out_of_step, EvictionOrder};
 use crate::free_stack::FreeStack;
 use crate::hashing::{Digest, Tag};
 use crate::lru_queue::{Entry, LruQueue};
 use crate::prefix_index::PrefixIndex;
 use crate::sync::{
-    backoff, lock, prefetch, AtomicU64, AtomicU8, AtomicUsize, Mutex, Ordering, Padded,
+    backoff, lock, prefetch, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Mutex, Ordering,
+    Padded,
 };
 use std::sync::Arc;
 
@@ -92,6 +94,10 @@ pub struct BlockPool {
     record_evictions: bool,
     /// Cached blocks evicted so far (a tally: Relaxed everywhere).
     evictions: Padded<AtomicU64>,
+    /// With tenants: the tenant of each block's registering sequence, written by that holder
+    /// right before it registers the block and read under the policy lock by the release that
+    /// caches it (the state word's Release/AcqRel chain orders it). Relaxed. Empty without.
+    tenant: Box<[AtomicU32]>,
     /// CACHED blocks that are pinned (never evicted; not in the eviction order, their units
     /// not in `available`). Raised after the release that cached them, lowered after the
     /// revival or withdrawal that took them out: exact at quiescence. Relaxed everywhere: a
@@ -163,6 +169,7 @@ impl BlockPool {
             record_evictions: false,
             evictions: Padded(AtomicU64::new(0)),
             pinned: Padded(AtomicUsize::new(0)),
+            tenant: Box::new([]),
             group: Box::new([]),
             tallies: Box::new([]),
             null: false,
@@ -227,11 +234,85 @@ impl BlockPool {
 
     /// The same pool, evicting by `kind` (LRU is how `new` builds it); `clock` is the
     /// manager's.
-    pub fn with_eviction(mut self, kind: EvictionKind, clock: &Arc<Clock>) -> Result<Self> {
-        if kind != EvictionKind::Lru {
-            self.order = EvictionOrder::new(kind, self.num_blocks(), clock)?;
+    pub fn with_eviction(
+        mut self,
+        kind: EvictionKind,
+        tenants: bool,
+        clock: &Arc<Clock>,
+    ) -> Result<Self> {
+        let n = self.num_blocks();
+        if tenants {
+            self.tenant = try_boxed(n, |_| AtomicU32::new(0), "the block tenants")?;
+            self.order = EvictionOrder::with_tenants(kind, n, clock)?;
+        } else if kind != EvictionKind::Lru {
+            self.order = EvictionOrder::new(kind, n, clock)?;
         }
         Ok(self)
+    }
+
+    /// Record the tenant of the sequence about to register `block` (see the field).
+    pub fn set_tenant(&self, block: u32, tenant: u32) {
+        if let Some(t) = self.tenant.get(block as usize) {
+            t.store(tenant, Ordering::Relaxed);
+        }
+    }
+
+    fn tenant_of(&self, block: u32) -> u32 {
+        self.tenant
+            .get(block as usize)
+            .map_or(0, |t| t.load(Ordering::Relaxed))
+    }
+
+    /// CACHED blocks by tenant id (`0..n`), from the block states under the policy lock, so
+    /// no unpinned block enters or leaves CACHED meanwhile (exact but for pinned blocks'
+    /// revivals, which take no lock).
+    pub fn cached_by_tenant(&self, n: usize) -> Vec<usize> {
+        let _policy = self.order.guard();
+        let mut out = vec![0; n];
+        for b in 0..self.num_blocks() as u32 {
+            if self.state(b).load().is_cached() {
+                if let Some(c) = out.get_mut(self.tenant_of(b) as usize) {
+                    *c += 1;
+                }
+            }
+        }
+        out
+    }
+
+    /// Set `tenant`'s quota in the policy; blocks a lower cap evicts go FREE at once.
+    pub fn set_quota(&self, tenant: u32, quota: Quota) -> Result<()> {
+        let Some(mut policy) = self.order.guard() else {
+            return Ok(());
+        };
+        let mut trimmed = Vec::new();
+        policy.set_quota(tenant, quota, &mut trimmed)?;
+        let freed = self.drop_trimmed(&trimmed)?;
+        drop(policy);
+        self.free.push_all(&freed);
+        Ok(())
+    }
+
+    /// Claim the blocks a quota trimmed (under the policy lock): each goes FREE with its
+    /// index entry and a `BlockRemoved`, counted as an eviction. Returns them for the free
+    /// stack; their units stay in `available` (CACHED and FREE both count). A trim is not
+    /// a device duty: the block goes FREE at once, so nobody may copy it out (a copy could
+    /// race its next owner's writes); its KV is dropped.
+    fn drop_trimmed(&self, trimmed: &[Entry]) -> Result<Vec<u32>> {
+        let mut freed = Vec::with_capacity(trimmed.len());
+        for e in trimmed {
+            if !self.claim_record(e, 0, true) {
+                return Err(out_of_step("trimmed", e.block));
+            }
+            // Relaxed: tallies (see the fields).
+            self.cached.fetch_sub(1, Ordering::Relaxed);
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+            if let Some(t) = self.tally_of(e.block) {
+                down(&t.cached);
+                up64(&t.evictions);
+            }
+            freed.push(e.block);
+        }
+        Ok(freed)
     }
 
     /// The same pool, running `order` (tests of locked mode with a plain policy).
@@ -452,6 +533,8 @@ impl BlockPool {
         let mut cached: Vec<Entry> = Vec::with_capacity(blocks.len());
         let mut freed: Vec<u32> = Vec::with_capacity(blocks.len());
         let mut pinned = 0;
+        // Blocks a tenant's cap evicted at once (FREE now; `drop_trimmed`).
+        let mut trims = Vec::new();
         let mut broken = None;
         // Locked mode: a hashed block may become CACHED here, so the policy's lock is held
         // from before the first release until the policy knows (`eviction_order`). Without
@@ -516,6 +599,16 @@ impl BlockPool {
             // Relaxed: a tally, raised before the records can be claimed.
             self.cached.fetch_add(cached.len(), Ordering::Relaxed);
             match (&self.order, policy.as_mut()) {
+                (_, Some(policy)) if !self.tenant.is_empty() => {
+                    let mut trimmed = Vec::new();
+                    for &e in &cached {
+                        policy.cached_by(e, self.tenant_of(e.block), &mut trimmed);
+                    }
+                    match self.drop_trimmed(&trimmed) {
+                        Ok(blocks) => trims = blocks,
+                        Err(e) => broken = Some(e.to_string()),
+                    }
+                }
                 (_, Some(policy)) => cached.iter().for_each(|&e| policy.cached(e)),
                 (EvictionOrder::Lru(lru), None) => {
                     let bound = 2 * self.states.len() + 64;
@@ -526,6 +619,8 @@ impl BlockPool {
                 }
             }
             drop(policy);
+            // Already counted in `available` (as CACHED): only their place changes.
+            self.free.push_all(&trims);
             if !held {
                 // Release: a reserver that takes these units sees the queued records.
                 self.available.fetch_add(cached.len(), Ordering::Release);

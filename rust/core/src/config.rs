@@ -20,6 +20,9 @@ pub struct Config {
     pub record_evictions: bool,
     /// Which CACHED block goes first when blocks run out (`eviction`); LRU by default.
     pub eviction: EvictionKind,
+    /// Group requests by cache salt: per-tenant statistics and quotas (`tenants`). The
+    /// policy then runs per tenant, in locked mode even for LRU.
+    pub tenants: bool,
 }
 
 /// Block ids must fit in a `u32` with one value spare, and in an `i32` for the int32 tables.
@@ -38,6 +41,7 @@ impl Config {
             enable_kv_events: false,
             record_evictions: false,
             eviction: EvictionKind::Lru,
+            tenants: false,
         }
     }
 

@@ -34,6 +34,12 @@ impl EvictionOrder {
         })
     }
 
+    /// Tenants (`tenants::quotas`): the policy per tenant group, in locked mode (LRU too).
+    pub fn with_tenants(kind: EvictionKind, num_blocks: usize, clock: &Arc<Clock>) -> Result<Self> {
+        let quotas = crate::tenants::quotas::Quotas::new(kind, num_blocks, clock)?;
+        Ok(Self::Locked(Padded(Mutex::new(Box::new(quotas)))))
+    }
+
     /// A pool running `policy` in locked mode (tests of the locked paths with a plain order).
     #[cfg(test)]
     pub fn locked(policy: Box<dyn Policy>) -> Self {

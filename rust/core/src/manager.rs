@@ -13,6 +13,7 @@
 use crate::block_pool::BlockPool;
 use crate::broken::BrokenGuard;
 use crate::clock::Clock;
+use crate::tenants::registry::Registry;
 use crate::config::Config;
 use crate::counters::{Counters, RecentHits};
 use crate::cpu_pool::CpuPool;
@@ -45,6 +46,8 @@ pub struct BlockManager {
     pub(crate) recent: RecentHits,
     /// What retention durations count against (`set_time` makes it manual).
     pub(crate) clock: Arc<Clock>,
+    /// Tenant ids and counters, with `tenants` (None without).
+    pub(crate) tenants: Option<Registry>,
     /// Shared by every call that changes block ownership, exclusive for reset.
     pub(crate) gate: Gate,
     /// `stats()`'s reserved and used slots of resident sequences, changed under the lock of
@@ -189,7 +192,7 @@ impl BlockManager {
             tagger: tagged.then(HitTagger::random),
             gpu: {
                 let pool = BlockPool::new(config.num_blocks, config.enable_kv_events, tagged)?
-                    .with_eviction(config.eviction, &clock)?;
+                    .with_eviction(config.eviction, config.tenants, &clock)?;
                 let pool = if config.record_evictions {
                     pool.with_eviction_log()
                 } else {
@@ -202,6 +205,7 @@ impl BlockManager {
             counters: Padded::default(),
             recent: RecentHits::default(),
             clock,
+            tenants: config.tenants.then(Registry::default),
             gate: Gate::new(),
             reserved_slots: Padded(AtomicU64::new(0)),
             used_slots: Padded(AtomicU64::new(0)),

@@ -54,6 +54,8 @@ pub struct Sequence {
     pub prompt_len: usize,
     /// `allocate(retention=...)`, shared by forks; None without.
     pub retention: Option<Arc<RetentionSpec>>,
+    /// Its tenant (`tenants`): the id of its cache salt; `UNSALTED` without tenants.
+    pub tenant: u32,
 }
 
 /// The tables of a sequence's groups `1..`.
@@ -83,6 +85,7 @@ impl Sequence {
             blocks: Vec::new(),
             prompt_len: tokens.len(),
             retention: None,
+            tenant: 0,
             tokens,
             scheduled: 0,
             hit_blocks: 0,

@@ -12,7 +12,7 @@ use crate::retention::retention_arg;
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
 use pagedkv_core::{
-    duties, nonblocking, AllocateOpts, BlockManager, Config, Error, EvictionKind, GroupKind,
+    duties, nonblocking, AllocateOpts, BlockManager, Config, Error, EvictionKind, GroupKind, Quota,
     HashAlgo, PromptKeys, PromptLen, Result as CoreResult,
 };
 use pyo3::prelude::*;
@@ -216,10 +216,12 @@ impl PyBlockManager {
         signature = (num_blocks, block_size=Given::Absent, *, num_cpu_blocks=Given::Absent,
             enable_prefix_caching=Given::Absent, hash_algo=Given::Absent, hash_seed=Given::Absent,
             watermark=Given::Absent, enable_kv_events=Given::Absent,
-            record_evictions=Given::Absent, eviction=Given::Absent, groups=None),
+            record_evictions=Given::Absent, eviction=Given::Absent, tenants=Given::Absent,
+            groups=None),
         text_signature = "(num_blocks, block_size=16, *, num_cpu_blocks=0, \
             enable_prefix_caching=True, hash_algo='sha256', hash_seed=0, watermark=0.01, \
-            enable_kv_events=False, record_evictions=False, eviction='lru', groups=None)"
+            enable_kv_events=False, record_evictions=False, eviction='lru', tenants=False, \
+            groups=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -234,6 +236,7 @@ impl PyBlockManager {
         enable_kv_events: Given<'_>,
         record_evictions: Given<'_>,
         eviction: Given<'_>,
+        tenants: Given<'_>,
         groups: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let max = i64::from(i32::MAX);
@@ -249,6 +252,7 @@ impl PyBlockManager {
             enable_kv_events: flag(&enable_kv_events, false, "enable_kv_events")?,
             record_evictions: flag(&record_evictions, false, "record_evictions")?,
             eviction: eviction_arg(py, &text(&eviction, "lru", "eviction")?)?,
+            tenants: flag(&tenants, false, "tenants")?,
         };
         let kinds = groups
             .map(|g| groups_arg(py, g, config.block_size))
@@ -1038,6 +1042,62 @@ impl PyBlockManager {
     #[getter]
     fn record_evictions(&self) -> bool {
         self.records()
+    }
+
+    /// Whether the manager groups requests by cache salt (`tenants=`).
+    #[getter]
+    fn tenants(&self) -> bool {
+        self.inner.config().tenants
+    }
+
+    /// Set the quota of the tenant of `cache_salt` (None: requests without a salt):
+    /// `max_cached`, the most CACHED blocks it keeps (None: no cap; a lower cap evicts its
+    /// own blocks at once), and `reserved`, CACHED blocks other tenants' evictions leave
+    /// alone while anyone else has blocks above their own reserve. Needs `tenants=True`.
+    #[pyo3(
+        signature = (cache_salt, *, max_cached=None, reserved=Given::Absent),
+        text_signature = "($self, cache_salt, *, max_cached=None, reserved=0)"
+    )]
+    fn set_tenant_quota(
+        &self,
+        py: Python<'_>,
+        cache_salt: Option<&Bound<'_, PyAny>>,
+        max_cached: Option<&Bound<'_, PyAny>>,
+        reserved: Given<'_>,
+    ) -> PyResult<()> {
+        let salt = salt_arg(cache_salt)?;
+        let max = i64::from(i32::MAX);
+        let quota = Quota {
+            max_cached: max_cached
+                .map(|c| int_arg(c, "max_cached", 0, max).map(|c| c as usize))
+                .transpose()?,
+            reserved: opt_int_arg(&reserved, 0, "reserved", 0, max)? as usize,
+        };
+        run(py, false, || self.inner.set_tenant_quota(salt.as_deref(), quota))
+    }
+
+    /// Per tenant, unsalted first then in order of first use: `(cache_salt, held_blocks,
+    /// cached_blocks, prefix_queries, prefix_hits, max_cached, reserved)`
+    /// (`BlockManager.tenant_stats` makes `TenantStats` of them).
+    fn _tenant_stats<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let stats = self.inner.tenant_stats().py(py)?;
+        stats
+            .into_iter()
+            .map(|t| {
+                let salt = t.salt.map(|s| PyBytes::new(py, &s));
+                (
+                    salt,
+                    t.held_blocks,
+                    t.cached_blocks,
+                    t.prefix_queries,
+                    t.prefix_hits,
+                    t.quota.max_cached,
+                    t.quota.reserved,
+                )
+                    .into_pyobject(py)
+                    .map(|o| o.into_any())
+            })
+            .collect()
     }
 
     /// The eviction policy the manager was built with (`eviction=`).

@@ -16,8 +16,8 @@
 mod arc;
 mod base;
 mod lfu;
-// The locked LRU: for the policies' own tests (the pool runs LRU lock-free).
-#[cfg(all(test, not(loom)))]
+// The locked LRU: per-tenant instances (`tenants`) and the policies' own tests (the pool
+// runs LRU lock-free otherwise).
 mod lru;
 mod s3fifo;
 mod seq_queue;
@@ -29,12 +29,12 @@ mod tests;
 
 pub(crate) use arc::ArcPolicy;
 pub(crate) use lfu::LfuAging;
-#[cfg(all(test, not(loom)))]
 pub(crate) use lru::Lru;
 pub(crate) use s3fifo::S3Fifo;
 pub(crate) use slru::Slru;
 
 use crate::clock::Clock;
+use crate::tenants::Quota;
 use crate::error::Result;
 use crate::hashing::Digest;
 use crate::lru_queue::Entry;
@@ -146,6 +146,33 @@ pub trait Policy: Send {
     /// retention unless the policy is `priority`, so they never see this call).
     fn set_retention(&mut self, block: u32, retention: Retention) {
         let _ = (block, retention);
+    }
+
+    /// `cached` of a block of `tenant` (`tenants`); a policy that enforces caps appends the
+    /// blocks it evicts at once to keep them (the tenant's own victims) to `trimmed`.
+    fn cached_by(&mut self, e: Entry, tenant: u32, trimmed: &mut Vec<Entry>) {
+        let _ = (tenant, trimmed);
+        self.cached(e);
+    }
+
+    /// Set `tenant`'s quota (`tenants`); a lower cap evicts at once into `trimmed`. Fails
+    /// with `OutOfMemory` (nothing changed) when the tenant's own policy does not fit.
+    fn set_quota(&mut self, tenant: u32, quota: Quota, trimmed: &mut Vec<Entry>) -> Result<()> {
+        let _ = (tenant, quota, trimmed);
+        Ok(())
+    }
+}
+
+/// A new policy of `kind` run in locked mode, LRU included (the per-tenant instances of
+/// `tenants::quotas`).
+pub fn new_locked_policy(
+    kind: EvictionKind,
+    num_blocks: usize,
+    clock: &Arc<Clock>,
+) -> Result<Box<dyn Policy>> {
+    match new_policy(kind, num_blocks, clock)? {
+        Some(p) => Ok(p),
+        None => Ok(Box::new(Lru::new(num_blocks)?)),
     }
 }
 

@@ -1,0 +1,147 @@
+"""Eviction policies, pins and tenant quotas under 16 threads.
+
+Every policy other than LRU runs in locked mode (docs/concurrency.md): each CACHED transition
+happens under the policy's lock. Sixteen threads allocate prompts that share a few system
+prompts, append, fork and free on a small pool, so hits, revivals and evictions race all the
+time. Then:
+
+- for every policy, the audit (the policy's set is exactly the CACHED blocks) passes;
+- a pinned prompt is never evicted: a watcher thread keeps checking that it still hits in
+  full, and no `BlockRemoved` ever names one of its digests;
+- a tenant's CACHED blocks never exceed its cap: a watcher keeps reading `tenant_stats()`
+  (a snapshot under the policy lock, so exact) while the threads churn.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from pagedkv import BlockManager
+from pagedkv.config import EVICTIONS
+from pagedkv.events import BlockRemoved, BlockStored
+
+B = 4
+THREADS = 16
+SYSTEM = [list(range(100 * k, 100 * k + 3 * B)) for k in range(3)]
+SALTS = [b"a", b"b", None]
+
+
+@pytest.fixture(autouse=True)
+def _fast_thread_switches() -> Iterator[None]:
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    yield
+    sys.setswitchinterval(old)
+
+
+def _churn(m: BlockManager, thread: int, ops: int, errors: list[BaseException]) -> None:
+    rng = random.Random(thread)
+    live: set[int] = set()
+    next_id = thread << 32
+    try:
+        for _ in range(ops):
+            op = rng.randrange(6)
+            if op <= 2 or not live:
+                prompt = rng.choice(SYSTEM) + [rng.randrange(40) for _ in range(rng.randint(1, 9))]
+                salt = SALTS[thread % len(SALTS)]
+                if m.allocate(next_id, prompt, cache_salt=salt) is not None:
+                    live.add(next_id)
+                next_id += 1
+            elif op == 3:
+                m.append(rng.choice(sorted(live)), [rng.randrange(40)])
+            elif op == 4 and len(live) < 6:
+                m.fork(rng.choice(sorted(live)), next_id)
+                live.add(next_id)
+                next_id += 1
+            else:
+                sid = rng.choice(sorted(live))
+                m.free(sid)
+                live.discard(sid)
+        for sid in live:
+            m.free(sid)
+    except BaseException as e:
+        errors.append(e)
+
+
+def _storm(m: BlockManager, ops: int, watch: Callable[[], None] | None = None) -> None:
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def watcher() -> None:
+        try:
+            while not stop.is_set():
+                assert watch is not None
+                watch()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=_churn, args=(m, t, ops, errors)) for t in range(THREADS)]
+    w = threading.Thread(target=watcher) if watch else None
+    for t in threads:
+        t.start()
+    if w:
+        w.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    if w:
+        w.join()
+    if errors:
+        raise errors[0]
+    m.check_invariants()
+
+
+@pytest.mark.parametrize("eviction", EVICTIONS)
+def test_policies_keep_the_pool_consistent_under_threads(eviction: str) -> None:
+    m = BlockManager(40, B, eviction=eviction)
+    _storm(m, 400)
+    s = m.stats()
+    assert s.evictions > 0 and s.prefix_hits > 0, "the storm must evict and hit"
+    assert s.free_blocks + s.cached_blocks == 40
+
+
+@pytest.mark.parametrize("eviction", EVICTIONS)
+def test_pinned_blocks_are_never_evicted_under_threads(eviction: str) -> None:
+    m = BlockManager(48, B, eviction=eviction, enable_kv_events=True)
+    pinned_prompt = list(range(9000, 9000 + 4 * B)) + [1]
+    assert m.allocate(1, pinned_prompt) == 0
+    assert m.pin(1) == 5
+    m.free(1)
+    stored = {e.block_hash for e in m.drain_events() if isinstance(e, BlockStored)}
+    assert len(stored) == 4 and m.num_pinned_cached() == 4
+
+    def watch() -> None:
+        assert m.lookup(pinned_prompt) == 4 * B, "a pinned prefix stopped hitting"
+
+    _storm(m, 300, watch)
+    removed = {e.block_hash for e in m.drain_events() if isinstance(e, BlockRemoved)}
+    assert not removed & stored, "a pinned block was evicted"
+    assert m.stats().evictions > 0, "the storm must evict other blocks"
+    assert m.num_pinned_cached() == 4 and m.lookup(pinned_prompt) == 4 * B
+
+
+@pytest.mark.parametrize("eviction", EVICTIONS)
+def test_tenant_caps_are_never_exceeded_under_threads(eviction: str) -> None:
+    m = BlockManager(48, B, eviction=eviction, tenants=True)
+    m.set_tenant_quota(b"a", max_cached=6)
+    m.set_tenant_quota(b"b", max_cached=10, reserved=4)
+    peaks: dict[bytes | None, int] = {}
+
+    def watch() -> None:
+        for t in m.tenant_stats():
+            peaks[t.cache_salt] = max(peaks.get(t.cache_salt, 0), t.cached_blocks)
+            if t.max_cached is not None:
+                assert t.cached_blocks <= t.max_cached, f"tenant {t.cache_salt!r} over its cap"
+
+    _storm(m, 300, watch)
+    watch()
+    assert peaks.get(b"a", 0) == 6, f"tenant a never reached its cap: {peaks}"
+    stats = {t.cache_salt: t for t in m.tenant_stats()}
+    assert all(t.held_blocks == 0 for t in stats.values())
+    assert sum(t.cached_blocks for t in stats.values()) == m.stats().cached_blocks
+    assert sum(t.prefix_queries for t in stats.values()) == m.stats().prefix_queries
