@@ -21,7 +21,7 @@ _TokenIds: TypeAlias = _Ints
 _SeqIds: TypeAlias = _Ints
 _Salt: TypeAlias = str | bytes | None
 _HashAlgo: TypeAlias = Literal["sha256", "xxh3_128"]
-_Eviction: TypeAlias = Literal["lru", "s3fifo", "arc", "lfu", "slru"]
+_Eviction: TypeAlias = Literal["lru", "s3fifo", "arc", "lfu", "slru", "priority"]
 # `evicted=`: the list a block-taking call appends its evictions to, (block, group, digest).
 _Evicted: TypeAlias = list[tuple[int, int, bytes]]
 # `block_hashes=`: the caller's keys of full blocks (exact lists and tuples of 1..=128 bytes).
