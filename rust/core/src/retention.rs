@@ -10,7 +10,7 @@
 //! whose first token is past the prompt takes the decode retention.
 
 use crate::error::{invalid, Result};
-use crate::eviction::{Retention, MAX_PRIORITY};
+use crate::eviction::{EvictionKind, Retention, MAX_PRIORITY};
 use crate::manager::BlockManager;
 use crate::sequence::Sequence;
 
@@ -95,7 +95,7 @@ impl BlockManager {
                 "retention with KV-cache groups (groups=) is not supported".to_string(),
             ));
         }
-        if spec.is_some() && self.config().eviction.name() != "priority" {
+        if spec.is_some() && self.config().eviction != EvictionKind::Priority {
             return Err(invalid(format!(
                 "retention needs eviction='priority', this manager evicts by {:?}",
                 self.config().eviction.name()
