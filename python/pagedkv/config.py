@@ -15,8 +15,8 @@ from pagedkv.groups import KVCacheGroup, check_groups
 
 HashAlgo = Literal["sha256", "xxh3_128"]
 HASH_ALGOS: tuple[HashAlgo, ...] = ("sha256", "xxh3_128")
-Eviction = Literal["lru", "s3fifo", "arc", "lfu", "slru"]
-EVICTIONS: tuple[Eviction, ...] = ("lru", "s3fifo", "arc", "lfu", "slru")
+Eviction = Literal["lru", "s3fifo", "arc", "lfu", "slru", "priority"]
+EVICTIONS: tuple[Eviction, ...] = ("lru", "s3fifo", "arc", "lfu", "slru", "priority")
 """The eviction policies (docs/eviction.md); "lru" is the default and vLLM's order."""
 
 _U64_LIMIT = 1 << 64

@@ -1,4 +1,5 @@
-//! Eviction policies other than the default LRU: S3-FIFO, ARC, LFU with dynamic aging, SLRU.
+//! Eviction policies other than the default LRU: S3-FIFO, ARC, LFU with dynamic aging, SLRU,
+//! priority retention.
 //!
 //! The default order (least recently released first, `lru_queue`) keeps its lock-free hits:
 //! a hit leaves a stale record behind. The policies here need to know of every hit (to count
@@ -19,6 +20,7 @@ mod lfu;
 // The locked LRU: for the policies' own tests (the pool runs LRU lock-free).
 #[cfg(all(test, not(loom)))]
 mod lru;
+mod priority;
 mod s3fifo;
 mod seq_queue;
 mod slru;
@@ -31,6 +33,7 @@ pub(crate) use arc::ArcPolicy;
 pub(crate) use lfu::LfuAging;
 #[cfg(all(test, not(loom)))]
 pub(crate) use lru::Lru;
+pub(crate) use priority::PriorityPolicy;
 pub(crate) use s3fifo::S3Fifo;
 pub(crate) use slru::Slru;
 
@@ -54,11 +57,20 @@ pub enum EvictionKind {
     Lfu,
     /// Segmented LRU (probationary and protected segments).
     Slru,
+    /// Retention priorities and durations (TensorRT-LLM's meaning).
+    Priority,
 }
 
 impl EvictionKind {
     /// Every kind, in the order `names` lists them.
-    pub const ALL: [EvictionKind; 5] = [Self::Lru, Self::S3Fifo, Self::Arc, Self::Lfu, Self::Slru];
+    pub const ALL: [EvictionKind; 6] = [
+        Self::Lru,
+        Self::S3Fifo,
+        Self::Arc,
+        Self::Lfu,
+        Self::Slru,
+        Self::Priority,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -67,6 +79,7 @@ impl EvictionKind {
             Self::Arc => "arc",
             Self::Lfu => "lfu",
             Self::Slru => "slru",
+            Self::Priority => "priority",
         }
     }
 
@@ -157,12 +170,12 @@ pub fn new_policy(
     num_blocks: usize,
     clock: &Arc<Clock>,
 ) -> Result<Option<Box<dyn Policy>>> {
-    let _ = clock;
     Ok(match kind {
         EvictionKind::Lru => None,
         EvictionKind::S3Fifo => Some(Box::new(S3Fifo::new(num_blocks)?)),
         EvictionKind::Arc => Some(Box::new(ArcPolicy::new(num_blocks)?)),
         EvictionKind::Lfu => Some(Box::new(LfuAging::new(num_blocks)?)),
         EvictionKind::Slru => Some(Box::new(Slru::new(num_blocks)?)),
+        EvictionKind::Priority => Some(Box::new(PriorityPolicy::new(num_blocks, clock)?)),
     })
 }

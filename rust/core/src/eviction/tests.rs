@@ -6,25 +6,34 @@
 
 use super::test_util::k;
 use super::{new_policy, EvictionKind, Lru, Policy};
+use crate::clock::Clock;
 use crate::error::Error;
 use crate::lru_queue::Entry;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 const NUM_BLOCKS: u32 = 8;
 
 /// A named maker of fresh policies.
 type Maker = (&'static str, fn() -> Box<dyn Policy>);
 
-/// Every locked policy: the four kinds and the locked LRU.
+/// A new policy of `kind` on a clock of its own.
+fn policy(kind: EvictionKind, num_blocks: usize) -> crate::error::Result<Option<Box<dyn Policy>>> {
+    new_policy(kind, num_blocks, &Arc::new(Clock::default()))
+}
+
+/// Every locked policy: the five kinds and the locked LRU (with no retention set, the
+/// priority policy is LRU; `priority/tests.rs` tests it with retention).
 fn all() -> Vec<Maker> {
     fn kind(k: EvictionKind) -> Box<dyn Policy> {
-        new_policy(k, NUM_BLOCKS as usize).unwrap().unwrap()
+        policy(k, NUM_BLOCKS as usize).unwrap().unwrap()
     }
     vec![
         ("s3fifo", || kind(EvictionKind::S3Fifo)),
         ("arc", || kind(EvictionKind::Arc)),
         ("lfu", || kind(EvictionKind::Lfu)),
         ("slru", || kind(EvictionKind::Slru)),
+        ("priority", || kind(EvictionKind::Priority)),
         ("lru", || Box::new(Lru::new(NUM_BLOCKS as usize).unwrap())),
     ]
 }
@@ -71,11 +80,11 @@ fn sorted_blocks(entries: Vec<Entry>) -> Vec<u32> {
 
 #[test]
 fn new_policy_builds_each_kind_and_reports_out_of_memory() {
-    assert!(new_policy(EvictionKind::Lru, 4).unwrap().is_none());
+    assert!(policy(EvictionKind::Lru, 4).unwrap().is_none());
     for kind in EvictionKind::ALL.into_iter().skip(1) {
-        let p = new_policy(kind, 4).unwrap().unwrap();
+        let p = policy(kind, 4).unwrap().unwrap();
         assert_eq!(p.len(), 0);
-        match new_policy(kind, 1 << 60) {
+        match policy(kind, 1 << 60) {
             Err(Error::OutOfMemory(m)) => assert!(m.contains("policy"), "{m}"),
             Err(e) => panic!("{}: {e}", kind.name()),
             Ok(_) => panic!("{}: 2^60 blocks fit", kind.name()),
