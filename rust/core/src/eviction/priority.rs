@@ -11,6 +11,7 @@
 //! waits at its own level keyed by its release time (kind 1) and, if it has a deadline, in
 //! `pending` too; `victim` first moves every block whose deadline has come to the default
 //! level, keyed by its deadline (kind 0, before the releases at the same instant).
+//! Every call is O(log n) (`victim` also moves each block whose deadline passed, once).
 
 use super::base::{Keys, Rules, Tracked};
 use super::{CrossRank, Policy, Retention, DEFAULT_PRIORITY, MAX_PRIORITY};
