@@ -71,6 +71,7 @@ pub fn out_of_step(what: &str, block: u32) -> Error {
 #[cfg(test)]
 pub mod plain {
     use super::Policy;
+    use crate::eviction::{CrossRank, NO_CROSS_RANK};
     use crate::hashing::Digest;
     use crate::lru_queue::Entry;
     use std::collections::{BTreeMap, HashMap};
@@ -111,6 +112,12 @@ pub mod plain {
             let (_, e) = self.queue.pop_first()?;
             self.at.remove(&e.block);
             Some(e)
+        }
+        fn peek(&mut self) -> Option<Entry> {
+            self.queue.first_key_value().map(|(_, &e)| e)
+        }
+        fn cross_rank(&self, _: u32) -> CrossRank {
+            NO_CROSS_RANK
         }
         fn len(&self) -> usize {
             self.queue.len()

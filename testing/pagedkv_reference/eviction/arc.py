@@ -88,8 +88,15 @@ class Arc(EvictionPolicy):
         else:
             del self._t2[block]
 
+    def _from_t1(self) -> bool:
+        """REPLACE's choice: T1 if it is over its target p (or T2 is empty); ties to T2."""
+        return bool(self._t1) and (len(self._t1) > self._p or not self._t2)
+
+    def _peek(self, now: float) -> int | None:
+        return next(iter(self._t1 if self._from_t1() else self._t2), None)
+
     def _pick(self, now: float) -> int | None:
-        if self._t1 and (len(self._t1) > self._p or not self._t2):
+        if self._from_t1():
             b = self._t1.popitem(last=False)[0]
             self._b1[self._keys[b]] = None
         elif self._t2:

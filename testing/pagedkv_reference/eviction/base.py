@@ -9,6 +9,13 @@ manager tells it four things and asks one:
 - `on_removed(block)`: the CACHED block was claimed for another reason (reset, withdrawal
   of bad KV): it leaves the set without being an eviction and without counting as an access.
 - `victim(now)`: the next block to evict, removed from the set; None when nothing may go.
+- `peek(now)`: the block the next `victim` returns if no other call comes in between, left
+  in the set (tenant quotas choose among the tenants' next victims with it). It may do for
+  real the bookkeeping `victim` does before it chooses: S3-FIFO moves S's reused oldest
+  blocks to M and reinserts M's oldest with an access spent, so a peek changes its later
+  order even when no victim follows; for the other policies the order is as if the peek
+  never happened. The `victim` right after a peek returns the peeked block even at a later
+  `now` (the priority policy keeps the peek's time for it), as the Rust core does.
 
 And one optional report, for the policies with ghosts (S3-FIFO, ARC):
 
@@ -71,6 +78,7 @@ class EvictionPolicy(ABC):
         self._now = float("-inf")
         self._keys: dict[int, bytes] = {}  # evictable block -> its digest
         self._revived: dict[int, bytes] = {}  # block taken out by a hit -> its digest
+        self._peeked: int | None = None  # the latest peek's block while no call came since
 
     # ------------------------------------------------------------------ the interface
 
@@ -82,6 +90,7 @@ class EvictionPolicy(ABC):
             raise ValueError(f"block {b} is already cached")
         self._tick(now)
         revived = self._revived.pop(b, None) == key
+        self._peeked = None
         self._keys[b] = key
         self._insert(b, self._now, key, revived)
 
@@ -89,11 +98,13 @@ class EvictionPolicy(ABC):
         if not isinstance(key, bytes):
             raise TypeError(f"key must be bytes, got {type(key).__name__}")
         self._tick(now)
+        self._peeked = None
         self._miss(key, self._now)
 
     def on_hit(self, block: int, now: float) -> None:
         b = self._member(block)
         self._tick(now)
+        self._peeked = None
         key = self._keys.pop(b)
         self._revived[b] = key
         self._hit(b, self._now, key)
@@ -101,13 +112,26 @@ class EvictionPolicy(ABC):
     def on_removed(self, block: int) -> None:
         b = self._member(block)
         key = self._keys.pop(b)
+        self._peeked = None
         self._forget(b, key)
 
     def victim(self, now: float) -> int | None:
         self._tick(now)
+        peeked, self._peeked = self._peeked, None
         b = self._pick(self._now)
+        assert peeked is None or b == peeked, f"victim {b} is not the peeked block {peeked}"
         if b is not None:
             del self._keys[b]
+        return b
+
+    def peek(self, now: float) -> int | None:
+        """The block the next `victim` returns if no other call comes in between, left in
+        the set (module docs); None when the set is empty."""
+        self._tick(now)
+        b = self._peek(self._now)
+        assert self._peeked is None or b == self._peeked, f"peek {b} after {self._peeked}"
+        assert b is None or b in self._keys, f"peek {b} is not in the set"
+        self._peeked = b
         return b
 
     def __len__(self) -> int:
@@ -141,7 +165,12 @@ class EvictionPolicy(ABC):
 
     @abstractmethod
     def _pick(self, now: float) -> int | None:
-        """Choose and remove the victim from the policy's own structures."""
+        """Choose and remove the victim from the policy's own structures; right after
+        `_peek`, the block it named."""
+
+    @abstractmethod
+    def _peek(self, now: float) -> int | None:
+        """The block `_pick` would choose now, left in (`peek`)."""
 
     # ------------------------------------------------------------------ helpers
 
@@ -154,7 +183,12 @@ class EvictionPolicy(ABC):
     def _tick(self, now: object) -> None:
         """Advance the clock; raises (changing nothing) if `now` is not a number or goes
         back."""
+        self._now = self.check_now(now)
+
+    def check_now(self, now: object) -> float:
+        """`now` as a float; raises, as every call given it would, if it is not a number
+        or is before the last time seen. Changes nothing."""
         t = check_number(now, "now")
         if t < self._now:
             raise ValueError(f"now {t} is before the last time seen, {self._now}")
-        self._now = t
+        return t

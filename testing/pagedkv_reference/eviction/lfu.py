@@ -56,6 +56,9 @@ class LfuAging(EvictionPolicy):
         self._forget(b, b"")
         return b
 
+    def _peek(self, now: float) -> int | None:
+        return min(self._rank, key=self._rank.__getitem__, default=None)
+
     def ranks(self) -> dict[int, tuple[int, int]]:
         """Evictable block -> (K, release order): for tests and debugging."""
         return dict(self._rank)

@@ -33,6 +33,9 @@ class Lru(EvictionPolicy):
             return None
         return self._queue.popitem(last=False)[0]
 
+    def _peek(self, now: float) -> int | None:
+        return next(iter(self._queue), None)
+
     def order(self) -> list[int]:
         """The evictable blocks in eviction order (next victim first)."""
         return list(self._queue)

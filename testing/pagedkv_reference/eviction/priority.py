@@ -112,6 +112,7 @@ class Priority(EvictionPolicy):
         self._seq = 0
         self._retention: dict[int, tuple[int, float | None]] = {}  # block -> (prio, duration)
         self._entries: dict[int, _Entry] = {}  # evictable block -> its rank
+        self._peeked_at: float | None = None  # the latest peek's time, while no call came
 
     def set_retention(
         self,
@@ -142,6 +143,7 @@ class Priority(EvictionPolicy):
             e.priority = prio
             e.deadline = self._deadline(prio, dur, self._now)
         self._retention[b] = (prio, dur)
+        self._peeked_at = self._peeked = None  # a call between a peek and its victim
 
     def pin(self, block: int, *, now: float | None = None) -> None:
         """Never evict `block` (until `unpin`)."""
@@ -173,26 +175,44 @@ class Priority(EvictionPolicy):
         return now + duration_s
 
     def _insert(self, block: int, now: float, key: bytes, revived: bool) -> None:
+        self._peeked_at = None
         prio, dur = self._retention.get(block, (DEFAULT_PRIORITY, None))
         self._entries[block] = _Entry(prio, self._deadline(prio, dur, now), now, self._seq)
         self._seq += 1
 
     def _hit(self, block: int, now: float, key: bytes) -> None:
+        self._peeked_at = None
         e = self._entries.pop(block)
         if e.deadline is not None and e.deadline <= now:  # ran out while cached: for good
             self._retention[block] = (DEFAULT_PRIORITY, None)
 
     def _forget(self, block: int, key: bytes) -> None:
+        self._peeked_at = None
         del self._entries[block]
         self._retention.pop(block, None)
 
-    def _pick(self, now: float) -> int | None:
+    def _miss(self, key: bytes, now: float) -> None:
+        self._peeked_at = None
+
+    def _first(self, now: float) -> int | None:
+        """The least unpinned block by rank at `now`."""
         ranks = {b: e.rank(now) for b, e in self._entries.items()}
         movable = [b for b, r in ranks.items() if r[0] != NEVER_EVICT]
-        if not movable:
-            return None
-        b = min(movable, key=ranks.__getitem__)
-        self._forget(b, b"")
+        return min(movable, key=ranks.__getitem__, default=None)
+
+    def _peek(self, now: float) -> int | None:
+        if self._peeked_at is None:
+            self._peeked_at = now
+        return self._first(self._peeked_at)
+
+    def _pick(self, now: float) -> int | None:
+        # Right after a peek, the order at the peek's time: the victim is the peeked block
+        # even if a deadline passed since (as the Rust core, whose clock runs on).
+        at = now if self._peeked_at is None else self._peeked_at
+        self._peeked_at = None
+        b = self._first(at)
+        if b is not None:
+            self._forget(b, b"")
         return b
 
     def order(self, now: float) -> list[int]:

@@ -22,13 +22,18 @@ rules, exactly:
    the candidates) and (level, time) for the priority policy (so a lower priority goes
    first across tenants too). With no quotas and LRU this is exactly global LRU.
 
-The candidates are found on copies of the tenants' policies (`copy.deepcopy`), then the
-chosen tenant's policy evicts for real: plain, slow, and exact.
+The candidates are the tenants' `peek`s; then the chosen tenant's policy evicts for real,
+which returns its peeked block. A peek is not always free of effects: S3-FIFO's makes, for
+real, the moves its victim would make first (S's reused oldest blocks to M, M's oldest
+reinserted with an access spent), so a tenant peeked but not chosen keeps those moves and
+its later victims may differ from what they would have been without the peek. That is
+intended, and the Rust core's tenant quotas peek the same way: the two agree call for
+call. (Earlier this module peeked on `copy.deepcopy` copies, which left no trace; the
+other policies' peeks leave none either.)
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -138,8 +143,10 @@ class TenantQuotas:
     def victim(self, now: float) -> int | None:
         """The next block to evict under rules 2 and 3, or None."""
         cands: list[tuple[tuple[float, ...], int, Tenant, int, bool]] = []
+        for p in self._policies.values():
+            p.check_now(now)  # a clock that goes back raises before any peek changes anything
         for t, p in self._policies.items():
-            b = copy.deepcopy(p).victim(now)  # raises on a clock that goes back
+            b = p.peek(now)
             if b is not None:
                 above = len(p) > self.quota(t).reserved
                 cands.append((p.cross_rank(b, now), self._released[b], t, b, above))
@@ -148,7 +155,7 @@ class TenantQuotas:
         allowed = [c for c in cands if c[4]] or cands
         _, _, t, b, _ = min(allowed, key=lambda c: (c[0], c[1]))
         got = self._policies[t].victim(now)
-        assert got == b, f"policy of tenant {t!r} chose {got}, its copy {b}"
+        assert got == b, f"policy of tenant {t!r} chose {got}, its peek {b}"
         self._drop(b)
         return b
 

@@ -29,6 +29,10 @@ Adaptations to a block manager, and why:
   to the newest end of the queue it left. Its frequency is per block (it only lives while
   the block is cached or in use); only G holds history across evictions, by key.
 - A block removed for another reason (reset, withdrawal) leaves no ghost.
+- `peek` (the next victim, for tenant quotas) makes the moves from S to M and M's
+  reinsertions that come before the victim for real, and the victim right after it keeps
+  its choice of queue (the moves shrink S, which could otherwise turn the choice to M).
+  A peek followed by another call leaves its moves and not its choice.
 - The paper's "if M is full then evict from M" during a move from S cannot arise: a move
   does not change the evictable set's size, and the manager asks for one victim at a time.
 """
@@ -70,11 +74,13 @@ class S3Fifo(EvictionPolicy):
         self._readmit_cap = c
         self._freq: dict[int, int] = {}  # cached or revived block -> its frequency
         self._home: dict[int, Queue] = {}  # cached or revived block -> its queue
+        self._decided: Queue | None = None  # the latest peek's queue, while no call came
 
     def _queue(self, q: Queue) -> OrderedDict[int, None]:
         return self._small if q == "small" else self._main
 
     def _insert(self, block: int, now: float, key: bytes, revived: bool) -> None:
+        self._decided = None
         if revived:
             q = self._home[block]  # back to the queue it left, newest end; freq kept
         else:
@@ -86,6 +92,7 @@ class S3Fifo(EvictionPolicy):
         self._queue(q)[block] = None
 
     def _miss(self, key: bytes, now: float) -> None:
+        self._decided = None
         if key in self._ghost:
             del self._ghost[key]
             self._readmit[key] = None
@@ -93,52 +100,74 @@ class S3Fifo(EvictionPolicy):
                 self._readmit.popitem(last=False)
 
     def _hit(self, block: int, now: float, key: bytes) -> None:
+        self._decided = None
         del self._queue(self._home[block])[block]
         self._freq[block] = min(self._freq[block] + 1, MAX_FREQ)
 
     def _forget(self, block: int, key: bytes) -> None:
+        self._decided = None
         del self._queue(self._home.pop(block))[block]
         del self._freq[block]
 
     def _pick(self, now: float) -> int | None:
-        total = len(self._small) + len(self._main)
-        if total == 0:
+        q = self._settle()
+        self._decided = None
+        if q is None:
             return None
-        if self._small and (len(self._small) >= self._ratio * total or not self._main):
-            b = self._evict_small()
-            if b is not None:
-                return b
-        return self._evict_main()  # M is non-empty here: S emptied into it, or S was small
-
-    def _evict_small(self) -> int | None:
-        """S's tail moves to M while reused, else is evicted (its key to G); None if every
-        block of S moved."""
-        while self._small:
-            b = next(iter(self._small))
-            del self._small[b]
-            if self._freq[b] >= self._move:
-                self._freq[b] = 0  # the paper clears the bits on the move
-                self._home[b] = "main"
-                self._main[b] = None
-                continue
+        queue = self._queue(q)
+        b = next(iter(queue))
+        del queue[b]
+        if q == "small":  # evicted from S: its key joins G (from M: no ghost)
             self._ghost[self._keys[b]] = None
             while len(self._ghost) > self._ghost_cap:
                 self._ghost.popitem(last=False)
-            self._drop(b)
-            return b
-        return None
+        self._drop(b)
+        return b
 
-    def _evict_main(self) -> int:
-        """M's tail is reinserted with one access spent while it has any, else evicted."""
+    def _peek(self, now: float) -> int | None:
+        q = self._settle()
+        return None if q is None else next(iter(self._queue(q)))
+
+    def _settle(self) -> Queue | None:
+        """Decide which queue the victim comes from and make the moves that come first, so
+        that the victim is that queue's oldest block; None when the set is empty. Decided
+        once: a peek's moves change the sizes the choice between S and M looks at, so the
+        `_pick` right after it keeps the peek's choice."""
+        if self._decided is not None:
+            return self._decided
+        total = len(self._small) + len(self._main)
+        if total == 0:
+            return None
+        small = bool(self._small) and (len(self._small) >= self._ratio * total or not self._main)
+        if small and self._settle_small():
+            self._decided = "small"
+        else:
+            self._settle_main()  # M is non-empty here: S emptied into it, or S was small
+            self._decided = "main"
+        return self._decided
+
+    def _settle_small(self) -> bool:
+        """S's oldest block moves to M while reused; whether one used less is left (the
+        victim), False if every block of S moved."""
+        while self._small:
+            b = next(iter(self._small))
+            if self._freq[b] < self._move:
+                return True
+            del self._small[b]
+            self._freq[b] = 0  # the paper clears the bits on the move
+            self._home[b] = "main"
+            self._main[b] = None
+        return False
+
+    def _settle_main(self) -> None:
+        """M's oldest block is reinserted with one access spent while it has any."""
         while True:
             b = next(iter(self._main))
+            if self._freq[b] == 0:
+                return
             del self._main[b]
-            if self._freq[b] > 0:
-                self._freq[b] -= 1
-                self._main[b] = None
-                continue
-            self._drop(b)
-            return b
+            self._freq[b] -= 1
+            self._main[b] = None
 
     def _drop(self, block: int) -> None:
         del self._freq[block]

@@ -57,6 +57,9 @@ class Slru(EvictionPolicy):
             return None
         return seg.popitem(last=False)[0]
 
+    def _peek(self, now: float) -> int | None:
+        return next(iter(self._probation or self._protected), None)
+
     def segments(self) -> tuple[list[int], list[int]]:
         """(probationary, protected), each LRU first: for tests and debugging."""
         return list(self._probation), list(self._protected)

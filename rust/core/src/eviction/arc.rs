@@ -77,6 +77,15 @@ impl ArcRules {
         true
     }
 
+    /// The list REPLACE evicts from; ties (|T1| = p) go to T2.
+    fn replace_from(&self) -> List {
+        if !self.t1.is_empty() && (self.t1.len() > self.p || self.t2.is_empty()) {
+            List::T1
+        } else {
+            List::T2
+        }
+    }
+
     /// The directory bounds: |T1| + |B1| <= c, |T1| + |T2| + |B1| + |B2| <= 2c.
     fn bound(&mut self) {
         let c = self.c;
@@ -142,8 +151,7 @@ impl Rules for ArcRules {
     }
 
     fn pick(&mut self, keys: &Keys) -> Option<u32> {
-        // REPLACE; ties (|T1| = p) go to T2.
-        let b = if !self.t1.is_empty() && (self.t1.len() > self.p || self.t2.is_empty()) {
+        let b = if self.replace_from() == List::T1 {
             let b = self.t1.pop()?;
             self.b1.add(keys.key(b));
             b
@@ -154,6 +162,13 @@ impl Rules for ArcRules {
         };
         self.bound();
         Some(b)
+    }
+
+    fn peek(&mut self) -> Option<u32> {
+        match self.replace_from() {
+            List::T1 => self.t1.first(),
+            List::T2 => self.t2.first(),
+        }
     }
 
     fn clear(&mut self) {

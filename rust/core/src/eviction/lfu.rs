@@ -77,6 +77,10 @@ impl Rules for LfuRules {
         Some(b)
     }
 
+    fn peek(&mut self) -> Option<u32> {
+        self.ranks.first_key_value().map(|(_, &b)| b)
+    }
+
     fn clear(&mut self) {
         self.age = 0;
         self.ranks.clear();

@@ -48,6 +48,10 @@ impl Rules for LruRules {
         self.queue.pop()
     }
 
+    fn peek(&mut self) -> Option<u32> {
+        self.queue.first()
+    }
+
     fn clear(&mut self) {
         self.queue.clear();
     }

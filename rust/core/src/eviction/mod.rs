@@ -20,6 +20,8 @@ mod lfu;
 // The locked LRU: per-tenant instances (`tenants`) and the policies' own tests (the pool
 // runs LRU lock-free otherwise).
 mod lru;
+#[cfg(all(test, not(loom)))]
+mod peek_tests;
 mod priority;
 mod s3fifo;
 mod seq_queue;
@@ -112,6 +114,17 @@ impl Retention {
     };
 }
 
+/// How a candidate victim orders against other policy instances' candidates (tenant quotas:
+/// each tenant's policy names its `peek`, the least by (cross rank, release order) goes):
+/// (level, time, kind), the reference's `cross_rank` (`priority.py`'s `rank(now)[:3]`). The
+/// priority policy gives (priority, release time, 1), or (`DEFAULT_PRIORITY`, deadline, 0)
+/// once the block's duration has run out (kind 0: ahead of the blocks released at that very
+/// instant); every other policy gives `NO_CROSS_RANK`, so release order alone decides.
+pub type CrossRank = (u8, f64, u8);
+
+/// The cross rank of every policy but priority (the reference's empty tuple).
+pub const NO_CROSS_RANK: CrossRank = (DEFAULT_PRIORITY, 0.0, 1);
+
 /// A policy over the evictable (CACHED) blocks, called under the pool's policy lock only.
 ///
 /// Contract (the pool keeps it; a policy may `debug_assert!` it): `cached` is called only for
@@ -141,8 +154,28 @@ pub trait Policy: Send {
     /// lookups; a no-op for the others).
     fn miss(&mut self, digest: &Digest);
 
-    /// The next block to evict, removed from the set; None when the set is empty.
+    /// The next block to evict, removed from the set; None when the set is empty. Right
+    /// after a `peek`, exactly the entry it returned.
     fn victim(&mut self) -> Option<Entry>;
+
+    /// The entry the next `victim` returns if no other call comes in between, left in the
+    /// set; None when the set is empty. Tenant quotas need each tenant's next victim to
+    /// choose among them (the reference's `quotas.py`, rule 3). It may do for real the
+    /// bookkeeping `victim` does before it chooses, so that the candidate then sits where
+    /// `victim` takes it: S3-FIFO moves S's reused oldest blocks to M and reinserts M's
+    /// oldest with one access spent, as the reference's `peek` does (so a peek that is not
+    /// followed by this policy's `victim` still changes its later order, on both sides);
+    /// for the other policies the order is as if the peek never happened. A second peek
+    /// returns the same entry and changes nothing.
+    // Tenant quotas call it next (issue 25); until then only the tests do.
+    #[cfg_attr(any(not(test), loom), allow(dead_code))]
+    fn peek(&mut self) -> Option<Entry>;
+
+    /// What orders the member `block` (normally this policy's `peek`) against another
+    /// instance's candidate before their release order: `CrossRank`, least first.
+    // Tenant quotas call it next (issue 25); until then only the tests do.
+    #[cfg_attr(any(not(test), loom), allow(dead_code))]
+    fn cross_rank(&self, block: u32) -> CrossRank;
 
     /// Blocks in the set.
     fn len(&self) -> usize;

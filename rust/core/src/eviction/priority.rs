@@ -14,7 +14,7 @@
 //! Every call is O(log n) (`victim` also moves each block whose deadline passed, once).
 
 use super::base::{Keys, Rules, Tracked};
-use super::{Policy, Retention, DEFAULT_PRIORITY, MAX_PRIORITY};
+use super::{CrossRank, Policy, Retention, DEFAULT_PRIORITY, MAX_PRIORITY};
 use crate::alloc::try_filled;
 use crate::clock::Clock;
 use crate::error::Result;
@@ -79,6 +79,10 @@ pub(crate) struct PriorityRules {
     /// (deadline, seq) of the cached blocks not yet moved to the default level.
     pending: BTreeMap<(u64, u64), u32>,
     slots: Vec<Slot>,
+    /// A `peek` moved the expired blocks and named the first, and no other call came
+    /// since: `pick` takes that block without moving the blocks expired meanwhile (the
+    /// clock runs on), so that it returns what the peek did.
+    peeked: bool,
 }
 
 /// The priority policy: `Tracked` rules plus the retention a held or cached block is given.
@@ -107,6 +111,7 @@ impl PriorityPolicy {
             nonempty: 0,
             pending: BTreeMap::new(),
             slots: try_filled(num_blocks, slot, "the priority policy's block table")?,
+            peeked: false,
         };
         Ok(Self {
             inner: Tracked::with_rules(num_blocks, rules)?,
@@ -205,6 +210,7 @@ impl PriorityRules {
     /// Give `block` `r`: from its next release, or at once if it is cached (keeping its
     /// release time; the duration counts from now).
     fn set_retention(&mut self, block: u32, r: Retention) {
+        self.peeked = false;
         let r = checked(r);
         self.slots[block as usize].retention = r;
         if self.slots[block as usize].in_set {
@@ -214,6 +220,23 @@ impl PriorityRules {
             rank.priority = r.priority;
             rank.deadline = deadline(r, now);
             self.place(block);
+        }
+    }
+
+    /// The first block of the lowest level, left in.
+    fn first(&self) -> Option<u32> {
+        let level = self.nonempty.trailing_zeros() as usize;
+        let (_, &block) = self.levels.get(level)?.first_key_value()?;
+        Some(block)
+    }
+
+    /// `Policy::cross_rank`: the reference's `rank(now)[:3]`, now on the clock.
+    fn cross_rank(&self, block: u32) -> CrossRank {
+        let s = &self.slots[block as usize];
+        debug_assert!(s.in_set, "block {block} is not in the priority order");
+        match s.rank.deadline {
+            Some(d) if d <= self.clock.now() => (DEFAULT_PRIORITY, d, 0),
+            _ => (s.rank.priority, s.rank.released, 1),
         }
     }
 
@@ -244,6 +267,7 @@ impl PriorityRules {
 
 impl Rules for PriorityRules {
     fn insert(&mut self, block: u32, _key: &Digest, _revived: bool) {
+        self.peeked = false;
         let now = self.clock.now();
         let s = &mut self.slots[block as usize];
         s.rank = Rank {
@@ -257,6 +281,7 @@ impl Rules for PriorityRules {
     }
 
     fn hit(&mut self, block: u32) {
+        self.peeked = false;
         let now = self.clock.now();
         self.unplace(block);
         let s = &mut self.slots[block as usize];
@@ -269,6 +294,7 @@ impl Rules for PriorityRules {
     }
 
     fn unhit(&mut self, block: u32) {
+        self.peeked = false;
         // The rank and retention from before the hit: a retention the failed call gave the
         // block meanwhile is undone with it.
         let s = &mut self.slots[block as usize];
@@ -277,19 +303,34 @@ impl Rules for PriorityRules {
     }
 
     fn forget(&mut self, block: u32) {
+        self.peeked = false;
         self.unplace(block);
         self.slots[block as usize].retention = DEFAULT;
     }
 
+    fn miss(&mut self, _key: &Digest) {
+        self.peeked = false;
+    }
+
     fn pick(&mut self, _keys: &Keys) -> Option<u32> {
-        self.expire(self.clock.now());
-        let level = self.nonempty.trailing_zeros() as usize;
-        let (_, &block) = self.levels.get(level)?.first_key_value()?;
+        if !std::mem::take(&mut self.peeked) {
+            self.expire(self.clock.now());
+        }
+        let block = self.first()?;
         self.forget(block);
         Some(block)
     }
 
+    fn peek(&mut self) -> Option<u32> {
+        if !self.peeked {
+            self.expire(self.clock.now());
+            self.peeked = true;
+        }
+        self.first()
+    }
+
     fn clear(&mut self) {
+        self.peeked = false;
         self.levels.iter_mut().for_each(BTreeMap::clear);
         self.nonempty = 0;
         self.pending.clear();
@@ -325,6 +366,14 @@ impl Policy for PriorityPolicy {
         self.inner.victim()
     }
 
+    fn peek(&mut self) -> Option<Entry> {
+        self.inner.peek()
+    }
+
+    fn cross_rank(&self, block: u32) -> CrossRank {
+        self.inner.rules.cross_rank(block)
+    }
+
     fn len(&self) -> usize {
         self.inner.len()
     }
@@ -338,6 +387,7 @@ impl Policy for PriorityPolicy {
     }
 
     fn set_retention(&mut self, block: u32, retention: Retention) {
+        self.inner.unpeek();
         self.inner.rules.set_retention(block, retention);
     }
 }

@@ -42,6 +42,9 @@ pub(crate) struct S3FifoRules {
     ghost_cap: usize,
     readmit_cap: usize,
     meta: Vec<Meta>,
+    /// The queue whose oldest block is the next victim, as the latest `peek` left it; None
+    /// once any other call came (`pick` then decides afresh).
+    decided: Option<Home>,
 }
 
 /// `c - int(c * 0.1)`: M's share of the cache, the ghost's capacity. `c / 10` is
@@ -72,6 +75,7 @@ impl S3Fifo {
             ghost_cap: ghost_cap(num_blocks),
             readmit_cap: num_blocks,
             meta: try_filled(num_blocks, meta, "the S3-FIFO policy's block table")?,
+            decided: None,
         };
         Self::with_rules(num_blocks, rules)
     }
@@ -92,35 +96,56 @@ impl S3FifoRules {
         m.seq = seq;
     }
 
-    /// S's oldest block moves to M while reused, else is evicted (its digest to G); None
-    /// if every block of S moved.
-    fn evict_small(&mut self, keys: &Keys) -> Option<u32> {
-        while let Some(b) = self.small.pop() {
-            let m = &mut self.meta[b as usize];
-            if m.freq >= MOVE_TO_MAIN {
-                m.freq = 0; // the paper clears the bits on the move
-                self.push(b, Home::Main);
-                continue;
-            }
-            self.ghost.add(keys.key(b));
-            self.ghost.trim(self.ghost_cap);
-            return Some(b);
+    /// Decide which queue the victim comes from and make the moves that come first, so
+    /// that the victim is that queue's oldest block (the reference's `_settle`); None when
+    /// the set is empty. Decided once: a `peek`'s moves change the sizes the choice
+    /// between S and M looks at, so the `pick` after it keeps the peek's choice.
+    fn settle(&mut self) -> Option<Home> {
+        if let Some(home) = self.decided {
+            return Some(home);
         }
-        None
+        let total = self.small.len() + self.main.len();
+        if total == 0 {
+            return None;
+        }
+        let from_small = !self.small.is_empty()
+            && (small_is_big(self.small.len(), total) || self.main.is_empty());
+        let home = if from_small && self.settle_small() {
+            Home::Small
+        } else {
+            // M is not empty here: S emptied into it, or S was small.
+            self.settle_main();
+            Home::Main
+        };
+        self.decided = Some(home);
+        Some(home)
     }
 
-    /// M's oldest block is reinserted with one access spent while it has any, else evicted.
-    fn evict_main(&mut self) -> Option<u32> {
-        while let Some(b) = self.main.pop() {
-            let m = &mut self.meta[b as usize];
-            if m.freq > 0 {
-                m.freq -= 1;
-                self.push(b, Home::Main);
-                continue;
+    /// S's oldest block moves to M while reused; whether one used less is left (the
+    /// victim), false if every block of S moved.
+    fn settle_small(&mut self) -> bool {
+        while let Some(b) = self.small.first() {
+            if self.meta[b as usize].freq < MOVE_TO_MAIN {
+                return true;
             }
-            return Some(b);
+            self.small.pop();
+            self.meta[b as usize].freq = 0; // the paper clears the bits on the move
+            self.push(b, Home::Main);
         }
-        None
+        false
+    }
+
+    /// M's oldest block is reinserted with one access spent while it has any.
+    fn settle_main(&mut self) {
+        while let Some(b) = self.main.first() {
+            let m = &mut self.meta[b as usize];
+            if m.freq == 0 {
+                return;
+            }
+            m.freq -= 1;
+            self.main.pop();
+            self.push(b, Home::Main);
+        }
     }
 
     /// (S, M, G), each oldest first.
@@ -132,6 +157,7 @@ impl S3FifoRules {
 
 impl Rules for S3FifoRules {
     fn insert(&mut self, block: u32, key: &Digest, revived: bool) {
+        self.decided = None;
         let home = if revived {
             self.meta[block as usize].home // the queue it left, newest end; freq kept
         } else {
@@ -149,6 +175,7 @@ impl Rules for S3FifoRules {
     }
 
     fn hit(&mut self, block: u32) {
+        self.decided = None;
         let m = self.meta[block as usize];
         self.queue(m.home).remove(m.seq, block);
         let m = &mut self.meta[block as usize];
@@ -157,6 +184,7 @@ impl Rules for S3FifoRules {
     }
 
     fn unhit(&mut self, block: u32) {
+        self.decided = None;
         let m = &mut self.meta[block as usize];
         m.freq = m.freq_before_hit;
         let m = *m;
@@ -164,11 +192,13 @@ impl Rules for S3FifoRules {
     }
 
     fn forget(&mut self, block: u32) {
+        self.decided = None;
         let m = self.meta[block as usize];
         self.queue(m.home).remove(m.seq, block);
     }
 
     fn miss(&mut self, key: &Digest) {
+        self.decided = None;
         if self.ghost.remove(key) {
             self.readmit.add(*key);
             self.readmit.trim(self.readmit_cap);
@@ -176,23 +206,25 @@ impl Rules for S3FifoRules {
     }
 
     fn pick(&mut self, keys: &Keys) -> Option<u32> {
-        let total = self.small.len() + self.main.len();
-        if total == 0 {
-            return None;
+        let home = self.settle()?;
+        self.decided = None;
+        let b = self.queue(home).pop();
+        debug_assert!(b.is_some(), "settled on an empty queue");
+        if let (Home::Small, Some(b)) = (home, b) {
+            // Evicted from S: its digest to G. (From M: no ghost.)
+            self.ghost.add(keys.key(b));
+            self.ghost.trim(self.ghost_cap);
         }
-        if !self.small.is_empty() && (small_is_big(self.small.len(), total) || self.main.is_empty())
-        {
-            if let Some(b) = self.evict_small(keys) {
-                return Some(b);
-            }
-        }
-        // M is not empty here: S emptied into it, or S was small.
-        let b = self.evict_main();
-        debug_assert!(b.is_some());
         b
     }
 
+    fn peek(&mut self) -> Option<u32> {
+        let home = self.settle()?;
+        self.queue(home).first()
+    }
+
     fn clear(&mut self) {
+        self.decided = None;
         self.small.clear();
         self.main.clear();
         self.ghost.clear();
@@ -370,5 +402,61 @@ mod tests {
         ] {
             check(n);
         }
+    }
+
+    /// An S3-FIFO policy with M = 18 blocks (ghost hits), then S = [20 (key a, hit twice:
+    /// freq 2), 21 (key b, freq 0)].
+    fn s3fifo_case() -> S3Fifo {
+        let mut p = S3Fifo::new(40).unwrap();
+        let name = |i: u32| format!("m{i}");
+        for i in 0..18 {
+            p.cached(entry(i, &name(i)));
+        }
+        for _ in 0..18 {
+            p.victim().unwrap();
+        }
+        for i in 0..18 {
+            p.cached(entry(i, &name(i))); // in G: to M
+        }
+        p.cached(entry(20, "a"));
+        for _ in 0..2 {
+            p.hit(20);
+            p.cached(entry(20, "a"));
+        }
+        p.cached(entry(21, "b"));
+        let (s, m, _) = p.rules.queues();
+        assert_eq!((s, m), (vec![20, 21], (0..18).collect()));
+        p
+    }
+
+    #[test]
+    fn s3fifo_peek_makes_the_moves_and_keeps_its_choice_of_queue() {
+        // |S| = 2 is 10% of 20: the victim comes from S, where 20 moves to M first. With
+        // |S| = 1 the choice would now be M; the victim after the peek is still 21, from S.
+        let mut p = s3fifo_case();
+        assert_eq!(p.peek().map(|e| e.block), Some(21));
+        let (s, m, _) = p.rules.queues();
+        assert_eq!((s, m.len(), m.last()), (vec![21], 19, Some(&20))); // moved, for real
+        assert_eq!(p.peek().map(|e| e.block), Some(21));
+        assert_eq!(p.victim().map(|e| e.block), Some(21));
+        assert_eq!(p.rules.queues().2.last(), Some(&k("b"))); // evicted from S: key to G
+                                                              // S is empty now: M's oldest.
+        assert_eq!(p.peek().map(|e| e.block), Some(0));
+    }
+
+    #[test]
+    fn s3fifo_peek_then_another_call_keeps_the_moves_not_the_choice() {
+        // Without a peek: S = [20, 21, 30] of 21 is big, 20 moves to M and 21 goes.
+        let mut p = s3fifo_case();
+        p.cached(entry(30, "e"));
+        assert_eq!(p.victim().map(|e| e.block), Some(21));
+        // With a peek first: its move of 20 to M stays; after the cache of 30, S = [21, 30]
+        // of 21 is under 10%, so the victim is decided afresh and comes from M.
+        let mut p = s3fifo_case();
+        assert_eq!(p.peek().map(|e| e.block), Some(21));
+        p.cached(entry(30, "e"));
+        assert_eq!(p.peek().map(|e| e.block), Some(0));
+        assert_eq!(p.victim().map(|e| e.block), Some(0));
+        assert_eq!(p.rules.queues().0, vec![21, 30]);
     }
 }

@@ -31,6 +31,11 @@ impl SeqQueue {
         self.map.pop_first().map(|(_, b)| b)
     }
 
+    /// The oldest block, left in.
+    pub(super) fn first(&self) -> Option<u32> {
+        self.map.first_key_value().map(|(_, &b)| b)
+    }
+
     /// Take the block at `seq` out.
     pub(super) fn remove(&mut self, seq: u64, block: u32) {
         let was = self.map.remove(&seq);

@@ -108,6 +108,10 @@ impl Rules for SlruRules {
         self.probation.pop().or_else(|| self.protected.pop())
     }
 
+    fn peek(&mut self) -> Option<u32> {
+        self.probation.first().or_else(|| self.protected.first())
+    }
+
     fn clear(&mut self) {
         self.probation.clear();
         self.protected.clear();
