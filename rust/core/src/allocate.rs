@@ -150,8 +150,9 @@ impl BlockManager {
                 let new_seq = |tokens: &mut Vec<u32>, hits: usize| {
                     let mut s = Sequence::new(std::mem::take(tokens), extras.clone(), q.lora_id);
                     s.keyed = q.block_hashes.is_some();
-                    s.retention = opts.retention.map(|r| Arc::new(r.clone()));
-                    s.tenant = self.tenant_of(q.cache_salt);
+                    let prompt = s.tokens.len();
+                    s.set_retention(opts.retention.map(|r| Arc::new((r.clone(), prompt))));
+                    s.set_tenant(self.tenant_of(q.cache_salt));
                     if !opts.register {
                         // Blocks fit a u32 (tokens fit an i32): the cast is exact.
                         s.hold = hits as u32;
@@ -175,7 +176,7 @@ impl BlockManager {
                         counters::add(&self.counters.prefix_queries, n);
                         counters::add(&self.counters.prefix_hits, hits * bs);
                         self.recent.record(n, hits * bs);
-                        self.record_tenant_hits(seq.tenant, n, hits * bs);
+                        self.record_tenant_hits(seq.tenant(), n, hits * bs);
                     }
                     self.account((0, 0), seq.footprint(bs));
                     return Ok(Some(hits * bs));
@@ -199,7 +200,7 @@ impl BlockManager {
                     counters::add(&self.counters.prefix_queries, n);
                     counters::add(&self.counters.prefix_hits, hits * bs);
                     self.recent.record(n, hits * bs);
-                    self.record_tenant_hits(seq.tenant, n, hits * bs);
+                    self.record_tenant_hits(seq.tenant(), n, hits * bs);
                 }
                 self.account((0, 0), seq.footprint(bs));
                 Ok(Some(hits * bs))

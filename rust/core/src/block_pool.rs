@@ -14,16 +14,15 @@ use crate::duties;
 use crate::error::{Error, Result};
 use crate::events::{EventLog, KvEvent, Medium};
 use crate::eviction::{EvictionKind, Retention};
-use crate::tenants::Quota;
 use crate::eviction_order::{out_of_step, EvictionOrder};
 use crate::free_stack::FreeStack;
 use crate::hashing::{Digest, Tag};
 use crate::lru_queue::{Entry, LruQueue};
 use crate::prefix_index::PrefixIndex;
 use crate::sync::{
-    backoff, lock, prefetch, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Mutex, Ordering,
-    Padded,
+    backoff, lock, prefetch, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Mutex, Ordering, Padded,
 };
+use crate::tenants::Quota;
 use std::sync::Arc;
 
 /// Number of digest stripes (a power of two).

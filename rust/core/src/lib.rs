@@ -98,6 +98,6 @@ pub use policy::{GroupKind, MAX_GROUPS};
 pub use retention::{RetentionRange, RetentionSpec};
 pub use running::{RunningBatch, StepOut};
 pub use stats::{AllocStatus, GroupStats, Stats};
-pub use tenants::{Quota, TenantStats, UNSALTED};
 #[cfg(not(loom))]
 pub use sync::nonblocking;
+pub use tenants::{Quota, TenantStats, UNSALTED};

@@ -13,7 +13,6 @@
 use crate::block_pool::BlockPool;
 use crate::broken::BrokenGuard;
 use crate::clock::Clock;
-use crate::tenants::registry::Registry;
 use crate::config::Config;
 use crate::counters::{Counters, RecentHits};
 use crate::cpu_pool::CpuPool;
@@ -25,6 +24,7 @@ use crate::policy::{GroupKind, MAX_GROUPS};
 use crate::seq_map::{lock_cell, SeqMap};
 use crate::sequence::Sequence;
 use crate::sync::{lock, may_wait, try_lock, AtomicU64, Mutex, MutexGuard, Ordering, Padded};
+use crate::tenants::registry::Registry;
 use std::sync::Arc;
 
 /// The most tokens one sequence may hold (positions fit an `i32`, as attention kernels and

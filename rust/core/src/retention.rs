@@ -107,14 +107,14 @@ impl BlockManager {
     /// Give `seq`'s blocks `from..from + count` (table positions) their retention, before
     /// the sequence lets go of them. Blocks without a digest are never cached: skipped.
     pub(crate) fn retain(&self, seq: &Sequence, from: usize, count: usize) {
-        let Some(spec) = seq.retention.as_deref() else {
+        let Some((spec, prompt)) = seq.retention() else {
             return;
         };
         let bs = self.block_size();
         let end = (from + count).min(seq.blocks.len()).min(seq.digests.len());
         let blocks: Vec<(u32, Retention)> = (from..end)
             .filter_map(|i| {
-                let r = spec.of_block(i * bs, seq.prompt_len)?;
+                let r = spec.of_block(i * bs, *prompt)?;
                 Some((seq.blocks[i], r))
             })
             .collect();

@@ -42,7 +42,7 @@ impl BlockManager {
                 continue;
             }
             let event = || self.stored_event(seq, i, Medium::Gpu);
-            self.gpu.set_tenant(seq.blocks[i], seq.tenant);
+            self.gpu.set_tenant(seq.blocks[i], seq.tenant());
             new += usize::from(
                 self.gpu
                     .register(seq.blocks[i], seq.digests[i], seq.tag(i), event),

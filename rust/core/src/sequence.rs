@@ -50,12 +50,6 @@ pub struct Sequence {
     /// Sum over `i` of `mix(i, blocks[i])`: equal tables give equal digests, and replacing
     /// one entry updates it in O(1).
     pub table_digest: u64,
-    /// The prompt's length (tokens at creation): where decode retention starts.
-    pub prompt_len: usize,
-    /// `allocate(retention=...)`, shared by forks; None without.
-    pub retention: Option<Arc<RetentionSpec>>,
-    /// Its tenant (`tenants`): the id of its cache salt; `UNSALTED` without tenants.
-    pub tenant: u32,
 }
 
 /// The tables of a sequence's groups `1..`.
@@ -66,6 +60,20 @@ struct Others {
     tables: Vec<Vec<u32>>,
     /// While swapped out: the CPU blocks of groups `1..`, shaped as `tables` was.
     cpu: Vec<Vec<u32>>,
+    /// `allocate(retention=...)` with the prompt's length (where decode retention starts),
+    /// shared by forks. Here, not in `Sequence`, so that a sequence without it stays small.
+    retention: Option<Arc<(RetentionSpec, usize)>>,
+    /// Its tenant (`tenants`): the id of its cache salt; `UNSALTED` otherwise.
+    tenant: u32,
+}
+
+impl Others {
+    fn is_empty(&self) -> bool {
+        self.tables.is_empty()
+            && self.cpu.is_empty()
+            && self.retention.is_none()
+            && self.tenant == 0
+    }
 }
 
 /// `Sequence::hold` of a sequence that is not held.
@@ -83,9 +91,6 @@ impl Sequence {
     pub fn new(tokens: Vec<u32>, extras: Arc<[u8]>, lora_id: Option<u64>) -> Self {
         Self {
             blocks: Vec::new(),
-            prompt_len: tokens.len(),
-            retention: None,
-            tenant: 0,
             tokens,
             scheduled: 0,
             hit_blocks: 0,
@@ -130,11 +135,33 @@ impl Sequence {
 
     /// Set groups `1..`'s tables and CPU tables.
     pub fn set_more(&mut self, tables: Vec<Vec<u32>>, cpu: Vec<Vec<u32>>) {
-        self.others = if tables.is_empty() && cpu.is_empty() {
-            None
-        } else {
-            Some(Box::new(Others { tables, cpu }))
-        };
+        let o = self.others_mut();
+        (o.tables, o.cpu) = (tables, cpu);
+        if o.is_empty() {
+            self.others = None;
+        }
+    }
+
+    /// Its tenant (`UNSALTED` without tenants).
+    pub fn tenant(&self) -> u32 {
+        self.others.as_ref().map_or(0, |o| o.tenant)
+    }
+
+    pub fn set_tenant(&mut self, tenant: u32) {
+        if tenant != 0 || self.others.is_some() {
+            self.others_mut().tenant = tenant;
+        }
+    }
+
+    /// Its retention and prompt length (`allocate(retention=...)`).
+    pub fn retention(&self) -> Option<&(RetentionSpec, usize)> {
+        self.others.as_ref().and_then(|o| o.retention.as_deref())
+    }
+
+    pub fn set_retention(&mut self, retention: Option<Arc<(RetentionSpec, usize)>>) {
+        if retention.is_some() || self.others.is_some() {
+            self.others_mut().retention = retention;
+        }
     }
 
     fn others_mut(&mut self) -> &mut Others {

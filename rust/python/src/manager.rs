@@ -12,8 +12,8 @@ use crate::retention::retention_arg;
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
 use pagedkv_core::{
-    duties, nonblocking, AllocateOpts, BlockManager, Config, Error, EvictionKind, GroupKind, Quota,
-    HashAlgo, PromptKeys, PromptLen, Result as CoreResult,
+    duties, nonblocking, AllocateOpts, BlockManager, Config, Error, EvictionKind, GroupKind,
+    HashAlgo, PromptKeys, PromptLen, Quota, Result as CoreResult,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
@@ -1073,7 +1073,9 @@ impl PyBlockManager {
                 .transpose()?,
             reserved: opt_int_arg(&reserved, 0, "reserved", 0, max)? as usize,
         };
-        run(py, false, || self.inner.set_tenant_quota(salt.as_deref(), quota))
+        run(py, false, || {
+            self.inner.set_tenant_quota(salt.as_deref(), quota)
+        })
     }
 
     /// Per tenant, unsalted first then in order of first use: `(cache_salt, held_blocks,

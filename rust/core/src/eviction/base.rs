@@ -35,8 +35,6 @@ pub(crate) trait Rules: Send {
     fn pick(&mut self, keys: &Keys) -> Option<u32>;
 
     /// The block `pick` would choose now, left in (`_peek`): `Policy::peek`.
-    // Tenant quotas call it next (issue 25); until then only the tests do.
-    #[cfg_attr(any(not(test), loom), allow(dead_code))]
     fn peek(&mut self) -> Option<u32>;
 
     /// Forget everything, adaptive state and ghosts included.

@@ -39,10 +39,10 @@ pub(crate) use s3fifo::S3Fifo;
 pub(crate) use slru::Slru;
 
 use crate::clock::Clock;
-use crate::tenants::Quota;
 use crate::error::Result;
 use crate::hashing::Digest;
 use crate::lru_queue::Entry;
+use crate::tenants::Quota;
 use std::sync::Arc;
 
 /// The eviction policy of a manager's GPU pool.
@@ -167,14 +167,10 @@ pub trait Policy: Send {
     /// followed by this policy's `victim` still changes its later order, on both sides);
     /// for the other policies the order is as if the peek never happened. A second peek
     /// returns the same entry and changes nothing.
-    // Tenant quotas call it next (issue 25); until then only the tests do.
-    #[cfg_attr(any(not(test), loom), allow(dead_code))]
     fn peek(&mut self) -> Option<Entry>;
 
     /// What orders the member `block` (normally this policy's `peek`) against another
     /// instance's candidate before their release order: `CrossRank`, least first.
-    // Tenant quotas call it next (issue 25); until then only the tests do.
-    #[cfg_attr(any(not(test), loom), allow(dead_code))]
     fn cross_rank(&self, block: u32) -> CrossRank;
 
     /// Blocks in the set.

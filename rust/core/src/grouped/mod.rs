@@ -121,7 +121,7 @@ impl BlockManager {
                 }
                 let event = || self.stored_event_of(seq, g, i, Medium::Gpu);
                 let key = seq.digests[i].keyed(g as u8);
-                self.gpu.set_tenant(b, seq.tenant);
+                self.gpu.set_tenant(b, seq.tenant());
                 if self.gpu.register(b, key, seq.tag(i), event) {
                     new += 1;
                     if let Some(t) = self.gpu.tally(g as u8) {

@@ -61,7 +61,7 @@ impl BlockManager {
             if !cell.is_live() {
                 continue;
             }
-            if let Some(set) = held.get_mut(seq.tenant as usize) {
+            if let Some(set) = held.get_mut(seq.tenant() as usize) {
                 set.extend(self.held_entries(&seq));
             }
         }

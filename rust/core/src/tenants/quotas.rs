@@ -19,7 +19,7 @@
 use super::Quota;
 use crate::clock::Clock;
 use crate::error::Result;
-use crate::eviction::{new_locked_policy, EvictionKind, Policy, Retention};
+use crate::eviction::{new_locked_policy, CrossRank, EvictionKind, Policy, Retention};
 use crate::hashing::Digest;
 use crate::lru_queue::Entry;
 use std::collections::HashMap;
@@ -28,19 +28,22 @@ use std::sync::Arc;
 /// The shared group's index in `groups`.
 const SHARED: usize = 0;
 
-/// A group's candidate, as `victim` orders them.
+/// A group's candidate, as `victim` orders them: groups above their reserve first (rule
+/// 2), then by the policy's cross rank and the release order (rule 3).
 struct Rank {
     below_reserve: bool,
-    level: u8,
-    time: f64,
+    cross: CrossRank,
     seq: u64,
 }
 
 impl Rank {
     fn before(&self, other: &Rank) -> bool {
-        (self.below_reserve, self.level)
-            .cmp(&(other.below_reserve, other.level))
-            .then(self.time.total_cmp(&other.time))
+        let (l, t, k) = self.cross;
+        let (ol, ot, ok) = other.cross;
+        (self.below_reserve, l)
+            .cmp(&(other.below_reserve, ol))
+            .then(t.total_cmp(&ot))
+            .then(k.cmp(&ok))
             .then(self.seq.cmp(&other.seq))
             .is_lt()
     }
@@ -158,7 +161,10 @@ impl Policy for Quotas {
     fn cached(&mut self, e: Entry) {
         let mut trimmed = Vec::new();
         self.cached_by(e, super::UNSALTED, &mut trimmed);
-        debug_assert!(trimmed.is_empty(), "the unsalted tenant cached without trims");
+        debug_assert!(
+            trimmed.is_empty(),
+            "the unsalted tenant cached without trims"
+        );
     }
 
     fn cached_by(&mut self, e: Entry, tenant: u32, trimmed: &mut Vec<Entry>) {
@@ -226,11 +232,9 @@ impl Policy for Quotas {
             let Some(e) = self.groups[g].policy.peek() else {
                 continue;
             };
-            let (level, time) = self.groups[g].policy.cross_rank(e.block);
             let rank = Rank {
                 below_reserve: self.groups[g].len <= self.groups[g].quota.reserved,
-                level,
-                time,
+                cross: self.groups[g].policy.cross_rank(e.block),
                 seq: self.members[&e.block].seq,
             };
             if best.as_ref().is_none_or(|(b, _)| rank.before(b)) {
@@ -248,7 +252,7 @@ impl Policy for Quotas {
         unimplemented!("quotas are not nested")
     }
 
-    fn cross_rank(&self, _block: u32) -> (u8, f64) {
+    fn cross_rank(&self, _block: u32) -> CrossRank {
         unimplemented!("quotas are not nested")
     }
 
@@ -257,7 +261,10 @@ impl Policy for Quotas {
     }
 
     fn entries(&self) -> Vec<Entry> {
-        self.groups.iter().flat_map(|g| g.policy.entries()).collect()
+        self.groups
+            .iter()
+            .flat_map(|g| g.policy.entries())
+            .collect()
     }
 
     fn clear(&mut self) -> Vec<Entry> {

@@ -71,14 +71,6 @@ impl Registry {
         id
     }
 
-    /// The id of `salt`'s tenant if it was seen.
-    pub fn find(&self, salt: Option<&[u8]>) -> Option<u32> {
-        match salt {
-            None => Some(UNSALTED),
-            Some(s) => lock(&self.inner).ids.get(s).copied(),
-        }
-    }
-
     pub fn tenant(&self, id: u32) -> Arc<Tenant> {
         lock(&self.inner).tenants[id as usize].clone()
     }
@@ -90,7 +82,9 @@ impl Registry {
         t.counters
             .prefix_queries
             .fetch_add(queries as u64, Ordering::Relaxed);
-        t.counters.prefix_hits.fetch_add(hits as u64, Ordering::Relaxed);
+        t.counters
+            .prefix_hits
+            .fetch_add(hits as u64, Ordering::Relaxed);
     }
 
     pub fn set_quota(&self, id: u32, quota: Quota) {
@@ -98,7 +92,11 @@ impl Registry {
     }
 
     pub fn quota(&self, id: u32) -> Quota {
-        lock(&self.inner).quotas.get(&id).copied().unwrap_or_default()
+        lock(&self.inner)
+            .quotas
+            .get(&id)
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Every tenant, by id.
