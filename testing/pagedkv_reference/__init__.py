@@ -11,7 +11,7 @@ benchmarks (benches/conftest.py).
 - `hybrid_hit`: the prefix hit of a manager with groups, as pure functions
 - `running`: `ReferenceRunningBatch`, the model of `pagedkv.RunningBatch`
 - `eviction`: the eviction policies, retention, pins and tenant quotas of issue 25, plainly
-  (docs/eviction.md); not yet wired into the managers
+  (docs/eviction.md); the managers evict through one of its policies (`eviction=`)
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         if self._free:
             b = self._free.pop()
         else:
-            b, _ = self._lru.popitem(last=False)
+            b = self._evict()
             self._group_evictions[self._owner[b]] += 1
             self._log_eviction(b, self._owner[b])
             self._unindex(b)
@@ -119,6 +119,13 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         self._rc[b] = 1
         self._owner[b] = g
         return b
+
+    def _policy_key(self, b: int) -> bytes:
+        """The policy knows a block by its prefix-index key, `(group, digest)`: equal
+        content cached by two groups is two keys (as the core's group-keyed digests)."""
+        d = self._hashed[b]
+        assert d is not None
+        return _key(self._owner[b], d)
 
     def _unindex(self, b: int) -> None:
         """Take block `b` out of the prefix index, under its group's key."""
@@ -291,7 +298,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
             return None
         for b in pinned:
             if self._rc[b] == 0:
-                del self._lru[b]  # CACHED -> OWNED
+                self._revive(b)  # CACHED -> OWNED
             self._rc[b] += 1
         for g, t in enumerate(prefix):
             self._group_hits[g] += sum(1 for b in t if b != self._null)
@@ -574,7 +581,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         return GroupStats(
             kind=self._groups[g].kind,
             used_blocks=used,
-            cached_blocks=sum(1 for b in self._lru if self._owner[b] == g),
+            cached_blocks=sum(1 for b in self._cached_blocks() if self._owner[b] == g),
             usage=used / usable if usable > 0 else 0.0,
             hit_blocks=self._group_hits[g],
             evictions=self._group_evictions[g],

@@ -99,8 +99,9 @@ def _check_sequences(m: Manager) -> list[int]:
 
 def _check_pool(m: Manager, rc: list[int]) -> None:
     n = m._num_blocks
+    cached = m._policy.entries()
     if m._has_null and (
-        m._rc[NULL] or m._hashed[NULL] is not None or NULL in m._free or NULL in m._lru
+        m._rc[NULL] or m._hashed[NULL] is not None or NULL in m._free or NULL in m._policy
     ):
         _fail("the null block is held, hashed, free or cached")
     for b in range(int(m._has_null), n):
@@ -112,15 +113,17 @@ def _check_pool(m: Manager, rc: list[int]) -> None:
     for b in m._free:
         if not int(m._has_null) <= b < n or m._rc[b] or m._hashed[b] is not None:
             _fail(f"free block {b} is out of range, held or hashed")
-    for b in m._lru:
+    for b, key in cached:
         if m._rc[b] or b in free_set or m._hashed[b] is None:
             _fail(f"cached block {b} is held, free or not hashed")
         if not 0 <= m._owner[b] < len(m._groups):
             _fail(f"cached block {b} belongs to no group")
+        if key != m._policy_key(b):
+            _fail(f"cached block {b} is known to the eviction policy by another key")
     owned = sum(1 for r in m._rc if r > 0)
     usable = n - m._has_null
-    if owned + len(m._free) + len(m._lru) != usable:
-        _fail(f"owned {owned} + free {len(m._free)} + cached {len(m._lru)} != {usable} blocks")
+    if owned + len(m._free) + len(cached) != usable:
+        _fail(f"owned {owned} + free {len(m._free)} + cached {len(cached)} != {usable} blocks")
 
 
 def _check_index(m: Manager) -> None:

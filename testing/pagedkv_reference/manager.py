@@ -1,7 +1,8 @@
 """A pure-Python reference model of the block manager.
 
 `ReferenceBlockManager` implements `docs/semantics.md` with plain lists, dicts, a list used as
-the free stack and an `OrderedDict` used as the LRU queue. It is the oracle of the model-based
+the free stack and an eviction policy of `pagedkv_reference.eviction` over the CACHED blocks
+(`eviction=`; LRU by default, least recently released first). It is the oracle of the model-based
 test (which drives it and the Rust `pagedkv.BlockManager` side by side) and the pure-Python
 baseline of the benchmarks. It is not thread-safe: clarity comes first, then speed.
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import sys
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
@@ -21,8 +22,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 import numpy as np
 import numpy.typing as npt
 
-from pagedkv.config import EVICTIONS
 from pagedkv.alloc_status import AllocStatus
+from pagedkv.config import EVICTIONS
 from pagedkv.errors import (
     DuplicateSequenceError,
     InvalidArgumentError,
@@ -37,6 +38,7 @@ from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent,
 from pagedkv.groups import KVCacheGroup, check_groups
 from pagedkv.stats import Stats
 from pagedkv_reference.event_log import EventLog
+from pagedkv_reference.eviction import EvictionPolicy, make_policy
 
 # `evicted=`: the list a block-taking call appends its (block, group, digest) evictions to.
 Evicted = list[tuple[int, int, bytes]]
@@ -465,8 +467,6 @@ class ReferenceBlockManager:
             raise InvalidArgumentError(
                 f"eviction must be one of {', '.join(EVICTIONS)}, got {eviction!r}"
             )
-        if eviction != "lru":
-            raise NotImplementedError(f"eviction={eviction!r} in the reference manager")
         self._eviction = eviction
         # (block, group, digest) of the evictions of the call in progress that asked for
         # them (`evicted=`; docs/tiers.md), else None
@@ -478,7 +478,8 @@ class ReferenceBlockManager:
         self._rc: list[int] = [0] * n
         self._hashed: list[bytes | None] = [None] * n  # digest a block is registered under
         self._index: dict[bytes, int] = {}  # prefix index: digest -> block
-        self._lru: OrderedDict[int, None] = OrderedDict()  # CACHED blocks, oldest first
+        # The CACHED blocks, under the policy that picks the victims (docs/eviction.md).
+        self._policy: EvictionPolicy = make_policy(eviction, n)
         self._cpu_free: list[int] = list(range(self._num_cpu_blocks - 1, -1, -1))
         self._seqs: dict[int, _Seq] = {}
         self._log = EventLog()
@@ -498,7 +499,42 @@ class ReferenceBlockManager:
     # ---------------------------------------------------------------- block lifecycle helpers
 
     def _available(self) -> int:
-        return len(self._free) + len(self._lru)
+        return len(self._free) + len(self._policy)
+
+    # The policy's clock: the policies of `eviction=` ignore time (only retention, not wired
+    # here yet, reads it), so one instant that never goes back is enough.
+    _NOW = 0.0
+
+    def _policy_key(self, b: int) -> bytes:
+        """The key the policy knows hashed block `b` by: its digest in the prefix index."""
+        d = self._hashed[b]
+        assert d is not None
+        return d
+
+    def _cache(self, b: int) -> None:
+        """Hashed block `b` became CACHED (its last holder let go): the policy's newest."""
+        self._policy.on_cached(b, self._NOW, self._policy_key(b))
+
+    def _revive(self, b: int) -> None:
+        """A prefix hit takes the CACHED block `b` (CACHED -> OWNED)."""
+        self._policy.on_hit(b, self._NOW)
+
+    def _missed(self, digests: list[bytes]) -> None:
+        """An admitted prompt needs these digests past its hit (the ghost policies look them
+        up before the evictions made for them)."""
+        for d in digests:
+            self._policy.on_miss(d, self._NOW)
+
+    def _evict(self) -> int:
+        """The policy's next victim (the caller evicts it); there is one: `available`
+        counted it."""
+        b = self._policy.victim(self._NOW)
+        assert b is not None, "no CACHED block to evict"
+        return b
+
+    def _cached_blocks(self) -> list[int]:
+        """The CACHED blocks, in no particular order."""
+        return [b for b, _ in self._policy.entries()]
 
     def _unindex(self, b: int) -> None:
         """Take block `b` out of the prefix index (it stays where it is)."""
@@ -514,7 +550,7 @@ class ReferenceBlockManager:
         if self._free:
             b = self._free.pop()
         else:
-            b, _ = self._lru.popitem(last=False)
+            b = self._evict()
             self._log_eviction(b, 0)
             self._unindex(b)
             self._evictions += 1
@@ -566,7 +602,7 @@ class ReferenceBlockManager:
         self._rc[b] -= 1
         if self._rc[b] == 0:
             if self._hashed[b] is not None:
-                self._lru[b] = None  # newest end
+                self._cache(b)
             else:
                 self._free.append(b)
 
@@ -579,7 +615,7 @@ class ReferenceBlockManager:
             self._rc[b] -= 1
             if self._rc[b] == 0:
                 if self._hashed[b] is not None:
-                    self._lru[b] = None  # newest end
+                    self._cache(b)
                 else:
                     freed.append(b)
         self._free.extend(reversed(freed))
@@ -844,8 +880,9 @@ class ReferenceBlockManager:
 
         for b in hits:
             if self._rc[b] == 0:
-                del self._lru[b]  # CACHED -> OWNED
+                self._revive(b)  # CACHED -> OWNED
             self._rc[b] += 1
+        self._missed(seq.digests[h:])
         seq.blocks = hits + [self._take() for _ in range(total - h)]
         seq.hits = h
         if seq.hold is not None:
@@ -1213,7 +1250,7 @@ class ReferenceBlockManager:
                 continue
             self._unindex(b)
             if self._rc[b] == 0:  # CACHED -> FREE
-                del self._lru[b]
+                self._policy.on_removed(b)
                 self._free.append(b)
             removed += 1
         self._unregistered_blocks += removed
@@ -1594,7 +1631,7 @@ class ReferenceBlockManager:
 
     @property
     def num_cached_blocks(self) -> int:
-        return len(self._lru)
+        return len(self._policy)
 
     @property
     def num_available_blocks(self) -> int:
@@ -1615,7 +1652,7 @@ class ReferenceBlockManager:
     def stats(self) -> Stats:
         resident = [s for s in self._seqs.values() if not s.swapped]
         free = len(self._free)
-        cached = len(self._lru)
+        cached = len(self._policy)
         return Stats(
             num_blocks=self._num_blocks,
             block_size=self._block_size,
@@ -1658,13 +1695,17 @@ class ReferenceBlockManager:
         return True
 
     def _clear_cached(self) -> None:
-        """Reset's move of the CACHED blocks to the free stack: under the free blocks, oldest
-        first (vLLM only drops their hashes, so they stay behind every free block in its
-        free queue and are reused last, oldest first)."""
-        for b in self._lru:
+        """Reset's move of the CACHED blocks to the free stack: under the free blocks, in
+        the policy's eviction order (vLLM only drops their hashes, so they stay behind every
+        free block in its free queue and are reused last, oldest first), then a fresh policy:
+        a reset forgets ghosts and adaptive state too (as the Rust core's)."""
+        order: list[int] = []
+        while (b := self._policy.victim(self._NOW)) is not None:
+            order.append(b)
+        for b in order:
             self._hashed[b] = None
-        self._free[:0] = reversed(self._lru)  # the oldest ends just under the free blocks
-        self._lru.clear()
+        self._free[:0] = reversed(order)  # the next victim ends just under the free blocks
+        self._policy = make_policy(self._eviction, self._num_blocks)
 
     def drain_events(self) -> list[KVEvent]:
         return self._log.drain()
@@ -1763,13 +1804,17 @@ class ReferenceBlockManager:
                 fail(f"free block {b} has refcount {self._rc[b]}")
             if self._hashed[b] is not None:
                 fail(f"free block {b} is hashed")
-        for b in self._lru:
+        cached = self._policy.entries()
+        for b, key in cached:
             if self._rc[b] != 0:
                 fail(f"cached block {b} has refcount {self._rc[b]}")
             if b in free_set:
                 fail(f"block {b} is both free and cached")
             if self._hashed[b] is None:
                 fail(f"cached block {b} is not hashed")
+            if key != self._hashed[b]:
+                fail(f"cached block {b} is known to the eviction policy by another digest")
+        cached_set = {b for b, _ in cached}
         for d, b in self._index.items():
             if self._hashed[b] != d:
                 fail(f"prefix index maps a digest to block {b}, which is not hashed under it")
@@ -1779,10 +1824,10 @@ class ReferenceBlockManager:
         if not self._caching and self._index:
             fail("prefix index not empty with prefix caching disabled")
         owned = sum(1 for r in self._rc if r > 0)
-        if owned + len(self._free) + len(self._lru) != n:
-            fail(f"owned {owned} + free {len(self._free)} + cached {len(self._lru)} != {n} blocks")
+        if owned + len(self._free) + len(cached) != n:
+            fail(f"owned {owned} + free {len(self._free)} + cached {len(cached)} != {n} blocks")
         for b in range(n):
-            if self._rc[b] == 0 and b not in free_set and b not in self._lru:
+            if self._rc[b] == 0 and b not in free_set and b not in cached_set:
                 fail(f"block {b} has refcount 0 but is neither free nor cached")
 
         cpu = list(self._cpu_free)

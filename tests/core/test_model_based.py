@@ -515,7 +515,7 @@ class ManagerComparison(RuleBasedStateMachine):
             if s in ref and not ref.is_swapped(s)
             for b in ref.block_table(s)
         ]
-        known = held + list(ref._lru) + list(range(n))  # the reference's own records
+        known = held + ref._cached_blocks() + list(range(n))  # the reference's own records
         ids = data.draw(st.lists(st.sampled_from(known), max_size=4), label="block ids")
         if how == 0:
             ids.append(data.draw(st.sampled_from([n, -1, 2**31, 2**40]), label="bad id"))

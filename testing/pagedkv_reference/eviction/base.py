@@ -141,6 +141,10 @@ class EvictionPolicy(ABC):
     def __contains__(self, block: object) -> bool:
         return block in self._keys
 
+    def entries(self) -> list[tuple[int, bytes]]:
+        """The evictable set: (block, key) pairs in no particular order (audits)."""
+        return list(self._keys.items())
+
     def cross_rank(self, block: int, now: float) -> tuple[float, ...]:
         """What orders this policy's candidate against other instances' candidates before
         their release order (`quotas`): nothing by default."""

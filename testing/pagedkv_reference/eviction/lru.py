@@ -1,7 +1,7 @@
 """LRU: least recently released first, exactly the order of today's managers.
 
-The reference manager (`ReferenceBlockManager._lru`), the Rust core (`lru_queue.rs`) and
-vLLM's free queue all evict the CACHED block whose latest release is oldest; a prefix hit
+The reference manager's default (`eviction="lru"`), the Rust core (`lru_queue.rs`) and vLLM's
+free queue all evict the CACHED block whose latest release is oldest; a prefix hit
 takes a block out, and its next release queues it at the newest end. The order is the order
 of the `on_cached` calls, not of `now`: several releases at one instant keep their call order.
 """
