@@ -451,6 +451,7 @@ class ReferenceBlockManager:
         enable_kv_events: bool = False,
         record_evictions: bool = False,
         eviction: str = "lru",
+        tenants: bool = False,
         groups: Iterable[KVCacheGroup] | None = None,
     ) -> None:
         # Arguments in signature order (docs/inputs.md).
@@ -468,6 +469,9 @@ class ReferenceBlockManager:
                 f"eviction must be one of {', '.join(EVICTIONS)}, got {eviction!r}"
             )
         self._eviction = eviction
+        self._tenants = _check_bool(tenants, "tenants")
+        if self._tenants:
+            raise NotImplementedError("tenants=True in the reference manager")
         # (block, group, digest) of the evictions of the call in progress that asked for
         # them (`evicted=`; docs/tiers.md), else None
         self._duty: Evicted | None = None
