@@ -43,8 +43,9 @@ class BlockManagerConfig:
 
     Fields mirror `BlockManager(num_blocks, block_size=16, *, num_cpu_blocks=0,
     enable_prefix_caching=True, hash_algo="sha256", hash_seed=0, watermark=0.01,
-    enable_kv_events=False, record_evictions=False, eviction="lru", tenants=False, groups=None)`. Invalid values raise
-    `InvalidArgumentError` (a `ValueError`); `groups` is kept as a tuple.
+    enable_kv_events=False, record_evictions=False, eviction="lru", tenants=False,
+    groups=None)`. Invalid values raise `InvalidArgumentError` (a `ValueError`); `groups` is
+    kept as a tuple.
     """
 
     num_blocks: int

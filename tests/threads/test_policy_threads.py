@@ -108,18 +108,18 @@ def test_policies_keep_the_pool_consistent_under_threads(eviction: str) -> None:
 @pytest.mark.parametrize("eviction", EVICTIONS)
 def test_pinned_blocks_are_never_evicted_under_threads(eviction: str) -> None:
     m = BlockManager(48, B, eviction=eviction, enable_kv_events=True)
-    pinned_prompt = list(range(9000, 9000 + 4 * B)) + [1]
+    pinned_prompt = [*range(9000, 9000 + 4 * B), 1]
     assert m.allocate(1, pinned_prompt) == 0
     assert m.pin(1) == 5
     m.free(1)
-    stored = {e.block_hash for e in m.drain_events() if isinstance(e, BlockStored)}
+    stored = {h for e in m.drain_events() if isinstance(e, BlockStored) for h in e.block_hashes}
     assert len(stored) == 4 and m.num_pinned_cached() == 4
 
     def watch() -> None:
         assert m.lookup(pinned_prompt) == 4 * B, "a pinned prefix stopped hitting"
 
     _storm(m, 300, watch)
-    removed = {e.block_hash for e in m.drain_events() if isinstance(e, BlockRemoved)}
+    removed = {h for e in m.drain_events() if isinstance(e, BlockRemoved) for h in e.block_hashes}
     assert not removed & stored, "a pinned block was evicted"
     assert m.stats().evictions > 0, "the storm must evict other blocks"
     assert m.num_pinned_cached() == 4 and m.lookup(pinned_prompt) == 4 * B
@@ -130,18 +130,25 @@ def test_tenant_caps_are_never_exceeded_under_threads(eviction: str) -> None:
     m = BlockManager(48, B, eviction=eviction, tenants=True)
     m.set_tenant_quota(b"a", max_cached=6)
     m.set_tenant_quota(b"b", max_cached=10, reserved=4)
-    peaks: dict[bytes | None, int] = {}
+    looks = 0
 
     def watch() -> None:
+        nonlocal looks
+        looks += 1
         for t in m.tenant_stats():
-            peaks[t.cache_salt] = max(peaks.get(t.cache_salt, 0), t.cached_blocks)
             if t.max_cached is not None:
                 assert t.cached_blocks <= t.max_cached, f"tenant {t.cache_salt!r} over its cap"
 
     _storm(m, 300, watch)
     watch()
-    assert peaks.get(b"a", 0) == 6, f"tenant a never reached its cap: {peaks}"
+    assert looks > 20, "the watcher must look while the threads run"
+    # Quiet now: tenant a alone fills its cache, and stops at its cap.
+    errors: list[BaseException] = []
+    _churn(m, 0, 200, errors)
+    assert not errors
     stats = {t.cache_salt: t for t in m.tenant_stats()}
+    assert stats[b"a"].cached_blocks == 6
     assert all(t.held_blocks == 0 for t in stats.values())
     assert sum(t.cached_blocks for t in stats.values()) == m.stats().cached_blocks
     assert sum(t.prefix_queries for t in stats.values()) == m.stats().prefix_queries
+    m.check_invariants()
