@@ -14,8 +14,9 @@ import pagedkv.sim.policies as policies_mod
 from pagedkv.__main__ import main
 from pagedkv.config import BlockManagerConfig
 from pagedkv.sim.factory import make_manager
-from pagedkv.sim.policies import TenantTally, parse_policies, run_policy
+from pagedkv.sim.policies import TenantTally, parse_policies, run_policies, run_policy
 from pagedkv.sim.policies_report import COLUMNS, policy_table, tenant_table
+from pagedkv.sim.scan_workload import build_scan_workload
 from pagedkv.sim.scheduler import run_workload
 from pagedkv.sim.workloads import build_workload
 
@@ -122,17 +123,39 @@ def test_lru_row_equals_a_plain_run(capsys: pytest.CaptureFixture[str], tmp_path
     assert row[7] == "1.00x"  # LRU against itself
 
 
-def test_one_row_per_policy_in_the_order_given() -> None:
-    w = build_workload("mixed", 40, doc_tokens=2048)
-    config = BlockManagerConfig(num_blocks=512, num_cpu_blocks=64)
-    runs = [run_policy(w, config, "lru", SCHEDULE, repeats=1) for _ in range(2)]
-    runs[1] = dict(runs[1], eviction="lru-again")  # two rows of the table, as two policies
-    table = policy_table(runs).splitlines()
-    assert table[0].split("  ")[0] == COLUMNS[0]
-    assert [line.split()[0] for line in table[2:]] == ["lru", "lru-again"]
-    # The same workload and configuration: identical figures, only the time may differ.
-    assert runs[0]["workload_hit_rate"] == runs[1]["workload_hit_rate"]
-    assert runs[0]["evictions"] == runs[1]["evictions"] > 0
+def test_one_row_per_policy_in_the_order_given(capsys: pytest.CaptureFixture[str]) -> None:
+    order = ["slru", "lru", "arc", "lfu", "s3fifo"]
+    rc, out, _ = _cli(capsys, *SMALL, "--no-progress", "--eviction", ",".join(order))
+    assert rc == 0, out
+    rows = _rows(out)
+    assert [r[0] for r in rows] == order
+    assert all(len(r) == len(COLUMNS) for r in rows)
+    assert "eviction policies" in out and "the same for every policy" in out
+
+
+def test_scan_resistant_policies_keep_the_hot_set_lru_flushes() -> None:
+    # 8 hot prompts of 16 blocks asked twice a round, then a scan of 6 x 64 blocks: the
+    # scan and the other hot prompts exceed the 320 blocks, so LRU has flushed a hot prompt
+    # by the next round and hits only each round's second pass.
+    w = build_scan_workload(rounds=8, hot=8, hot_tokens=256, passes=2, scan=6, scan_tokens=1024)
+    config = BlockManagerConfig(num_blocks=320, num_cpu_blocks=0)
+    runs = {
+        f["eviction"]: f
+        for f in run_policies(w, config, ["lru", "s3fifo", "arc"], SCHEDULE, repeats=1)
+    }
+    hot = [r for r in w.requests if r.kind == "hot"]
+    per_hit = 255 // 16 * 16  # a whole-prompt hit leaves the last token to compute
+    second_passes = len(hot) // 2 * per_hit
+    assert all(f["preemptions"] == 0 for f in runs.values())
+    assert runs["lru"]["prefix_hit_tokens"] == second_passes
+    for name in ("s3fifo", "arc"):
+        assert runs[name]["workload_hit_rate"] > runs["lru"]["workload_hit_rate"] + 0.1, name
+        assert runs[name]["evictions"] < runs["lru"]["evictions"], name
+    # ARC keeps the hot set from the second round on: every hot request after the first
+    # round's first pass hits.
+    assert runs["arc"]["prefix_hit_tokens"] == (len(hot) - 8) * per_hit
+    table = policy_table(list(runs.values()))
+    assert [line.split()[0] for line in table.splitlines()[2:]] == ["lru", "s3fifo", "arc"]
 
 
 def _tenant_run(num_cpu_blocks: int) -> dict[str, Any]:
