@@ -252,3 +252,21 @@ def test_ctrl_c_keeps_the_policies_that_finished(
     assert doc["eviction"]["status"] == "interrupted"
     assert doc["eviction"]["finished"] == ["lru"]
     assert [r["eviction"] for r in doc["runs"]] == ["lru"]
+
+
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "arc", "lfu", "slru"])
+def test_the_timed_replay_meets_the_runs_states(policy: str) -> None:
+    # The manager time replays the run's calls on a fresh manager; that times the run's own
+    # work only if every policy is deterministic: the replay ends where the run ended.
+    from pagedkv.sim.ablate_timing import CallLog
+    from pagedkv.sim.calls import bind_trace, replay_trace
+
+    config = BlockManagerConfig(num_blocks=384, num_cpu_blocks=32, eviction=policy)  # type: ignore[arg-type]
+    run = make_manager(config)
+    log = CallLog(run)
+    run_workload(log, build_workload("mixed", 80, doc_tokens=2048), **SCHEDULE)  # type: ignore[arg-type]
+    again = make_manager(config)
+    replay_trace(bind_trace(again, log.calls))
+    a, b = run.stats(), again.stats()
+    assert a.evictions > 0 and a.prefix_hits > 0
+    assert a == b  # every count: blocks, hits, evictions, swaps, copies
