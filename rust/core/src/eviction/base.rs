@@ -17,7 +17,11 @@ pub(crate) trait Rules: Send {
     /// A hit took the block out (`_hit`); remember what it changed, for `unhit`.
     fn hit(&mut self, block: u32);
 
-    /// Undo the latest `hit` of `block` exactly.
+    /// Undo the latest `hit` of `block` exactly: its queue, position and counters. The
+    /// whole policy is then as if the hit never happened when nothing but hits, restores,
+    /// removals and misses came between; a victim between them could have been this block,
+    /// and for ARC and SLRU a block cached between them was placed with this one out of
+    /// the lists (the directory bound, the protected cap), so those leave a trace.
     fn unhit(&mut self, block: u32);
 
     /// Take a block out of every structure, no history kept (`_forget`).
@@ -33,12 +37,22 @@ pub(crate) trait Rules: Send {
     fn clear(&mut self);
 }
 
+/// Where a block stands with the policy.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum State {
+    Out,
+    /// In the evictable set (the reference's `_keys`).
+    In,
+    /// Taken out by a hit, not cached since (the reference's `_revived`): its record holds
+    /// the digest the hit took out.
+    Revived,
+}
+
 #[derive(Clone, Copy)]
 struct Slot {
-    /// The record while the block is in the set (`_keys`).
-    entry: Option<Entry>,
-    /// The digest the latest hit took out, until the block is cached again (`_revived`).
-    revived: Option<Digest>,
+    /// The latest record; meaningful when `state` is not `Out`.
+    entry: Entry,
+    state: State,
 }
 
 /// The evictable set's records, by block.
@@ -50,10 +64,13 @@ pub(crate) struct Keys {
 impl Keys {
     /// The digest of the evictable `block`.
     pub(super) fn key(&self, block: u32) -> Digest {
-        match self.slots[block as usize].entry {
-            Some(e) => e.digest,
-            None => unreachable!("block {block} is not in the evictable set"),
-        }
+        let s = &self.slots[block as usize];
+        debug_assert_eq!(
+            s.state,
+            State::In,
+            "block {block} is not in the evictable set"
+        );
+        s.entry.digest
     }
 }
 
@@ -65,13 +82,17 @@ pub(crate) struct Tracked<R> {
 
 impl<R: Rules> Tracked<R> {
     pub(super) fn with_rules(num_blocks: usize, rules: R) -> Result<Self> {
-        let empty = Slot {
-            entry: None,
-            revived: None,
+        let out = Slot {
+            entry: Entry {
+                block: 0,
+                generation: 0,
+                digest: Digest::from_words([0; 4], 0),
+            },
+            state: State::Out,
         };
         Ok(Self {
             keys: Keys {
-                slots: try_filled(num_blocks, empty, "the eviction policy's block table")?,
+                slots: try_filled(num_blocks, out, "the eviction policy's block table")?,
                 len: 0,
             },
             rules,
@@ -82,12 +103,16 @@ impl<R: Rules> Tracked<R> {
         &mut self.keys.slots[block as usize]
     }
 
-    /// Take `block`'s record out of the set.
-    fn take(&mut self, block: u32) -> Entry {
-        let e = self.slot(block).entry.take();
-        let Some(e) = e else {
-            unreachable!("block {block} is not in the evictable set")
-        };
+    /// Take `block`'s record out of the set, leaving it in `to`.
+    fn take(&mut self, block: u32, to: State) -> Entry {
+        let s = self.slot(block);
+        assert_eq!(
+            s.state,
+            State::In,
+            "block {block} is not in the evictable set"
+        );
+        s.state = to;
+        let e = s.entry;
         self.keys.len -= 1;
         e
     }
@@ -96,33 +121,36 @@ impl<R: Rules> Tracked<R> {
 impl<R: Rules> Policy for Tracked<R> {
     fn cached(&mut self, e: Entry) {
         let s = self.slot(e.block);
-        debug_assert!(s.entry.is_none(), "block {} is already cached", e.block);
-        let revived = s.revived.take() == Some(e.digest);
-        s.entry = Some(e);
+        debug_assert_ne!(s.state, State::In, "block {} is already cached", e.block);
+        let revived = s.state == State::Revived && s.entry.digest == e.digest;
+        *s = Slot {
+            entry: e,
+            state: State::In,
+        };
         self.keys.len += 1;
         self.rules.insert(e.block, &e.digest, revived);
     }
 
     fn hit(&mut self, block: u32) {
-        let e = self.take(block);
-        self.slot(block).revived = Some(e.digest);
+        self.take(block, State::Revived);
         self.rules.hit(block);
     }
 
     fn restore(&mut self, e: Entry) {
         let s = self.slot(e.block);
-        debug_assert!(s.entry.is_none(), "block {} is in the set", e.block);
-        debug_assert_eq!(s.revived, Some(e.digest), "block {} was not hit", e.block);
-        // Before the hit the block was in the set, so no revival was pending (`cached`
-        // takes it).
-        s.revived = None;
-        s.entry = Some(e);
+        debug_assert_eq!(s.state, State::Revived, "block {} was not hit", e.block);
+        debug_assert_eq!(s.entry.digest, e.digest, "block {} changed digest", e.block);
+        // Before the hit the block was in the set, with no revival pending.
+        *s = Slot {
+            entry: e,
+            state: State::In,
+        };
         self.keys.len += 1;
         self.rules.unhit(e.block);
     }
 
     fn removed(&mut self, block: u32) {
-        self.take(block);
+        self.take(block, State::Out);
         self.rules.forget(block);
     }
 
@@ -132,7 +160,7 @@ impl<R: Rules> Policy for Tracked<R> {
 
     fn victim(&mut self) -> Option<Entry> {
         let b = self.rules.pick(&self.keys)?;
-        Some(self.take(b))
+        Some(self.take(b, State::Out))
     }
 
     fn len(&self) -> usize {
@@ -140,14 +168,17 @@ impl<R: Rules> Policy for Tracked<R> {
     }
 
     fn entries(&self) -> Vec<Entry> {
-        self.keys.slots.iter().filter_map(|s| s.entry).collect()
+        let slots = self.keys.slots.iter();
+        slots
+            .filter(|s| s.state == State::In)
+            .map(|s| s.entry)
+            .collect()
     }
 
     fn clear(&mut self) -> Vec<Entry> {
         let out = self.entries();
         for s in &mut self.keys.slots {
-            s.entry = None;
-            s.revived = None;
+            s.state = State::Out;
         }
         self.keys.len = 0;
         self.rules.clear();

@@ -24,14 +24,14 @@ mod lru;
 mod s3fifo;
 mod seq_queue;
 mod slru;
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod test_util;
 #[cfg(all(test, not(loom)))]
 mod tests;
 
 pub(crate) use arc::ArcPolicy;
 pub(crate) use lfu::LfuAging;
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 pub(crate) use lru::Lru;
 pub(crate) use s3fifo::S3Fifo;
 pub(crate) use slru::Slru;
