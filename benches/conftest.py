@@ -73,6 +73,7 @@ def _fmt(seconds: float) -> str:
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     _vllm_summary(terminalreporter)
     _events_summary(terminalreporter)
+    _eviction_summary(terminalreporter)
     pairs = {g: m for g, m in _MEANS.items() if "rust" in m and "reference" in m}
     if not pairs:
         return
@@ -99,6 +100,22 @@ def _events_summary(tr: Any) -> None:
             f"{group:<{width}}  off {_fmt(m['off'])}{events}  on {_fmt(m['on'])}"
             f"  on/off {m['on'] / m['off']:6.2f}"
         )
+
+
+def _eviction_summary(tr: Any) -> None:
+    """Each eviction policy's mean against LRU's (test_bench_eviction)."""
+    from pagedkv.config import EVICTIONS
+
+    others = [p for p in EVICTIONS if p != "lru"]
+    groups = {g: m for g, m in _MEANS.items() if "lru" in m and any(p in m for p in others)}
+    if not groups:
+        return
+    tr.section("eviction policies: mean per round, and against LRU")
+    width = max(len(g) for g in groups)
+    for group, m in sorted(groups.items()):
+        cells = [f"lru {_fmt(m['lru'])}"]
+        cells += [f"{p} {_fmt(m[p])} ({m[p] / m['lru']:.2f}x)" for p in others if p in m]
+        tr.write_line(f"{group:<{width}}  " + "  ".join(cells))
 
 
 def _vllm_summary(tr: Any) -> None:

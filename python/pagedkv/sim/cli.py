@@ -33,6 +33,7 @@ from pagedkv.sim.model_run import compare
 from pagedkv.sim.models import GIB, MODELS, full_layout, get_model, model_layout
 from pagedkv.sim.observer import ScheduleObserver
 from pagedkv.sim.outputs import check_outputs
+from pagedkv.sim.policies_cli import add_policy_arguments, simulate_policies, wants_policies
 from pagedkv.sim.progress import ProgressBar
 from pagedkv.sim.report import add_memory, figures, summary_table, sweep_table, write_json
 from pagedkv.sim.requests import TRACE_BLOCK_TOKENS, Workload
@@ -245,6 +246,7 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     add_tier_arguments(sim)
     add_ablate_arguments(sim)
     add_cluster_arguments(sim)
+    add_policy_arguments(sim)
 
     o = sim.add_argument_group("output")
     o.add_argument(
@@ -509,6 +511,8 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
     if args.list_models:
         list_models(out)
         return 0
+    if wants_policies(args):
+        return simulate_policies(args, out, err, _workload, _schedule, _configs)
     if wants_ablate(args):
         return simulate_ablate(args, out, err, _workload, _schedule, _configs)
     if wants_cluster(args):
