@@ -115,13 +115,15 @@ class Marks:
 
 # The states each policy's runs must reach: S3-FIFO's main queue, ghosts and readmissions
 # (a miss found in the ghosts), ARC's T2, both ghost lists and a raised target p, LFU-DA's
-# aging, SLRU's protected segment.
+# aging, SLRU's protected segment. The priority policy without retention orders as LRU does
+# (its retention is compared in `test_eviction_features_model.py`).
 EXPECTED_MARKS: dict[str, set[str]] = {
     "lru": set(),
     "s3fifo": {"main", "ghost", "readmit"},
     "arc": {"t2", "b1", "b2", "p jumps", "p falls"},
     "lfu": {"aged"},
     "slru": {"protected", "protected full"},
+    "priority": set(),
 }
 
 
