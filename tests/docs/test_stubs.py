@@ -63,11 +63,12 @@ def test_cli_rejects_bad_sizes() -> None:
 
 def test_readme_example_runs() -> None:
     """The usage examples in README.md (the basic one, then the engine-fit one, which
-    continues it, then the hybrid-model one) run as written."""
+    continues it, then the hybrid-model one, then the eviction one) run as written."""
     text = (ROOT / "README.md").read_text()
-    blocks = text.split("```python\n")[1:4]
+    blocks = text.split("```python\n")[1:5]
     code = "".join(b[: b.index("```")] for b in blocks)
     assert "num_new_tokens" in code and "lookahead" in code and "groups=" in code
+    assert "eviction=" in code and "set_tenant_quota" in code
     proc = _run("-c", code + "\nassert 5 not in m and m.stats().registered_blocks > 0\n")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "GPU blocks" in proc.stdout
