@@ -19,7 +19,7 @@
 //! are one operation `[opcode, a, b, c]`. Any byte string is a valid program.
 #![allow(dead_code)]
 
-use pagedkv_core::{BlockHasher, BlockManager, Config, Error, HashAlgo, Stats};
+use pagedkv_core::{BlockHasher, BlockManager, Config, Error, EvictionKind, HashAlgo, Stats};
 use std::collections::BTreeMap;
 
 /// What a block holds: the salt flag and the tokens of the prefix up to the block's end.
@@ -32,6 +32,9 @@ pub struct Setup {
     pub num_cpu_blocks: u32,
     pub caching: bool,
     pub algo: HashAlgo,
+    /// The eviction policy (locked mode for all but LRU), and tenants (locked LRU too).
+    pub eviction: EvictionKind,
+    pub tenants: bool,
 }
 
 impl Setup {
@@ -47,6 +50,8 @@ impl Setup {
                 // Every block shares its digest with 1/256 of all others: collisions galore.
                 _ => HashAlgo::Xxh3Trunc8,
             },
+            eviction: EvictionKind::ALL[usize::from(b[0] / 22) % EvictionKind::ALL.len()],
+            tenants: b[2] / 9 % 2 == 1,
         }
     }
 }
@@ -263,6 +268,8 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Report {
     config.num_cpu_blocks = setup.num_cpu_blocks;
     config.enable_prefix_caching = setup.caching;
     config.hash_algo = setup.algo;
+    config.eviction = setup.eviction;
+    config.tenants = setup.tenants;
     let mut r = Runner {
         m: BlockManager::new(config).expect("valid setup"),
         setup: setup.clone(),
