@@ -178,14 +178,17 @@ def test_priority_victim_after_a_peek_is_the_peek_at_a_later_now() -> None:
     p.on_cached(1, 0.0, k("b"))
     assert p.cross_rank(0, 0.0) == (10, 0.0, 1)
     assert p.peek(0.0) == 0
-    # At t = 1, 0 has run out (at its deadline, after 1); the victim is still the peek's.
-    assert p.cross_rank(0, 1.0) == (DEFAULT_PRIORITY, 1.0, 0)
+    # At t = 1, 0 has run out (at its deadline, after 1); the rank and the victim are
+    # still the peek's, at t = 0.
+    assert p.cross_rank(0, 1.0) == (10, 0.0, 1)
     assert p.victim(1.0) == 0
     # A call between, and the victim is decided at its own time.
     p.set_retention(2, 10, 1.0)
     p.on_cached(2, 1.0, k("c"))  # priority 10 until t = 2
     assert p.peek(1.0) == 2
+    assert p.cross_rank(2, 2.0) == (10, 1.0, 1)
     p.on_miss(k("x"), 2.0)
+    assert p.cross_rank(2, 2.0) == (DEFAULT_PRIORITY, 2.0, 0)
     assert p.peek(2.0) == 1
     assert p.victim(2.0) == 1
     assert p.victim(2.0) == 2

@@ -161,7 +161,10 @@ class Priority(EvictionPolicy):
         return self._retention.get(block, (DEFAULT_PRIORITY, None))[0]
 
     def cross_rank(self, block: int, now: float) -> tuple[float, ...]:
-        return self._entries[block].rank(now)[:3]
+        """(level, time, kind) at `now`, or at the latest peek's time while no call came
+        since (the time its choice was made; the victim right after it keeps it too)."""
+        at = now if self._peeked_at is None else self._peeked_at
+        return self._entries[block].rank(at)[:3]
 
     @property
     def num_pinned(self) -> int:

@@ -19,7 +19,7 @@ rules, exactly:
 3. Order across tenants. Among the tenants allowed by rule 2, each one's policy names its
    next victim; the one evicted is the least by (the policy's `cross_rank`, release order).
    `cross_rank` is empty for LRU, S3-FIFO, ARC and LFU (so: least recently released among
-   the candidates) and (level, time) for the priority policy (so a lower priority goes
+   the candidates) and (level, time, kind) for the priority policy (so a lower priority goes
    first across tenants too). With no quotas and LRU this is exactly global LRU.
 
 The candidates are the tenants' `peek`s; then the chosen tenant's policy evicts for real,

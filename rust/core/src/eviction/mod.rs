@@ -170,7 +170,9 @@ pub trait Policy: Send {
     fn peek(&mut self) -> Option<Entry>;
 
     /// What orders the member `block` (normally this policy's `peek`) against another
-    /// instance's candidate before their release order: `CrossRank`, least first.
+    /// instance's candidate before their release order: `CrossRank`, least first. The
+    /// priority policy ranks at its latest peek's time while no call came since (the time
+    /// its choice was made), else at the clock's now.
     fn cross_rank(&self, block: u32) -> CrossRank;
 
     /// Blocks in the set.

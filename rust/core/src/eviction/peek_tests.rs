@@ -261,8 +261,8 @@ fn priority_victim_after_a_peek_is_the_peek_while_the_clock_runs_on() {
     assert_eq!(p.cross_rank(1), (DEFAULT_PRIORITY, 0.0, 1));
     assert_eq!(p.peek().map(|e| e.block), Some(0));
     clock.set(1.0).unwrap(); // 0 runs out: at t = 1 the order is 1 (released at 0), 0 (at 1)
-    assert_eq!(p.cross_rank(0), (DEFAULT_PRIORITY, 1.0, 0));
-    // No call came between: the victim is the peek's.
+                             // No call came between: the rank and the victim are the peek's, at t = 0.
+    assert_eq!(p.cross_rank(0), (10, 0.0, 1));
     assert_eq!(p.victim().map(|e| e.block), Some(0));
 
     // A call between (here a miss) and the victim is decided at its own time.
@@ -270,7 +270,9 @@ fn priority_victim_after_a_peek_is_the_peek_while_the_clock_runs_on() {
     p.cached(entry(2, "c")); // priority 10 until t = 2, released at 1
     assert_eq!(p.peek().map(|e| e.block), Some(2));
     clock.set(2.0).unwrap();
+    assert_eq!(p.cross_rank(2), (10, 1.0, 1));
     p.miss(&k("x"));
+    assert_eq!(p.cross_rank(2), (DEFAULT_PRIORITY, 2.0, 0));
     assert_eq!(p.peek().map(|e| e.block), Some(1));
     assert_eq!(p.victim().map(|e| e.block), Some(1));
     assert_eq!(p.cross_rank(2), (DEFAULT_PRIORITY, 2.0, 0));

@@ -79,10 +79,11 @@ pub(crate) struct PriorityRules {
     /// (deadline, seq) of the cached blocks not yet moved to the default level.
     pending: BTreeMap<(u64, u64), u32>,
     slots: Vec<Slot>,
-    /// A `peek` moved the expired blocks and named the first, and no other call came
-    /// since: `pick` takes that block without moving the blocks expired meanwhile (the
-    /// clock runs on), so that it returns what the peek did.
-    peeked: bool,
+    /// The time of the latest `peek`, while no other call came since: it moved the blocks
+    /// expired then and named the first; `pick` takes that block without moving the blocks
+    /// expired meanwhile (the clock runs on), so that it returns what the peek did, and
+    /// `cross_rank` ranks at that time.
+    peeked_at: Option<f64>,
 }
 
 /// The priority policy: `Tracked` rules plus the retention a held or cached block is given.
@@ -111,7 +112,7 @@ impl PriorityPolicy {
             nonempty: 0,
             pending: BTreeMap::new(),
             slots: try_filled(num_blocks, slot, "the priority policy's block table")?,
-            peeked: false,
+            peeked_at: None,
         };
         Ok(Self {
             inner: Tracked::with_rules(num_blocks, rules)?,
@@ -210,7 +211,7 @@ impl PriorityRules {
     /// Give `block` `r`: from its next release, or at once if it is cached (keeping its
     /// release time; the duration counts from now).
     fn set_retention(&mut self, block: u32, r: Retention) {
-        self.peeked = false;
+        self.peeked_at = None;
         let r = checked(r);
         self.slots[block as usize].retention = r;
         if self.slots[block as usize].in_set {
@@ -230,12 +231,14 @@ impl PriorityRules {
         Some(block)
     }
 
-    /// `Policy::cross_rank`: the reference's `rank(now)[:3]`, now on the clock.
+    /// `Policy::cross_rank`: the reference's `rank(now)[:3]`, at the latest peek's time
+    /// while no call came since (the time its choice was made), else now on the clock.
     fn cross_rank(&self, block: u32) -> CrossRank {
         let s = &self.slots[block as usize];
         debug_assert!(s.in_set, "block {block} is not in the priority order");
+        let now = self.peeked_at.unwrap_or_else(|| self.clock.now());
         match s.rank.deadline {
-            Some(d) if d <= self.clock.now() => (DEFAULT_PRIORITY, d, 0),
+            Some(d) if d <= now => (DEFAULT_PRIORITY, d, 0),
             _ => (s.rank.priority, s.rank.released, 1),
         }
     }
@@ -267,7 +270,7 @@ impl PriorityRules {
 
 impl Rules for PriorityRules {
     fn insert(&mut self, block: u32, _key: &Digest, _revived: bool) {
-        self.peeked = false;
+        self.peeked_at = None;
         let now = self.clock.now();
         let s = &mut self.slots[block as usize];
         s.rank = Rank {
@@ -281,7 +284,7 @@ impl Rules for PriorityRules {
     }
 
     fn hit(&mut self, block: u32) {
-        self.peeked = false;
+        self.peeked_at = None;
         let now = self.clock.now();
         self.unplace(block);
         let s = &mut self.slots[block as usize];
@@ -294,7 +297,7 @@ impl Rules for PriorityRules {
     }
 
     fn unhit(&mut self, block: u32) {
-        self.peeked = false;
+        self.peeked_at = None;
         // The rank and retention from before the hit: a retention the failed call gave the
         // block meanwhile is undone with it.
         let s = &mut self.slots[block as usize];
@@ -303,17 +306,17 @@ impl Rules for PriorityRules {
     }
 
     fn forget(&mut self, block: u32) {
-        self.peeked = false;
+        self.peeked_at = None;
         self.unplace(block);
         self.slots[block as usize].retention = DEFAULT;
     }
 
     fn miss(&mut self, _key: &Digest) {
-        self.peeked = false;
+        self.peeked_at = None;
     }
 
     fn pick(&mut self, _keys: &Keys) -> Option<u32> {
-        if !std::mem::take(&mut self.peeked) {
+        if self.peeked_at.take().is_none() {
             self.expire(self.clock.now());
         }
         let block = self.first()?;
@@ -322,15 +325,16 @@ impl Rules for PriorityRules {
     }
 
     fn peek(&mut self) -> Option<u32> {
-        if !self.peeked {
-            self.expire(self.clock.now());
-            self.peeked = true;
+        if self.peeked_at.is_none() {
+            let now = self.clock.now();
+            self.expire(now);
+            self.peeked_at = Some(now);
         }
         self.first()
     }
 
     fn clear(&mut self) {
-        self.peeked = false;
+        self.peeked_at = None;
         self.levels.iter_mut().for_each(BTreeMap::clear);
         self.nonempty = 0;
         self.pending.clear();
