@@ -299,3 +299,88 @@ impl Policy for Quotas {
         Ok(())
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::hashing::sample_digests;
+
+    fn entry(block: u32, d: &[Digest]) -> Entry {
+        Entry {
+            block,
+            generation: 0,
+            digest: d[block as usize],
+        }
+    }
+
+    fn quotas() -> Quotas {
+        Quotas::new(EvictionKind::Lru, 16, &Arc::new(Clock::default())).unwrap()
+    }
+
+    #[test]
+    fn without_quotas_it_is_one_lru() {
+        let d = sample_digests(8);
+        let mut q = quotas();
+        let mut trimmed = Vec::new();
+        for b in 0..6 {
+            q.cached_by(entry(b, &d), b % 3, &mut trimmed);
+        }
+        q.hit(1);
+        q.cached_by(entry(1, &d), 1, &mut trimmed);
+        assert!(trimmed.is_empty());
+        let order: Vec<u32> = std::iter::from_fn(|| q.victim().map(|e| e.block)).collect();
+        assert_eq!(order, vec![0, 2, 3, 4, 5, 1]);
+    }
+
+    #[test]
+    fn a_cap_trims_its_own_oldest_and_a_reserve_goes_last() {
+        let d = sample_digests(8);
+        let mut q = quotas();
+        let mut trimmed = Vec::new();
+        // Tenant 2's blocks 2, 3, 4 (oldest), then tenant 1's 0, 1.
+        for (b, t) in [(2, 2), (3, 2), (4, 2), (0, 1), (1, 1)] {
+            q.cached_by(entry(b, &d), t, &mut trimmed);
+        }
+        // Tenant 2's first quota: its blocks move to its own group, the cap trims its oldest.
+        q.set_quota(
+            2,
+            Quota {
+                max_cached: Some(2),
+                reserved: 2,
+            },
+            &mut trimmed,
+        )
+        .unwrap();
+        assert_eq!(trimmed.iter().map(|e| e.block).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(q.len(), 4);
+        // A release over the cap trims again, at once.
+        trimmed.clear();
+        q.cached_by(entry(5, &d), 2, &mut trimmed);
+        assert_eq!(trimmed.iter().map(|e| e.block).collect::<Vec<_>>(), vec![3]);
+        // Tenant 2 is at its reserve: the shared group (tenant 1) gives the victims first,
+        // though tenant 2's blocks are older.
+        assert_eq!(q.victim().map(|e| e.block), Some(0));
+        assert_eq!(q.victim().map(|e| e.block), Some(1));
+        // Only reserved blocks are left: they go too, oldest first.
+        assert_eq!(q.victim().map(|e| e.block), Some(4));
+        assert_eq!(q.victim().map(|e| e.block), Some(5));
+        assert!(q.victim().is_none());
+    }
+
+    #[test]
+    fn a_failed_hit_is_restored_in_its_group() {
+        let d = sample_digests(4);
+        let mut q = quotas();
+        let mut trimmed = Vec::new();
+        q.set_quota(7, Quota::default(), &mut trimmed).unwrap();
+        for b in 0..3 {
+            q.cached_by(entry(b, &d), 7, &mut trimmed);
+        }
+        q.hit(0);
+        q.restore(entry(0, &d));
+        q.removed(1);
+        let order: Vec<u32> = std::iter::from_fn(|| q.victim().map(|e| e.block)).collect();
+        assert_eq!(order, vec![0, 2]);
+        assert_eq!(q.len(), 0);
+    }
+}
