@@ -122,16 +122,21 @@ CHURN_SEQUENCES = 2000
 CHURN = _churn_calls()
 
 
+@pytest.mark.parametrize("tenants", [False, True], ids=["", "tenants"])
 @POLICIES
-def test_churn(benchmark: Any, policy: Eviction, record: Any) -> None:
-    """The same 2,000-sequence stream of allocate, append_batch and free on a fresh pool."""
+def test_churn(benchmark: Any, policy: Eviction, tenants: bool, record: Any) -> None:
+    """The same 2,000-sequence stream of allocate, append_batch and free on a fresh pool;
+    `tenants`: the manager groups by salt (the policy per tenant group, in locked mode even
+    for LRU; the stream is unsalted, so this is the quota layer's own cost)."""
     group = f"eviction churn: {CHURN_SEQUENCES} sequences of shared prefixes on 384 blocks"
+    if tenants:
+        group += ", tenants=True"
     benchmark.group = group
     bound: list[BoundCall] = []
     managers: list[BlockManager] = []
 
     def setup() -> None:
-        managers[:] = [BlockManager(384, B, eviction=policy)]
+        managers[:] = [BlockManager(384, B, eviction=policy, tenants=tenants)]
         bound[:] = bind_trace(managers[0], CHURN)
 
     def run() -> None:
