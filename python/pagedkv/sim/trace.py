@@ -4,7 +4,8 @@ Formats (one module each):
 
 - `mooncake` (`trace_mooncake`): JSON lines of `timestamp` (ms), `input_length`,
   `output_length`, `hash_ids` of 512-token blocks, each id naming a block with its prefix.
-  Mooncake's conversation, tool-agent and synthetic traces all have this form.
+  Mooncake's conversation, tool-agent and synthetic traces all have this form. A line may
+  carry a `cache_salt` (a tenant, as in Bailian lines): requests of two salts never share.
 - `bailian` (`trace_bailian`): Alibaba's Qwen usage traces, JSON lines of `chat_id`,
   `parent_chat_id`, `timestamp` (s), `input_length`, `output_length`, `type`, `turn`,
   `hash_ids` of 16-token blocks each hashing its block alone (chained here before replay).
@@ -159,6 +160,7 @@ def expected_hit_tokens(requests: Iterable[Request], block_size: int) -> tuple[i
     computed), then all its full blocks count as seen. Requests in the given (arrival) order.
     """
     trie: dict[tuple[int, int], int] = {}  # (parent node, hash id) -> node
+    roots: dict[str | None, int] = {None: 0}  # a salt's own root: tenants never share
     seen: set[tuple[int, int]] = set()  # (node of the id covering the block's end, block)
     hits = total = 0
     for r in requests:
@@ -166,7 +168,7 @@ def expected_hit_tokens(requests: Iterable[Request], block_size: int) -> tuple[i
         n = r.prompt_len
         per_id = r.hash_block_tokens
         nodes: list[int] = []
-        node = 0
+        node = roots.setdefault(r.cache_salt, -len(roots))
         for h in r.hash_ids.tolist():
             node = trie.setdefault((node, h), len(trie) + 1)
             nodes.append(node)

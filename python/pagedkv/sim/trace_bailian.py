@@ -40,6 +40,7 @@ from pagedkv.sim.trace_common import (
     int_field,
     json_lines,
     number_field,
+    salt_field,
 )
 
 BAILIAN_BLOCK_TOKENS = 16
@@ -106,6 +107,7 @@ def read_bailian(path: str | Path, *, limit: int | None, ms_per_step: float) -> 
                 kind=kind,
                 hash_ids=chain_ids(ids),
                 hash_block_tokens=BAILIAN_BLOCK_TOKENS,
+                cache_salt=salt_field(obj, where),
             )
         )
     workload = b.workload(f"trace {Path(path).name} (Bailian)", unit=" s", scale=1e-3)

@@ -36,6 +36,17 @@ def int_field(obj: dict[str, object], key: str, where: str, *, low: int = 0) -> 
     return v
 
 
+def salt_field(obj: dict[str, object], where: str) -> str | None:
+    """The optional `cache_salt` of a trace line (a tenant, docs/eviction.md): a non-empty
+    string, or absent / null for none."""
+    v = obj.get("cache_salt")
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"{where}: 'cache_salt' must be a non-empty string or null, got {v!r}")
+    return v
+
+
 def number_field(obj: dict[str, object], key: str, where: str) -> float:
     """`obj[key]` as a finite number >= 0, integer or not (bool refused)."""
     v = obj.get(key)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pagedkv.sim.requests import TRACE_BLOCK_TOKENS, Request, Workload
-from pagedkv.sim.trace_common import TraceBuilder, id_list, int_field, json_lines
+from pagedkv.sim.trace_common import TraceBuilder, id_list, int_field, json_lines, salt_field
 
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 
@@ -37,6 +37,7 @@ def read_mooncake(path: str | Path, *, limit: int | None, ms_per_step: float) ->
                 arrival_step=b.step_of(lineno, ts),
                 kind="trace",
                 hash_ids=ids,
+                cache_salt=salt_field(obj, where),
             )
         )
     return b.workload(f"trace {Path(path).name}")
