@@ -122,6 +122,7 @@ EXPECTED_MARKS: dict[str, set[str]] = {
     "arc": {"t2", "b1", "b2", "p jumps", "p falls"},
     "lfu": {"aged"},
     "slru": {"protected", "protected full"},
+    "priority": set(),
 }
 
 
