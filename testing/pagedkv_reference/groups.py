@@ -70,6 +70,8 @@ class _GSeq(_Seq):
         c.keyed = self.keyed
         c.keys = list(self.keys)
         c.hold = self.hold
+        c.retention = self.retention
+        c.tenant = self.tenant
         return c
 
 
@@ -228,8 +230,13 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
 
     def _freed(self, blocks: list[int]) -> int:
         """How many of these blocks lose their last reference when each listed reference
-        is dropped (a block two batch members share counts once, when both drop it)."""
-        return sum(1 for b, refs in Counter(blocks).items() if self._rc[b] == refs)
+        is dropped (a block two batch members share counts once, when both drop it) and free
+        a unit: a pinned hashed block stays CACHED outside `available`."""
+        return sum(
+            1
+            for b, refs in Counter(blocks).items()
+            if self._rc[b] == refs and not (b in self._pins and self._hashed[b] is not None)
+        )
 
     def _drop(self, seq: _GSeq, skipped: list[tuple[int, int]]) -> None:
         """Replace the skipped entries by the null block and release them, in order
