@@ -24,7 +24,6 @@ import pytest
 
 from pagedkv.config import EVICTIONS
 from pagedkv.errors import PagedKVError
-from pagedkv_reference import ReferenceBlockManager
 from test_eviction_model import Pair, _step
 from test_groups_model_based import CONFIGS, MAX_SEQ
 from test_model_based import run
@@ -113,7 +112,7 @@ def _feature_step(
             # An earlier prompt again, with its salt: hits (on pinned blocks too).
             toks, kw["cache_salt"] = rng.choice(pair.history)
         else:
-            toks = list(rng.choice(bases))[: rng.randint(1, 12)] + [rng.randrange(3)]
+            toks = [*list(rng.choice(bases))[: rng.randint(1, 12)], rng.randrange(3)]
             if pair.tenants or rng.random() < 0.2:
                 kw["cache_salt"] = rng.choice(SALTS)
             pair.history = [*pair.history[-7:], (toks, kw.get("cache_salt"))]
@@ -196,8 +195,8 @@ def test_a_pinned_prompt_survives_pressure_and_is_hit_without_a_unit() -> None:
     assert p.call("allocate", 2, [9] * 12).value == ("int", 0)
     # The pinned prefix still hits, with no unit left: a pinned block costs none.
     assert p.ref.num_available_blocks == 0
-    assert p.rust.allocation_cost(prompt[:4] + [7]) == (4, 1, 0)
-    assert p.ref.allocation_cost(prompt[:4] + [7]) == (4, 1, 0)
+    assert p.rust.allocation_cost([*prompt[:4], 7]) == (4, 1, 0)
+    assert p.ref.allocation_cost([*prompt[:4], 7]) == (4, 1, 0)
     p.call("free", 2)
     assert p.call("allocate", 3, prompt).value == ("int", 4)
     assert p.call("unpin", 3).value == ("int", 3)
