@@ -6,6 +6,11 @@ the free stack and an eviction policy of `pagedkv_reference.eviction` over the C
 test (which drives it and the Rust `pagedkv.BlockManager` side by side) and the pure-Python
 baseline of the benchmarks. It is not thread-safe: clarity comes first, then speed.
 
+It models the core's pins (a pinned CACHED block stays outside the policy and `available`;
+a hit revives it without a unit), retention (`allocate(retention=...)`, priority eviction,
+on the manager's clock: `set_time`) and tenants (`tenants=True`: the policy wrapped in
+`eviction.quotas.TenantQuotas`, per-tenant statistics).
+
 Digests follow `docs/hashing.md`; `hash_blocks` computes them without a manager.
 """
 
