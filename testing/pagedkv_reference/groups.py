@@ -70,6 +70,8 @@ class _GSeq(_Seq):
         c.keyed = self.keyed
         c.keys = list(self.keys)
         c.hold = self.hold
+        c.retention = self.retention
+        c.tenant = self.tenant
         return c
 
 
@@ -120,6 +122,9 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         self._owner[b] = g
         return b
 
+    def _count_trim(self, b: int) -> None:
+        self._group_evictions[self._owner[b]] += 1
+
     def _policy_key(self, b: int) -> bytes:
         """The policy knows a block by its prefix-index key, `(group, digest)`: equal
         content cached by two groups is two keys (as the core's group-keyed digests)."""
@@ -157,6 +162,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
                     continue  # shared with forks, which may key it otherwise
                 self._index[key] = b
                 self._hashed[b] = seq.digests[i]
+                self._block_tenant[b] = seq.tenant
                 self._registered_blocks += 1
                 self._group_registered[g] += 1
                 if self._events_on:
@@ -224,8 +230,13 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
 
     def _freed(self, blocks: list[int]) -> int:
         """How many of these blocks lose their last reference when each listed reference
-        is dropped (a block two batch members share counts once, when both drop it)."""
-        return sum(1 for b, refs in Counter(blocks).items() if self._rc[b] == refs)
+        is dropped (a block two batch members share counts once, when both drop it) and free
+        a unit: a pinned hashed block stays CACHED outside `available`."""
+        return sum(
+            1
+            for b, refs in Counter(blocks).items()
+            if self._rc[b] == refs and not (b in self._pins and self._hashed[b] is not None)
+        )
 
     def _drop(self, seq: _GSeq, skipped: list[tuple[int, int]]) -> None:
         """Replace the skipped entries by the null block and release them, in order
@@ -292,10 +303,11 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         for b in pinned:  # errors before the capacity answer
             if self._rc[b] >= MAX_REFCOUNT:
                 raise RefcountOverflowError(f"block {b} already has {MAX_REFCOUNT} holders")
-        need = ng * (total - h) + sum(1 for b in pinned if self._rc[b] == 0)
+        need = ng * (total - h) + sum(1 for b in pinned if self._costs_unit(b))
         held = ng * total - (ng * h - len(pinned))  # every entry but the nulls
         if need > self._available() or held > self._num_blocks - self._has_null:
             return None
+        gs.tenant = self._tenant_of(gs.salt)
         for b in pinned:
             if self._rc[b] == 0:
                 self._revive(b)  # CACHED -> OWNED
@@ -535,7 +547,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         pinned = [b for t in self._hit_tables(probe, h) for b in t if b != self._null]
         width = _cdiv(min(h * bs + k, n), bs)
         total = ng * width - (ng * h - len(pinned))
-        need = ng * (width - h) + sum(1 for b in pinned if self._rc[b] == 0)
+        need = ng * (width - h) + sum(1 for b in pinned if self._costs_unit(b))
         return self._status(total, need)
 
     def can_swap_in(self, seq_id: int) -> AllocStatus:
@@ -581,7 +593,9 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         return GroupStats(
             kind=self._groups[g].kind,
             used_blocks=used,
-            cached_blocks=sum(1 for b in self._cached_blocks() if self._owner[b] == g),
+            cached_blocks=sum(
+                1 for b in self._cached_blocks() + self._pinned_cached() if self._owner[b] == g
+            ),
             usage=used / usable if usable > 0 else 0.0,
             hit_blocks=self._group_hits[g],
             evictions=self._group_evictions[g],

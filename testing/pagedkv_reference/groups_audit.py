@@ -100,6 +100,7 @@ def _check_sequences(m: Manager) -> list[int]:
 def _check_pool(m: Manager, rc: list[int]) -> None:
     n = m._num_blocks
     cached = m._policy.entries()
+    cached += [(b, m._policy_key(b)) for b in m._pinned_cached()]
     if m._has_null and (
         m._rc[NULL] or m._hashed[NULL] is not None or NULL in m._free or NULL in m._policy
     ):

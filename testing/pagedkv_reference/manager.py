@@ -6,14 +6,21 @@ the free stack and an eviction policy of `pagedkv_reference.eviction` over the C
 test (which drives it and the Rust `pagedkv.BlockManager` side by side) and the pure-Python
 baseline of the benchmarks. It is not thread-safe: clarity comes first, then speed.
 
+It models the core's pins (a pinned CACHED block stays outside the policy and `available`;
+a hit revives it without a unit), retention (`allocate(retention=...)`, priority eviction,
+on the manager's clock: `set_time`) and tenants (`tenants=True`: the policy wrapped in
+`eviction.quotas.TenantQuotas`, per-tenant statistics).
+
 Digests follow `docs/hashing.md`; `hash_blocks` computes them without a manager.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import struct
 import sys
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -36,9 +43,10 @@ from pagedkv.errors import (
 )
 from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventQueueStats
 from pagedkv.groups import KVCacheGroup, check_groups
-from pagedkv.stats import Stats
+from pagedkv.stats import Stats, TenantStats
 from pagedkv_reference.event_log import EventLog
-from pagedkv_reference.eviction import EvictionPolicy, make_policy
+from pagedkv_reference.eviction import EvictionPolicy, Priority, Quota, TenantQuotas, make_policy
+from pagedkv_reference.retention import RetentionSpec, int_arg, retention_arg, rust_f64
 
 # `evicted=`: the list a block-taking call appends its (block, group, digest) evictions to.
 Evicted = list[tuple[int, int, bytes]]
@@ -384,9 +392,11 @@ class _Seq:
         "keys",
         "lora_id",
         "max_hit",
+        "retention",
         "salt",
         "scheduled",
         "swapped",
+        "tenant",
         "tokens",
     )
 
@@ -406,6 +416,9 @@ class _Seq:
         self.extras = _extras(salt, lora_id)
         self.swapped = False
         self.cpu_blocks: list[int] = []
+        # `allocate(retention=...)`: its spec and the prompt's length (priority eviction)
+        self.retention: tuple[RetentionSpec, int] | None = None
+        self.tenant = 0  # its tenant id (`tenants=True`; 0: unsalted, or no tenants)
 
     @property
     def num_tokens(self) -> int:
@@ -421,6 +434,8 @@ class _Seq:
         c.keyed = self.keyed
         c.keys = list(self.keys)
         c.hold = self.hold
+        c.retention = self.retention
+        c.tenant = self.tenant
         return c
 
 
@@ -470,8 +485,6 @@ class ReferenceBlockManager:
             )
         self._eviction = eviction
         self._tenants = _check_bool(tenants, "tenants")
-        if self._tenants:
-            raise NotImplementedError("tenants=True in the reference manager")
         # (block, group, digest) of the evictions of the call in progress that asked for
         # them (`evicted=`; docs/tiers.md), else None
         self._duty: Evicted | None = None
@@ -483,7 +496,26 @@ class ReferenceBlockManager:
         self._hashed: list[bytes | None] = [None] * n  # digest a block is registered under
         self._index: dict[bytes, int] = {}  # prefix index: digest -> block
         # The CACHED blocks, under the policy that picks the victims (docs/eviction.md).
-        self._policy: EvictionPolicy = make_policy(eviction, n)
+        self._policy: EvictionPolicy | TenantQuotas = (
+            TenantQuotas(lambda: make_policy(eviction, n))
+            if self._tenants
+            else make_policy(eviction, n)
+        )
+        # Pin bits (`pin`): on held or CACHED blocks; a pinned CACHED block is outside the
+        # policy and `available`. Cleared when the block goes FREE.
+        self._pins: set[int] = set()
+        # Blocks a tenant's cap evicted during the release in progress (`_cache`).
+        self._trimmed: list[int] = []
+        # The clock: monotonic from construction until `set_time` makes it manual.
+        self._t0 = time.monotonic()
+        self._manual: float | None = None
+        # Tenants (`tenants=True`): salt per id (0: unsalted), ids by salt, prefix counts,
+        # quotas, and the tenant of the sequence that registered each block.
+        self._tenant_salts: list[bytes | None] = [None]
+        self._tenant_ids: dict[bytes, int] = {}
+        self._tenant_counts: list[list[int]] = [[0, 0]]
+        self._tenant_quotas: dict[int, tuple[int | None, int]] = {}
+        self._block_tenant: list[int] = [0] * n
         self._cpu_free: list[int] = list(range(self._num_cpu_blocks - 1, -1, -1))
         self._seqs: dict[int, _Seq] = {}
         self._log = EventLog()
@@ -505,9 +537,65 @@ class ReferenceBlockManager:
     def _available(self) -> int:
         return len(self._free) + len(self._policy)
 
-    # The policy's clock: the policies of `eviction=` ignore time (only retention, not wired
-    # here yet, reads it), so one instant that never goes back is enough.
-    _NOW = 0.0
+    @property
+    def _NOW(self) -> float:  # the policies' clock, read at each call
+        return self.now()
+
+    def now(self) -> float:
+        """The manager's clock, in seconds (monotonic until `set_time`)."""
+        return time.monotonic() - self._t0 if self._manual is None else self._manual
+
+    def set_time(self, t: float) -> None:
+        """Make the clock manual at `t` seconds (retention durations); never back."""
+        if isinstance(t, bool) or not isinstance(t, (int, float)):
+            raise TypeError(f"t must be a float, got {type(t).__name__}")
+        t = float(t)
+        if not math.isfinite(t) or t < 0:
+            raise InvalidArgumentError(f"time must be a finite number >= 0, got {rust_f64(t)}")
+        if self._manual is not None and t < self._manual:
+            raise InvalidArgumentError(
+                f"time must not go back: {rust_f64(t)} is before {rust_f64(self._manual)}"
+            )
+        self._manual = t
+
+    def _pinned_cached(self) -> list[int]:
+        """The CACHED blocks that are pinned, by id."""
+        return sorted(b for b in self._pins if self._rc[b] == 0)
+
+    def num_pinned_cached(self) -> int:
+        return len(self._pinned_cached())
+
+    def _costs_unit(self, b: int) -> bool:
+        """Whether a hit on block `b` revives a CACHED block with a unit (a pinned one
+        takes none)."""
+        return self._rc[b] == 0 and b not in self._pins
+
+    def _gone_free(self, b: int) -> None:
+        """Block `b` went FREE: its pin and its retention go with its content."""
+        self._pins.discard(b)
+        self._set_retention(b, (35, None))
+
+    def _set_retention(self, b: int, r: tuple[int, float | None]) -> None:
+        """Give a block that is not CACHED its retention from its next release."""
+        if self._eviction != "priority":
+            return
+        if isinstance(self._policy, TenantQuotas):
+            self._policy.set_retention(b, r[0], r[1], self._NOW)
+        else:
+            assert isinstance(self._policy, Priority) and b not in self._policy
+            self._policy.set_retention(b, r[0], r[1])
+
+    def _retain(self, seq: _Seq, lo: int, count: int) -> None:
+        """Before `seq` lets go of its blocks `lo .. lo + count`: give each that has a
+        digest the retention of its range (the core's `retain`)."""
+        if seq.retention is None:
+            return
+        spec, prompt = seq.retention
+        bs = self._block_size
+        for i in range(lo, min(lo + count, len(seq.blocks), len(seq.digests))):
+            r = spec.of_block(i * bs, prompt)
+            if r is not None:
+                self._set_retention(seq.blocks[i], r)
 
     def _policy_key(self, b: int) -> bytes:
         """The key the policy knows hashed block `b` by: its digest in the prefix index."""
@@ -516,12 +604,36 @@ class ReferenceBlockManager:
         return d
 
     def _cache(self, b: int) -> None:
-        """Hashed block `b` became CACHED (its last holder let go): the policy's newest."""
-        self._policy.on_cached(b, self._NOW, self._policy_key(b))
+        """Hashed block `b` became CACHED (its last holder let go): the policy's newest,
+        unless pinned (then outside the policy). A tenant's cap may trim blocks at once:
+        `_trimmed`, freed by the release."""
+        if b in self._pins:
+            return
+        if isinstance(self._policy, TenantQuotas):
+            salt = self._tenant_salts[self._block_tenant[b]]
+            got = self._policy.on_cached(b, self._NOW, self._policy_key(b), salt)
+            self._trimmed.extend(got)
+        else:
+            self._policy.on_cached(b, self._NOW, self._policy_key(b))
+
+    def _drop_trimmed(self) -> None:
+        """The blocks a cap trimmed go FREE at once (on top of the free stack), each with
+        its `BlockRemoved`, counted as evictions (not reported through `evicted=`)."""
+        trimmed, self._trimmed = self._trimmed, []
+        for b in trimmed:
+            self._unindex(b)
+            self._evictions += 1
+            self._count_trim(b)
+            self._free.append(b)
+
+    def _count_trim(self, b: int) -> None:
+        """A grouped manager counts the trim for the block's group."""
 
     def _revive(self, b: int) -> None:
-        """A prefix hit takes the CACHED block `b` (CACHED -> OWNED)."""
-        self._policy.on_hit(b, self._NOW)
+        """A prefix hit takes the CACHED block `b` (CACHED -> OWNED); a pinned one is not
+        in the policy."""
+        if b not in self._pins:
+            self._policy.on_hit(b, self._NOW)
 
     def _missed(self, digests: list[bytes]) -> None:
         """An admitted prompt needs these digests past its hit (the ghost policies look them
@@ -602,13 +714,69 @@ class ReferenceBlockManager:
         """Whether calls report the cached blocks they evict (`evicted=`)."""
         return self._record_evictions
 
-    def _release(self, b: int) -> None:
-        self._rc[b] -= 1
-        if self._rc[b] == 0:
-            if self._hashed[b] is not None:
-                self._cache(b)
-            else:
-                self._free.append(b)
+    # ---------------------------------------------------------------- pins and tenants
+
+    def pin(self, seq_id: int) -> int:
+        """Pin every GPU block the sequence holds now (never evicted; kept in the prefix
+        cache outside the policy and `available` once released); returns how many."""
+        return self._set_pins(seq_id, True)
+
+    def unpin(self, seq_id: int) -> int:
+        """Unpin every GPU block the sequence holds now, whoever pinned it."""
+        return self._set_pins(seq_id, False)
+
+    def _set_pins(self, seq_id: object, on: bool) -> int:
+        _, seq = self._resident(seq_id)
+        held = self._held(seq)
+        for b in held:
+            (self._pins.add if on else self._pins.discard)(b)
+        return len(held)
+
+    @property
+    def tenants(self) -> bool:
+        return self._tenants
+
+    def _tenants_on(self) -> None:
+        if not self._tenants:
+            raise InvalidArgumentError("tenant quotas and statistics need tenants=True")
+
+    def set_tenant_quota(
+        self, cache_salt: str | bytes | None, *, max_cached: int | None = None, reserved: int = 0
+    ) -> None:
+        """Cap and reserve of one tenant's CACHED blocks (needs `tenants=True`); a cap below
+        its CACHED blocks evicts its own at once."""
+        salt = _salt_bytes(cache_salt)
+        cap = None if max_cached is None else int_arg(max_cached, "max_cached", 0, _I32_MAX)
+        res = int_arg(reserved, "reserved", 0, _I32_MAX)
+        self._tenants_on()
+        if cap is not None and res > cap:
+            raise InvalidArgumentError(f"reserved {res} is above max_cached {cap}")
+        t = self._tenant_of(salt)
+        self._tenant_quotas[t] = (cap, res)
+        assert isinstance(self._policy, TenantQuotas)
+        self._trimmed = self._policy.set_quota(salt, Quota(cap, res), self._NOW)
+        self._drop_trimmed()
+
+    def tenant_stats(self) -> list[TenantStats]:
+        """Per tenant, unsalted first then in order of first use."""
+        self._tenants_on()
+        out = []
+        for t, salt in enumerate(self._tenant_salts):
+            held = {
+                b
+                for s in self._seqs.values()
+                if s.tenant == t and not s.swapped
+                for b in self._held(s)
+            }
+            cached = sum(
+                1
+                for b in range(self._num_blocks)
+                if self._rc[b] == 0 and self._hashed[b] is not None and self._block_tenant[b] == t
+            )
+            cap, res = self._tenant_quotas.get(t, (None, 0))
+            q, h = self._tenant_counts[t]
+            out.append(TenantStats(salt, len(held), cached, q, h, cap, res))
+        return out
 
     def _release_all(self, blocks: list[int]) -> None:
         """Release a table's blocks tail first: hashed tails are queued (and evicted) first,
@@ -622,7 +790,9 @@ class ReferenceBlockManager:
                     self._cache(b)
                 else:
                     freed.append(b)
+                    self._gone_free(b)
         self._free.extend(reversed(freed))
+        self._drop_trimmed()
 
     def _stored(self, seq: _Seq, i: int, medium: str) -> BlockStored:
         bs = self._block_size
@@ -649,6 +819,7 @@ class ReferenceBlockManager:
                 continue  # shared with forks, which may key it otherwise: stays unhashed
             self._index[d] = b
             self._hashed[b] = d
+            self._block_tenant[b] = seq.tenant
             self._registered_blocks += 1
             if self._events_on:
                 self._log.push(self._stored(seq, i, "GPU"))
@@ -812,6 +983,8 @@ class ReferenceBlockManager:
         block_hashes: list[bytes] | tuple[bytes, ...] | None = None,
         max_hit_tokens: int | None = None,
         register: bool = True,
+        retention: Sequence[tuple[int, int | None, int, float | None]] | None = None,
+        decode_retention: tuple[int, float | None] | None = None,
     ) -> int | None:
         """Give a new sequence the blocks of its cache hit plus `num_new_tokens` prompt
         tokens (all by default); return the cached prompt tokens. `evicted`: see `_duties`.
@@ -828,6 +1001,8 @@ class ReferenceBlockManager:
                 block_hashes,
                 max_hit_tokens,
                 register,
+                retention,
+                decode_retention,
             )
 
     def _allocate(
@@ -841,6 +1016,8 @@ class ReferenceBlockManager:
         block_hashes: object = None,
         max_hit_tokens: object = None,
         register: object = True,
+        retention: object = None,
+        decode_retention: object = None,
     ) -> int | None:
         sid = _seq_id(seq_id)
         toks = _tokens(token_ids)
@@ -851,20 +1028,45 @@ class ReferenceBlockManager:
         keys = _keys(block_hashes)
         cap = _max_hit(max_hit_tokens)
         reg = _check_bool(register, "register")
+        spec = retention_arg(retention, decode_retention)
         n = len(toks)
         k = _fits_prompt(k, n)
         _no_extras_with_keys(keys, salt, lora)
+        self._check_retention_allowed(spec)
         if keys is not None:
             _key_count(len(keys), n, self._block_size)
         if sid in self._seqs:
             raise DuplicateSequenceError(f"sequence id {sid} already exists")
         seq = self._prompt(toks, salt, lora, keys, cap)
+        if spec is not None:
+            seq.retention = (spec, n)
         if not reg:
             seq.hold = 0  # `_admit` raises it to the hit: only the hit's blocks are cached
         return self._admit(sid, seq, k, la)
 
     def _new_seq(self, salt: bytes | None, lora: int | None) -> _Seq:
         return _Seq(salt, lora)
+
+    def _check_retention_allowed(self, spec: RetentionSpec | None) -> None:
+        if spec is None:
+            return
+        if self._groups:
+            raise InvalidArgumentError("retention with KV-cache groups (groups=) is not supported")
+        if self._eviction != "priority":
+            raise InvalidArgumentError(
+                f"retention needs eviction='priority', this manager evicts by \"{self._eviction}\""
+            )
+
+    def _tenant_of(self, salt: bytes | None) -> int:
+        """The tenant id of `salt`, made on first use (0 without tenants)."""
+        if not self._tenants or salt is None:
+            return 0
+        t = self._tenant_ids.get(salt)
+        if t is None:
+            t = self._tenant_ids[salt] = len(self._tenant_salts)
+            self._tenant_salts.append(salt)
+            self._tenant_counts.append([0, 0])
+        return t
 
     def _admit(self, sid: int, seq: _Seq, k: int, la: int) -> int | None:
         """`allocate` once its checks passed: pin the hits, take the new blocks, register."""
@@ -878,10 +1080,10 @@ class ReferenceBlockManager:
         for b in hits:
             if self._rc[b] >= MAX_REFCOUNT:
                 raise RefcountOverflowError(f"block {b} already has {MAX_REFCOUNT} holders")
-        need = (total - h) + sum(1 for b in hits if self._rc[b] == 0)
+        need = (total - h) + sum(1 for b in hits if self._costs_unit(b))
         if need > self._available():
             return None
-
+        seq.tenant = self._tenant_of(seq.salt)
         for b in hits:
             if self._rc[b] == 0:
                 self._revive(b)  # CACHED -> OWNED
@@ -902,6 +1104,8 @@ class ReferenceBlockManager:
             self._prefix_queries += seq.num_tokens
             self._prefix_hits += h * self._block_size
             self._recent.append((seq.num_tokens, h * self._block_size))
+            self._tenant_counts[seq.tenant][0] += seq.num_tokens
+            self._tenant_counts[seq.tenant][1] += h * self._block_size
         self._seqs[sid] = seq
 
     def extend(
@@ -1071,6 +1275,7 @@ class ReferenceBlockManager:
             else:
                 copy = True
         keep = _cdiv(m, bs)
+        self._retain(seq, keep, len(seq.blocks) - keep)
         dropped = seq.blocks[keep:]
         del seq.blocks[keep:]
         self._release_all(dropped)  # hashed ones become CACHED: their KV was computed
@@ -1140,6 +1345,7 @@ class ReferenceBlockManager:
             if self._hashed[b] is not None and self._hashed[b] == seq.digests[i]:
                 self._unindex(b)
                 self._unregistered_blocks += 1
+        self._retain(seq, 0, len(seq.blocks))
         self._release_all(seq.blocks)
 
     def _cpu_removed(self, seq: _Seq) -> None:
@@ -1154,6 +1360,7 @@ class ReferenceBlockManager:
         if len(seq.blocks) > len(self._cpu_free):
             return None
         pairs = [(g, self._cpu_free.pop()) for g in seq.blocks]
+        self._retain(seq, 0, len(seq.blocks))
         self._release_all(seq.blocks)
         seq.cpu_blocks = [c for _, c in pairs]
         seq.blocks = []
@@ -1254,7 +1461,10 @@ class ReferenceBlockManager:
                 continue
             self._unindex(b)
             if self._rc[b] == 0:  # CACHED -> FREE
-                self._policy.on_removed(b)
+                if b in self._pins:
+                    self._gone_free(b)  # outside the policy
+                else:
+                    self._policy.on_removed(b)
                 self._free.append(b)
             removed += 1
         self._unregistered_blocks += removed
@@ -1324,7 +1534,7 @@ class ReferenceBlockManager:
         total = _cdiv(min(h * bs + k, n) + la, bs)
         held = [b for t in tables for b in t if not self._is_null(b)]
         new = min(self.num_groups * (total - h), _U64 - 1)
-        return h * bs, new, sum(1 for b in held if self._rc[b] == 0)
+        return h * bs, new, sum(1 for b in held if self._costs_unit(b))
 
     def lookup_blocks(
         self,
@@ -1407,7 +1617,7 @@ class ReferenceBlockManager:
         hits = self._probe(n if toks is None else toks, salt, lora, keys, cap)
         h = len(hits)
         total = _cdiv(min(h * bs + k, n), bs)
-        return self._status(total, total - h + sum(1 for b in hits if self._rc[b] == 0))
+        return self._status(total, total - h + sum(1 for b in hits if self._costs_unit(b)))
 
     def can_swap_in(self, seq_id: int) -> AllocStatus:
         """Would the swapped sequence fit now, later or never?"""
@@ -1635,7 +1845,7 @@ class ReferenceBlockManager:
 
     @property
     def num_cached_blocks(self) -> int:
-        return len(self._policy)
+        return len(self._policy) + self.num_pinned_cached()
 
     @property
     def num_available_blocks(self) -> int:
@@ -1656,7 +1866,7 @@ class ReferenceBlockManager:
     def stats(self) -> Stats:
         resident = [s for s in self._seqs.values() if not s.swapped]
         free = len(self._free)
-        cached = len(self._policy)
+        cached = self.num_cached_blocks
         return Stats(
             num_blocks=self._num_blocks,
             block_size=self._block_size,
@@ -1706,10 +1916,17 @@ class ReferenceBlockManager:
         order: list[int] = []
         while (b := self._policy.victim(self._NOW)) is not None:
             order.append(b)
+        # Pinned CACHED blocks go too (a reset drops every hash, pins with them), after the
+        # others, by block id.
+        order += self._pinned_cached()
+        self._pins.clear()
         for b in order:
             self._hashed[b] = None
         self._free[:0] = reversed(order)  # the next victim ends just under the free blocks
-        self._policy = make_policy(self._eviction, self._num_blocks)
+        if isinstance(self._policy, TenantQuotas):
+            self._policy.clear()  # the tenants' groups and quotas stay
+        else:
+            self._policy = make_policy(self._eviction, self._num_blocks)
 
     def drain_events(self) -> list[KVEvent]:
         return self._log.drain()
@@ -1808,7 +2025,10 @@ class ReferenceBlockManager:
                 fail(f"free block {b} has refcount {self._rc[b]}")
             if self._hashed[b] is not None:
                 fail(f"free block {b} is hashed")
-        cached = self._policy.entries()
+        cached = self._policy.entries() + [(b, self._hashed[b]) for b in self._pinned_cached()]
+        for b in self._pins:
+            if self._rc[b] == 0 and self._hashed[b] is None:
+                fail(f"free block {b} is pinned")
         for b, key in cached:
             if self._rc[b] != 0:
                 fail(f"cached block {b} has refcount {self._rc[b]}")

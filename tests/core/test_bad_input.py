@@ -472,6 +472,23 @@ CASES: list[tuple[str, type[BaseException]]] = [
     ("m.allocation_cost([1], lookahead=-1)", InvalidArgumentError),
     ("m.allocation_cost(5, lookahead=None)", InvalidArgumentTypeError),
     ("m.allocation_cost([1], num_new_tokens=3, lookahead=1.5)", InvalidArgumentTypeError),
+    # pins, the clock, tenants and retention (eviction="lru", no tenants: refused)
+    *[(f"m.{call}({i!r})", InvalidArgumentError) for call in ("pin", "unpin") for i in BAD_IDS],
+    ("m.pin(NEVER)", UnknownSequenceError),
+    ("m.unpin(SWAPPED)", SequenceSwappedError),
+    ("m.set_time(nan)", InvalidArgumentError),
+    ("m.set_time(-1.0)", InvalidArgumentError),
+    ("m.set_tenant_quota(None, max_cached=1)", InvalidArgumentError),
+    ("m.set_tenant_quota(3)", InvalidArgumentTypeError),
+    ("m.set_tenant_quota('a', reserved=-1)", InvalidArgumentError),
+    ("m.tenant_stats()", InvalidArgumentError),
+    ("m.allocate(5, [1], retention=[(0, None, 50, None)])", InvalidArgumentError),
+    ("m.allocate(5, [1], decode_retention=(50, None))", InvalidArgumentError),
+    ("m.allocate(5, [1], retention='x')", InvalidArgumentTypeError),
+    ("m.allocate(5, [1], retention=[(0, 1, 50)])", InvalidArgumentError),
+    ("m.allocate(5, [1], retention=[(0, 1, 101, None)])", InvalidArgumentError),
+    ("m.allocate(5, [1], decode_retention=(5, -1.0))", InvalidArgumentError),
+    ("m.allocate(RESIDENT, [1], retention=[(2, 2, 5, None)])", InvalidArgumentError),
 ]
 
 

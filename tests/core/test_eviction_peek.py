@@ -200,7 +200,7 @@ def test_peek_with_a_clock_going_back_raises_and_changes_nothing() -> None:
     with pytest.raises(ValueError, match="before the last time"):
         p.peek(-1.0)
     assert p.queues()[:2] == ([20, 21], list(range(18)))  # no move made
-    q = TenantQuotas(lambda: S3Fifo(40))
+    q = TenantQuotas(lambda: S3Fifo(40), {b"B": Quota()})  # B in its own group, A shared
     q.on_cached(0, 5.0, k("x"), b"B")
     q.on_cached(1, 1.0, k("y"), b"A")
     with pytest.raises(ValueError, match="before the last time"):

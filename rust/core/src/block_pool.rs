@@ -575,8 +575,14 @@ impl BlockPool {
         // pushed head first, the tail ends on top and is reused first, as vLLM reuses a
         // request's unhashed blocks (it prepends them, tail first, to its free queue). The
         // cached records keep the tail-first order: tails are evicted first.
+        // A FREE block's content is gone: so is any retention a holder gave it. Released
+        // without digests, it may still carry one (an earlier holder's, e.g. a fork's parent
+        // that had retention for it before this holder truncated its digest away): the lock
+        // is taken for that too (locked mode only; lock-free LRU has no retention).
+        if policy.is_none() && !freed.is_empty() {
+            policy = self.order.guard();
+        }
         if let Some(policy) = policy.as_mut() {
-            // A FREE block's content is gone: so is any retention a holder gave it.
             freed
                 .iter()
                 .for_each(|&b| policy.set_retention(b, Retention::DEFAULT));
@@ -910,9 +916,14 @@ impl BlockPool {
                 });
             }
             drop(stripe);
-            if let (Withdrawal::Freed, false, Some(policy)) = (outcome, was_pinned, policy.as_mut())
-            {
-                policy.removed(block);
+            if let (Withdrawal::Freed, Some(policy)) = (outcome, policy.as_mut()) {
+                if was_pinned {
+                    // Outside the order, but a holder may have given it a retention: it
+                    // goes with the content, as for any block that becomes FREE.
+                    policy.set_retention(block, Retention::DEFAULT);
+                } else {
+                    policy.removed(block);
+                }
             }
             drop(policy);
             if outcome == Withdrawal::Freed {

@@ -53,7 +53,7 @@ impl BlockManager {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use crate::{BlockManager, Config, Error};
+    use crate::{BlockManager, Config, Error, GroupKind};
 
     fn manager(n: u32) -> BlockManager {
         BlockManager::new(Config::new(n, 2)).unwrap()
@@ -82,6 +82,24 @@ mod tests {
         m.free(3).unwrap();
         assert_eq!(m.num_pinned_cached(), 0);
         assert!(m.allocate(4, &[7; 8], None, None, 0).unwrap().is_some());
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_step_that_releases_pinned_blocks_counts_no_unit_for_them() {
+        // The sliding window's blocks that fall out of the window are pinned and hashed:
+        // released, they stay CACHED outside `available`, so the step must reserve their
+        // replacements (found by the reference model: "a block beyond its reservation").
+        let kinds = vec![GroupKind::Full, GroupKind::SlidingWindow { window: 4 }];
+        let m = BlockManager::with_groups(Config::new(24, 2), kinds).unwrap();
+        m.allocate(1, &[2, 2, 0, 1], None, None, 0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.pin(1).unwrap(), 4);
+        m.free(1).unwrap();
+        let prompt = [2, 2, 0, 1, 1, 2, 2, 1, 0];
+        assert_eq!(m.allocate(1, &prompt, None, None, 0).unwrap(), Some(4));
+        assert_eq!(m.append(1, &[1, 1, 2]).unwrap(), Some(vec![]));
         m.check_invariants().unwrap();
     }
 

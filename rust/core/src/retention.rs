@@ -4,10 +4,11 @@
 //! A sequence keeps its spec; when it lets go of blocks (free, truncate, swap-out) it gives
 //! each of them its retention first, so the release that caches a block caches it with the
 //! retention of the sequence that held it (the last one, if several had their own). A block
-//! of a sequence without retention keeps what it had; a block that becomes FREE under the
-//! policy's lock returns to the default (`block_pool`). A block takes the range that holds
-//! its first token, as TensorRT-LLM's `getPerBlockRetentionPriorityDuration` does; a block
-//! whose first token is past the prompt takes the decode retention.
+//! of a sequence without retention keeps what it had; a block that becomes FREE (released,
+//! with or without digests, or withdrawn while pinned) returns to the default: its content
+//! is gone (`block_pool`). A block takes the range that holds its first token, as
+//! TensorRT-LLM's `getPerBlockRetentionPriorityDuration` does; a block whose first token is
+//! past the prompt takes the decode retention.
 
 use crate::error::{invalid, Result};
 use crate::eviction::{EvictionKind, Retention, MAX_PRIORITY};

@@ -1,35 +1,41 @@
-"""Tenant quotas as a plain wrapper around any policy.
+"""Tenant quotas as a plain wrapper around any policy, as the Rust core's `tenants/quotas.rs`.
 
 A tenant is a cache salt (`bytes`; None for requests without one: one more tenant). Each
 tenant may have a `Quota`: a `cap` on its CACHED blocks and a `reserved` share of CACHED
-blocks that other tenants' pressure does not take. Each tenant's blocks are ranked by their
-own instance of the inner policy (so one tenant's scan cannot flood another's history). The
-rules, exactly:
+blocks that other tenants' pressure does not take.
 
-1. Cap. A tenant never has more than `cap` CACHED blocks after a call returns: when a
-   release (`on_cached`) or a lowered cap (`set_quota`) puts it over, its own policy's
-   victims are evicted at once, until it is within the cap, and returned for the manager to
-   free. So a tenant over its cap evicts its own blocks first, before anyone else's. Pinned
-   blocks are the one exception: they are never victims, so a tenant whose CACHED blocks
-   are all pinned stays over its cap until it unpins.
-2. Reserve. `victim` chooses among the tenants with more CACHED blocks than their reserved
-   share that have a block their policy may evict; only when there is none does it choose
-   among every tenant. So a victim never takes a tenant below its reserve while another
-   tenant has evictable blocks above its own.
-3. Order across tenants. Among the tenants allowed by rule 2, each one's policy names its
-   next victim; the one evicted is the least by (the policy's `cross_rank`, release order).
-   `cross_rank` is empty for LRU, S3-FIFO, ARC and LFU (so: least recently released among
-   the candidates) and (level, time, kind) for the priority policy (so a lower priority goes
-   first across tenants too). With no quotas and LRU this is exactly global LRU.
+Tenants without a quota share ONE instance of the inner policy (the shared group); a tenant
+gets its own instance (its own group) when its first quota is set, and its CACHED blocks
+then move from the shared instance to its own, in release order (removed from the shared,
+cached into its own at that moment: their frequencies, queue places and retention there
+are not carried over). A block revived by a hit that had not come back when its tenant got
+its own group joins that group at its next release, as a new block. (Before, every tenant
+had its own instance from its first block: a scan by one tenant without a quota could not
+flood another's history. The core keeps the instances few, so this module follows it.)
+The rules, exactly:
 
-The candidates are the tenants' `peek`s; then the chosen tenant's policy evicts for real,
-which returns its peeked block. A peek is not always free of effects: S3-FIFO's makes, for
-real, the moves its victim would make first (S's reused oldest blocks to M, M's oldest
-reinserted with an access spent), so a tenant peeked but not chosen keeps those moves and
-its later victims may differ from what they would have been without the peek. That is
-intended, and the Rust core's tenant quotas peek the same way: the two agree call for
-call. (Earlier this module peeked on `copy.deepcopy` copies, which left no trace; the
-other policies' peeks leave none either.)
+1. Cap. A group with a cap never has more than `cap` CACHED blocks after a call returns:
+   when a release (`on_cached`) or a lowered cap (`set_quota`) puts it over, its own
+   policy's victims are evicted at once, until it is within the cap, and returned for the
+   manager to free. So a tenant over its cap evicts its own blocks first. Pinned blocks are
+   the exception: the manager keeps them out of every policy, so they count for no cap.
+2. Reserve. `victim` chooses among the groups with more CACHED blocks than their reserve
+   (the shared group's is 0); only when none has an evictable block, among all. So a victim
+   never takes a tenant below its reserve while another group has blocks above its own.
+3. Order across groups. Among the groups allowed by rule 2, each one's policy names its
+   next victim (`peek`); the one evicted is the least by (the policy's `cross_rank`,
+   release order across every group). `cross_rank` is empty for LRU, S3-FIFO, ARC, LFU
+   and SLRU (so: least recently released among the candidates) and (level, time, kind) for
+   the priority policy. With no quotas this is exactly the inner policy.
+
+A peek is not always free of effects: S3-FIFO's makes, for real, the moves its victim
+would make first, so a group peeked but not chosen keeps those moves (the Rust core peeks
+the same way: the two agree call for call).
+
+Retention (`set_retention`, the priority policy) set on a block that is not in a group's
+set (held, or revived by a hit) waits here and is given to the policy of the group the
+block is cached into at its next release; set on a CACHED block it goes to its group's
+policy at once.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ from pagedkv_reference.eviction.base import EvictionPolicy, check_block, check_i
 __all__ = ["Quota", "Tenant", "TenantQuotas"]
 
 Tenant = bytes | None
+
+_SHARED = 0  # the shared group's index
 
 
 @dataclass(frozen=True)
@@ -63,8 +71,27 @@ def _check_tenant(tenant: object) -> Tenant:
     return tenant
 
 
+@dataclass
+class _Group:
+    policy: EvictionPolicy
+    quota: Quota
+
+
+@dataclass
+class _Member:
+    """A block a group knows: in its set, or taken out by a hit (kept so that its revival
+    goes back to the group whose policy knows its history)."""
+
+    group: int
+    tenant: Tenant
+    key: bytes
+    seq: int  # release order across every group (rule 3's tie-break)
+    in_set: bool
+
+
 class TenantQuotas:
-    """Per-tenant caps and reserves over per-tenant instances of one policy."""
+    """Per-tenant caps and reserves: a shared instance of one policy for the tenants
+    without a quota, and one instance per tenant with one."""
 
     def __init__(
         self,
@@ -72,111 +99,175 @@ class TenantQuotas:
         quotas: Mapping[Tenant, Quota] | None = None,
     ) -> None:
         self._make = make_policy
-        self._quotas: dict[Tenant, Quota] = {}
-        for t, q in (quotas or {}).items():
-            self._quotas[_check_tenant(t)] = q
-        self._policies: dict[Tenant, EvictionPolicy] = {}
-        self._tenant: dict[int, Tenant] = {}  # evictable block -> its tenant
-        self._released: dict[int, int] = {}  # evictable block -> release order
+        self._groups: list[_Group] = [_Group(self._new_policy(), Quota())]
+        self._own: dict[Tenant, int] = {}  # tenant -> its own group
+        self._members: dict[int, _Member] = {}
+        self._pending: dict[int, tuple[int, float | None]] = {}  # retention of held blocks
         self._seq = 0
+        for t, q in (quotas or {}).items():
+            assert self.set_quota(t, q, 0.0) == []
 
-    def quota(self, tenant: Tenant) -> Quota:
-        return self._quotas.get(tenant, Quota())
-
-    def cached(self, tenant: Tenant) -> int:
-        """The tenant's CACHED blocks."""
-        p = self._policies.get(tenant)
-        return 0 if p is None else len(p)
-
-    def tenant_of(self, block: int) -> Tenant:
-        return self._tenant[block]
-
-    def __len__(self) -> int:
-        return len(self._tenant)
-
-    def __contains__(self, block: object) -> bool:
-        return block in self._tenant
-
-    def policy(self, tenant: Tenant) -> EvictionPolicy:
-        """The tenant's own policy (made on first use), e.g. to set retention on it."""
-        return self._policy(_check_tenant(tenant))
-
-    def _policy(self, tenant: Tenant) -> EvictionPolicy:
-        p = self._policies.get(tenant)
-        if p is None:
-            p = self._policies[tenant] = self._make()
-            if len(p):
-                raise ValueError("make_policy must return an empty policy")
+    def _new_policy(self) -> EvictionPolicy:
+        p = self._make()
+        if len(p):
+            raise ValueError("make_policy must return an empty policy")
         return p
 
+    def quota(self, tenant: Tenant) -> Quota:
+        g = self._own.get(tenant)
+        return Quota() if g is None else self._groups[g].quota
+
+    def cached(self, tenant: Tenant) -> int:
+        """The tenant's CACHED blocks (in the policies)."""
+        return sum(1 for m in self._members.values() if m.in_set and m.tenant == tenant)
+
+    def tenant_of(self, block: int) -> Tenant:
+        return self._members[self._member(block)].tenant
+
+    def __len__(self) -> int:
+        return sum(len(g.policy) for g in self._groups)
+
+    def __contains__(self, block: object) -> bool:
+        m = self._members.get(block)  # type: ignore[call-overload]
+        return m is not None and m.in_set
+
+    def policy(self, tenant: Tenant) -> EvictionPolicy:
+        """The policy of the tenant's group (the shared one while it has no quota)."""
+        return self._groups[self._group_of(_check_tenant(tenant))].policy
+
+    def entries(self) -> list[tuple[int, bytes]]:
+        return [e for g in self._groups for e in g.policy.entries()]
+
+    def _group_of(self, tenant: Tenant) -> int:
+        return self._own.get(tenant, _SHARED)
+
     def set_quota(self, tenant: Tenant, quota: Quota, now: float) -> list[int]:
-        """Change a tenant's quota; returns the blocks evicted at once to meet a lower cap."""
+        """Change a tenant's quota (giving it its own group on the first); returns the
+        blocks evicted at once to meet a lower cap."""
         t = _check_tenant(tenant)
         if not isinstance(quota, Quota):
             raise TypeError(f"quota must be a Quota, got {type(quota).__name__}")
-        self._quotas[t] = quota
-        return self._trim(t, now)
+        for grp in self._groups:
+            grp.policy.check_now(now)
+        g = self._own_group(t, now)
+        self._groups[g].quota = quota
+        return self._trim(g, now)
+
+    def _own_group(self, tenant: Tenant, now: float) -> int:
+        g = self._own.get(tenant)
+        if g is not None:
+            return g
+        g = len(self._groups)
+        self._groups.append(_Group(self._new_policy(), Quota()))
+        self._own[tenant] = g
+        shared = self._groups[_SHARED].policy
+        moving = sorted(
+            (m.seq, b)
+            for b, m in self._members.items()
+            if m.tenant == tenant and m.group == _SHARED
+        )
+        for _, b in moving:
+            m = self._members[b]
+            if m.in_set:
+                shared.on_removed(b)
+                self._groups[g].policy.on_cached(b, now, m.key)
+                m.group = g
+            else:  # revived and held: joins its new group at its next release, as new
+                del self._members[b]
+        return g
+
+    def set_retention(
+        self, block: int, priority: int, duration_s: float | None, now: float
+    ) -> None:
+        """Give `block` a retention (the priority policy): at once if it is CACHED, else
+        from its next release, in whichever group it is cached into then."""
+        b = check_block(block)
+        m = self._members.get(b)
+        if m is not None and m.in_set:
+            p = self._groups[m.group].policy
+            p.set_retention(b, priority, duration_s, now=now)  # type: ignore[attr-defined]
+        elif (priority, duration_s) == (35, None):
+            self._pending.pop(b, None)
+        else:
+            self._pending[b] = (priority, duration_s)
 
     def on_cached(self, block: int, now: float, key: bytes, tenant: Tenant = None) -> list[int]:
-        """`block` of `tenant` became CACHED; returns the tenant's blocks evicted at once to
-        keep its cap (rule 1), which the manager must free."""
+        """`block` of `tenant` became CACHED; returns the blocks of its group evicted at once
+        to keep its cap (rule 1), which the manager must free."""
         t = _check_tenant(tenant)
         b = check_block(block)
-        if b in self._tenant:
+        if b in self:
             raise ValueError(f"block {b} is already cached")
-        self._policy(t).on_cached(b, now, key)  # checks the rest before changing anything
-        self._tenant[b] = t
-        self._released[b] = self._seq
+        m = self._members.get(b)
+        # A revival goes back to the group it left (whose policy knows its history).
+        g = m.group if m is not None and not m.in_set and m.key == key else self._group_of(t)
+        p = self._groups[g].policy
+        p.check_now(now)
+        r = self._pending.pop(b, None)
+        if r is not None:
+            p.set_retention(b, r[0], r[1])  # type: ignore[attr-defined]
+        p.on_cached(b, now, key)
+        self._members[b] = _Member(g, t, key, self._seq, True)
         self._seq += 1
-        return self._trim(t, now)
+        return self._trim(g, now)
 
     def on_hit(self, block: int, now: float) -> None:
-        b = self._member(block)
-        self._policies[self._tenant[b]].on_hit(b, now)
-        self._drop(b)
+        m = self._members[self._member(block)]
+        self._groups[m.group].policy.on_hit(block, now)
+        m.in_set = False
 
     def on_removed(self, block: int) -> None:
         b = self._member(block)
-        self._policies[self._tenant[b]].on_removed(b)
-        self._drop(b)
+        m = self._members.pop(b)
+        self._groups[m.group].policy.on_removed(b)
+
+    def on_miss(self, key: bytes, now: float) -> None:
+        for g in self._groups:
+            g.policy.on_miss(key, now)
 
     def victim(self, now: float) -> int | None:
         """The next block to evict under rules 2 and 3, or None."""
-        cands: list[tuple[tuple[float, ...], int, Tenant, int, bool]] = []
-        for p in self._policies.values():
-            p.check_now(now)  # a clock that goes back raises before any peek changes anything
-        for t, p in self._policies.items():
-            b = p.peek(now)
-            if b is not None:
-                above = len(p) > self.quota(t).reserved
-                cands.append((p.cross_rank(b, now), self._released[b], t, b, above))
-        if not cands:
+        for g in self._groups:
+            g.policy.check_now(now)  # a clock that goes back raises before any peek
+        best: tuple[tuple[bool, tuple[float, ...], int], int] | None = None
+        for i, g in enumerate(self._groups):
+            if not len(g.policy):
+                continue
+            b = g.policy.peek(now)
+            if b is None:
+                continue
+            below = len(g.policy) <= g.quota.reserved
+            rank = (below, g.policy.cross_rank(b, now), self._members[b].seq)
+            if best is None or rank < best[0]:
+                best = (rank, i)
+        if best is None:
             return None
-        allowed = [c for c in cands if c[4]] or cands
-        _, _, t, b, _ = min(allowed, key=lambda c: (c[0], c[1]))
-        got = self._policies[t].victim(now)
-        assert got == b, f"policy of tenant {t!r} chose {got}, its peek {b}"
-        self._drop(b)
+        b = self._groups[best[1]].policy.victim(now)
+        assert b is not None
+        del self._members[b]
         return b
 
-    def _trim(self, tenant: Tenant, now: float) -> list[int]:
-        cap = self.quota(tenant).cap
-        p = self._policies.get(tenant)
+    def clear(self) -> None:
+        """Forget every block (a reset): fresh instances, the groups and quotas kept."""
+        self._members.clear()
+        self._pending.clear()
+        for g in self._groups:
+            g.policy = self._new_policy()
+
+    def _trim(self, g: int, now: float) -> list[int]:
+        cap = self._groups[g].quota.cap
+        p = self._groups[g].policy
         out: list[int] = []
-        while p is not None and cap is not None and len(p) > cap:
+        while cap is not None and len(p) > cap:
             b = p.victim(now)
-            if b is None:  # only pinned blocks left: pins win over the cap
+            if b is None:
                 break
-            self._drop(b)
+            del self._members[b]
             out.append(b)
         return out
 
     def _member(self, block: object) -> int:
         b = check_block(block)
-        if b not in self._tenant:
+        if b not in self:
             raise ValueError(f"block {b} is not cached (not in the evictable set)")
         return b
-
-    def _drop(self, block: int) -> None:
-        del self._tenant[block]
-        del self._released[block]

@@ -115,9 +115,13 @@ impl BlockManager {
             let p = seq.scheduled;
             need = need.saturating_add(self.grouped_write_need(seq, p, req.to));
         }
+        // A pinned hashed block stays CACHED outside `available`: it frees no unit.
         let freed = drops
             .iter()
-            .filter(|(&b, &k)| self.gpu.state(b).load().rc() == k)
+            .filter(|(&b, &k)| {
+                let w = self.gpu.state(b).load();
+                w.rc() == k && !(w.pinned() && w.hashed())
+            })
             .count();
         let reserved = need.saturating_sub(freed);
         if !self.gpu.reserve(reserved) {
