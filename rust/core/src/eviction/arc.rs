@@ -104,7 +104,7 @@ impl ArcRules {
     }
 
     /// (T1, T2, B1, B2), each LRU first.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     fn lists(&self) -> (Vec<u32>, Vec<u32>, Vec<Digest>, Vec<Digest>) {
         (
             self.t1.blocks(),

@@ -149,7 +149,7 @@ impl S3FifoRules {
     }
 
     /// (S, M, G), each oldest first.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     fn queues(&self) -> (Vec<u32>, Vec<u32>, Vec<Digest>) {
         (self.small.blocks(), self.main.blocks(), self.ghost.keys())
     }

@@ -62,7 +62,7 @@ impl SeqQueue {
     }
 
     /// The blocks, oldest first.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(super) fn blocks(&self) -> Vec<u32> {
         self.map.values().copied().collect()
     }
@@ -132,7 +132,7 @@ impl KeyFifo {
     }
 
     /// The keys, oldest first.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(super) fn keys(&self) -> Vec<Digest> {
         self.order.values().copied().collect()
     }

@@ -69,7 +69,7 @@ impl SlruRules {
     }
 
     /// (probation, protected), each LRU first.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     fn segments(&self) -> (Vec<u32>, Vec<u32>) {
         (self.probation.blocks(), self.protected.blocks())
     }
