@@ -87,7 +87,11 @@ fn threads_get_only_their_own_evictions() {
                     let id = u64::from(t * 1000 + n);
                     // Every fourth prompt new content: the pool (64 blocks) fills up and
                     // evicts whatever the threads' timing, while the others hit.
-                    let base = if n % 4 == 0 { t * 100_000 + n * 64 } else { t * 100 };
+                    let base = if n % 4 == 0 {
+                        t * 100_000 + n * 64
+                    } else {
+                        t * 100
+                    };
                     let prompt: Vec<u32> = (0..4 * (2 + n % 5)).map(|j| base + j).collect();
                     let (got, ev) = capture(|| m.allocate(id, &prompt, None, None, 0));
                     if got.unwrap().is_none() {
