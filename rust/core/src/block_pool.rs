@@ -466,6 +466,9 @@ impl BlockPool {
         if blocks.is_empty() {
             return;
         }
+        if !self.order.keeps_retention() {
+            return;
+        }
         if let Some(mut policy) = self.order.guard() {
             blocks.iter().for_each(|&(b, r)| policy.set_retention(b, r));
         }
@@ -477,7 +480,7 @@ impl BlockPool {
         if digests.is_empty() {
             return;
         }
-        if let Some(mut policy) = self.order.guard() {
+        if let Some(mut policy) = self.order.guard_for_misses() {
             digests.iter().for_each(|d| policy.miss(d));
         }
     }
@@ -578,14 +581,16 @@ impl BlockPool {
         // A FREE block's content is gone: so is any retention a holder gave it. Released
         // without digests, it may still carry one (an earlier holder's, e.g. a fork's parent
         // that had retention for it before this holder truncated its digest away): the lock
-        // is taken for that too (locked mode only; lock-free LRU has no retention).
-        if policy.is_none() && !freed.is_empty() {
-            policy = self.order.guard();
-        }
-        if let Some(policy) = policy.as_mut() {
-            freed
-                .iter()
-                .for_each(|&b| policy.set_retention(b, Retention::DEFAULT));
+        // is taken for that too, by the priority policy only.
+        if self.order.keeps_retention() && !freed.is_empty() {
+            if policy.is_none() {
+                policy = self.order.guard();
+            }
+            if let Some(policy) = policy.as_mut() {
+                freed
+                    .iter()
+                    .for_each(|&b| policy.set_retention(b, Retention::DEFAULT));
+            }
         }
         if !freed.is_empty() {
             freed.reverse();

@@ -137,7 +137,7 @@ impl BlockState {
     pub fn share(&self) -> Result<(), RcFull> {
         self.0
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
-                (Word(w).rc() < RC_MAX).then_some(w + 1)
+                (Word(w).rc() < RC_MAX).then(|| w + 1)
             })
             .map(|_| ())
             .map_err(|_| RcFull)
@@ -409,6 +409,53 @@ mod tests {
         assert_eq!((w.rc(), w.hashed(), w.generation()), (1, false, 0));
         assert_eq!(s.release(), Some(Released::ToFree));
         assert!(s.load().is_free());
+    }
+
+    #[test]
+    fn the_pin_bit_survives_its_neighbours_limits() {
+        // The generation wraps past GEN_MAX right above the pin bit, and rc reaches RC_MAX
+        // right below HASHED: neither carries into PINNED or clears it.
+        let s = BlockState::from_parts(1, true, GEN_MAX);
+        assert!(s.set_pinned(true));
+        assert_eq!(
+            s.release(),
+            Some(Released::ToCached {
+                generation: 0,
+                pinned: true
+            })
+        );
+        // A pinned CACHED block is revived without a unit.
+        assert_eq!(
+            s.pin(false),
+            Pin::Pinned {
+                revived: true,
+                unit: false
+            }
+        );
+        let full = BlockState::from_parts(RC_MAX - 1, true, GEN_MAX);
+        assert!(full.set_pinned(true));
+        full.share().unwrap();
+        assert!(full.share().is_err(), "rc at RC_MAX");
+        let w = full.load();
+        assert_eq!(
+            (w.rc(), w.hashed(), w.pinned(), w.generation()),
+            (RC_MAX, true, true, GEN_MAX)
+        );
+        // Released CACHED, then claimed: the claim clears the pin with the hash.
+        assert_eq!(cached_generation(s.release()), 1);
+        assert!(s.load().pinned());
+        assert!(s.claim_cached(1, 1));
+        let w = s.load();
+        assert_eq!(
+            (w.rc(), w.hashed(), w.pinned(), w.generation()),
+            (1, false, false, 2)
+        );
+        // A pinned unhashed block loses the pin when it becomes FREE; a block with no
+        // holder cannot be pinned.
+        assert!(s.set_pinned(true));
+        assert_eq!(s.release(), Some(Released::ToFree));
+        assert!(s.load().is_free() && !s.load().pinned());
+        assert!(!s.set_pinned(true));
     }
 
     #[test]

@@ -23,35 +23,67 @@ pub enum EvictionOrder {
     Lru(LruQueue),
     /// Any other policy; the mutex guards the policy and orders every CACHED transition
     /// (module docs).
-    Locked(Padded<Mutex<Box<dyn Policy>>>),
+    Locked(Locked),
+}
+
+pub struct Locked {
+    policy: Padded<Mutex<Box<dyn Policy>>>,
+    /// Fixed by the kind: whether the policy reads `miss` (S3-FIFO's and ARC's ghosts) and
+    /// `set_retention` (priority). The calls that only feed those take no lock otherwise.
+    misses: bool,
+    retention: bool,
+}
+
+impl Locked {
+    fn of(kind: EvictionKind, policy: Box<dyn Policy>) -> Self {
+        Self {
+            policy: Padded(Mutex::new(policy)),
+            misses: matches!(kind, EvictionKind::S3Fifo | EvictionKind::Arc),
+            retention: kind == EvictionKind::Priority,
+        }
+    }
 }
 
 impl EvictionOrder {
     pub fn new(kind: EvictionKind, num_blocks: usize, clock: &Arc<Clock>) -> Result<Self> {
         Ok(match new_policy(kind, num_blocks, clock)? {
             None => Self::Lru(LruQueue::new(num_blocks)?),
-            Some(policy) => Self::Locked(Padded(Mutex::new(policy))),
+            Some(policy) => Self::Locked(Locked::of(kind, policy)),
         })
     }
 
     /// Tenants (`tenants::quotas`): the policy per tenant group, in locked mode (LRU too).
     pub fn with_tenants(kind: EvictionKind, num_blocks: usize, clock: &Arc<Clock>) -> Result<Self> {
         let quotas = crate::tenants::quotas::Quotas::new(kind, num_blocks, clock)?;
-        Ok(Self::Locked(Padded(Mutex::new(Box::new(quotas)))))
+        Ok(Self::Locked(Locked::of(kind, Box::new(quotas))))
     }
 
     /// A pool running `policy` in locked mode (tests of the locked paths with a plain order).
     #[cfg(test)]
     pub fn locked(policy: Box<dyn Policy>) -> Self {
-        Self::Locked(Padded(Mutex::new(policy)))
+        Self::Locked(Locked::of(EvictionKind::Lru, policy))
     }
 
     /// The policy's lock, in locked mode.
     pub fn guard(&self) -> Option<MutexGuard<'_, Box<dyn Policy>>> {
         match self {
             Self::Lru(_) => None,
-            Self::Locked(m) => Some(lock(m)),
+            Self::Locked(l) => Some(lock(&l.policy)),
         }
+    }
+
+    /// The lock, if the policy reads misses.
+    pub fn guard_for_misses(&self) -> Option<MutexGuard<'_, Box<dyn Policy>>> {
+        match self {
+            Self::Locked(l) if l.misses => Some(lock(&l.policy)),
+            _ => None,
+        }
+    }
+
+    /// Whether the policy keeps retention (priority): only then must a block that goes FREE
+    /// be told (`Retention::DEFAULT`), and only then does `set_retentions` take the lock.
+    pub fn keeps_retention(&self) -> bool {
+        matches!(self, Self::Locked(l) if l.retention)
     }
 
     pub fn is_locked(&self) -> bool {

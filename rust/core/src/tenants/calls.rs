@@ -46,8 +46,11 @@ impl BlockManager {
         self.guarded(true, || {
             let _gate = self.enter()?;
             let id = registry.id(salt);
+            // The policy first: if the tenant's own policy does not fit (`OutOfMemory`), the
+            // quota it reports stays the old one, as the policy's does.
+            self.gpu.set_quota(id, quota)?;
             registry.set_quota(id, quota);
-            self.gpu.set_quota(id, quota)
+            Ok(())
         })
     }
 
