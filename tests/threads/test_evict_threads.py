@@ -12,9 +12,7 @@ empty the cache. Plain and with KV-cache groups.
 from __future__ import annotations
 
 import random
-import sys
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,12 +28,7 @@ LAYOUTS: dict[str, list[KVCacheGroup] | None] = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _fast_thread_switches() -> Iterator[None]:
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    yield
-    sys.setswitchinterval(old)
+pytestmark = pytest.mark.usefixtures("fast_thread_switches")
 
 
 def _worker(m: BlockManager, thread: int, ops: int, errors: list[BaseException]) -> None:

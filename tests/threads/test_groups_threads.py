@@ -11,9 +11,7 @@ tests check that the binding and the core keep that promise under real Python th
 from __future__ import annotations
 
 import random
-import sys
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -36,12 +34,7 @@ GROUPS = [
 SYSTEM = [list(range(100 * k, 100 * k + 4 * (k + 1))) for k in range(3)]
 
 
-@pytest.fixture(autouse=True)
-def _fast_thread_switches() -> Iterator[None]:
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    yield
-    sys.setswitchinterval(old)
+pytestmark = pytest.mark.usefixtures("fast_thread_switches")
 
 
 @dataclass

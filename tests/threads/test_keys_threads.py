@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import random
-import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -28,12 +27,7 @@ PROMPTS = 4
 PROMPT_BLOCKS = 8  # each shared prompt: 8 full blocks
 
 
-@pytest.fixture(autouse=True)
-def _fast_thread_switches() -> Iterator[None]:
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    yield
-    sys.setswitchinterval(old)
+pytestmark = pytest.mark.usefixtures("fast_thread_switches")
 
 
 def key(family: bytes, prompt: int, i: int) -> bytes:

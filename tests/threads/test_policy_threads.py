@@ -15,9 +15,8 @@ time. Then:
 from __future__ import annotations
 
 import random
-import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -31,12 +30,7 @@ SYSTEM = [list(range(100 * k, 100 * k + 3 * B)) for k in range(3)]
 SALTS = [b"a", b"b", None]
 
 
-@pytest.fixture(autouse=True)
-def _fast_thread_switches() -> Iterator[None]:
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    yield
-    sys.setswitchinterval(old)
+pytestmark = pytest.mark.usefixtures("fast_thread_switches")
 
 
 def _churn(m: BlockManager, thread: int, ops: int, errors: list[BaseException]) -> None:

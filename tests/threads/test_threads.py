@@ -20,7 +20,7 @@ import sys
 import threading
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,13 +46,7 @@ VOCAB = 50_000
 NUM_THREADS = 8
 
 
-@pytest.fixture(autouse=True)
-def _fast_thread_switches() -> Iterator[None]:
-    """Switch threads far more often than the default 5 ms, to interleave more."""
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    yield
-    sys.setswitchinterval(old)
+pytestmark = pytest.mark.usefixtures("fast_thread_switches")
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -4,7 +4,7 @@
 //! its moves for real) are exactly those of a run without them. The priority policy's peek
 //! and the clock; S3-FIFO's hand-worked peeks are in `s3fifo.rs`.
 
-use super::test_util::{entry, k};
+use super::test_util::{entry, k, Rng};
 use super::{
     new_policy, CrossRank, EvictionKind, Lru, Policy, Retention, DEFAULT_PRIORITY, NO_CROSS_RANK,
 };
@@ -43,31 +43,19 @@ fn pure(name: &str) -> bool {
     name != "s3fifo"
 }
 
-/// xorshift64: a fixed sequence, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
+/// Often the block's own content coming back, sometimes content shared by blocks.
+fn key_for(rng: &mut Rng, block: u32) -> String {
+    if rng.below(4) == 0 {
+        format!("shared{}", rng.below(6))
+    } else {
+        format!("key{}-{block}", rng.below(3))
     }
+}
 
-    /// Often the block's own content coming back, sometimes content shared by blocks.
-    fn key_for(&mut self, block: u32) -> String {
-        if self.below(4) == 0 {
-            format!("shared{}", self.below(6))
-        } else {
-            format!("key{}-{block}", self.below(3))
-        }
-    }
-
-    fn retention(&mut self) -> Retention {
-        let priority = [0, 20, 35, 35, 50, 100][self.below(6) as usize];
-        let duration = [None, None, Some(0.0), Some(0.5), Some(2.0)][self.below(5) as usize];
-        Retention { priority, duration }
-    }
+fn retention(rng: &mut Rng) -> Retention {
+    let priority = [0, 20, 35, 35, 50, 100][rng.below(6) as usize];
+    let duration = [None, None, Some(0.0), Some(0.5), Some(2.0)][rng.below(5) as usize];
+    Retention { priority, duration }
 }
 
 /// When a run peeks.
@@ -160,7 +148,7 @@ fn run(name: &str, p: &mut dyn Policy, clock: &Clock, seed: u64, peeks: Peeks) -
                 let e = Entry {
                     block: b,
                     generation: step,
-                    digest: k(&rng.key_for(b)),
+                    digest: k(&key_for(&mut rng, b)),
                 };
                 p.cached(e);
                 inside.insert(b, e);
@@ -171,11 +159,11 @@ fn run(name: &str, p: &mut dyn Policy, clock: &Clock, seed: u64, peeks: Peeks) -
                 p.removed(b);
                 inside.remove(&b);
             } else if op < 52 {
-                p.miss(&k(&rng.key_for(b)));
+                p.miss(&k(&key_for(&mut rng, b)));
             } else if op < 59 && hit_last.is_none() {
                 // The manager gives retention to a block it holds; here to any, as the
                 // priority policy allows (the others never see the call).
-                p.set_retention(b, rng.retention());
+                p.set_retention(b, retention(&mut rng));
             } else if op == 59 {
                 assert_eq!(
                     sorted(p.clear()),

@@ -1,4 +1,4 @@
-//! Test helpers: digests from names, records, draining a policy.
+//! Test helpers: digests from names, records, draining a policy, a fixed random sequence.
 
 use super::Policy;
 use crate::hashing::Digest;
@@ -32,4 +32,20 @@ pub(crate) fn entry(block: u32, name: &str) -> Entry {
 /// Every victim until the set is empty.
 pub(crate) fn drain(p: &mut dyn Policy) -> Vec<u32> {
     std::iter::from_fn(|| p.victim().map(|e| e.block)).collect()
+}
+
+/// xorshift64: a fixed sequence, no dependency.
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
 }

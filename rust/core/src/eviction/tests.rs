@@ -4,7 +4,7 @@
 //! without them). The exact victim order against the Python reference is checked through
 //! the manager (tests/).
 
-use super::test_util::k;
+use super::test_util::{k, Rng};
 use super::{new_policy, EvictionKind, Lru, Policy};
 use crate::clock::Clock;
 use crate::error::Error;
@@ -38,29 +38,13 @@ fn all() -> Vec<Maker> {
     ]
 }
 
-/// xorshift64: a fixed sequence, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// A key for `block`: often one of its own few (its content coming back), sometimes
-    /// one shared with the other blocks (the same content computed twice).
-    fn key_for(&mut self, block: u32) -> String {
-        if self.below(4) == 0 {
-            format!("shared{}", self.below(6))
-        } else {
-            format!("key{}-{block}", self.below(4))
-        }
+/// A key for `block`: often one of its own few (its content coming back), sometimes one
+/// shared with the other blocks (the same content computed twice).
+fn key_for(rng: &mut Rng, block: u32) -> String {
+    if rng.below(4) == 0 {
+        format!("shared{}", rng.below(6))
+    } else {
+        format!("key{}-{block}", rng.below(4))
     }
 }
 
@@ -113,7 +97,7 @@ fn contract_on_random_sequences() {
                 inside.insert(e.block, e);
             } else if op < 40 && !inside.contains_key(&b) {
                 generation += 1;
-                let e = entry(b, &rng.key_for(b), generation);
+                let e = entry(b, &key_for(&mut rng, b), generation);
                 p.cached(e);
                 inside.insert(b, e);
             } else if op < 55 && inside.contains_key(&b) {
@@ -123,7 +107,7 @@ fn contract_on_random_sequences() {
                 p.removed(b);
                 inside.remove(&b);
             } else if op < 70 {
-                let key = rng.key_for(b);
+                let key = key_for(&mut rng, b);
                 p.miss(&k(&key));
             } else if op < 98 {
                 match p.victim() {
@@ -185,7 +169,7 @@ fn restore_leaves_no_trace() {
                 open.push(inside[&x]);
                 b.hit(x);
             } else if op < 50 && !inside.contains_key(&x) && (open.is_empty() || cache_between) {
-                let e = entry(x, &rng.key_for(x), step);
+                let e = entry(x, &key_for(&mut rng, x), step);
                 a.cached(e);
                 b.cached(e);
                 inside.insert(x, e);
@@ -198,7 +182,7 @@ fn restore_leaves_no_trace() {
                 b.removed(x);
                 inside.remove(&x);
             } else if op < 78 {
-                let key = k(&rng.key_for(x));
+                let key = k(&key_for(&mut rng, x));
                 a.miss(&key);
                 b.miss(&key);
             } else if open.is_empty() {

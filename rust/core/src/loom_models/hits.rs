@@ -1,19 +1,26 @@
 //! Prefix hits against eviction and re-registration: pin, then compare the digest
 //! (`block_pool.rs`, `prefix_index.rs`).
 
-use super::{digest, model, pin, pool_all_owned, pool_with_owned_block, Seen};
+use super::{digest, model, owned_block, pin, pool_all_owned, pool_with_owned_block, Seen};
 use crate::block_pool::Hit;
 use crate::hashing::Digest;
 use loom::thread;
 
 /// A prefix hit racing an eviction of the same cached block: either the hit pins it (and the
 /// allocator finds nothing to evict, so its reservation fails) or the eviction wins and the
-/// hit misses; never both.
+/// hit misses; never both. Lock-free LRU and locked mode (where the audit also requires the
+/// policy to hold exactly the CACHED blocks).
 #[test]
 fn hit_and_eviction_never_share_a_block() {
-    loom::model(|| {
+    for locked in [false, true] {
+        loom::model(move || hit_and_eviction(locked));
+    }
+}
+
+fn hit_and_eviction(locked: bool) {
+    {
         let d = digest(1);
-        let pool = pool_with_owned_block(1, 1, Some(d));
+        let pool = owned_block(locked, 1, 1, Some(d));
         pool.release(0, Some(&d)).unwrap();
         let hitter = {
             let pool = pool.clone();
@@ -33,7 +40,7 @@ fn hit_and_eviction_never_share_a_block() {
             other => panic!("block handed out twice or lost: {other:?}"),
         }
         pool.audit(&[1]).unwrap();
-    });
+    }
 }
 
 /// Swap-out racing a hit: the swapping sequence drops its reference to a hashed block (which
@@ -56,6 +63,37 @@ fn swap_out_release_racing_a_hit() {
             other => panic!("the block is hashed throughout: {other:?}"),
         };
     });
+}
+
+/// The last holder releases its hashed block while a prompt hits it, with a unit to spare.
+/// The hit shares the OWNED block or revives the CACHED one; in locked mode the revival and
+/// the policy's `hit` are one step under the lock the release's `cached` also takes, so the
+/// policy never keeps a record of the held block. Both outcomes are explored, both ways.
+#[test]
+fn hit_racing_the_last_release() {
+    const SHARED: u32 = 0;
+    const REVIVED: u32 = 1;
+    for locked in [false, true] {
+        let seen = Seen::default();
+        let s = seen.clone();
+        model(None, move || {
+            let d = digest(1);
+            let pool = owned_block(locked, 2, 1, Some(d));
+            let releaser = {
+                let pool = pool.clone();
+                thread::spawn(move || pool.release(0, Some(&d)).unwrap())
+            };
+            let hit = pin(&pool, &d);
+            releaser.join().unwrap();
+            match hit {
+                Hit::Pinned { block: 0, revived } => s.saw(if revived { REVIVED } else { SHARED }),
+                other => panic!("a unit was free and the block hashed throughout: {other:?}"),
+            }
+            // Whoever went last, the hitter holds the block now.
+            pool.audit(&[1, 0]).unwrap();
+        });
+        seen.assert_saw(&[SHARED, REVIVED]);
+    }
 }
 
 /// Swap-in racing a hit: swap-in evicts the only (cached) block and registers it again under

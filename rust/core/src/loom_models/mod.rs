@@ -8,8 +8,8 @@
 //!
 //! One file per protocol: `free_stack`, `block_state` (the state word), `release` (admission
 //! and release to the pool), `hits` (pin, then compare the digest), `retraction`,
-//! `prefix_index` (slots and stripes), `lru_queue`, `locked_order` (a policy in locked
-//! mode), `pins` (never-evicted blocks), `gate` (the reset gate), `withdraw`
+//! `prefix_index` (slots and stripes), `lru_queue`, `pins` (never-evicted blocks), `gate`
+//! (the reset gate), `withdraw`
 //! (`evict_blocks`), `snapshot` (a KV event snapshot between two events). This file holds
 //! the fixture they share: pools in a known start state, a digest per token, `pin`, `model`
 //! and `Seen`.
@@ -18,7 +18,6 @@ mod block_state;
 mod free_stack;
 mod gate;
 mod hits;
-mod locked_order;
 mod lru_queue;
 mod pins;
 mod prefix_index;
@@ -41,14 +40,17 @@ fn digest(token: u32) -> Digest {
 /// A pool of `n` blocks whose block 0 is OWNED by `holders` tables and, with `digest`,
 /// registered (hashed) under it.
 fn pool_with_owned_block(n: u32, holders: u32, digest: Option<Digest>) -> Arc<BlockPool> {
-    owned_block_in(BlockPool::new(n, false, false).unwrap(), holders, digest)
+    owned_block(false, n, holders, digest)
 }
 
 /// `pool_with_owned_block` for a pool whose eviction policy runs in locked mode
-/// (`eviction_order`), with the plainest policy.
-fn locked_pool_with_owned_block(n: u32, holders: u32, digest: Option<Digest>) -> Arc<BlockPool> {
-    let order = EvictionOrder::locked(Box::<PlainLru>::default());
-    let pool = BlockPool::new(n, false, false).unwrap().with_order(order);
+/// (`eviction_order`, with the plainest policy) when `locked`, else lock-free LRU. The
+/// models of a protocol that locked mode changes run both ways.
+fn owned_block(locked: bool, n: u32, holders: u32, digest: Option<Digest>) -> Arc<BlockPool> {
+    let mut pool = BlockPool::new(n, false, false).unwrap();
+    if locked {
+        pool = pool.with_order(EvictionOrder::locked(Box::<PlainLru>::default()));
+    }
     owned_block_in(pool, holders, digest)
 }
 

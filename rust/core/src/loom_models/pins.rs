@@ -5,8 +5,8 @@
 //! the release that caches the block, whoever releases last, and that a hit revives a
 //! pinned block without a unit while the pool's counts stay exact.
 
-use super::{digest, locked_pool_with_owned_block, model, pin, pool_with_owned_block, Seen};
-use crate::block_pool::{BlockPool, Hit};
+use super::{digest, model, owned_block, pin, Seen};
+use crate::block_pool::Hit;
 use crate::block_state::{BlockState, Released};
 use loom::sync::Arc;
 use loom::thread;
@@ -52,11 +52,7 @@ fn a_hit_without_a_unit_revives_a_pinned_block() {
         let s = seen.clone();
         model(None, move || {
             let d = digest(1);
-            let pool: Arc<BlockPool> = if locked {
-                locked_pool_with_owned_block(2, 1, Some(d))
-            } else {
-                pool_with_owned_block(2, 1, Some(d))
-            };
+            let pool = owned_block(locked, 2, 1, Some(d));
             assert!(pool.set_pinned(0, true));
             let releaser = {
                 let pool = pool.clone();

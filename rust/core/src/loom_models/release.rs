@@ -1,7 +1,7 @@
 //! Admission and release (`block_pool.rs`): a block goes back to the pool exactly once, and an
 //! allocation holding a unit always finds a block.
 
-use super::{digest, pool_with_owned_block};
+use super::{digest, owned_block, pool_with_owned_block};
 use loom::thread;
 
 /// A release to the cache racing an allocation that must evict: the allocator, holding a
@@ -49,22 +49,29 @@ fn two_owners_dropping_the_last_references_free_once() {
     });
 }
 
-/// The same for a hashed block: exactly one owner queues it in the LRU as CACHED.
+/// The same for a hashed block: exactly one owner queues it as CACHED (in the LRU, or in a
+/// locked-mode policy), and an eviction then claims it.
 #[test]
 fn two_owners_dropping_a_hashed_block_cache_it_once() {
-    loom::model(|| {
-        let d = digest(1);
-        let pool = pool_with_owned_block(1, 2, Some(d));
-        let other = {
-            let pool = pool.clone();
-            thread::spawn(move || pool.release(0, Some(&d)).unwrap())
-        };
-        pool.release(0, Some(&d)).unwrap();
-        other.join().unwrap();
-        pool.audit(&[0]).unwrap();
-        assert_eq!(pool.lru_snapshot().len(), 1, "one record, not two");
-        assert_eq!((pool.num_cached(), pool.num_available()), (1, 1));
-    });
+    for locked in [false, true] {
+        loom::model(move || {
+            let d = digest(1);
+            let pool = owned_block(locked, 1, 2, Some(d));
+            let other = {
+                let pool = pool.clone();
+                thread::spawn(move || pool.release(0, Some(&d)).unwrap())
+            };
+            pool.release(0, Some(&d)).unwrap();
+            other.join().unwrap();
+            pool.audit(&[0]).unwrap();
+            assert_eq!(pool.lru_snapshot().len(), 1, "one record, not two");
+            assert_eq!((pool.num_cached(), pool.num_available()), (1, 1));
+            assert!(pool.reserve(1));
+            assert_eq!(pool.take(), 0);
+            assert_eq!(pool.evictions(), 1);
+            pool.audit(&[1]).unwrap();
+        });
+    }
 }
 
 /// Fork racing free: one sequence forks (shares the block) while another holder frees it.

@@ -2,7 +2,7 @@
 //! revives the block and gives it back (a failed allocation), or an allocation that must
 //! evict the block.
 
-use super::{digest, model, pool_with_owned_block, Seen};
+use super::{digest, model, owned_block, Seen};
 use crate::block_pool::{BlockPool, Hit, Withdrawal};
 use loom::thread;
 
@@ -13,9 +13,17 @@ const LEN: usize = 16;
 /// unused, as a failed allocation does, while `evict_blocks` withdraws it. Whenever the
 /// withdrawal lands (before the release, between release and hit, while the hit holds it,
 /// after it is given back) the block ends FREE and out of the index, counted once in
-/// `available`, and a later hit misses. The four outcomes must all be explored.
+/// `available`, and a later hit misses. The four outcomes must all be explored, with the
+/// lock-free LRU and in locked mode (the policy's `removed` when CACHED, its `restore` after
+/// the failed hit).
 #[test]
 fn withdrawal_racing_a_release_and_a_failed_hit() {
+    for locked in [false, true] {
+        withdrawal_racing_a_release_and_a_failed_hit_in(locked);
+    }
+}
+
+fn withdrawal_racing_a_release_and_a_failed_hit_in(locked: bool) {
     const BEFORE_RELEASE: u32 = 0;
     const WHILE_CACHED: u32 = 1;
     const WHILE_PINNED: u32 = 2;
@@ -24,7 +32,7 @@ fn withdrawal_racing_a_release_and_a_failed_hit() {
     let s = seen.clone();
     model(Some(3), move || {
         let d = digest(1);
-        let pool = pool_with_owned_block(2, 1, Some(d));
+        let pool = owned_block(locked, 2, 1, Some(d));
         let holder = {
             let pool = pool.clone();
             thread::spawn(move || {

@@ -4,7 +4,7 @@
 //! from scratch at every victim).
 
 use super::*;
-use crate::eviction::test_util::{entry, k};
+use crate::eviction::test_util::{entry, k, Rng};
 use std::collections::HashMap;
 
 fn ret(priority: u8, duration: Option<f64>) -> Retention {
@@ -284,22 +284,10 @@ impl Model {
     }
 }
 
-/// xorshift64: a fixed sequence, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-
-    fn retention(&mut self) -> Retention {
-        let priority = [0, 20, 35, 35, 50, 80, 100][self.below(7) as usize];
-        let duration = [None, None, Some(0.0), Some(0.5), Some(1.0), Some(3.0)];
-        ret(priority, duration[self.below(6) as usize])
-    }
+fn random_retention(rng: &mut Rng) -> Retention {
+    let priority = [0, 20, 35, 35, 50, 80, 100][rng.below(7) as usize];
+    let duration = [None, None, Some(0.0), Some(0.5), Some(1.0), Some(3.0)];
+    ret(priority, duration[rng.below(6) as usize])
 }
 
 /// Random calls on one clock to `a`, to the model (the victims must be the model's, each
@@ -339,9 +327,9 @@ fn random_sequences_match_the_model_and_restore_leaves_no_trace() {
             open.push(inside[&x]);
             b.hit(x);
         } else if op < 25 && is_open {
-            b.set_retention(x, rng.retention()); // undone by the restore
+            b.set_retention(x, random_retention(&mut rng)); // undone by the restore
         } else if op < 45 && !is_open {
-            let r = rng.retention();
+            let r = random_retention(&mut rng);
             a.set_retention(x, r);
             b.set_retention(x, r);
             model.set_retention(x, r, now);
