@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+import pagedkv
 from pagedkv.config import EVICTIONS
 from pagedkv.errors import PagedKVError
 from test_eviction_model import Pair, _step
@@ -176,6 +177,45 @@ def test_features_match_the_reference(policy: str, tenants: bool, groups: str | 
     assert (counts.quota_trims > 0) == tenants, vars(counts)
 
 
+class NeutralPair(FeaturePair):
+    """The Rust manager built with `tenants=True` (no quota is ever set) against the
+    reference without tenants: per-tenant bookkeeping alone must change nothing a caller
+    sees, every eviction in order included."""
+
+    def __init__(self, num_blocks: int, block_size: int, **kw: Any) -> None:
+        super().__init__(num_blocks, block_size, **kw)
+        self.rust = pagedkv.BlockManager(
+            num_blocks, block_size, enable_kv_events=True, record_evictions=True,
+            tenants=True, **kw,
+        )  # fmt: skip
+        self.rust.set_time(self.t)
+
+
+@pytest.mark.parametrize("policy", EVICTIONS)
+def test_tenants_without_quotas_change_no_eviction(policy: str) -> None:
+    # Under priority this found a held block's retention left behind in its group's policy
+    # when the block went FREE (withdrawn by `evict_blocks` while held), so that its next
+    # content, cached without retention, kept the old priority.
+    counts = Counts()
+    evictions = revived = withdrawn = 0
+    for seed in range(3):
+        rng = random.Random(f"neutral-{policy}-{seed}")
+        pair = NeutralPair(rng.randint(12, 18), rng.choice([1, 2]), eviction=policy)
+        bases = [[rng.randrange(3) for _ in range(12)] for _ in range(4)]
+        for _ in range(400):
+            live = [s for s in range(MAX_SEQ) if s in pair.ref and not pair.ref.is_swapped(s)]
+            if live and rng.random() < 0.08:
+                # Withdraw blocks a sequence holds (bad KV): they go FREE at its free.
+                table = pair.ref.block_table(rng.choice(live))
+                if table:
+                    withdrawn += pair.call("evict_blocks", rng.sample(table, 1)).value[1]
+                continue
+            revived += _feature_step(pair, rng, bases, counts)
+        evictions += pair.evictions
+        assert pair.rust.tenants and not pair.ref.tenants
+    assert evictions > 20 and revived > 0 and withdrawn > 10, (evictions, revived, withdrawn)
+
+
 # ------------------------------------------------------------------------ hand-worked cases
 
 
@@ -290,6 +330,27 @@ def test_retention_is_refused_without_the_priority_policy() -> None:
         assert str(run(p.rust, "allocate", 1, [1], retention=[]).exc) == str(
             run(p.ref, "allocate", 1, [1], retention=[]).exc
         )
+
+
+def test_a_first_quota_keeps_the_retention_of_the_blocks_it_moves() -> None:
+    # Tenant a's blocks are cached at priority 90, a gets its first quota (its blocks move to
+    # its own policy instance), then tenant b's blocks are cached at the default. Pressure
+    # must take b's, as it would without the quota. (Before, the move placed a's blocks as
+    # new, at the default priority and released at the move: older than b's, so they went.)
+    p = _both(eviction="priority", tenants=True)
+    prompt_a, prompt_b = [1, 2, 3, 4, 5], [6, 7, 8, 9, 10]
+    p.call("allocate", 1, prompt_a, cache_salt=b"a", retention=[(0, None, 90, None)])
+    p.call("free", 1)
+    p.tick(1.0)
+    p.call("set_tenant_quota", b"a", max_cached=None)
+    p.tick(1.0)
+    p.call("allocate", 2, prompt_b, cache_salt=b"b")
+    p.call("free", 2)
+    assert p.ref.num_free_blocks == 4 and p.ref.num_cached_blocks == 4
+    p.call("allocate", 3, list(range(20, 31)))  # 6 blocks: the 4 free and 2 evicted
+    for m in (p.rust, p.ref):
+        assert m.lookup(prompt_a, cache_salt=b"a") == 4
+        assert m.lookup(prompt_b, cache_salt=b"b") == 0
 
 
 def test_quotas_trim_and_reserve_across_tenants() -> None:

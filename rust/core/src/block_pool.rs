@@ -673,7 +673,15 @@ impl BlockPool {
                     generation,
                     digest: *digest,
                 };
+                // Blocks a tenant's cap evicted at once: other releases of its tenant may
+                // have come between the hit and this restore (`drop_trimmed`).
+                let mut trims = Ok(Vec::new());
                 match (&self.order, policy.as_mut()) {
+                    (_, Some(policy)) if !self.tenant.is_empty() => {
+                        let mut trimmed = Vec::new();
+                        policy.restore_by(entry, &mut trimmed);
+                        trims = self.drop_trimmed(&trimmed);
+                    }
                     (_, Some(policy)) => policy.restore(entry),
                     (EvictionOrder::Lru(lru), None) => {
                         let bound = 2 * self.states.len() + 64;
@@ -682,6 +690,8 @@ impl BlockPool {
                     (EvictionOrder::Locked(_), None) => unreachable!("guard() is Some when locked"),
                 }
                 drop(policy);
+                // Already counted in `available` (as CACHED): only their place changes.
+                self.free.push_all(&trims?);
                 // Release: as in `release_table`.
                 self.available.fetch_add(1, Ordering::Release);
                 Ok(())

@@ -237,4 +237,46 @@ mod tests {
             vec![2, 1, 0]
         );
     }
+
+    /// A call's hits and a failed call's restore take the policy lock separately, so a
+    /// tenant's first quota may come between them. Before, the quota dropped the held block
+    /// from the shared group and the restore panicked on the missing record; now the block
+    /// comes back, moves to its tenant's group, and the cap holds at once.
+    #[test]
+    fn a_restore_after_its_tenants_first_quota_keeps_the_cap() {
+        use crate::clock::Clock;
+        use crate::eviction::EvictionKind;
+        use crate::tenants::Quota;
+        use std::sync::Arc;
+        let clock = Arc::new(Clock::default());
+        let pool = BlockPool::new(4, false, false)
+            .unwrap()
+            .with_eviction(EvictionKind::Lru, true, &clock)
+            .unwrap();
+        let ds = sample_digests(3);
+        assert!(pool.reserve(3));
+        let blocks: Vec<u32> = (0..3).map(|_| pool.take()).collect();
+        for (b, d) in blocks.iter().zip(&ds) {
+            pool.set_tenant(*b, 7);
+            assert!(pool.register(*b, *d, None, || unreachable!()));
+        }
+        pool.release_table(&blocks, &ds).unwrap();
+        let mut spare = 0;
+        assert!(matches!(
+            pool.pin(&ds[0], None, &mut spare),
+            Ok(Hit::Pinned { .. })
+        ));
+        let cap = Quota {
+            max_cached: Some(2),
+            reserved: 0,
+        };
+        pool.set_quota(7, cap).unwrap();
+        assert_eq!(pool.num_cached(), 2, "the two cached blocks fit the cap");
+        pool.unpin(blocks[0], &ds[0]).unwrap();
+        pool.unreserve(spare);
+        // Three cached for a cap of two: the oldest of the tenant's group went FREE.
+        assert_eq!(pool.num_cached(), 2);
+        assert_eq!(pool.num_free(), 2);
+        pool.audit(&[0; 4]).unwrap();
+    }
 }

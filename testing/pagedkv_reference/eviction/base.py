@@ -28,6 +28,14 @@ And one optional report, for the policies with ghosts (S3-FIFO, ARC):
 `now` is the manager's clock in seconds (a simulated clock in the tests); it must never go
 back, because retention deadlines and recency stamps are compared across calls.
 
+For tenant quotas (`quotas`), a block may move from one instance to another:
+
+- `carry_out(block, in_set)`: take the block out of this instance (in the set: as by
+  `on_removed`; held since a hit: its revival memory here is dropped) and return what it
+  carries along; `carry_in(block, now, key, carried)` caches it in the other instance with
+  that. Only the priority policy carries anything (its retention, and a cached block's
+  level, deadline and release time); the others place it as a new block.
+
 A revived block that is released again with the same key is the same cached content coming
 back, not a new insertion: the base class remembers the key each hit took out (`_revived`)
 and tells `_insert` so, which is how S3-FIFO, ARC and LFU keep a block's history across the
@@ -115,6 +123,36 @@ class EvictionPolicy(ABC):
         self._peeked = None
         self._forget(b, key)
 
+    def carry_out(self, block: int, in_set: bool) -> object:
+        """Take `block` out to move it to another instance (module docs); returns what it
+        carries (None: nothing)."""
+        b = check_block(block)
+        carried = self._carried(b, in_set)
+        if in_set:
+            self.on_removed(b)
+        else:
+            if b in self._keys:
+                raise ValueError(f"block {b} is in the evictable set")
+            self._peeked = None
+            self._revived.pop(b, None)
+            self._forget_held(b)
+        return carried
+
+    def carry_in(self, block: int, now: float, key: bytes, carried: object) -> None:
+        """`on_cached` of a block moved here with what it carried (`carry_out`): never a
+        revival here (its history stayed behind)."""
+        b = check_block(block)
+        if b in self._keys:
+            raise ValueError(f"block {b} is already cached")
+        self._tick(now)
+        self._revived.pop(b, None)
+        self._peeked = None
+        self._keys[b] = key
+        if carried is None:
+            self._insert(b, self._now, key, False)
+        else:
+            self._insert_carried(b, self._now, key, carried)
+
     def victim(self, now: float) -> int | None:
         self._tick(now)
         peeked, self._peeked = self._peeked, None
@@ -166,6 +204,17 @@ class EvictionPolicy(ABC):
 
     def _miss(self, key: bytes, now: float) -> None:  # noqa: B027 (optional hook)
         """A request missed `key`; only the policies with ghosts care."""
+
+    def _carried(self, block: int, in_set: bool) -> object:
+        """What `block` carries to another instance: nothing but for priority."""
+        return None
+
+    def _forget_held(self, block: int) -> None:  # noqa: B027 (optional hook)
+        """A held block leaves for another instance: drop what waits for its release."""
+
+    def _insert_carried(self, block: int, now: float, key: bytes, carried: object) -> None:
+        """Place a block moved here with what it carried (only priority carries any)."""
+        raise NotImplementedError(f"{self.name} carries nothing")
 
     @abstractmethod
     def _pick(self, now: float) -> int | None:

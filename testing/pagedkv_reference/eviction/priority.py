@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from pagedkv_reference.eviction.base import EvictionPolicy, check_block, check_int, check_number
 
@@ -85,6 +86,10 @@ def per_block_retention(
         hit = next((r for r in rs if r[0] <= t and (r[1] is None or t < r[1])), None)
         out.append(None if hit is None else (hit[2], hit[3]))
     return out
+
+
+_Carried = tuple[tuple[int, float | None], tuple[int, float | None, float] | None]
+"""What a moved block carries: (its retention, (priority, deadline, release time) if cached)."""
 
 
 @dataclass
@@ -188,6 +193,32 @@ class Priority(EvictionPolicy):
         e = self._entries.pop(block)
         if e.deadline is not None and e.deadline <= now:  # ran out while cached: for good
             self._retention[block] = (DEFAULT_PRIORITY, None)
+
+    def _carried(self, block: int, in_set: bool) -> object:
+        """(retention, (priority, deadline, release time) if cached): a moved block keeps
+        its place in the order, which is a function of those times."""
+        r = self._retention.get(block, (DEFAULT_PRIORITY, None))
+        e = self._entries.get(block) if in_set else None
+        return (r, None if e is None else (e.priority, e.deadline, e.released))
+
+    def _forget_held(self, block: int) -> None:
+        self._retention.pop(block, None)
+
+    def _insert_carried(self, block: int, now: float, key: bytes, carried: object) -> None:
+        """A moved block: its retention, and its level, deadline and release time if it was
+        cached (behind the blocks here released at the same instant); else as released now."""
+        r, rank = cast("_Carried", carried)
+        if r != (DEFAULT_PRIORITY, None):
+            self._retention[block] = r
+        else:
+            self._retention.pop(block, None)
+        if rank is None:
+            self._insert(block, now, key, False)
+            return
+        self._peeked_at = None
+        prio, deadline, released = rank
+        self._entries[block] = _Entry(prio, deadline, released, self._seq)
+        self._seq += 1
 
     def _forget(self, block: int, key: bytes) -> None:
         self._peeked_at = None

@@ -6,12 +6,15 @@ blocks that other tenants' pressure does not take.
 
 Tenants without a quota share ONE instance of the inner policy (the shared group); a tenant
 gets its own instance (its own group) when its first quota is set, and its CACHED blocks
-then move from the shared instance to its own, in release order (removed from the shared,
-cached into its own at that moment: their frequencies, queue places and retention there
-are not carried over). A block revived by a hit that had not come back when its tenant got
-its own group joins that group at its next release, as a new block. (Before, every tenant
-had its own instance from its first block: a scan by one tenant without a quota could not
-flood another's history. The core keeps the instances few, so this module follows it.)
+then move from the shared instance to its own, in release order, with what their policy
+carries (`EvictionPolicy.carry_out`): the priority policy's retention, level, deadline and
+release time, so the priority order is kept; other policies' frequencies and queue places
+stay behind (a moved block is placed as new). A block revived by a hit that had not come
+back when its tenant got its own group stays a member of the shared group (whose policy
+knows its history) and moves when it comes back: revived there at its release, then moved
+as a cached block. (Before, every tenant had its own instance from its first block: a scan
+by one tenant without a quota could not flood another's history. The core keeps the
+instances few, so this module follows it.)
 The rules, exactly:
 
 1. Cap. A group with a cap never has more than `cap` CACHED blocks after a call returns:
@@ -32,10 +35,12 @@ A peek is not always free of effects: S3-FIFO's makes, for real, the moves its v
 would make first, so a group peeked but not chosen keeps those moves (the Rust core peeks
 the same way: the two agree call for call).
 
-Retention (`set_retention`, the priority policy) set on a block that is not in a group's
-set (held, or revived by a hit) waits here and is given to the policy of the group the
-block is cached into at its next release; set on a CACHED block it goes to its group's
-policy at once.
+Retention (`set_retention`, the priority policy) set on a member (CACHED, or held since a
+hit) goes to its group's policy: at once if CACHED, else kept there for its next release, as
+a lone policy keeps it; so the reset a block gets when it goes FREE leaves nothing stale
+there. If the block is then cached into another group (new content, another tenant), its
+retention comes along. Retention set on a block no group knows waits here and is given to
+the policy of the group the block is cached into at its next release.
 """
 
 from __future__ import annotations
@@ -160,30 +165,37 @@ class TenantQuotas:
         g = len(self._groups)
         self._groups.append(_Group(self._new_policy(), Quota()))
         self._own[tenant] = g
-        shared = self._groups[_SHARED].policy
+        # Its CACHED blocks move in release order; its held ones stay members of the shared
+        # group (whose policy knows their history) until they come back.
         moving = sorted(
             (m.seq, b)
             for b, m in self._members.items()
-            if m.tenant == tenant and m.group == _SHARED
+            if m.tenant == tenant and m.group == _SHARED and m.in_set
         )
         for _, b in moving:
-            m = self._members[b]
-            if m.in_set:
-                shared.on_removed(b)
-                self._groups[g].policy.on_cached(b, now, m.key)
-                m.group = g
-            else:  # revived and held: joins its new group at its next release, as new
-                del self._members[b]
+            self._move_home(b, now)
         return g
+
+    def _move_home(self, block: int, now: float) -> None:
+        """Move the member `block`, in the set, to its tenant's group with what its policy
+        carries (priority: retention and rank); its release order across groups stays."""
+        m = self._members[block]
+        home = self._group_of(m.tenant)
+        if m.group == home:
+            return
+        carried = self._groups[m.group].policy.carry_out(block, True)
+        self._groups[home].policy.carry_in(block, now, m.key, carried)
+        m.group = home
 
     def set_retention(
         self, block: int, priority: int, duration_s: float | None, now: float
     ) -> None:
         """Give `block` a retention (the priority policy): at once if it is CACHED, else
-        from its next release, in whichever group it is cached into then."""
+        from its next release. A member's (cached, or held since a hit) is its group's
+        policy's to keep, as a lone policy keeps it; another block's waits here."""
         b = check_block(block)
         m = self._members.get(b)
-        if m is not None and m.in_set:
+        if m is not None:
             p = self._groups[m.group].policy
             p.set_retention(b, priority, duration_s, now=now)  # type: ignore[attr-defined]
         elif (priority, duration_s) == (35, None):
@@ -198,18 +210,38 @@ class TenantQuotas:
         b = check_block(block)
         if b in self:
             raise ValueError(f"block {b} is already cached")
+        home = self._group_of(t)
         m = self._members.get(b)
-        # A revival goes back to the group it left (whose policy knows its history).
-        g = m.group if m is not None and not m.in_set and m.key == key else self._group_of(t)
-        p = self._groups[g].policy
-        p.check_now(now)
+        # Both policies this may tick (a block held since before its tenant's first quota
+        # comes back to its old group, then moves home) check the time first.
+        for g in {home} if m is None or m.in_set else {home, m.group}:
+            self._groups[g].policy.check_now(now)
         r = self._pending.pop(b, None)
-        if r is not None:
-            p.set_retention(b, r[0], r[1])  # type: ignore[attr-defined]
-        p.on_cached(b, now, key)
-        self._members[b] = _Member(g, t, key, self._seq, True)
+        if m is not None and not m.in_set and m.key == key:
+            # A revival goes back to the group it left (whose policy knows its history),
+            # and moves on from there if its tenant got its own group meanwhile.
+            assert r is None, "a member's retention is its group's"
+            self._groups[m.group].policy.on_cached(b, now, key)
+            self._members[b] = _Member(m.group, t, key, self._seq, True)
+            self._seq += 1
+            self._move_home(b, now)
+            return self._trim(home, now)
+        p = self._groups[home].policy
+        if m is not None and not m.in_set and m.group != home:
+            # New content in a block held since its last release: the retention its holder
+            # gave it waits in its old group's policy, and comes along.
+            assert r is None, "a member's retention is its group's"
+            carried = self._groups[m.group].policy.carry_out(b, False)
+            if carried is not None:
+                carried = (carried[0], None)  # type: ignore[index]
+            p.carry_in(b, now, key, carried)
+        else:
+            if r is not None:
+                p.set_retention(b, r[0], r[1])  # type: ignore[attr-defined]
+            p.on_cached(b, now, key)
+        self._members[b] = _Member(home, t, key, self._seq, True)
         self._seq += 1
-        return self._trim(g, now)
+        return self._trim(home, now)
 
     def on_hit(self, block: int, now: float) -> None:
         m = self._members[self._member(block)]

@@ -2,7 +2,7 @@
 //! evictable set's records and the revival memory. A policy proper (`Rules`) only orders
 //! blocks; `Tracked` turns it into a `Policy`.
 
-use super::{CrossRank, Policy, NO_CROSS_RANK};
+use super::{Carried, CrossRank, Policy, NO_CROSS_RANK};
 use crate::alloc::try_filled;
 use crate::error::Result;
 use crate::hashing::Digest;
@@ -39,6 +39,24 @@ pub(crate) trait Rules: Send {
 
     /// Forget everything, adaptive state and ghosts included.
     fn clear(&mut self);
+
+    /// What `block` carries to another instance (`Policy::carry_out`), read before it
+    /// leaves: nothing but for the priority policy.
+    fn carried(&self, block: u32, in_set: bool) -> Carried {
+        let _ = (block, in_set);
+        Carried::NOTHING
+    }
+
+    /// A held block leaves for another instance: drop what was kept for its next release.
+    fn forget_held(&mut self, block: u32) {
+        let _ = block;
+    }
+
+    /// Place a block moved here with what it carried; by default as a new block.
+    fn insert_carried(&mut self, block: u32, key: &Digest, carried: Carried) {
+        let _ = carried;
+        self.insert(block, key, false);
+    }
 }
 
 /// Where a block stands with the policy.
@@ -170,6 +188,33 @@ impl<R: Rules> Policy for Tracked<R> {
         self.peeked = None;
         self.take(block, State::Out);
         self.rules.forget(block);
+    }
+
+    fn carry_out(&mut self, block: u32, in_set: bool) -> Carried {
+        let carried = self.rules.carried(block, in_set);
+        if in_set {
+            self.removed(block);
+        } else {
+            self.peeked = None;
+            let s = self.slot(block);
+            debug_assert_ne!(s.state, State::In, "block {block} is in the set");
+            // Its revival, if any, happens in the other instance now.
+            s.state = State::Out;
+            self.rules.forget_held(block);
+        }
+        carried
+    }
+
+    fn carry_in(&mut self, e: Entry, carried: Carried) {
+        self.peeked = None;
+        let s = self.slot(e.block);
+        debug_assert_ne!(s.state, State::In, "block {} is already cached", e.block);
+        *s = Slot {
+            entry: e,
+            state: State::In,
+        };
+        self.keys.len += 1;
+        self.rules.insert_carried(e.block, &e.digest, carried);
     }
 
     fn miss(&mut self, digest: &Digest) {

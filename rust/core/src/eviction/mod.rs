@@ -114,6 +114,26 @@ impl Retention {
     };
 }
 
+/// What a block takes along when it moves from one policy instance to another (tenant
+/// quotas: a tenant's blocks move to its own instance at its first quota): the retention
+/// its next release gives it and, for a block in the set, its rank (priority, deadline,
+/// release time), so that it keeps its place in the priority order. Only the priority
+/// policy carries anything; the others' history (queue places, frequencies) stays behind.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Carried {
+    pub retention: Retention,
+    /// (priority, deadline, release time) of a block that was in the set.
+    pub rank: Option<(u8, Option<f64>, f64)>,
+}
+
+impl Carried {
+    /// What every policy but priority carries.
+    pub const NOTHING: Carried = Carried {
+        retention: Retention::DEFAULT,
+        rank: None,
+    };
+}
+
 /// How a candidate victim orders against other policy instances' candidates (tenant quotas:
 /// each tenant's policy names its `peek`, the least by (cross rank, release order) goes):
 /// (level, time, kind), the reference's `cross_rank` (`priority.py`'s `rank(now)[:3]`). The
@@ -190,6 +210,31 @@ pub trait Policy: Send {
     /// retention unless the policy is `priority`, so they never see this call).
     fn set_retention(&mut self, block: u32, retention: Retention) {
         let _ = (block, retention);
+    }
+
+    /// Take `block` out of this instance to move it to another (`carry_in` there): in the
+    /// set (`in_set`) it leaves as by `removed`; held (a hit took it out) its revival memory
+    /// and retention here are dropped. Returns what it carries along.
+    fn carry_out(&mut self, block: u32, in_set: bool) -> Carried {
+        if in_set {
+            self.removed(block);
+        }
+        Carried::NOTHING
+    }
+
+    /// `cached` of a block moved here from another instance, with what it carried
+    /// (`carry_out`); the others place it as a new block.
+    fn carry_in(&mut self, e: Entry, carried: Carried) {
+        let _ = carried;
+        self.cached(e);
+    }
+
+    /// `restore` (`tenants`); a policy that enforces caps appends the blocks it evicts at
+    /// once to keep them to `trimmed`: a failed call's restore can put a tenant over its
+    /// cap when its other blocks were released meanwhile.
+    fn restore_by(&mut self, e: Entry, trimmed: &mut Vec<Entry>) {
+        let _ = trimmed;
+        self.restore(e);
     }
 
     /// `cached` of a block of `tenant` (`tenants`); a policy that enforces caps appends the

@@ -14,7 +14,7 @@
 //! Every call is O(log n) (`victim` also moves each block whose deadline passed, once).
 
 use super::base::{Keys, Rules, Tracked};
-use super::{CrossRank, Policy, Retention, DEFAULT_PRIORITY, MAX_PRIORITY};
+use super::{Carried, CrossRank, Policy, Retention, DEFAULT_PRIORITY, MAX_PRIORITY};
 use crate::alloc::try_filled;
 use crate::clock::Clock;
 use crate::error::Result;
@@ -333,6 +333,46 @@ impl Rules for PriorityRules {
         self.first()
     }
 
+    fn carried(&self, block: u32, in_set: bool) -> Carried {
+        let s = &self.slots[block as usize];
+        debug_assert_eq!(
+            s.in_set, in_set,
+            "block {block}: in the set is {}",
+            s.in_set
+        );
+        Carried {
+            retention: s.retention,
+            rank: in_set.then_some((s.rank.priority, s.rank.deadline, s.rank.released)),
+        }
+    }
+
+    fn forget_held(&mut self, block: u32) {
+        self.peeked_at = None;
+        let s = &mut self.slots[block as usize];
+        s.retention = DEFAULT;
+        s.before_hit = DEFAULT;
+    }
+
+    /// A moved block keeps its level, deadline and release time (its place in the order is
+    /// a function of those times: `expire` moves it at its deadline, as any other), behind
+    /// the blocks already here released at the same instant.
+    fn insert_carried(&mut self, block: u32, key: &Digest, carried: Carried) {
+        self.peeked_at = None;
+        self.slots[block as usize].retention = checked(carried.retention);
+        let Some((priority, deadline, released)) = carried.rank else {
+            self.insert(block, key, false);
+            return;
+        };
+        self.slots[block as usize].rank = Rank {
+            priority: priority.min(MAX_PRIORITY),
+            deadline,
+            released,
+            seq: self.seq,
+        };
+        self.seq += 1;
+        self.place(block);
+    }
+
     fn clear(&mut self) {
         self.peeked_at = None;
         self.levels.iter_mut().for_each(BTreeMap::clear);
@@ -388,6 +428,14 @@ impl Policy for PriorityPolicy {
 
     fn clear(&mut self) -> Vec<Entry> {
         self.inner.clear()
+    }
+
+    fn carry_out(&mut self, block: u32, in_set: bool) -> Carried {
+        self.inner.carry_out(block, in_set)
+    }
+
+    fn carry_in(&mut self, e: Entry, carried: Carried) {
+        self.inner.carry_in(e, carried);
     }
 
     fn set_retention(&mut self, block: u32, retention: Retention) {

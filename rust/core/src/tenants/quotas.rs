@@ -3,13 +3,21 @@
 //! Tenants without a quota share one instance of the manager's policy (the shared group);
 //! each tenant given a quota gets its own instance, so one tenant's scan cannot flood
 //! another's history, and the per-instance tables stay few. When a tenant gets its first
-//! quota, its CACHED blocks move from the shared instance to its own, in release order (their
-//! frequencies and queue places there are not carried over). The rules, exactly as the plain
-//! reference (`testing/pagedkv_reference/eviction/quotas.py`) states them:
+//! quota, its CACHED blocks move from the shared instance to its own, in release order, with
+//! what their policy carries (`Policy::carry_out`: the priority policy's retention, level,
+//! deadline and release time; other policies' frequencies and queue places stay behind).
+//! Its held blocks (revived by a hit) stay members of the shared instance, which knows their
+//! history, and move when they come back: at their release, or at a failed call's restore,
+//! which may run after the quota call (the two take the lock separately). A held block's
+//! retention for its next release waits in its group's policy, as in a lone policy, so that
+//! resetting it when the block goes FREE leaves nothing stale there; the retention of a block
+//! no group knows waits here (`pending`). The rules, exactly as the plain reference
+//! (`testing/pagedkv_reference/eviction/quotas.py`) states them:
 //!
 //! 1. Cap. A tenant never has more than `max_cached` CACHED blocks after a call returns
-//!    (pinned blocks, which no policy sees, excepted): a release or a lowered cap that puts
-//!    it over evicts its own policy's victims at once (`trimmed`, freed by the pool).
+//!    (pinned blocks, which no policy sees, excepted): a release, a restore or a lowered cap
+//!    that puts it over evicts its own policy's victims at once (`trimmed`, freed by the
+//!    pool).
 //! 2. Reserve. `victim` chooses among the groups with more CACHED blocks than their reserve
 //!    (the shared group's is 0); only when none has an evictable block, among all.
 //! 3. Across groups, each allowed group's policy names its next victim (`peek`), and the
@@ -19,7 +27,7 @@
 use super::Quota;
 use crate::clock::Clock;
 use crate::error::Result;
-use crate::eviction::{new_locked_policy, CrossRank, EvictionKind, Policy, Retention};
+use crate::eviction::{new_locked_policy, Carried, CrossRank, EvictionKind, Policy, Retention};
 use crate::hashing::Digest;
 use crate::lru_queue::Entry;
 use std::collections::HashMap;
@@ -77,7 +85,8 @@ pub struct Quotas {
     /// Tenant -> its own group (tenants with a quota).
     own: HashMap<u32, usize>,
     members: HashMap<u32, Member>,
-    /// Retention set on held blocks, given to their group's policy when they are cached.
+    /// Retention set on blocks that are not members (held since before any release that
+    /// cached them), given to their group's policy when they are cached. Never a member's.
     pending: HashMap<u32, Retention>,
     next_seq: u64,
 }
@@ -120,7 +129,9 @@ impl Quotas {
         }
     }
 
-    /// Give `tenant` its own group, moving its CACHED blocks there in release order.
+    /// Give `tenant` its own group, moving its CACHED blocks there in release order. Its
+    /// held blocks (revived by a hit) stay members of the shared group, whose policy knows
+    /// their history, until they come back (`rehome`).
     fn own_group(&mut self, tenant: u32) -> Result<usize> {
         if let Some(&g) = self.own.get(&tenant) {
             return Ok(g);
@@ -132,28 +143,43 @@ impl Quotas {
             len: 0,
         });
         self.own.insert(tenant, g);
-        let mut moving: Vec<Member> = self
+        let mut moving: Vec<(u64, u32)> = self
             .members
             .values()
-            .filter(|m| m.tenant == tenant && m.group == SHARED)
-            .copied()
+            .filter(|m| m.tenant == tenant && m.group == SHARED && m.in_set)
+            .map(|m| (m.seq, m.entry.block))
             .collect();
-        moving.sort_by_key(|m| m.seq);
-        for m in moving {
-            let mut moved = m;
-            moved.group = g;
-            if m.in_set {
-                self.groups[SHARED].policy.removed(m.entry.block);
-                self.groups[SHARED].len -= 1;
-                self.groups[g].policy.cached(m.entry);
-                self.groups[g].len += 1;
-                self.members.insert(m.entry.block, moved);
-            } else {
-                // Revived and held: it joins its new group at its next release, as new.
-                self.members.remove(&m.entry.block);
-            }
+        moving.sort_unstable();
+        for (_, block) in moving {
+            self.move_home(block);
         }
         Ok(g)
+    }
+
+    /// Move the member `block`, in the set, from its group to its tenant's, with what its
+    /// policy carries (the priority policy: retention and rank). Its release order across
+    /// groups (`seq`) stays.
+    fn move_home(&mut self, block: u32) {
+        let m = self.members[&block];
+        let home = self.group_of_tenant(m.tenant);
+        if m.group == home {
+            return;
+        }
+        debug_assert!(m.in_set, "block {block} moves while held");
+        let carried = self.groups[m.group].policy.carry_out(block, true);
+        self.groups[m.group].len -= 1;
+        self.groups[home].policy.carry_in(m.entry, carried);
+        self.groups[home].len += 1;
+        self.members.insert(block, Member { group: home, ..m });
+    }
+
+    /// A member just back in its group's set (a revival, a failed call's restore): if its
+    /// tenant got its own group while it was held, it moves there now; then its group keeps
+    /// its cap.
+    fn rehome(&mut self, block: u32, trimmed: &mut Vec<Entry>) {
+        self.move_home(block);
+        let g = self.members[&block].group;
+        self.trim(g, trimmed);
     }
 }
 
@@ -168,30 +194,49 @@ impl Policy for Quotas {
     }
 
     fn cached_by(&mut self, e: Entry, tenant: u32, trimmed: &mut Vec<Entry>) {
-        // A revival goes back to the group it left (whose policy knows its history); any
-        // other block to its tenant's group.
-        let g = match self.members.get(&e.block) {
-            Some(m) if !m.in_set && m.entry.digest == e.digest => m.group,
-            _ => self.group_of_tenant(tenant),
-        };
+        let home = self.group_of_tenant(tenant);
         let seq = self.next_seq;
         self.next_seq += 1;
-        if let Some(r) = self.pending.remove(&e.block) {
-            self.groups[g].policy.set_retention(e.block, r);
+        let pending = self.pending.remove(&e.block);
+        let member = |group| Member {
+            group,
+            tenant,
+            entry: e,
+            seq,
+            in_set: true,
+        };
+        match self.members.get(&e.block).copied() {
+            // A revival goes back to the group it left, whose policy knows its history, and
+            // moves on from there if its tenant got its own group meanwhile.
+            Some(m) if !m.in_set && m.entry.digest == e.digest => {
+                debug_assert!(pending.is_none(), "a member's retention is its group's");
+                self.groups[m.group].policy.cached(e);
+                self.groups[m.group].len += 1;
+                self.members.insert(e.block, member(m.group));
+                self.rehome(e.block, trimmed);
+                return;
+            }
+            // New content in a block held since its last release: the retention its holder
+            // gave it waits in its old group's policy, and comes along.
+            Some(m) if !m.in_set && m.group != home => {
+                debug_assert!(pending.is_none(), "a member's retention is its group's");
+                let held = self.groups[m.group].policy.carry_out(e.block, false);
+                let carried = Carried {
+                    retention: held.retention,
+                    rank: None,
+                };
+                self.groups[home].policy.carry_in(e, carried);
+            }
+            _ => {
+                if let Some(r) = pending {
+                    self.groups[home].policy.set_retention(e.block, r);
+                }
+                self.groups[home].policy.cached(e);
+            }
         }
-        self.groups[g].policy.cached(e);
-        self.groups[g].len += 1;
-        self.members.insert(
-            e.block,
-            Member {
-                group: g,
-                tenant,
-                entry: e,
-                seq,
-                in_set: true,
-            },
-        );
-        self.trim(g, trimmed);
+        self.groups[home].len += 1;
+        self.members.insert(e.block, member(home));
+        self.trim(home, trimmed);
     }
 
     fn hit(&mut self, block: u32) {
@@ -203,12 +248,22 @@ impl Policy for Quotas {
     }
 
     fn restore(&mut self, e: Entry) {
+        let mut trimmed = Vec::new();
+        self.restore_by(e, &mut trimmed);
+        assert!(
+            trimmed.is_empty(),
+            "a restore trimmed: the pool calls restore_by"
+        );
+    }
+
+    fn restore_by(&mut self, e: Entry, trimmed: &mut Vec<Entry>) {
         let m = self.members.get_mut(&e.block).expect("restore of a member");
         m.in_set = true;
         m.entry = e;
         let g = m.group;
         self.groups[g].policy.restore(e);
         self.groups[g].len += 1;
+        self.rehome(e.block, trimmed);
     }
 
     fn removed(&mut self, block: u32) {
@@ -280,8 +335,11 @@ impl Policy for Quotas {
 
     fn set_retention(&mut self, block: u32, retention: Retention) {
         match self.members.get(&block) {
-            Some(m) if m.in_set => self.groups[m.group].policy.set_retention(block, retention),
-            _ => {
+            // In the set: at once. Held since a hit: its group's policy keeps it for the
+            // next release, as a lone policy does (a block that goes FREE is reset so, and
+            // no stale retention stays behind there).
+            Some(m) => self.groups[m.group].policy.set_retention(block, retention),
+            None => {
                 if retention == Retention::DEFAULT {
                     self.pending.remove(&block);
                 } else {
@@ -382,5 +440,170 @@ mod tests {
         let order: Vec<u32> = std::iter::from_fn(|| q.victim().map(|e| e.block)).collect();
         assert_eq!(order, vec![0, 2]);
         assert_eq!(q.len(), 0);
+    }
+
+    fn cap(n: usize) -> Quota {
+        Quota {
+            max_cached: Some(n),
+            reserved: 0,
+        }
+    }
+
+    fn blocks(trimmed: &[Entry]) -> Vec<u32> {
+        trimmed.iter().map(|e| e.block).collect()
+    }
+
+    #[test]
+    fn a_restore_after_the_first_quota_moves_the_block_to_its_tenants_group() {
+        // A failed call's hit and its restore take the lock separately: a first quota may
+        // come between them. The held block stays a member of the shared group (it was
+        // dropped before, and the restore panicked on the missing member) and moves at the
+        // restore; the tenant's cap then holds.
+        let d = sample_digests(6);
+        let mut q = quotas();
+        let mut trimmed = Vec::new();
+        for b in 0..4 {
+            q.cached_by(entry(b, &d), 3, &mut trimmed);
+        }
+        q.hit(1);
+        q.set_quota(3, cap(2), &mut trimmed).unwrap();
+        assert_eq!(
+            blocks(&trimmed),
+            vec![0],
+            "the cap trims among the cached 0, 2, 3"
+        );
+        trimmed.clear();
+        q.restore_by(entry(1, &d), &mut trimmed);
+        // Back in its tenant's group, which is over its cap now: LRU carries no queue place,
+        // so block 1 joined as its newest and the oldest there (2) goes.
+        assert_eq!(blocks(&trimmed), vec![2]);
+        assert_eq!(q.groups[SHARED].len, 0);
+        assert_eq!(q.len(), 2);
+        // The same with room under the cap: the restored block stays, in the tenant's group.
+        q.set_quota(3, cap(3), &mut trimmed).unwrap();
+        q.hit(3);
+        trimmed.clear();
+        q.restore_by(entry(3, &d), &mut trimmed);
+        assert!(trimmed.is_empty());
+        assert_eq!(q.members[&3].group, q.own[&3]);
+        assert_eq!(q.len(), 2);
+    }
+
+    #[test]
+    fn a_restore_trims_when_other_releases_filled_the_cap_meanwhile() {
+        let d = sample_digests(6);
+        let mut q = quotas();
+        let mut trimmed = Vec::new();
+        q.set_quota(5, cap(2), &mut trimmed).unwrap();
+        q.cached_by(entry(0, &d), 5, &mut trimmed);
+        q.cached_by(entry(1, &d), 5, &mut trimmed);
+        q.hit(0);
+        // Another thread's release of the same tenant, between the hit and the restore.
+        q.cached_by(entry(2, &d), 5, &mut trimmed);
+        assert!(trimmed.is_empty());
+        q.restore_by(entry(0, &d), &mut trimmed);
+        // Block 0 is back at its place (the oldest), so it is the one the cap evicts.
+        assert_eq!(blocks(&trimmed), vec![0]);
+        assert_eq!(q.groups[q.own[&5]].len, 2);
+    }
+
+    #[test]
+    fn a_revival_after_the_first_quota_moves_the_block_too() {
+        let d = sample_digests(6);
+        let mut q = quotas();
+        let mut trimmed = Vec::new();
+        for b in 0..3 {
+            q.cached_by(entry(b, &d), 4, &mut trimmed);
+        }
+        q.hit(0);
+        q.set_quota(4, cap(2), &mut trimmed).unwrap();
+        assert!(trimmed.is_empty());
+        // Its holder releases it, same content: revived in the shared group, then moved.
+        q.cached_by(entry(0, &d), 4, &mut trimmed);
+        assert_eq!(blocks(&trimmed), vec![1]);
+        assert_eq!(q.groups[SHARED].len, 0);
+        assert_eq!(q.members[&0].group, q.own[&4]);
+    }
+
+    fn keep(priority: u8, duration: Option<f64>) -> Retention {
+        Retention { priority, duration }
+    }
+
+    /// Tenant 1: block 0 at 90 for 5 s, block 1 at 60 for good, block 2 at the default,
+    /// released at 0, 1 and 2 s; tenant 2 (shared): block 3 at the default, at 3 s. Tenant 1
+    /// gets its first quota at 4 s. Returns the eviction order at `at`.
+    fn order_after_the_first_quota(at: f64, quota: bool) -> Vec<u32> {
+        let clock = Arc::new(Clock::default());
+        clock.set(0.0).unwrap();
+        let d = sample_digests(8);
+        let mut q = Quotas::new(EvictionKind::Priority, 16, &clock).unwrap();
+        let mut trimmed = Vec::new();
+        q.set_retention(0, keep(90, Some(5.0)));
+        q.set_retention(1, keep(60, None));
+        for (b, t) in [(0, 1), (1, 1), (2, 1), (3, 2)] {
+            clock.set(f64::from(b)).unwrap();
+            q.cached_by(entry(b, &d), t, &mut trimmed);
+        }
+        clock.set(4.0).unwrap();
+        if quota {
+            q.set_quota(1, Quota::default(), &mut trimmed).unwrap();
+            assert_eq!(q.groups[SHARED].len, 1);
+        }
+        assert!(trimmed.is_empty());
+        clock.set(at).unwrap();
+        std::iter::from_fn(|| q.victim().map(|e| e.block)).collect()
+    }
+
+    #[test]
+    fn the_first_quota_carries_retention_and_rank() {
+        // Before block 0's deadline: 2 and 3 at the default by release time, then 1 (60),
+        // then 0 (90). After it, block 0 counts as released at 5 s at the default: after 2
+        // and 3, before 1. Exactly the order without the quota: the levels, deadlines and
+        // release times came along (before, the moved blocks lost their retention and
+        // counted as released at 4 s).
+        for quota in [false, true] {
+            assert_eq!(order_after_the_first_quota(4.5, quota), vec![2, 3, 1, 0]);
+            assert_eq!(order_after_the_first_quota(6.0, quota), vec![2, 3, 0, 1]);
+        }
+    }
+
+    #[test]
+    fn a_held_blocks_retention_goes_with_it_and_leaves_nothing_stale() {
+        let clock = Arc::new(Clock::default());
+        let d = sample_digests(8);
+        let mut q = Quotas::new(EvictionKind::Priority, 16, &clock).unwrap();
+        let mut trimmed = Vec::new();
+        q.set_retention(0, keep(90, None));
+        q.cached_by(entry(0, &d), 1, &mut trimmed);
+        q.hit(0);
+        // Its holder's content is withdrawn; it goes FREE: its retention is reset.
+        q.set_retention(0, Retention::DEFAULT);
+        // Reused by tenant 2 without retention, next to block 1 released before it: block 0
+        // must be the newer default block, not a stale 90.
+        q.cached_by(entry(1, &d), 2, &mut trimmed);
+        let fresh = Entry {
+            digest: d[5],
+            ..entry(0, &d)
+        };
+        q.cached_by(fresh, 2, &mut trimmed);
+        q.cached_by(entry(2, &d), 2, &mut trimmed);
+        let order: Vec<u32> = std::iter::from_fn(|| q.victim().map(|e| e.block)).collect();
+        assert_eq!(order, vec![1, 0, 2]);
+        // Held across a first quota, given retention by its holder, released with new
+        // content into another tenant's group: the retention comes along.
+        q.set_retention(3, keep(80, None));
+        q.cached_by(entry(3, &d), 1, &mut trimmed);
+        q.hit(3);
+        q.set_quota(1, Quota::default(), &mut trimmed).unwrap();
+        q.set_retention(3, keep(70, None));
+        let other = Entry {
+            digest: d[6],
+            ..entry(3, &d)
+        };
+        q.cached_by(other, 2, &mut trimmed);
+        q.cached_by(entry(4, &d), 1, &mut trimmed);
+        let order: Vec<u32> = std::iter::from_fn(|| q.victim().map(|e| e.block)).collect();
+        assert_eq!(order, vec![4, 3]);
+        assert_eq!(q.groups.iter().map(|g| g.len).sum::<usize>(), 0);
     }
 }
