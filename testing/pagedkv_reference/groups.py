@@ -312,6 +312,10 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
             if self._rc[b] == 0:
                 self._revive(b)  # CACHED -> OWNED
             self._rc[b] += 1
+        if ng == 1 and not self._has_null:
+            # One full-attention group: the core runs its plain path, which reports the
+            # prompt's missed keys to the ghost policies as the plain manager does.
+            self._missed([_key(0, d) for d in gs.digests[h:]])
         for g, t in enumerate(prefix):
             self._group_hits[g] += sum(1 for b in t if b != self._null)
         gs.tables = prefix

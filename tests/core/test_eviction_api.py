@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedkv import BlockManager
+from pagedkv import BlockManager, KVCacheGroup
 from pagedkv.config import EVICTIONS, BlockManagerConfig
 from pagedkv.errors import InvalidArgumentError, UnknownSequenceError
 from pagedkv.events import BlockRemoved
@@ -203,6 +203,12 @@ def test_retention_is_refused_where_it_cannot_act() -> None:
             p.allocate(1, prompt(1), retention=ranges)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError):
         p.allocate(1, prompt(1), decode_retention=(50, float("nan")))
+    # With `groups=`, even one full-attention group (which runs the plain paths): refused,
+    # one rule for every `groups=`, and nothing allocated.
+    g = BlockManager(8, B, eviction="priority", groups=[KVCacheGroup("full")])
+    with pytest.raises(InvalidArgumentError, match="groups="):
+        g.allocate(1, prompt(1), retention=[(0, None, 50, None)])
+    assert 1 not in g and g.num_free_blocks == 8
     assert p.stats().num_sequences == 0
     p.set_time(5.0)
     with pytest.raises(InvalidArgumentError, match="not go back"):

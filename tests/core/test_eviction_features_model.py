@@ -145,6 +145,10 @@ WORKLOADS = [(p, t, None) for p in EVICTIONS for t in (False, True)] + [
     ("lru", False, "two-full"),
     ("s3fifo", True, "two-full"),
     ("lfu", True, "full+window"),
+    # One full group runs the core's plain paths: ARC's ghosts learn the prompts' misses
+    # there, and retention is refused as with any `groups=` (both once differed).
+    ("arc", True, "full-only"),
+    ("priority", True, "full-only"),
 ]
 
 

@@ -89,9 +89,11 @@ impl RetentionSpec {
 }
 
 impl BlockManager {
-    /// Refuse retention unless the manager evicts by priority (nothing else reads it).
+    /// Refuse retention unless the manager evicts by priority (nothing else reads it), and
+    /// with `groups=`, even one full-attention group (which runs the plain paths), as the
+    /// reference refuses it: one rule for every `groups=`.
     pub(crate) fn check_retention_allowed(&self, spec: Option<&RetentionSpec>) -> Result<()> {
-        if spec.is_some() && !self.plain() {
+        if spec.is_some() && self.grouped {
             return Err(invalid(
                 "retention with KV-cache groups (groups=) is not supported".to_string(),
             ));
