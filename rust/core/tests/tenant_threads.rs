@@ -32,7 +32,7 @@ fn salt(k: usize) -> Vec<u8> {
 }
 
 fn worker(m: &BlockManager, thread: u64, ops: usize, epoch: &AtomicUsize) {
-    let mut rng = Rng(0x2545_f491_4f6c_dd1d ^ (thread + 1) * 0x9e37_79b9);
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d ^ ((thread + 1) * 0x9e37_79b9));
     let mut live: Vec<u64> = Vec::new();
     let mut next_id = thread << 32;
     for _ in 0..ops {
