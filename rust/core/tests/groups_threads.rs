@@ -7,16 +7,9 @@
 use pagedkv_core::{BlockManager, Config, GroupKind, NULL};
 use std::sync::Arc;
 
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
+#[path = "support/rng.rs"]
+mod rng;
+use rng::Rng;
 
 fn kinds() -> Vec<GroupKind> {
     vec![

@@ -6,19 +6,9 @@
 use pagedkv_core::{encode_extras, BlockHasher, BlockManager, Config, HashAlgo};
 use std::sync::Arc;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+#[path = "support/rng.rs"]
+mod rng;
+use rng::Rng;
 
 fn worker(m: &BlockManager, thread: u64, ops: usize) -> Vec<(u64, Vec<u32>)> {
     let mut rng = Rng(0x9e37_79b9 + thread);
