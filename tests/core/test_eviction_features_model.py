@@ -193,6 +193,7 @@ class NeutralPair(FeaturePair):
             tenants=True, **kw,
         )  # fmt: skip
         self.rust.set_time(self.t)
+        self.log[0] = f"rust with tenants=True, reference without: {self.log[0]}"
 
 
 @pytest.mark.parametrize("policy", EVICTIONS)

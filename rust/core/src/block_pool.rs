@@ -677,12 +677,12 @@ impl BlockPool {
                 // have come between the hit and this restore (`drop_trimmed`).
                 let mut trims = Ok(Vec::new());
                 match (&self.order, policy.as_mut()) {
-                    (_, Some(policy)) if !self.tenant.is_empty() => {
+                    // Only quotas trim; every other policy's `restore_by` is its `restore`.
+                    (_, Some(policy)) => {
                         let mut trimmed = Vec::new();
                         policy.restore_by(entry, &mut trimmed);
                         trims = self.drop_trimmed(&trimmed);
                     }
-                    (_, Some(policy)) => policy.restore(entry),
                     (EvictionOrder::Lru(lru), None) => {
                         let bound = 2 * self.states.len() + 64;
                         lru.restore(entry, bound, |e| self.is_live(e));

@@ -84,8 +84,11 @@ fn first_quotas_and_cap_changes_race_hits_and_restores() {
                         max_cached: Some(rng.below(4) as usize),
                         reserved: 0,
                     };
-                    m.set_tenant_quota(Some(&salt(k - 3 - rng.below(3) as usize)), lower)
-                        .unwrap();
+                    m.set_tenant_quota(
+                        Some(&salt(k.saturating_sub(3 + rng.below(3) as usize))),
+                        lower,
+                    )
+                    .unwrap();
                     epoch.fetch_add(1, Ordering::Relaxed);
                     std::thread::yield_now();
                 }
