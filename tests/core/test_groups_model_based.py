@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import pagedkv
+from kv_oracle import KVOracle
 from pagedkv import KVCacheGroup
 from pagedkv_reference import ReferenceBlockManager
 from test_model_based import DUTIES, normalize, run
@@ -215,6 +216,10 @@ def test_rust_matches_the_reference(config: str, seed: int) -> None:
         kw["enable_prefix_caching"] = False
     rust = pagedkv.BlockManager(num_blocks, block_size, **kw)
     ref = ReferenceBlockManager(num_blocks, block_size, **kw)
+    # The KV is the oracle: each manager drives its own shadow pool (block 0 is the null
+    # block exactly when some group is not full attention).
+    null = any(g.kind != "full" for g in groups)
+    oracles = [(KVOracle(block_size, n_groups, null_block=null), m) for m in (rust, ref)]
     evictions = 0
     for step in range(250):
         name, args, kwargs = _call(rng, n_groups, block_size, ref, num_blocks)
@@ -224,9 +229,16 @@ def test_rust_matches_the_reference(config: str, seed: int) -> None:
         rust_ev: list[Any] = []
         ref_ev: list[Any] = []
         duty = name in DUTIES
+        for kv, m in oracles:
+            kv.before(m, name, args, kwargs)
         got = run(rust, name, *args, **kwargs, **({"evicted": rust_ev} if duty else {}))
         want = run(ref, name, *args, **kwargs, **({"evicted": ref_ev} if duty else {}))
         where = f"step {step}: {name}{args} {kwargs}"
+        for (kv, m), out, ev in zip(oracles, (got, want), (rust_ev, ref_ev), strict=True):
+            try:
+                kv.after(m, name, args, kwargs, out.raw, out.exc, evicted=ev)
+            except AssertionError as e:
+                raise AssertionError(f"{where} ({type(m).__name__}): {e}") from None
         assert got.key() == want.key(), f"{where}: rust {got.describe()} != ref {want.describe()}"
         # Each call's own evictions (block, group, digest), in order: the same in both.
         assert normalize(rust_ev) == normalize(ref_ev), f"{where}: {rust_ev} != {ref_ev}"
@@ -236,3 +248,4 @@ def test_rust_matches_the_reference(config: str, seed: int) -> None:
         assert _observe(rust, n_groups) == _observe(ref, n_groups), where
     # Every eviction was reported to exactly the call that made it.
     assert evictions == rust.stats().evictions
+    assert all(kv.checked > 0 for kv, _ in oracles), "the KV oracle checked nothing"

@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import pagedkv
+from kv_oracle import KVOracle
 from pagedkv.errors import PagedKVError
 from pagedkv_reference import ReferenceBlockManager
 
@@ -90,11 +91,15 @@ def normalize(x: Any) -> Any:
 
 
 class Outcome:
-    """What a call did: a normalized return value, or the type of the exception it raised."""
+    """What a call did: a normalized return value (and the value itself, `raw`), or the type
+    of the exception it raised."""
 
-    def __init__(self, value: Any = None, exc: BaseException | None = None) -> None:
+    def __init__(
+        self, value: Any = None, exc: BaseException | None = None, raw: Any = None
+    ) -> None:
         self.value = value
         self.exc = exc
+        self.raw = raw
 
     def describe(self) -> str:
         return repr(self.exc) if self.exc is not None else repr(self.value)
@@ -105,7 +110,8 @@ class Outcome:
 
 def run(m: Any, method: str, *args: Any, **kwargs: Any) -> Outcome:
     try:
-        return Outcome(value=normalize(getattr(m, method)(*args, **kwargs)))
+        raw = getattr(m, method)(*args, **kwargs)
+        return Outcome(value=normalize(raw), raw=raw)
     except Exception as e:  # compared below
         return Outcome(exc=e)
 
@@ -160,6 +166,8 @@ class ManagerComparison(RuleBasedStateMachine):
         self.families: dict[int, bytes] = {}  # the key family of each keyed allocation
         self.keyed_history: list[tuple[list[int], bytes]] = []  # keyed prompts and families
         self.held: set[int] = set()  # allocated with register=False
+        # The key family of the keyed allocation being made: its KV identity in the oracles.
+        self.next_family: bytes | None = None
 
     @initialize(
         num_blocks=st.integers(6, 24),
@@ -176,6 +184,9 @@ class ManagerComparison(RuleBasedStateMachine):
         self.records = kw["record_evictions"]
         self.ref = ReferenceBlockManager(num_blocks, block_size, **kw)
         self.rust = pagedkv.BlockManager(num_blocks, block_size, **kw)
+        # The KV itself is the oracle: each manager drives its own shadow pool.
+        self.ref_kv = KVOracle(block_size)
+        self.rust_kv = KVOracle(block_size)
         self.log.append(f"BlockManager({num_blocks}, {block_size}, **{kw!r})")
 
     # ---------------------------------------------------------------- the comparison
@@ -187,8 +198,22 @@ class ManagerComparison(RuleBasedStateMachine):
         duty = method in DUTIES and self.records and "evicted" not in kwargs
         ref_ev: list[Any] = []
         rust_ev: list[Any] = []
+        self.ref_kv.before(self.ref, method, args, kwargs)
+        self.rust_kv.before(self.rust, method, args, kwargs)
         want = run(self.ref, method, *args, **kwargs, **({"evicted": ref_ev} if duty else {}))
         got = run(self.rust, method, *args, **kwargs, **({"evicted": rust_ev} if duty else {}))
+        extras = None if self.next_family is None else ("k", self.next_family)
+        for kv, m, out, ev in (
+            (self.ref_kv, self.ref, want, ref_ev),
+            (self.rust_kv, self.rust, got, rust_ev),
+        ):
+            try:
+                kv.after(m, method, args, kwargs, out.raw, out.exc, evicted=ev, extras=extras)
+            except AssertionError as e:
+                raise AssertionError(
+                    f"{type(m).__name__} after {method}({shown}): {e}\n  after: "
+                    + "\n  ".join(self.log)
+                ) from None
         if want.exc is not None:
             assert isinstance(want.exc, PagedKVError), f"reference raised {want.exc!r}"
         assert got.key() == want.key(), (
@@ -333,7 +358,12 @@ class ManagerComparison(RuleBasedStateMachine):
         if data.draw(st.integers(0, 19), label="salted") == 0:
             kw["cache_salt"] = "s"  # refused: the keys carry the extra keys
         sid = self.pick(data, "new")
-        if self.both("allocate", sid, toks, **kw).exc is None:
+        self.next_family = family
+        try:
+            out = self.both("allocate", sid, toks, **kw)
+        finally:
+            self.next_family = None
+        if out.exc is None:
             self.families[sid] = family
             if not register:
                 self.held.add(sid)
@@ -819,8 +849,16 @@ class ManagerComparison(RuleBasedStateMachine):
         """`both`, with arguments made afresh for each manager; True if the call succeeded."""
         args = make_args()
         self.log.append(f"{method}{args!r}")
+        rust_args = make_args()
+        self.ref_kv.before(self.ref, method, args, {})
+        self.rust_kv.before(self.rust, method, rust_args, {})
         want = run(self.ref, method, *args)
-        got = run(self.rust, method, *make_args())
+        got = run(self.rust, method, *rust_args)
+        for kv, m, a, out in (
+            (self.ref_kv, self.ref, args, want),
+            (self.rust_kv, self.rust, rust_args, got),
+        ):
+            kv.after(m, method, a, {}, out.raw, out.exc)
         if want.exc is not None:
             assert isinstance(want.exc, PagedKVError), f"reference raised {want.exc!r}"
         assert got.key() == want.key(), (

@@ -1,0 +1,336 @@
+"""The KV-content oracle: a CPU pool whose bytes say whose KV they are.
+
+Bookkeeping that looks consistent can still hand out a block whose KV belongs to another
+prefix. This oracle watches a manager (the Rust one or the reference) call by call and plays
+the engine's part on a shadow pool, one value per slot:
+
+- every token the manager schedules has its KV "computed" into its slot in each group's
+  table: the value is a function of the group, the sequence's extra keys (salt, LoRA, the
+  caller's key family), its tokens up to that position and the position;
+- the copy pairs a call returns (copy-on-write, truncate, swap out and in) are carried out
+  before that call's tokens are written, as an engine must;
+- tokens a sequence scheduled but never computed (`free(num_computed_tokens=...)`) are
+  poisoned in the blocks nobody else holds, so a block registered over them and served
+  later fails the check;
+- after every call, every computed position of every resident sequence, in every group
+  (null entries aside), must hold exactly its own KV: a hit on the wrong block, a write into
+  a block another sequence shares or the cache still offers, a missing or wrong copy pair,
+  a swap that moves the wrong block, all show up as a slot holding someone else's KV;
+- every block a call reports as evicted (`evicted=`, the copy-out to the tiers) must still
+  hold the KV of the digest it is reported under, at the moment of the call.
+
+It never looks at the manager's private state: only return values, `num_scheduled_tokens`,
+`block_table(group=)`, `block_hashes` and `is_swapped`. `checked` counts the positions and
+evictions verified, so that a test can show the oracle looked at something.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+POISON = ("poison",)
+"""What an uncomputed slot holds: never anyone's KV."""
+
+# The calls whose return value is copy pairs inside the GPU pool, applied before writes.
+_COPY_CALLS = frozenset({"extend", "append", "truncate", "append_batch"})
+
+
+def salt_key(salt: Any) -> bytes | None:
+    """A cache salt as the managers read it: str as UTF-8 bytes."""
+    if isinstance(salt, str):
+        return salt.encode("utf-8")
+    return None if salt is None else bytes(salt)
+
+
+@dataclass
+class _Seq:
+    """What the oracle knows of one sequence: its content and how far its KV is written."""
+
+    extras: Hashable
+    tokens: list[int]
+    written: int = 0
+    # chain[p]: the identity of the prefix tokens[: p + 1] under `extras` (built lazily).
+    chain: list[int] = field(default_factory=list)
+
+    def identity(self, p: int) -> int:
+        while len(self.chain) <= p:
+            i = len(self.chain)
+            prev = self.chain[-1] if self.chain else hash(("extras", self.extras))
+            self.chain.append(hash((prev, self.tokens[i])))
+        return self.chain[p]
+
+    def set_tokens(self, tokens: list[int]) -> None:
+        keep = 0
+        for a, b in zip(self.tokens, tokens, strict=False):
+            if a != b:
+                break
+            keep += 1
+        self.tokens = tokens
+        del self.chain[keep:]
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A sequence's state before a call that may destroy it (`before`)."""
+
+    sid: int
+    scheduled: int
+    tables: list[list[int]]
+
+
+@dataclass
+class Call:
+    """One call as the oracle needs it: what was asked, what came back, what it evicted,
+    the identity of a new sequence's extra keys (None: from its salt and LoRA id) and its
+    `before` state."""
+
+    method: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    value: Any
+    exc: BaseException | None = None
+    evicted: list[tuple[int, int, bytes]] = field(default_factory=list)
+    extras: Hashable | None = None
+    pending: Pending | None = None
+
+
+class KVContentError(AssertionError):
+    """A slot holds KV other than its sequence's own, or an eviction reports the wrong KV."""
+
+
+class KVOracle:
+    """The shadow pool of one manager (see the module docstring).
+
+    `null_block`: whether block 0 is the manager's null block (then 0 in a table is a null
+    entry and holds no KV)."""
+
+    def __init__(self, block_size: int, num_groups: int = 1, *, null_block: bool = False) -> None:
+        self.bs = block_size
+        self.groups = num_groups
+        self.null_block = null_block
+        self.gpu: dict[tuple[int, int], Any] = {}
+        self.cpu: dict[tuple[int, int], Any] = {}
+        self.seqs: dict[int, _Seq] = {}
+        # digest -> (the identities of its block's positions in group 0, its end position)
+        self.digests: dict[bytes, tuple[tuple[int, ...], int]] = {}
+        self.checked = 0
+        self.evictions_checked = 0
+        self._pending: Pending | None = None
+
+    # ------------------------------------------------------------------ the call protocol
+
+    def before(
+        self, m: Any, method: str, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> Pending | None:
+        """Remember what a call may destroy: the tables of a sequence freed with fewer
+        computed tokens than it scheduled. Returns it (for `Call`), and keeps it for
+        `after`."""
+        self._pending = None
+        if method == "free" and kwargs.get("num_computed_tokens") is not None:
+            sid = int(args[0])
+            if sid in m and not m.is_swapped(sid):
+                tables = [list(m.block_table(sid, group=g)) for g in range(self.groups)]
+                self._pending = Pending(sid, m.num_scheduled_tokens(sid), tables)
+        return self._pending
+
+    def after(
+        self,
+        m: Any,
+        method: str,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        value: Any,
+        exc: BaseException | None,
+        *,
+        evicted: Iterable[tuple[int, int, bytes]] = (),
+        extras: Hashable | None = None,
+    ) -> None:
+        """Play the engine's part for a call that returned `value` (or raised `exc`), then
+        check every resident sequence. `extras` overrides the identity of a new sequence's
+        extra keys (a caller-keyed sequence's key family)."""
+        call = Call(method, tuple(args), kwargs, value, exc, list(evicted), extras, self._pending)
+        self._pending = None
+        self.apply_round(m, [call])
+
+    def apply_round(self, m: Any, calls: Sequence[Call]) -> None:
+        """Play the engine's part for calls made concurrently (one per sequence at most,
+        so their order does not matter), then check every resident sequence: first each
+        call's evictions are checked (they were copied out before any of the calls'
+        writes), then the copy pairs are carried out and uncomputed slots poisoned, then
+        every newly scheduled token is written."""
+        for c in calls:
+            self.check_evicted(c.evicted)
+        for c in calls:
+            if c.exc is None:
+                self._mirror(m, c)
+        self.sync(m)
+
+    def check_evicted(self, evicted: Iterable[tuple[int, int, bytes]]) -> None:
+        """Each evicted block must hold the KV of the digest it is reported under (only
+        digests the oracle saw a sequence hold can be checked; group 0's)."""
+        for block, group, digest in evicted:
+            known = self.digests.get(bytes(digest))
+            if known is None or group != 0:
+                continue
+            ident, end = known
+            for off in range(self.bs):
+                want = (0, ident[off])
+                got = self.gpu.get((block, off))
+                if got != want:
+                    raise KVContentError(
+                        f"evicted block {block} (digest {bytes(digest).hex()[:12]}, tokens up "
+                        f"to {end}) holds {got!r} at offset {off}, not its digest's KV"
+                    )
+            self.evictions_checked += 1
+
+    # ------------------------------------------------------------------ content
+
+    def _mirror(self, m: Any, c: Call) -> None:
+        method, args, kwargs, value, extras = c.method, c.args, c.kwargs, c.value, c.extras
+        if method == "allocate":
+            if value is None:
+                return
+            sid = int(args[0])
+            if extras is None and kwargs.get("block_hashes") is not None:
+                extras = ("k",)  # one family of caller keys, unless the caller says which
+            elif extras is None:
+                extras = ("s", salt_key(kwargs.get("cache_salt")), kwargs.get("lora_id"))
+            self.seqs[sid] = _Seq(extras, _ints(args[1]), written=int(value))
+        elif method in ("append", "append_batch"):
+            if value is None:
+                return
+            if method == "append":
+                pairs = [(int(args[0]), _ints(args[1]))]
+            else:
+                pairs = [(s, [t]) for s, t in zip(_ints(args[0]), _ints(args[1]), strict=True)]
+            for sid, toks in pairs:
+                seq = self.seqs[sid]
+                seq.set_tokens(seq.tokens + toks)
+        elif method == "truncate":
+            if value is None:
+                return
+            seq = self.seqs[int(args[0])]
+            n = int(args[1])
+            seq.set_tokens(seq.tokens[:n])
+            seq.written = min(seq.written, n)
+        elif method == "fork":
+            parent = self.seqs[int(args[0])]
+            self.seqs[int(args[1])] = _Seq(
+                parent.extras, list(parent.tokens), parent.written, list(parent.chain)
+            )
+        elif method == "free":
+            self.seqs.pop(int(args[0]), None)
+            if c.pending is not None:
+                self._poison(m, int(kwargs["num_computed_tokens"]), c.pending)
+        elif method == "free_batch":
+            for sid in _ints(args[0]):
+                self.seqs.pop(sid, None)
+        elif method == "swap_out" and value is not None:
+            for gpu, cpu in value:
+                self._copy(self.gpu, gpu, self.cpu, cpu)
+        elif method == "swap_in" and value is not None:
+            for cpu, gpu in value:
+                self._copy(self.cpu, cpu, self.gpu, gpu)
+        if method in _COPY_CALLS and value is not None:
+            for src, dst in np.asarray(value, dtype=np.int64).reshape(-1, 2).tolist():
+                self._copy(self.gpu, src, self.gpu, dst)
+
+    def step(self, m: Any, seq_ids: Sequence[int], tokens: Sequence[int], value: Any) -> None:
+        """`RunningBatch.step`: one token per member, then its copy pairs."""
+        if value is not None:
+            for sid, tok in zip(seq_ids, tokens, strict=True):
+                seq = self.seqs[sid]
+                seq.set_tokens([*seq.tokens, int(tok)])
+            for src, dst in np.asarray(value[1], dtype=np.int64).reshape(-1, 2).tolist():
+                self._copy(self.gpu, src, self.gpu, dst)
+        self.sync(m)
+
+    def _copy(self, src_pool: dict[Any, Any], src: int, dst_pool: dict[Any, Any], dst: int) -> None:
+        for off in range(self.bs):
+            v = src_pool.get((src, off))
+            if v is None:
+                dst_pool.pop((dst, off), None)
+            else:
+                dst_pool[(dst, off)] = v
+
+    def _poison(self, m: Any, computed: int, pending: Pending) -> None:
+        """Slots of positions `computed..scheduled` were never computed: poison those in
+        blocks no live sequence holds now."""
+        held = {b for sid in self.seqs if sid in m for b in self._all_blocks(m, sid)}
+        for g, table in enumerate(pending.tables):
+            for p in range(computed, pending.scheduled):
+                b = table[p // self.bs] if p // self.bs < len(table) else None
+                if b is None or b in held or (self.null_block and b == 0):
+                    continue
+                self.gpu[(b, p % self.bs)] = (g, POISON)
+
+    def _all_blocks(self, m: Any, sid: int) -> list[int]:
+        if m.is_swapped(sid):
+            return []
+        return [b for g in range(self.groups) for b in m.block_table(sid, group=g)]
+
+    # ------------------------------------------------------------------ write and check
+
+    def sync(self, m: Any) -> None:
+        """Write the KV of every newly scheduled token, then check every resident sequence."""
+        for sid in [s for s in self.seqs if s not in m]:
+            del self.seqs[sid]  # freed by a call the oracle did not see (free_batch paths)
+        resident = [s for s in self.seqs if not m.is_swapped(s)]
+        tables = {s: [m.block_table(s, group=g) for g in range(self.groups)] for s in resident}
+        for sid in resident:
+            seq = self.seqs[sid]
+            sched = m.num_scheduled_tokens(sid)
+            if sched < seq.written:
+                seq.written = sched
+            for g, table in enumerate(tables[sid]):
+                for p in range(seq.written, sched):
+                    b = table[p // self.bs]
+                    if not (self.null_block and b == 0):
+                        self.gpu[(b, p % self.bs)] = (g, seq.identity(p))
+            seq.written = sched
+        for sid in resident:
+            self._check(m, sid, tables[sid])
+
+    def _check(self, m: Any, sid: int, tables: list[list[int]]) -> None:
+        seq = self.seqs[sid]
+        for g, table in enumerate(tables):
+            for p in range(seq.written):
+                b = table[p // self.bs]
+                if self.null_block and b == 0:
+                    continue
+                want = (g, seq.identity(p))
+                got = self.gpu.get((b, p % self.bs))
+                if got != want:
+                    raise KVContentError(
+                        f"sequence {sid}, group {g}, position {p}: block {b} offset "
+                        f"{p % self.bs} holds {self._describe(got)} instead of its own KV "
+                        f"(tokens {seq.tokens[: p + 1]}, extras {seq.extras!r})"
+                    )
+                self.checked += 1
+        hashes = list(m.block_hashes(sid)) if hasattr(m, "block_hashes") else []
+        for i, d in enumerate(hashes[: seq.written // self.bs]):
+            end = (i + 1) * self.bs
+            ident = tuple(seq.identity(p) for p in range(i * self.bs, end))
+            self.digests[bytes(d)] = (ident, end)
+
+    def _describe(self, got: Any) -> str:
+        if got is None:
+            return "nothing (never written)"
+        if got[1] == POISON:
+            return f"group {got[0]}'s uncomputed (poisoned) slot"
+        owners = [
+            f"seq {s} pos {p}"
+            for s, q in self.seqs.items()
+            for p in range(len(q.tokens))
+            if (got[0], q.identity(p)) == got
+        ]
+        return f"group {got[0]}'s KV of {owners or 'a prefix no live sequence has'}"
+
+
+def _ints(x: Any) -> list[int]:
+    """Token or sequence ids in any accepted form (list, tuple, range, 1-D array)."""
+    return [int(t) for t in x]
