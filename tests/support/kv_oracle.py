@@ -53,6 +53,9 @@ class _Seq:
     extras: Hashable
     tokens: list[int]
     written: int = 0
+    # Leading tokens whose KV someone else computed (the prefix hit, or the parent of a
+    # fork): a retraction (`free(num_computed_tokens=...)`) never makes them uncomputed.
+    inherited: int = 0
     # chain[p]: the identity of the prefix tokens[: p + 1] under `extras` (built lazily).
     chain: list[int] = field(default_factory=list)
 
@@ -80,6 +83,7 @@ class Pending:
     sid: int
     scheduled: int
     tables: list[list[int]]
+    inherited: int = 0
 
 
 @dataclass
@@ -120,6 +124,7 @@ class KVOracle:
         self.checked = 0
         self.evictions_checked = 0
         self._pending: Pending | None = None
+        self._copies: list[tuple[dict[Any, Any], int, dict[Any, Any], int]] = []
 
     # ------------------------------------------------------------------ the call protocol
 
@@ -134,7 +139,8 @@ class KVOracle:
             sid = int(args[0])
             if sid in m and not m.is_swapped(sid):
                 tables = [list(m.block_table(sid, group=g)) for g in range(self.groups)]
-                self._pending = Pending(sid, m.num_scheduled_tokens(sid), tables)
+                inherited = self.seqs[sid].inherited if sid in self.seqs else 0
+                self._pending = Pending(sid, m.num_scheduled_tokens(sid), tables, inherited)
         return self._pending
 
     def after(
@@ -167,6 +173,12 @@ class KVOracle:
         for c in calls:
             if c.exc is None:
                 self._mirror(m, c)
+        self._copy_all()
+        # Once every call's sequences are known: a block another call of the round took
+        # since is written by its new holder, not poisoned.
+        for c in calls:
+            if c.exc is None and c.method == "free" and c.pending is not None:
+                self._poison(m, int(c.kwargs["num_computed_tokens"]), c.pending)
         self.sync(m)
 
     def check_evicted(self, evicted: Iterable[tuple[int, int, bytes]]) -> None:
@@ -199,7 +211,7 @@ class KVOracle:
                 extras = ("k",)  # one family of caller keys, unless the caller says which
             elif extras is None:
                 extras = ("s", salt_key(kwargs.get("cache_salt")), kwargs.get("lora_id"))
-            self.seqs[sid] = _Seq(extras, _ints(args[1]), written=int(value))
+            self.seqs[sid] = _Seq(extras, _ints(args[1]), written=int(value), inherited=int(value))
         elif method in ("append", "append_batch"):
             if value is None:
                 return
@@ -217,15 +229,18 @@ class KVOracle:
             n = int(args[1])
             seq.set_tokens(seq.tokens[:n])
             seq.written = min(seq.written, n)
+            seq.inherited = min(seq.inherited, n)
         elif method == "fork":
             parent = self.seqs[int(args[0])]
             self.seqs[int(args[1])] = _Seq(
-                parent.extras, list(parent.tokens), parent.written, list(parent.chain)
+                parent.extras,
+                list(parent.tokens),
+                parent.written,
+                parent.written,
+                list(parent.chain),
             )
         elif method == "free":
             self.seqs.pop(int(args[0]), None)
-            if c.pending is not None:
-                self._poison(m, int(kwargs["num_computed_tokens"]), c.pending)
         elif method == "free_batch":
             for sid in _ints(args[0]):
                 self.seqs.pop(sid, None)
@@ -247,22 +262,33 @@ class KVOracle:
                 seq.set_tokens([*seq.tokens, int(tok)])
             for src, dst in np.asarray(value[1], dtype=np.int64).reshape(-1, 2).tolist():
                 self._copy(self.gpu, src, self.gpu, dst)
+            self._copy_all()
         self.sync(m)
 
     def _copy(self, src_pool: dict[Any, Any], src: int, dst_pool: dict[Any, Any], dst: int) -> None:
-        for off in range(self.bs):
-            v = src_pool.get((src, off))
-            if v is None:
-                dst_pool.pop((dst, off), None)
-            else:
-                dst_pool[(dst, off)] = v
+        """Queue a block copy; `_copy_all` carries out the queue."""
+        self._copies.append((src_pool, src, dst_pool, dst))
+
+    def _copy_all(self) -> None:
+        """Carry out the queued copies as one batch: every copy reads the state from before
+        any of them (the calls of a round ran in an unknown order, and one may have freed
+        the block another's copy then wrote: the copy that read it came first)."""
+        read = [[sp.get((src, off)) for off in range(self.bs)] for sp, src, _, _ in self._copies]
+        for (_, _, dp, dst), values in zip(self._copies, read, strict=True):
+            for off, v in enumerate(values):
+                if v is None:
+                    dp.pop((dst, off), None)
+                else:
+                    dp[(dst, off)] = v
+        self._copies.clear()
 
     def _poison(self, m: Any, computed: int, pending: Pending) -> None:
-        """Slots of positions `computed..scheduled` were never computed: poison those in
-        blocks no live sequence holds now."""
+        """Slots of positions `computed..scheduled` were never computed (those it inherited
+        were, by whoever registered them or by the parent it was forked from): poison those
+        in blocks no live sequence holds now."""
         held = {b for sid in self.seqs if sid in m for b in self._all_blocks(m, sid)}
         for g, table in enumerate(pending.tables):
-            for p in range(computed, pending.scheduled):
+            for p in range(max(computed, pending.inherited), pending.scheduled):
                 b = table[p // self.bs] if p // self.bs < len(table) else None
                 if b is None or b in held or (self.null_block and b == 0):
                     continue
@@ -293,9 +319,11 @@ class KVOracle:
                         self.gpu[(b, p % self.bs)] = (g, seq.identity(p))
             seq.written = sched
         for sid in resident:
-            self._check(m, sid, tables[sid])
+            self._check(m, sid, tables[sid], tables)
 
-    def _check(self, m: Any, sid: int, tables: list[list[int]]) -> None:
+    def _check(
+        self, m: Any, sid: int, tables: list[list[int]], everyone: dict[int, list[list[int]]]
+    ) -> None:
         seq = self.seqs[sid]
         for g, table in enumerate(tables):
             for p in range(seq.written):
@@ -308,7 +336,8 @@ class KVOracle:
                     raise KVContentError(
                         f"sequence {sid}, group {g}, position {p}: block {b} offset "
                         f"{p % self.bs} holds {self._describe(got)} instead of its own KV "
-                        f"(tokens {seq.tokens[: p + 1]}, extras {seq.extras!r})"
+                        f"(tokens {seq.tokens[: p + 1]}, extras {seq.extras!r}); block {b} "
+                        f"is held by {_holders(everyone, b)}"
                     )
                 self.checked += 1
         hashes = list(m.block_hashes(sid)) if hasattr(m, "block_hashes") else []
@@ -329,6 +358,17 @@ class KVOracle:
             if (got[0], q.identity(p)) == got
         ]
         return f"group {got[0]}'s KV of {owners or 'a prefix no live sequence has'}"
+
+
+def _holders(tables: dict[int, list[list[int]]], block: int) -> list[str]:
+    """Who holds `block`: 'seq s group g index i' for each table entry of it."""
+    return [
+        f"seq {s} group {g} index {i}"
+        for s, per_group in tables.items()
+        for g, table in enumerate(per_group)
+        for i, b in enumerate(table)
+        if b == block
+    ]
 
 
 def _ints(x: Any) -> list[int]:
