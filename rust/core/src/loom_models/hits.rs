@@ -1,5 +1,5 @@
 //! Prefix hits against eviction and re-registration: pin, then compare the digest
-//! (`block_pool.rs`, `prefix_index.rs`).
+//! (`block_pool/prefix.rs`, `prefix_index.rs`).
 
 use super::{digest, model, owned_block, pin, pool_all_owned, pool_with_owned_block, Seen};
 use crate::block_pool::Hit;

@@ -1,4 +1,4 @@
-//! Admission and release (`block_pool.rs`): a block goes back to the pool exactly once, and an
+//! Admission and release (`block_pool/`): a block goes back to the pool exactly once, and an
 //! allocation holding a unit always finds a block.
 
 use super::{digest, owned_block, pool_with_owned_block};
