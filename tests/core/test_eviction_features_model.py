@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 import pagedkv
+from kv_oracle import KVOracle
 from pagedkv.config import EVICTIONS
 from pagedkv.errors import PagedKVError
 from test_eviction_model import Pair, _step
@@ -193,6 +194,7 @@ class NeutralPair(FeaturePair):
             tenants=True, **kw,
         )  # fmt: skip
         self.rust.set_time(self.t)
+        self.oracles[0] = (KVOracle(block_size), self.rust)
         self.log[0] = f"rust with tenants=True, reference without: {self.log[0]}"
 
 

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 
 import pagedkv
+from kv_oracle import KVOracle
 from pagedkv.config import EVICTIONS
 from pagedkv.errors import PagedKVError
 from pagedkv_reference import ReferenceBlockManager
@@ -49,6 +50,13 @@ class Pair:
         self.ref = ReferenceBlockManager(num_blocks, block_size, **kw)
         self.log: list[str] = [f"BlockManager({num_blocks}, {block_size}, **{kw!r})"]
         self.evictions = 0
+        # The KV is the oracle: each manager drives its own shadow pool.
+        groups = kw.get("groups") or []
+        null = any(g.kind != "full" for g in groups)
+        self.oracles = [
+            (KVOracle(block_size, max(1, len(groups)), null_block=null), m)
+            for m in (self.rust, self.ref)
+        ]
 
     def where(self) -> str:
         """The calls so far, for a failure's message."""
@@ -59,8 +67,15 @@ class Pair:
         duty = name in DUTIES
         rust_ev: list[Any] = []
         ref_ev: list[Any] = []
+        for kv, m in self.oracles:
+            kv.before(m, name, args, kw)
         want = run(self.ref, name, *args, **kw, **({"evicted": ref_ev} if duty else {}))
         got = run(self.rust, name, *args, **kw, **({"evicted": rust_ev} if duty else {}))
+        for (kv, m), out, ev in zip(self.oracles, (got, want), (rust_ev, ref_ev), strict=True):
+            try:
+                kv.after(m, name, args, kw, out.raw, out.exc, evicted=ev)
+            except AssertionError as e:
+                raise AssertionError(f"{type(m).__name__}: {e}" + self.where()) from None
         if want.exc is not None:
             assert isinstance(want.exc, PagedKVError), f"reference raised {want.exc!r}"
         assert got.key() == want.key(), f"rust {got.describe()}, ref {want.describe()}" + (
@@ -339,6 +354,7 @@ def _machine(policy: str) -> Any:
             self.records = kw["record_evictions"]
             self.ref = ReferenceBlockManager(num_blocks, block_size, **kw)
             self.rust = pagedkv.BlockManager(num_blocks, block_size, **kw)
+            self.build_oracles(block_size)
             self.log.append(f"BlockManager({num_blocks}, {block_size}, **{kw!r})")
 
     PolicyComparison.__name__ = PolicyComparison.__qualname__ = f"PolicyComparison_{policy}"

@@ -184,10 +184,13 @@ class ManagerComparison(RuleBasedStateMachine):
         self.records = kw["record_evictions"]
         self.ref = ReferenceBlockManager(num_blocks, block_size, **kw)
         self.rust = pagedkv.BlockManager(num_blocks, block_size, **kw)
-        # The KV itself is the oracle: each manager drives its own shadow pool.
+        self.build_oracles(block_size)
+        self.log.append(f"BlockManager({num_blocks}, {block_size}, **{kw!r})")
+
+    def build_oracles(self, block_size: int) -> None:
+        """The KV itself is the oracle: each manager drives its own shadow pool."""
         self.ref_kv = KVOracle(block_size)
         self.rust_kv = KVOracle(block_size)
-        self.log.append(f"BlockManager({num_blocks}, {block_size}, **{kw!r})")
 
     # ---------------------------------------------------------------- the comparison
 
