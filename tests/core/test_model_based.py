@@ -514,6 +514,38 @@ class ManagerComparison(RuleBasedStateMachine):
             if free_child:
                 self.both("free", child)
 
+    @rule(
+        data=st.data(),
+        toks=st.lists(vocab, min_size=2, max_size=8),
+        child_truncates=st.booleans(),
+        upto=st.booleans(),
+        token=vocab,
+    )
+    def held_fork_truncate(
+        self, data: st.DataObject, toks: list[int], child_truncates: bool, upto: bool, token: int
+    ) -> None:
+        """Held registration, fork and truncate (issue 32, item 1): one of two sharers of a
+        held prompt truncates into a block that the other then registers full; once the
+        other is freed, the truncated one writes there, and the prompt is allocated again.
+        The oracles check that the hit serves the prompt's own KV."""
+        a = self.pick(data, "new")
+        if self.both("allocate", a, toks, register=False).raw is None:
+            return
+        self.held.add(a)
+        b = self.pick(data, "new")
+        if self.both("fork", a, b).exc is not None:
+            return
+        self.held.add(b)
+        short, full = (b, a) if child_truncates else (a, b)
+        keep = data.draw(st.integers(1, len(toks) - 1), label="keep")
+        if self.both("truncate", short, keep).raw is None:
+            return
+        kw = {"num_tokens": len(toks)} if upto else {}
+        self.both("register", full, **kw)
+        self.both("free", full)
+        self.both("append", short, [token])
+        self.do_allocate(self.pick(data, "new"), toks, None, None, 0, None)
+
     @rule(data=st.data(), suffix=st.lists(vocab, max_size=3), how=st.integers(0, 3))
     def lookup(self, data: st.DataObject, suffix: list[int], how: int) -> None:
         """`lookup`, `lookup_many` and hit-aware `can_allocate` of earlier or fresh prompts."""
