@@ -941,15 +941,23 @@ class ReferenceBlockManager:
         bs = self._block_size
         last = _cdiv(end + lookahead, bs)  # one past the last written table index
         first = seq.scheduled // bs
-        cow = [i for i in range(first, min(last, len(seq.blocks))) if self._rc[seq.blocks[i]] > 1]
+        written = range(first, min(last, len(seq.blocks)))
+        cow = [i for i in written if self._must_copy(seq.blocks[i])]
         return cow, max(0, last - len(seq.blocks))
 
+    def _must_copy(self, b: int) -> bool:
+        """A write into block `b` copies it first: shared, or hashed. A written block is
+        never hashed while the invariants hold (`truncate` leaves its partial block
+        exclusive and unhashed); copying a hashed one anyway is the core's defence."""
+        return self._rc[b] > 1 or self._hashed[b] is not None
+
     def _copy(self, seq: _Seq, i: int) -> tuple[int, int]:
-        """Copy-on-write of the shared table entry `i`: a new block replaces it."""
+        """Copy-on-write of table entry `i`: a new block replaces it (a hashed source this
+        table held alone becomes CACHED)."""
         src = seq.blocks[i]
         dst = self._take()
         seq.blocks[i] = dst
-        self._rc[src] -= 1  # stays >= 1: others hold it
+        self._release_all([src])
         self._cow_copies += 1
         return src, dst
 
@@ -1246,7 +1254,7 @@ class ReferenceBlockManager:
         self, seq_id: int, num_tokens: int, *, evicted: Evicted | None = None
     ) -> list[tuple[int, int]] | None:
         """Drop every token past `num_tokens` and the blocks past them (rejected drafts);
-        return the copy-on-write pairs (a shared hashed block left partial), or None."""
+        return the copy-on-write pairs (a shared block left partial), or None."""
         with self._duties(evicted):
             return self._truncate(seq_id, num_tokens)
 
@@ -1264,16 +1272,19 @@ class ReferenceBlockManager:
         """`truncate` once its checks passed."""
         bs = self._block_size
         i = m // bs
-        # A hashed block left partial would be written next: no hashed block may sit there.
-        # Held alone, it leaves the index; shared, it is copied (after the releases below).
+        # The block left partial is written next: it must end this sequence's alone and
+        # unhashed, or another holder full there could register it and the write would land
+        # in a cached block. Hashed and held alone, it leaves the index; shared (hashed or
+        # not), it is copied (after the releases below).
         copy = False
-        if m % bs and i < len(seq.blocks) and self._hashed[seq.blocks[i]] is not None:
-            if self._rc[seq.blocks[i]] == 1:
-                self._unindex(seq.blocks[i])
-            elif self._available() == 0:
-                return None
-            else:
+        if m % bs and i < len(seq.blocks):
+            b = seq.blocks[i]
+            if self._rc[b] > 1:
+                if self._available() == 0:
+                    return None
                 copy = True
+            elif self._hashed[b] is not None:
+                self._unindex(b)
         keep = _cdiv(m, bs)
         self._retain(seq, keep, len(seq.blocks) - keep)
         dropped = seq.blocks[keep:]

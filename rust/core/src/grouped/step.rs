@@ -33,7 +33,7 @@ impl BlockManager {
         let mut need = 0usize;
         for g in 0..seq.num_groups() {
             need += (p / bs..end.min(len))
-                .filter(|&i| self.gpu.state(seq.table(g)[i]).load().rc() > 1)
+                .filter(|&i| self.must_copy(seq.table(g)[i]))
                 .count();
             need = need.saturating_add(end.saturating_sub(len));
         }
@@ -57,13 +57,14 @@ impl BlockManager {
             for i in p / bs..end.min(len) {
                 let src = seq.table(g)[i];
                 // Refcounts of a locked sequence's unregistered blocks only fall: a block
-                // another holder let go of since the count is ours to write.
-                if self.gpu.state(src).load().rc() > 1 {
+                // another holder let go of since the count is ours to write. A hashed one
+                // is copied whoever holds it (`must_copy`).
+                if self.must_copy(src) {
                     let dst = self.take_for(g, spare)?;
                     pairs.push((src, dst));
                     seq.set_entry(g, i, dst);
                     let key = seq.digests.get(i).map(|d| d.keyed(g as u8));
-                    self.gpu.release(src, key.as_ref())?;
+                    self.release_copied(src, key.as_ref())?;
                     counters::add(&self.counters.cow_copies, 1);
                 }
             }
