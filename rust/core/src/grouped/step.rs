@@ -94,6 +94,11 @@ impl BlockManager {
             // Room first, so that running out of memory fails before anything changed.
             self.reserve_tokens(seq, req.new.len())?;
             let more = cdiv(req.to, bs).saturating_sub(seq.blocks.len());
+            // Every group takes a block per new entry: more than the pool never fits, a
+            // refusal (out of blocks), not tables reserved for it (a lookahead of 2**40).
+            if more.saturating_mul(seq.num_groups()) > self.gpu.num_usable() {
+                return Ok(None);
+            }
             seq.reserve_entries(more)?;
             let s = self.skipped(seq);
             if !s.is_empty() && self.config.enable_prefix_caching {
