@@ -364,9 +364,10 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
     def _append_each(
         self, seqs: list[_Seq], toks: list[int], la: int
     ) -> npt.NDArray[np.int32] | None:
-        """Three passes, as the spec orders them: release every sequence's skipped entries
-        (batch order), then write each sequence, then register each. `need` is counted on
-        the state before the call."""
+        """Release every sequence's skipped entries (batch order), then write and register
+        each sequence in turn (its `BlockStored` after its own evictions, before the next
+        sequence's, as vLLM's per-request events and the one-group path). `need` is counted
+        on the state before the call."""
         gss = [_gseq(s) for s in seqs]
         skipped = [self._skipped(s) for s in gss]
         need = sum(self._need(self._write_plan(s, s.num_tokens + 1, la)) for s in gss)
@@ -379,7 +380,6 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         for s, t in zip(gss, toks, strict=True):
             pairs.extend(self._write_tables(s, s.num_tokens + 1, la))
             self._add_tokens(s, [t])
-        for s in gss:
             self._schedule(s, s.num_tokens)
         return np.array(pairs, dtype=np.int32).reshape(len(pairs), 2)
 

@@ -77,7 +77,10 @@ impl BlockManager {
     }
 
     /// One step of each locked sequence (batch order), all or nothing: every sequence's
-    /// skipped entries are released first, then each is written, then each registered.
+    /// skipped entries are released first (so that their blocks count for every write), then
+    /// each is written and registered in turn, so that a sequence's `BlockStored` events
+    /// follow its own evictions and come before the next one's, as vLLM's events come per
+    /// request and as the one-group paths emit them.
     /// Returns the copy-on-write pairs, or `None` when the blocks do not fit (nothing
     /// changed). Pushes each sequence's new slots per group to `slots` when given.
     pub(crate) fn step_grouped(
@@ -153,8 +156,6 @@ impl BlockManager {
             // The caller reserved the room (`reserve_tokens`): this cannot fail half way.
             seq.tokens.extend_from_slice(req.new);
             self.extend_digests(seq);
-        }
-        for (seq, req) in seqs.iter_mut().zip(reqs) {
             let before = self.registrable(seq);
             Self::add_keys(seq, req.keys);
             seq.scheduled = req.m;
