@@ -255,7 +255,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         first = seq.scheduled // bs
         width = len(seq.tables[0])
         cows = [
-            [i for i in range(first, min(last, width)) if self._rc[t[i]] > 1] for t in seq.tables
+            [i for i in range(first, min(last, width)) if self._must_copy(t[i])] for t in seq.tables
         ]
         return cows, max(0, last - width)
 
@@ -264,11 +264,11 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         return sum(len(c) for c in cows) + new * len(self._groups)
 
     def _copy_in(self, table: list[int], g: int, i: int) -> tuple[int, int]:
-        """Copy-on-write of entry `i` of group `g`'s table."""
+        """Copy-on-write of entry `i` of group `g`'s table (`_copy`)."""
         src = table[i]
         dst = self._take_in(g)
         table[i] = dst
-        self._rc[src] -= 1  # stays >= 1: others hold it
+        self._release_all([src])
         self._cow_copies += 1
         return src, dst
 
@@ -364,9 +364,10 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
     def _append_each(
         self, seqs: list[_Seq], toks: list[int], la: int
     ) -> npt.NDArray[np.int32] | None:
-        """Three passes, as the spec orders them: release every sequence's skipped entries
-        (batch order), then write each sequence, then register each. `need` is counted on
-        the state before the call."""
+        """Release every sequence's skipped entries (batch order), then write and register
+        each sequence in turn (its `BlockStored` after its own evictions, before the next
+        sequence's, as vLLM's per-request events and the one-group path). `need` is counted
+        on the state before the call."""
         gss = [_gseq(s) for s in seqs]
         skipped = [self._skipped(s) for s in gss]
         need = sum(self._need(self._write_plan(s, s.num_tokens + 1, la)) for s in gss)
@@ -379,7 +380,6 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         for s, t in zip(gss, toks, strict=True):
             pairs.extend(self._write_tables(s, s.num_tokens + 1, la))
             self._add_tokens(s, [t])
-        for s in gss:
             self._schedule(s, s.num_tokens)
         return np.array(pairs, dtype=np.int32).reshape(len(pairs), 2)
 
@@ -405,14 +405,19 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         self._check_truncate(gs, m)
         bs = self._block_size
         i = m // bs
-        # A hashed block left partial would be written next: held alone it leaves the index,
-        # shared it is copied (after the releases). Decide every group before changing any.
+        # Each group's block left partial must end this table's alone and unhashed (see the
+        # plain `_truncate_to`): hashed and held alone it leaves the index, shared (hashed or
+        # not) it is copied (after the releases). Decide every group before changing any.
         alone: list[int] = []
         shared: list[int] = []
         if m % bs:
             for g, table in enumerate(gs.tables):
-                if i < len(table) and self._hashed[table[i]] is not None:
-                    (alone if self._rc[table[i]] == 1 else shared).append(g)
+                if i >= len(table) or table[i] == self._null:
+                    continue
+                if self._rc[table[i]] > 1:
+                    shared.append(g)
+                elif self._hashed[table[i]] is not None:
+                    alone.append(g)
         if len(shared) > self._available():
             return None
         for g in alone:

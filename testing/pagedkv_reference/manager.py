@@ -260,14 +260,21 @@ def _check_bool(x: object, what: str) -> bool:
     return x
 
 
+def _float(x: object, what: str) -> float:
+    """A float argument (docs/inputs.md): a `float` (subclasses such as `np.float64`
+    included) or an `int` (not a `bool`; one outside `[-2**63, 2**64)` reads as infinite, as
+    the binding reads it)."""
+    if isinstance(x, float):
+        return float.__float__(x)
+    if isinstance(x, int) and not isinstance(x, bool):
+        v = int.__index__(x)
+        return float(v) if -(2**63) <= v < 2**64 else math.copysign(math.inf, v)
+    raise InvalidArgumentTypeError(f"{what} must be a float, got {type(x).__name__}")
+
+
 def _watermark(w: object) -> float:
     """A float or int (not a bool), finite, in `[0, 1)`."""
-    if isinstance(w, float):
-        v = float.__float__(w)
-    elif isinstance(w, int) and not isinstance(w, bool):
-        v = 0.0 if int.__index__(w) == 0 else float("inf")  # the only int in range is 0
-    else:
-        raise InvalidArgumentTypeError(f"watermark must be a float, got {type(w).__name__}")
+    v = _float(w, "watermark")
     if not 0.0 <= v < 1.0:
         raise InvalidArgumentError(f"watermark {w} out of range [0, 1)")
     return v
@@ -509,6 +516,7 @@ class ReferenceBlockManager:
         # The clock: monotonic from construction until `set_time` makes it manual.
         self._t0 = time.monotonic()
         self._manual: float | None = None
+        self._seen = 0.0  # the latest monotonic time `now` gave
         # Tenants (`tenants=True`): salt per id (0: unsalted), ids by salt, prefix counts,
         # quotas, and the tenant of the sequence that registered each block.
         self._tenant_salts: list[bytes | None] = [None]
@@ -542,21 +550,30 @@ class ReferenceBlockManager:
         return self.now()
 
     def now(self) -> float:
-        """The manager's clock, in seconds (monotonic until `set_time`)."""
-        return time.monotonic() - self._t0 if self._manual is None else self._manual
+        """The manager's clock, in seconds (monotonic until `set_time`, never less than a
+        time it gave before)."""
+        if self._manual is None:
+            self._seen = max(self._seen, time.monotonic() - self._t0)
+            return self._seen
+        return self._manual
 
     def set_time(self, t: float) -> None:
-        """Make the clock manual at `t` seconds (retention durations); never back."""
-        if isinstance(t, bool) or not isinstance(t, (int, float)):
-            raise TypeError(f"t must be a float, got {type(t).__name__}")
-        t = float(t)
+        """Make the clock manual at `t` seconds (retention durations); never back: not
+        before the last time set, nor, on the switch, before the last time `now` gave."""
+        t = _float(t, "t")
         if not math.isfinite(t) or t < 0:
             raise InvalidArgumentError(f"time must be a finite number >= 0, got {rust_f64(t)}")
         if self._manual is not None and t < self._manual:
             raise InvalidArgumentError(
-                f"time must not go back: {rust_f64(t)} is before {rust_f64(self._manual)}"
+                f"time must not go back: {rust_f64(t)} is before {rust_f64(self._manual)}, "
+                "the manual time set last"
             )
-        self._manual = t
+        if self._manual is None and t < self._seen:
+            raise InvalidArgumentError(
+                f"time must not go back: {rust_f64(t)} is before {rust_f64(self._seen)}, the "
+                "monotonic time the clock already gave"
+            )
+        self._manual = t + 0.0
 
     def _pinned_cached(self) -> list[int]:
         """The CACHED blocks that are pinned, by id."""
@@ -941,15 +958,23 @@ class ReferenceBlockManager:
         bs = self._block_size
         last = _cdiv(end + lookahead, bs)  # one past the last written table index
         first = seq.scheduled // bs
-        cow = [i for i in range(first, min(last, len(seq.blocks))) if self._rc[seq.blocks[i]] > 1]
+        written = range(first, min(last, len(seq.blocks)))
+        cow = [i for i in written if self._must_copy(seq.blocks[i])]
         return cow, max(0, last - len(seq.blocks))
 
+    def _must_copy(self, b: int) -> bool:
+        """A write into block `b` copies it first: shared, or hashed. A written block is
+        never hashed while the invariants hold (`truncate` leaves its partial block
+        exclusive and unhashed); copying a hashed one anyway is the core's defence."""
+        return self._rc[b] > 1 or self._hashed[b] is not None
+
     def _copy(self, seq: _Seq, i: int) -> tuple[int, int]:
-        """Copy-on-write of the shared table entry `i`: a new block replaces it."""
+        """Copy-on-write of table entry `i`: a new block replaces it (a hashed source this
+        table held alone becomes CACHED)."""
         src = seq.blocks[i]
         dst = self._take()
         seq.blocks[i] = dst
-        self._rc[src] -= 1  # stays >= 1: others hold it
+        self._release_all([src])
         self._cow_copies += 1
         return src, dst
 
@@ -1246,7 +1271,7 @@ class ReferenceBlockManager:
         self, seq_id: int, num_tokens: int, *, evicted: Evicted | None = None
     ) -> list[tuple[int, int]] | None:
         """Drop every token past `num_tokens` and the blocks past them (rejected drafts);
-        return the copy-on-write pairs (a shared hashed block left partial), or None."""
+        return the copy-on-write pairs (a shared block left partial), or None."""
         with self._duties(evicted):
             return self._truncate(seq_id, num_tokens)
 
@@ -1264,16 +1289,19 @@ class ReferenceBlockManager:
         """`truncate` once its checks passed."""
         bs = self._block_size
         i = m // bs
-        # A hashed block left partial would be written next: no hashed block may sit there.
-        # Held alone, it leaves the index; shared, it is copied (after the releases below).
+        # The block left partial is written next: it must end this sequence's alone and
+        # unhashed, or another holder full there could register it and the write would land
+        # in a cached block. Hashed and held alone, it leaves the index; shared (hashed or
+        # not), it is copied (after the releases below).
         copy = False
-        if m % bs and i < len(seq.blocks) and self._hashed[seq.blocks[i]] is not None:
-            if self._rc[seq.blocks[i]] == 1:
-                self._unindex(seq.blocks[i])
-            elif self._available() == 0:
-                return None
-            else:
+        if m % bs and i < len(seq.blocks):
+            b = seq.blocks[i]
+            if self._rc[b] > 1:
+                if self._available() == 0:
+                    return None
                 copy = True
+            elif self._hashed[b] is not None:
+                self._unindex(b)
         keep = _cdiv(m, bs)
         self._retain(seq, keep, len(seq.blocks) - keep)
         dropped = seq.blocks[keep:]

@@ -478,6 +478,12 @@ CASES: list[tuple[str, type[BaseException]]] = [
     ("m.unpin(SWAPPED)", SequenceSwappedError),
     ("m.set_time(nan)", InvalidArgumentError),
     ("m.set_time(-1.0)", InvalidArgumentError),
+    # a float argument, as `watermark` (docs/inputs.md): no bool, np.float32 or 0-d array
+    *[
+        (f"m.set_time({t})", InvalidArgumentTypeError)
+        for t in ("True", "np.float32(1.0)", "array(1.0)", "'1'", "None", "[1.0]")
+    ],
+    ("m.set_time(2**64)", InvalidArgumentError),
     ("m.set_tenant_quota(None, max_cached=1)", InvalidArgumentError),
     ("m.set_tenant_quota(3)", InvalidArgumentTypeError),
     ("m.set_tenant_quota('a', reserved=-1)", InvalidArgumentError),

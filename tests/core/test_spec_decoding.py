@@ -251,6 +251,35 @@ def test_bad_lookahead_is_refused_and_changes_nothing(
     assert snapshot(m) == before
 
 
+# Every call that takes a lookahead, on sequence 1 (a prompt of 6, 3 scheduled) and 2 (a
+# prompt of 3, all scheduled), and sequence 5 (new).
+LOOKAHEAD_CALLS = [
+    "m.allocate(5, toks(500, 3), lookahead=LA)",
+    "m.extend(1, 1, lookahead=LA)",
+    "m.append(2, [9], lookahead=LA)",
+    "m.append(2, [], lookahead=LA)",
+    "m.append_batch([2], [9], lookahead=LA)",
+]
+LAYOUTS = {"plain": None, "full": [KVCacheGroup("full")], "full+full": [KVCacheGroup("full")] * 2}
+
+
+@pytest.mark.parametrize("la", [2**40, 2**63 - 1])
+@pytest.mark.parametrize("call", LOOKAHEAD_CALLS)
+@pytest.mark.parametrize("layout", [*LAYOUTS, "full+window"])
+def test_a_lookahead_that_can_never_fit_is_out_of_blocks(
+    make: Any, layout: str, call: str, la: int
+) -> None:
+    """No table is reserved for it first (a MemoryError with two groups): None, as for any
+    call that does not fit, and nothing changes (docs/semantics.md, "Running out")."""
+    groups = WINDOW if layout == "full+window" else LAYOUTS[layout]
+    m = make(groups=groups) if groups else make()
+    m.allocate(1, toks(100, 6), num_new_tokens=3)
+    m.allocate(2, toks(200, 3))
+    before = snapshot(m)
+    assert eval(call, {"m": m, "toks": toks, "LA": la}) is None
+    assert snapshot(m) == before
+
+
 def test_groups_take_a_lookahead_per_sequence(make: Any) -> None:
     """Full attention beside a sliding window: each group's slots and pages cover the
     drafts in its own table (the window's released entries are the null block 0)."""

@@ -1,69 +1,87 @@
 //! The manager's clock, in seconds: what retention durations count against.
 //!
 //! Monotonic (`Instant`) until a caller sets the time (`set`), then manual for good: tests and
-//! simulations drive retention expiry exactly, one tick at a time. A manual time never goes
-//! back (`set` refuses). Read under the policy lock by the priority policy; set by any thread.
+//! simulations drive retention expiry exactly, one tick at a time. The time it gives never goes
+//! back: a manual time is refused below the last time set and, when the clock switches to
+//! manual, below the last monotonic time it gave (a retention deadline counted from a time
+//! it gave stays ahead of every later reading). Read under the policy lock by the priority
+//! policy; set by any thread.
 
 use crate::error::{invalid, Result};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
+
+/// The bit of `Clock::word` that marks it manual: the sign bit, which no time (finite, `>=
+/// 0`) has.
+const MANUAL: u64 = 1 << 63;
 
 pub struct Clock {
     /// When the clock was made; monotonic time is measured from it.
     start: Instant,
-    /// Set once `set` was called; never cleared. Acquire/Release with `manual`'s store.
-    is_manual: AtomicBool,
-    /// The manual time, as `f64` bits, minus infinity until the first `set`; only grows
-    /// (`set`'s update refuses to go back).
-    manual: AtomicU64,
+    /// The latest time the clock gave, as `f64` bits (`>= 0`, so their order as integers is
+    /// the times' order), with `MANUAL` set once `set` made it manual (never cleared). One
+    /// word, so that every reading and setting is one step in its modification order: that
+    /// order alone keeps the time from going back (Relaxed is enough; the word publishes
+    /// nothing else).
+    word: AtomicU64,
 }
 
 impl Default for Clock {
     fn default() -> Self {
         Self {
             start: Instant::now(),
-            is_manual: AtomicBool::new(false),
-            manual: AtomicU64::new(f64::NEG_INFINITY.to_bits()),
+            word: AtomicU64::new(0.0f64.to_bits()),
         }
     }
 }
 
 impl Clock {
-    /// Seconds: since the clock was made, or the last time `set`.
+    /// Seconds: since the clock was made (never less than a time it gave before), or the
+    /// last time `set`.
     pub fn now(&self) -> f64 {
-        // Acquire: pairs with `set`'s Release, so a manual clock reads the time stored before
-        // it was marked manual.
-        if self.is_manual.load(Ordering::Acquire) {
-            // Relaxed: the value itself orders nothing; `fetch_update` keeps it monotonic.
-            f64::from_bits(self.manual.load(Ordering::Relaxed))
-        } else {
-            self.start.elapsed().as_secs_f64()
+        let w = self.word.load(Ordering::Relaxed);
+        if w & MANUAL != 0 {
+            return f64::from_bits(w & !MANUAL);
+        }
+        let e = self.start.elapsed().as_secs_f64().to_bits();
+        // Record the reading (a later switch to manual time is refused below it), unless a
+        // later one was recorded meanwhile (then that one is the time) or the clock went
+        // manual.
+        match self
+            .word
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                (old & MANUAL == 0 && old < e).then_some(e)
+            }) {
+            Ok(_) => f64::from_bits(e),
+            Err(old) => f64::from_bits(old & !MANUAL),
         }
     }
 
-    /// Make the clock manual at `t` seconds (finite, and not before a manual time already
-    /// set; refused with nothing changed otherwise).
+    /// Make the clock manual at `t` seconds (finite, `>= 0`, and not before the last time
+    /// the clock gave: the last one set, or before the first `set` the last monotonic
+    /// reading; refused with nothing changed otherwise).
     pub fn set(&self, t: f64) -> Result<()> {
         if !t.is_finite() || t < 0.0 {
             return Err(invalid(format!(
                 "time must be a finite number >= 0, got {t}"
             )));
         }
-        // Relaxed: a read-modify-write on one word (so racing `set`s never move it back);
-        // the flag's Release publishes it.
+        // `-0.0 + 0.0` is `+0.0`: no time carries the sign bit.
+        let t = t + 0.0;
         let set = self
-            .manual
+            .word
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-                (t >= f64::from_bits(old)).then_some(t.to_bits())
+                (t >= f64::from_bits(old & !MANUAL)).then_some(t.to_bits() | MANUAL)
             });
         match set {
-            Ok(_) => {
-                // Release: a reader that sees the flag sees a manual time stored before it.
-                self.is_manual.store(true, Ordering::Release);
-                Ok(())
-            }
+            Ok(_) => Ok(()),
+            Err(old) if old & MANUAL != 0 => Err(invalid(format!(
+                "time must not go back: {t} is before {}, the manual time set last",
+                f64::from_bits(old & !MANUAL)
+            ))),
             Err(old) => Err(invalid(format!(
-                "time must not go back: {t} is before {}",
+                "time must not go back: {t} is before {}, the monotonic time the clock \
+                 already gave (set_time may switch to manual time at or after it)",
                 f64::from_bits(old)
             ))),
         }
@@ -87,5 +105,33 @@ mod tests {
         c.set(10.0).unwrap();
         c.set(12.25).unwrap();
         assert_eq!(c.now(), 12.25);
+    }
+
+    #[test]
+    fn switching_to_manual_time_never_goes_back() {
+        let c = Clock::default();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let seen = c.now();
+        assert!(seen > 0.0);
+        assert!(c.now() >= seen, "monotonic readings never go back");
+        let err = c.set(seen / 2.0).unwrap_err().to_string();
+        assert!(err.contains("monotonic"), "{err}");
+        assert!(c.now() > seen / 2.0, "refused: still monotonic");
+        let now = c.now();
+        c.set(now).unwrap();
+        assert_eq!(c.now(), now);
+        c.set(-0.0 + now).unwrap();
+        assert_eq!(c.now().to_bits() >> 63, 0);
+    }
+
+    #[test]
+    fn a_clock_nobody_read_may_start_at_zero() {
+        // Nothing counted against the monotonic time yet: any time is ahead of all it gave.
+        let c = Clock::default();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        c.set(0.0).unwrap();
+        assert_eq!(c.now(), 0.0);
+        c.set(-0.0).unwrap();
+        assert_eq!(c.now().to_bits(), 0);
     }
 }

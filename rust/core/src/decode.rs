@@ -71,11 +71,12 @@ impl BlockManager {
             check_append(id, n, seq.scheduled, 1)?;
             self.reserve_tokens(seq, 1)?;
             // Block `b` is not registered (it is not full of scheduled tokens), so its refcount
-            // can only fall while we hold the lock: one read now decides.
+            // can only fall while we hold the lock: one read now decides (`must_copy`: a
+            // hashed one is copied too, a defence against a broken state).
             let b = n / bs;
             let needs_block = match seq.blocks.get(b) {
                 None => true,
-                Some(&block) => self.gpu.state(block).load().rc() > 1,
+                Some(&block) => self.must_copy(block),
             };
             needs.push(if needs_block { Need::Write } else { Need::None });
             need += usize::from(needs_block);

@@ -63,6 +63,8 @@ mod lookahead;
 mod loom_models;
 mod lru_queue;
 mod manager;
+#[cfg(all(test, not(loom)))]
+mod partial_block_tests;
 mod pins;
 mod policy;
 mod pool_audit;

@@ -62,13 +62,37 @@ impl BlockManager {
         self.gpu.release_table(blocks, digests)
     }
 
+    /// Whether a write into table entry `b` must copy it first: another table holds it
+    /// (copy-on-write), or it is hashed. A block a write reaches is never hashed while the
+    /// invariants hold (`truncate` leaves its partial block exclusive and unhashed, and only
+    /// blocks full of scheduled tokens are registered); copying a hashed one anyway is the
+    /// defence that keeps a broken state from serving this sequence's KV under its digest.
+    pub(crate) fn must_copy(&self, b: u32) -> bool {
+        let w = self.gpu.state(b).load();
+        w.rc() > 1 || w.hashed()
+    }
+
+    /// Drop this table's reference to `src`, the source of a copy: under the digest it is
+    /// registered under while hashed (it may become CACHED), else under `digest`, the
+    /// table's own digest of that entry (another holder may register it meanwhile, under
+    /// the same chain digest: forks share their tokens).
+    pub(crate) fn release_copied(&self, src: u32, digest: Option<&Digest>) -> Result<()> {
+        if self.gpu.state(src).load().hashed() {
+            let len = self.hasher.root().as_bytes().len();
+            let stored = Digest::from_words(self.gpu.index_digest_words(src), len);
+            return self.gpu.release(src, Some(&stored));
+        }
+        self.gpu.release(src, digest)
+    }
+
     /// Blocks that writing positions `from .. to` of `seq` needs: copy-on-write copies of
-    /// the shared table entries it covers plus new blocks past the table.
+    /// the shared (or hashed: `must_copy`) table entries it covers plus new blocks past the
+    /// table.
     pub(crate) fn write_need(&self, seq: &Sequence, from: usize, to: usize) -> usize {
         let bs = self.block_size();
         let end = cdiv(to, bs);
         let shared = (from / bs..end.min(seq.blocks.len()))
-            .filter(|&i| self.gpu.state(seq.blocks[i]).load().rc() > 1)
+            .filter(|&i| self.must_copy(seq.blocks[i]))
             .count();
         shared + end.saturating_sub(seq.blocks.len())
     }
@@ -101,15 +125,15 @@ impl BlockManager {
         for i in from / bs..end.min(seq.blocks.len()) {
             let src = seq.blocks[i];
             // Another holder may have dropped its reference since `write_need` (refcounts of
-            // a locked sequence's blocks only fall): then the block is ours to write.
-            if self.gpu.state(src).load().rc() > 1 {
+            // a locked sequence's unhashed blocks only fall): then the block is ours to write.
+            if self.must_copy(src) {
                 *spare = spare
                     .checked_sub(1)
                     .ok_or_else(|| Error::Broken("copy-on-write beyond its reservation".into()))?;
                 let dst = self.gpu.take();
                 pairs.push((src, dst));
                 seq.replace_block(i, dst);
-                self.gpu.release(src, seq.digests.get(i))?;
+                self.release_copied(src, seq.digests.get(i))?;
                 counters::add(&self.counters.cow_copies, 1);
             }
         }

@@ -6,10 +6,12 @@ use crate::manager::{cdiv, BlockManager};
 
 impl BlockManager {
     /// Drop every token past `m` and the table entries past them (their blocks are released
-    /// tail first; hashed ones stay cached). A hashed block left partial is withdrawn from
-    /// the cache when this sequence holds it alone, else copied (it must not be written).
-    /// Returns the copy-on-write pairs, or `None` when a needed copy does not fit (nothing
-    /// changed).
+    /// tail first; hashed ones stay cached). The block left partial (if any) is the next
+    /// one written, so it must end exclusively this sequence's and unhashed: hashed and held
+    /// alone, it is withdrawn from the cache; shared (hashed or not), it is copied, or
+    /// another holder full there could register it and this sequence's next write would
+    /// land in a cached block. Returns the copy-on-write pairs, or `None` when a needed copy
+    /// does not fit (nothing changed).
     pub fn truncate(&self, id: u64, m: usize) -> Result<Option<Vec<(u32, u32)>>> {
         self.with_seq(id, true, |seq| {
             if seq.is_swapped() {
@@ -28,22 +30,31 @@ impl BlockManager {
             let last = m / bs;
             let partial = (m % bs != 0)
                 .then(|| seq.blocks.get(last).copied())
-                .flatten()
-                .filter(|&b| self.gpu.state(b).load().hashed());
+                .flatten();
             // A hashed partial block was full: its digest is `digests[last]`. Withdrawing it
-            // is the only change before the copy's reservation, and only a refusal leads on.
-            // A refusal because `evict_blocks` unhashed it meanwhile needs no copy either.
+            // (held alone) is the only change before the copy's reservation, and then no copy
+            // follows. Not withdrawn, it is copied if shared, or if still hashed (defence: a
+            // hashed block another table does not hold was not withdrawn only if the state is
+            // broken). Unhashed, its refcount only falls under this sequence's lock (no hit
+            // finds it; a fork of another holder raises it only while `rc > 1`).
             let copy = match partial {
-                Some(b)
-                    if !self.gpu.retract(b, &seq.digests[last], true)
-                        && self.gpu.state(b).load().hashed() =>
-                {
-                    if !self.gpu.reserve(1) {
-                        return Ok(None);
+                Some(b) => {
+                    let withdrawn = self.gpu.state(b).load().hashed()
+                        && seq
+                            .digests
+                            .get(last)
+                            .is_some_and(|d| self.gpu.retract(b, d, true));
+                    let w = self.gpu.state(b).load();
+                    if !withdrawn && (w.rc() > 1 || w.hashed()) {
+                        if !self.gpu.reserve(1) {
+                            return Ok(None);
+                        }
+                        Some(b)
+                    } else {
+                        None
                     }
-                    Some(b)
                 }
-                _ => None,
+                None => None,
             };
             let keep = cdiv(m, bs).min(seq.blocks.len());
             self.retain(seq, keep, seq.blocks.len() - keep);
@@ -55,7 +66,7 @@ impl BlockManager {
                 let dst = self.gpu.take();
                 pairs.push((src, dst));
                 seq.replace_block(last, dst);
-                self.gpu.release(src, Some(&seq.digests[last]))?;
+                self.release_copied(src, seq.digests.get(last))?;
                 counters::add(&self.counters.cow_copies, 1);
             }
             seq.tokens.truncate(m);

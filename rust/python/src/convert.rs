@@ -237,31 +237,34 @@ pub fn text<'py>(obj: &Given<'py>, default: &'static str, what: &str) -> PyResul
     }
 }
 
+/// A float argument (docs/inputs.md): a Python `float` (subclasses such as `np.float64`
+/// included) or `int` (not a `bool`; one too large for an `f64` reads as infinite, out of
+/// every range). Anything else (`np.float32`, 0-d arrays, strings) is refused by type.
+pub fn float_arg(o: &Bound<'_, PyAny>, what: &str) -> PyResult<f64> {
+    if let Ok(f) = o.cast::<PyFloat>() {
+        return Ok(f.value());
+    }
+    match scalar(o) {
+        Some(Scalar::Int(v)) if o.is_instance_of::<PyInt>() => Ok(v as f64),
+        Some(Scalar::Huge { .. }) => Ok(f64::INFINITY), // out of range, whatever its sign
+        _ => Err(wrong_type(
+            o.py(),
+            format!("{what} must be a float, got {}", type_name(o)),
+        )),
+    }
+}
+
 /// `watermark`: a float or int (not a bool), finite, in `[0, 1)`.
 pub fn watermark(obj: &Given<'_>) -> PyResult<f64> {
     let Given::Value(o) = obj else {
         return Ok(0.01);
     };
-    let py = o.py();
-    let w = if let Ok(f) = o.cast::<PyFloat>() {
-        f.value()
-    } else {
-        match scalar(o) {
-            Some(Scalar::Int(v)) if o.is_instance_of::<PyInt>() => v as f64,
-            Some(Scalar::Huge { .. }) => f64::INFINITY, // out of range, whatever its sign
-            _ => {
-                return Err(wrong_type(
-                    py,
-                    format!("watermark must be a float, got {}", type_name(o)),
-                ))
-            }
-        }
-    };
+    let w = float_arg(o, "watermark")?;
     if (0.0..1.0).contains(&w) {
         Ok(w)
     } else {
         Err(invalid(
-            py,
+            o.py(),
             format!("watermark = {w} is out of range [0, 1)"),
         ))
     }

@@ -548,7 +548,8 @@ impl PyBlockManager {
 
     /// Make the manager's clock manual at `t` seconds (retention durations count against
     /// it); from then on it moves only by `set_time`, never back.
-    fn set_time(&self, py: Python<'_>, t: f64) -> PyResult<()> {
+    fn set_time(&self, py: Python<'_>, t: &Bound<'_, PyAny>) -> PyResult<()> {
+        let t = crate::convert::float_arg(t, "t")?;
         self.inner.set_time(t).py(py)
     }
 

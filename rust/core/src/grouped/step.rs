@@ -33,7 +33,7 @@ impl BlockManager {
         let mut need = 0usize;
         for g in 0..seq.num_groups() {
             need += (p / bs..end.min(len))
-                .filter(|&i| self.gpu.state(seq.table(g)[i]).load().rc() > 1)
+                .filter(|&i| self.must_copy(seq.table(g)[i]))
                 .count();
             need = need.saturating_add(end.saturating_sub(len));
         }
@@ -57,13 +57,14 @@ impl BlockManager {
             for i in p / bs..end.min(len) {
                 let src = seq.table(g)[i];
                 // Refcounts of a locked sequence's unregistered blocks only fall: a block
-                // another holder let go of since the count is ours to write.
-                if self.gpu.state(src).load().rc() > 1 {
+                // another holder let go of since the count is ours to write. A hashed one
+                // is copied whoever holds it (`must_copy`).
+                if self.must_copy(src) {
                     let dst = self.take_for(g, spare)?;
                     pairs.push((src, dst));
                     seq.set_entry(g, i, dst);
                     let key = seq.digests.get(i).map(|d| d.keyed(g as u8));
-                    self.gpu.release(src, key.as_ref())?;
+                    self.release_copied(src, key.as_ref())?;
                     counters::add(&self.counters.cow_copies, 1);
                 }
             }
@@ -76,7 +77,10 @@ impl BlockManager {
     }
 
     /// One step of each locked sequence (batch order), all or nothing: every sequence's
-    /// skipped entries are released first, then each is written, then each registered.
+    /// skipped entries are released first (so that their blocks count for every write), then
+    /// each is written and registered in turn, so that a sequence's `BlockStored` events
+    /// follow its own evictions and come before the next one's, as vLLM's events come per
+    /// request and as the one-group paths emit them.
     /// Returns the copy-on-write pairs, or `None` when the blocks do not fit (nothing
     /// changed). Pushes each sequence's new slots per group to `slots` when given.
     pub(crate) fn step_grouped(
@@ -93,6 +97,11 @@ impl BlockManager {
             // Room first, so that running out of memory fails before anything changed.
             self.reserve_tokens(seq, req.new.len())?;
             let more = cdiv(req.to, bs).saturating_sub(seq.blocks.len());
+            // Every group takes a block per new entry: more than the pool never fits, a
+            // refusal (out of blocks), not tables reserved for it (a lookahead of 2**40).
+            if more.saturating_mul(seq.num_groups()) > self.gpu.num_usable() {
+                return Ok(None);
+            }
             seq.reserve_entries(more)?;
             let s = self.skipped(seq);
             if !s.is_empty() && self.config.enable_prefix_caching {
@@ -147,8 +156,6 @@ impl BlockManager {
             // The caller reserved the room (`reserve_tokens`): this cannot fail half way.
             seq.tokens.extend_from_slice(req.new);
             self.extend_digests(seq);
-        }
-        for (seq, req) in seqs.iter_mut().zip(reqs) {
             let before = self.registrable(seq);
             Self::add_keys(seq, req.keys);
             seq.scheduled = req.m;

@@ -9,7 +9,7 @@ use crate::sequence::Sequence;
 impl BlockManager {
     /// `truncate` with groups (docs/semantics.md): checks, then withdraw the hashed partial
     /// blocks held alone, release every group's dropped entries, copy the shared partial
-    /// blocks in group order.
+    /// blocks (hashed or not) in group order.
     pub(crate) fn truncate_grouped(
         &self,
         id: u64,
@@ -36,10 +36,12 @@ impl BlockManager {
         }
         let i = m / bs;
         let keep = cdiv(m, bs);
+        // Each group's entry left partial: it must end exclusively this table's and unhashed
+        // (see `truncate`).
         let partial: Vec<Option<u32>> = (0..seq.num_groups())
             .map(|g| {
                 let b = *seq.table(g).get(i)?;
-                (m % bs != 0 && !self.is_null(b) && self.gpu.state(b).load().hashed()).then_some(b)
+                (m % bs != 0 && !self.is_null(b)).then_some(b)
             })
             .collect();
         // Under the chain's prefix lock no hit adds a holder: `rc > 1` only falls.
@@ -58,15 +60,31 @@ impl BlockManager {
             return Ok(None);
         }
         let mut spare = copies;
-        let mut shared = vec![false; partial.len()];
+        let mut copy = vec![false; partial.len()];
         for (g, b) in partial.iter().enumerate() {
             if let Some(b) = *b {
-                let key = seq.digests[i].keyed(g as u8);
-                // Refused: another table holds it (counted in `copies`), or `evict_blocks`
-                // unhashed it meanwhile (then it needs no copy: nothing cached is written).
-                // This table holds it, so nobody hashes it again meanwhile.
-                shared[g] = !self.gpu.retract(b, &key, true) && self.gpu.state(b).load().hashed();
+                // Hashed and held by this table alone: withdrawn (this table holds it, so
+                // nobody hashes it again meanwhile). Otherwise copied if another table holds
+                // it (counted in `copies`), or if still hashed (a broken state: the copy
+                // then takes a unit beyond the reservation, or fails as broken).
+                let withdrawn = self.gpu.state(b).load().hashed()
+                    && seq
+                        .digests
+                        .get(i)
+                        .is_some_and(|d| self.gpu.retract(b, &d.keyed(g as u8), true));
+                copy[g] = !withdrawn && self.must_copy(b);
             }
+        }
+        let more = copy.iter().filter(|&&c| c).count().saturating_sub(copies);
+        if more > 0 {
+            if !self.gpu.reserve(more) {
+                self.gpu.unreserve(spare);
+                return Err(crate::error::Error::Broken(format!(
+                    "sequence {id}: a hashed partial block is held alone but not registered \
+                     under its digest"
+                )));
+            }
+            spare += more;
         }
         for g in 0..seq.num_groups() {
             let dropped = seq.truncate_table(g, keep);
@@ -86,12 +104,12 @@ impl BlockManager {
         }
         let mut pairs = Vec::new();
         for (g, b) in partial.iter().enumerate() {
-            if let (Some(src), true) = (*b, shared[g]) {
+            if let (Some(src), true) = (*b, copy[g]) {
                 let dst = self.take_for(g, &mut spare)?;
                 pairs.push((src, dst));
                 seq.set_entry(g, i, dst);
-                self.gpu
-                    .release(src, Some(&seq.digests[i].keyed(g as u8)))?;
+                let key = seq.digests.get(i).map(|d| d.keyed(g as u8));
+                self.release_copied(src, key.as_ref())?;
                 counters::add(&self.counters.cow_copies, 1);
             }
         }
