@@ -53,8 +53,9 @@ class _Seq:
     extras: Hashable
     tokens: list[int]
     written: int = 0
-    # Leading tokens whose KV someone else computed (the prefix hit, or the parent of a
-    # fork): a retraction (`free(num_computed_tokens=...)`) never makes them uncomputed.
+    # Leading tokens whose KV is computed whatever a retraction says: the prefix hit (others
+    # computed it) and everything written before a fork, on both sides (the other side may
+    # have registered it). `free(num_computed_tokens=...)` never makes them uncomputed.
     inherited: int = 0
     # chain[p]: the identity of the prefix tokens[: p + 1] under `extras` (built lazily).
     chain: list[int] = field(default_factory=list)
@@ -232,6 +233,9 @@ class KVOracle:
             seq.inherited = min(seq.inherited, n)
         elif method == "fork":
             parent = self.seqs[int(args[0])]
+            # A fork shares KV that was computed: neither side may retract it later (the
+            # other may have registered it).
+            parent.inherited = max(parent.inherited, parent.written)
             self.seqs[int(args[1])] = _Seq(
                 parent.extras,
                 list(parent.tokens),
