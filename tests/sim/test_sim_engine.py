@@ -20,13 +20,6 @@ from pagedkv.sim.record import ScheduleRecord, UnscheduledHitError
 from pagedkv.sim.scheduler import SimResult, _Scheduler
 from pagedkv_reference import ReferenceBlockManager
 
-SHARED_TRACE = (
-    Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
-)
-needs_shared_trace = pytest.mark.skipif(
-    not SHARED_TRACE.exists(), reason=f"shared trace {SHARED_TRACE} not present"
-)
-
 
 def _prompt(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 32000, size=n, dtype=np.uint32)
@@ -293,9 +286,8 @@ def test_runs_are_deterministic() -> None:
 
 
 @pytest.mark.slow
-@needs_shared_trace
-def test_check_passes_on_the_shared_trace() -> None:
-    w = read_trace(SHARED_TRACE, limit=200)
+def test_check_passes_on_the_shared_trace(mooncake_trace: Path) -> None:
+    w = read_trace(mooncake_trace, limit=200)
     m = BlockManager(16384, 16, num_cpu_blocks=256)
     r = run_workload(
         m,

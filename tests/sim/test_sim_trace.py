@@ -20,13 +20,6 @@ from pagedkv.sim import (
 )
 from pagedkv_reference import ReferenceBlockManager
 
-SHARED_TRACE = (
-    Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
-)
-needs_shared_trace = pytest.mark.skipif(
-    not SHARED_TRACE.exists(), reason=f"shared trace {SHARED_TRACE} not present"
-)
-
 # (timestamp ms, hash ids, output length): every prompt is whole 512-token blocks, and none
 # repeats an earlier prompt entirely, so with a cache that never evicts the hit rate is exactly
 # the fraction of blocks whose id prefix was seen before: 6 of 15.
@@ -137,11 +130,10 @@ def test_bad_trace_lines(tmp_path: Path, row: dict[str, object], message: str) -
         read_trace(path)
 
 
-@needs_shared_trace
 @pytest.mark.parametrize("block_size", [16, 512])
-def test_shared_trace_hit_rate_matches_the_count(block_size: int) -> None:
+def test_shared_trace_hit_rate_matches_the_count(block_size: int, mooncake_trace: Path) -> None:
     """The first 300 requests of the shared trace, a cache that never evicts."""
-    w = read_trace(SHARED_TRACE, limit=300)
+    w = read_trace(mooncake_trace, limit=300)
     m = BlockManager(w.prompt_tokens // block_size + 4096, block_size)
     result = run_workload(m, w)
     assert m.stats().evictions == 0
@@ -152,9 +144,8 @@ def test_shared_trace_hit_rate_matches_the_count(block_size: int) -> None:
     assert result.prefix_hit_tokens > 0
 
 
-@needs_shared_trace
-def test_shared_trace_with_eviction_agrees_with_reference() -> None:
-    w = read_trace(SHARED_TRACE, limit=25)
+def test_shared_trace_with_eviction_agrees_with_reference(mooncake_trace: Path) -> None:
+    w = read_trace(mooncake_trace, limit=25)
     rust = BlockManager(2048, 16, num_cpu_blocks=64)
     result = run_workload(rust, w, record=True)
     assert rust.stats().evictions > 0

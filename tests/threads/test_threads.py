@@ -484,12 +484,13 @@ class _Worker:
     def op_stats(self) -> None:
         st = self.m.stats()
         assert st.num_blocks == self.m.num_blocks
-        # Under racing calls each tally is a value it had (so within the pool), and
-        # used_blocks is derived from the two reads (docs/concurrency.md); the exact sum is
-        # checked at quiescence (_check_final_state).
+        # Under racing calls each tally is a value it had (docs/concurrency.md); the exact
+        # sum is checked at quiescence (_check_final_state). But the blocks this thread's own
+        # resident sequences hold are OWNED throughout this call (no other thread frees
+        # them), so neither tally can ever have counted them.
         n = st.num_blocks
-        assert st.free_blocks <= n and st.cached_blocks <= n, st
-        assert st.used_blocks == max(0, n - st.free_blocks - st.cached_blocks), st
+        mine = {b for s in self._resident() for b in self.mine[s].table}
+        assert st.free_blocks <= n - len(mine) and st.cached_blocks <= n - len(mine), (st, mine)
         assert 0 <= st.recent_prefix_hits <= st.recent_prefix_queries <= st.prefix_queries
         assert min(st.registered_blocks, st.unregistered_blocks, st.truncated_blocks) >= 0
         for s in list(self.mine)[:3]:
