@@ -32,7 +32,7 @@ from pagedkv.errors import (
 from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from pagedkv.groups import KVCacheGroup
 from pagedkv.manager import BlockManager
-from pagedkv.stats import GroupStats, Stats
+from pagedkv.stats import GroupStats, Stats, TenantStats
 
 # The GPU pool and its kernels (pagedkv.device) need torch (and cupy on "cuda"): imported on
 # first use only, so that `import pagedkv` stays numpy-only.
@@ -48,6 +48,11 @@ def __getattr__(name: str) -> object:
 
         return getattr(pool, name)
     raise AttributeError(f"module 'pagedkv' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # The public names only: not the module's own imports (TYPE_CHECKING, annotations).
+    return sorted(__all__)
 
 
 __all__ = [
@@ -72,6 +77,7 @@ __all__ = [
     "SequenceNotSwappedError",
     "SequenceSwappedError",
     "Stats",
+    "TenantStats",
     "UnknownSequenceError",
     "__version__",
     "hash_blocks",

@@ -85,9 +85,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
         if args.command == "events":
-            from pagedkv.kv_events.cli import follow  # pyzmq and msgspec only when asked
+            from pagedkv.kv_events.cli import FollowError, follow  # pyzmq, msgspec if asked
 
-            return follow(args, sys.stdout)
+            try:
+                return follow(args, sys.stdout, sys.stderr)
+            except FollowError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
         raise AssertionError(f"unknown command {args.command!r}")  # argparse prevents this
     except KeyboardInterrupt:
         # Ctrl-C outside the sizing runs (which print and save what they know themselves):

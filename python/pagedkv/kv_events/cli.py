@@ -7,6 +7,8 @@ import argparse
 import time
 from typing import Any, TextIO
 
+import zmq
+
 from pagedkv.kv_events import wire
 from pagedkv.kv_events.subscriber import Subscriber
 
@@ -34,7 +36,14 @@ def describe(e: Any) -> str:
     return "AllBlocksCleared"
 
 
-def follow(args: argparse.Namespace, out: TextIO) -> int:
+class FollowError(Exception):
+    """The stream cannot be followed: a bad endpoint (its message says why)."""
+
+
+def follow(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Print the stream's events until `--count` batches or `--duration` seconds; 0 when
+    anything arrived, 1 when nothing did (nobody publishing there, or another topic).
+    Raises `FollowError` for an endpoint that cannot be connected."""
     batches = 0
 
     def show(seq: int, events: list[Any]) -> None:
@@ -47,7 +56,15 @@ def follow(args: argparse.Namespace, out: TextIO) -> int:
         out.flush()
 
     form: wire.EventForm = args.form
-    sub = Subscriber(args.connect, args.replay, topic=args.topic, event_form=form, on_batch=show)
+    try:
+        sub = Subscriber(
+            args.connect, args.replay, topic=args.topic, event_form=form, on_batch=show
+        )
+    except zmq.ZMQError as e:
+        where = args.connect if args.replay is None else f"{args.connect} / {args.replay}"
+        raise FollowError(f"cannot connect to {where}: {e}") from None
+    print(f"following {args.connect} (Ctrl-C stops)", file=err)
+    started = time.monotonic()
     deadline = time.monotonic() + args.duration if args.duration > 0 else None
     snapshots = 0
     try:
@@ -60,7 +77,14 @@ def follow(args: argparse.Namespace, out: TextIO) -> int:
                 print(f"snapshot: {len(sub.blocks)} blocks, resuming at {sub.next_seq}", file=out)
     finally:
         sub.close()
+    if batches == 0 and snapshots == 0:
+        print(
+            f"nothing received from {args.connect} in {time.monotonic() - started:.1f} s: is a "
+            "publisher bound there, on this topic?",
+            file=err,
+        )
+        return 1
     return 0
 
 
-__all__ = ["describe", "follow"]
+__all__ = ["FollowError", "describe", "follow"]
