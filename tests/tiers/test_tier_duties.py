@@ -359,3 +359,29 @@ def test_every_block_taking_call_demotes_its_own_evictions(op: str) -> None:
     tc.flush()
     assert _check_store(store, prompt, LAYERS) == s.blocks_demoted
     tc.close()
+
+
+def test_these_checks_run_without_torch() -> None:
+    """The tiers need no torch, so these tests must not either (they skipped without it):
+    two of them, run in a process where `import torch` fails."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import test_tier_duties as t\n"
+        "t.test_extend_evicting_a_cached_prompt_keeps_its_own_kv()\n"
+        "t.test_tiers_with_kv_cache_groups_round_trip_every_group()\n"
+        "assert 'torch' not in {m.split('.')[0] for m in sys.modules if sys.modules[m]}\n"
+    )
+    here = str(Path(__file__).parent)
+    env_path = [here, *sys.path]
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PYTHONPATH": ":".join(p for p in env_path if p), "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]

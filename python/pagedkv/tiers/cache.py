@@ -50,6 +50,7 @@ from pagedkv.tiers.base import TierKey, TierStats, TierStore
 from pagedkv.tiers.blocks import BlockCopy, block_nbytes, copy_in, copy_out
 from pagedkv.tiers.event_queue import EventQueue
 from pagedkv.tiers.promotion import PLAIN, find_held, first_needed, hybrid_hit
+from pagedkv.tiers.stale import StaleEntries
 
 T = TypeVar("T")
 Evicted = list[tuple[int, int, bytes]]
@@ -207,6 +208,7 @@ class TieredCache:
         self._max_pending = max_pending_bytes
         self._pending_bytes = 0
         self._pending: set[Future[None]] = set()
+        self._stale = StaleEntries()
         self._executor = (
             ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pagedkv-tier")
             if workers
@@ -264,7 +266,9 @@ class TieredCache:
 
     def truncate(self, seq_id: int, num_tokens: int) -> Pairs:
         """`BlockManager.truncate` (its copy-on-write copy may evict), demoting what it
-        evicted."""
+        evicted. A truncate after which a window or chunk would need entries a tier hit
+        skipped (they hold no KV: `tiers.stale`) is refused, changing nothing."""
+        self._stale.check_truncate(seq_id, num_tokens, self._kinds, self.manager.block_size)
         out: Pairs = self._with_duty(
             lambda ev: self.manager.truncate(seq_id, num_tokens, evicted=ev)
         )
@@ -279,14 +283,19 @@ class TieredCache:
         """`BlockManager.fork` (it shares blocks and evicts none; kept here so that every
         call that may take blocks has its duty checked)."""
         self._with_duty(lambda ev: self.manager.fork(parent_id, child_id, evicted=ev))
+        self._stale.fork(parent_id, child_id)
 
     def free(self, seq_id: int, *, num_computed_tokens: int | None = None) -> None:
         """`BlockManager.free` (takes no block: no duty)."""
         self.manager.free(seq_id, num_computed_tokens=num_computed_tokens)
+        self._stale.drop(seq_id)
 
     def free_batch(self, seq_ids: Any) -> None:
         """`BlockManager.free_batch` (takes no block: no duty)."""
         self.manager.free_batch(seq_ids)
+        if len(self._stale):
+            for sid in list(seq_ids):
+                self._stale.drop(int(sid))
 
     def swap_out(self, seq_id: int) -> list[tuple[int, int]] | None:
         """`BlockManager.swap_out` (takes CPU blocks only: no duty)."""
@@ -535,6 +544,11 @@ class TieredCache:
         ]
         if stale:
             self.manager.evict_blocks(stale)
+        self._stale.set(
+            seq_id,
+            tuple((h, max(h, min(first_needed(k, end, bs), end))) for k in self._kinds),
+            self.manager,
+        )
         shares = self._shares(h, end, needed)
         return TierAllocation(seq_id, hit, tuple(shares), tuple(plan), tuple(positions))
 
@@ -542,6 +556,7 @@ class TieredCache:
         """After `exc`, past the manager's call: free the sequence with `num_computed_tokens`
         = the tokens really computed (its GPU hit), withdrawing every block it registered
         past them, so no block stays cached that nothing computed or loaded."""
+        self._stale.drop(seq_id)
         try:
             self.manager.free(seq_id, num_computed_tokens=computed)
         except BaseException as failed:
@@ -581,6 +596,8 @@ class TieredCache:
         served = end
         if stop < end:  # the hit the blocks read still give (a window needs its last ones)
             served = hybrid_hit(self._kinds, bs, stop, lambda g, i: i < h or (g, i) in got)
+        if served < end:  # the step computes the blocks from `served` on
+            self._stale.clip(alloc.seq_id, served)
         write = [(i, v) for (_, i), v in got.items() if i < served]
         if self.pool is not None:
             copy_in(self.pool, [b for _, (b, _, _) in write], [d for _, (_, d, _) in write])
