@@ -14,14 +14,24 @@ for a codec or the network. The copies in flight hold at most
 Each tier keeps what its own budget and LRU allow (tiers are inclusive, as LMCache's local
 and remote backends are).
 
-Promotion: `allocate` continues the prefix match below the GPU. Block `i` past the GPU hit
-comes from the first tier that holds blocks up to `i` (each tier answers with the length of
-its leading run; with KV-cache groups, every group's entry of block `i` must be held), and
-the manager schedules those blocks with the rest of the prompt; the returned plan says which
-tier entry goes into which new GPU block. `load` runs it before the
-step reads them and returns how many prompt tokens the engine need not compute: the GPU hit
-plus the loaded blocks up to the first that could not be read (a vanished or damaged entry
-is recomputed by the step, whose KV then lands in the block the manager registered).
+Promotion: `allocate` continues the prefix match below the GPU by the manager's own hybrid
+hit rule (`tiers.promotion`): a hit of `L` blocks needs every block of a full-attention
+group but only a window's (a chunk's) last blocks before `L`; the GPU hit's blocks count as
+held, the others must be held by some tier (the first that holds a block serves it). The
+manager schedules the blocks past its GPU hit with the rest of the prompt; the returned plan
+says which tier entry goes into which new GPU block. Entries the hit does not need (a
+window's blocks before it) are withdrawn from the prefix cache at once, and a `truncate`
+back into them is refused (`tiers.stale`). `load` runs the plan before the step reads the
+blocks and returns how many prompt tokens the engine need not compute: the longest hit the
+same rule finds over the GPU hit and the blocks loaded (a vanished or damaged entry ends the
+loads; the step computes the rest, whose KV then lands in the blocks the manager
+registered).
+
+Errors: the cache takes the manager's hash settings (others are refused when it is built);
+anything that fails in `allocate` after the manager's call succeeded, or in `load`, frees
+the sequence with `num_computed_tokens=` its GPU hit before the exception propagates, so no
+block it registered stays cached uncomputed; a call that raises keeps its own exception when
+the copy-out of what it evicted raises too (the copy-out's is added as a note).
 
 Without a pool (`pool=None`: count-only, as the simulator's default tier run) no byte
 moves: a block is 0 bytes, demotion puts each evicted key into the stores and a load only
@@ -35,21 +45,19 @@ from __future__ import annotations
 
 import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-
-import numpy as np
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events import BlockRemoved, BlockStored, KVEvent, KVEventQueueStats
 from pagedkv.groups import KVCacheGroup, has_null_block
 from pagedkv.tiers.base import TierKey, TierStats, TierStore
 from pagedkv.tiers.blocks import BlockCopy, block_nbytes, copy_in, copy_out
+from pagedkv.tiers.cache_checks import check_pool_groups, note, tokens_arg
 from pagedkv.tiers.event_queue import EventQueue
-from pagedkv.tiers.promotion import PLAIN, find_held, first_needed, hybrid_hit
+from pagedkv.tiers.promotion import PLAIN, Match, find_held, first_needed, hybrid_hit, shares
 from pagedkv.tiers.stale import StaleEntries
 
 T = TypeVar("T")
@@ -90,54 +98,6 @@ class TieredStats:
     seconds_demote_copy: float = 0.0
     seconds_load: float = 0.0
     stores: list[TierStats] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class _Match:
-    """A prompt's look-up: the GPU hit (blocks), its digests, the cap of a hit (blocks) and
-    `held[g][i - gpu]`, the tier that holds block `i` of group `g` (-1: none)."""
-
-    gpu: int
-    digests: list[bytes]
-    cap: int
-    held: list[list[int]]
-
-
-def _tokens_arg(value: object, n: int) -> int:
-    """`num_new_tokens`, checked as the manager checks it (1..n)."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise InvalidArgumentError(f"num_new_tokens must be an int, got {value!r}")
-    if not 1 <= value <= n:
-        raise InvalidArgumentError(f"num_new_tokens must be in 1..{n}, got {value}")
-    return int(value)
-
-
-def _note(exc: BaseException, what: str, other: BaseException) -> None:
-    """Add `other` (with its traceback) to `exc` as a note: `exc` stays the one raised and
-    neither is lost."""
-    text = "".join(traceback.format_exception(other)).rstrip()
-    exc.add_note(f"pagedkv.tiers: {what}:\n{text}")
-
-
-def _group_shape(groups: Sequence[KVCacheGroup]) -> list[tuple[str, int | None, int | None]]:
-    return [(g.kind, g.window, g.chunk) for g in groups]
-
-
-def _check_pool_groups(groups: Sequence[KVCacheGroup] | None, pool: Any, null: bool) -> None:
-    """The pool must have the manager's null block (one rule: `groups.has_null_block`) and,
-    where it knows its groups, the manager's groups."""
-    if bool(pool.null_block) != null:
-        raise InvalidArgumentError(
-            f"the pool {'has' if pool.null_block else 'has no'} null block but the manager "
-            f"{'has one' if null else 'has none'}: build both with the same groups= (block 0 "
-            "is the null block exactly when some group is not full attention)"
-        )
-    layout = getattr(pool, "layout", None)
-    mine = getattr(layout, "groups", None) if layout is not None else getattr(pool, "groups", None)
-    if mine is not None and groups is not None and _group_shape(mine) != _group_shape(groups):
-        raise InvalidArgumentError(
-            f"the pool's groups {_group_shape(mine)} are not the manager's {_group_shape(groups)}"
-        )
 
 
 class TieredCache:
@@ -189,7 +149,7 @@ class TieredCache:
         if pool is not None:
             if manager.block_size != pool.block_size or manager.num_blocks != pool.num_blocks:
                 raise InvalidArgumentError("the pool's blocks must be the manager's")
-            _check_pool_groups(manager.groups, pool, self._null_block)
+            check_pool_groups(manager.groups, pool, self._null_block)
         if max_pending_bytes < 0:
             raise InvalidArgumentError("max_pending_bytes must be >= 0")
         w: object = workers
@@ -236,7 +196,7 @@ class TieredCache:
         try:
             self._demote(evicted)
         except BaseException as failed:
-            _note(exc, f"and the copy-out of the {len(evicted)} block(s) it evicted raised", failed)
+            note(exc, f"and the copy-out of the {len(evicted)} block(s) it evicted raised", failed)
 
     def extend(self, seq_id: int, num_new_tokens: int, *, lookahead: int = 0) -> Pairs:
         """`BlockManager.extend`, demoting what it evicted."""
@@ -416,7 +376,7 @@ class TieredCache:
             seed=self._hash_seed,
         )
 
-    def _match(self, token_ids: Any, cache_salt: Any, lora_id: Any) -> _Match:
+    def _match(self, token_ids: Any, cache_salt: Any, lora_id: Any) -> Match:
         """The GPU hit (blocks), the prompt's digests (hashed once), the cap (at least one
         token computed, as on the GPU) and the tier that holds each block past the GPU hit
         (`promotion.find_held`)."""
@@ -424,39 +384,8 @@ class TieredCache:
         gpu = self.manager.lookup(token_ids, cache_salt=cache_salt, lora_id=lora_id) // bs
         digests = self._digests(token_ids, cache_salt, lora_id)
         cap = min((len(token_ids) - 1) // bs, len(digests))
-        return _Match(gpu, digests, cap, find_held(self.stores, self._kinds, digests, gpu, cap, bs))
-
-    def _hit(self, h: int, match: _Match, cap: int) -> int:
-        """The longest hit (blocks) the manager's hybrid rule finds over the GPU hit's blocks
-        (`h`) and the blocks the tiers hold past the look-up's GPU hit."""
-        lo, held = match.gpu, match.held
-
-        def present(g: int, i: int) -> bool:
-            return i < h or (lo <= i < lo + len(held[g]) and held[g][i - lo] >= 0)
-
-        return hybrid_hit(self._kinds, self.manager.block_size, cap, present)
-
-    def _needed(self, h: int, end: int, match: _Match) -> list[tuple[int, int, int]]:
-        """`(position, group, tier)` of each block a hit of `end` needs past the GPU hit
-        `h`, in table order (position by position, then group by group)."""
-        bs: int = self.manager.block_size
-        firsts = [first_needed(k, end, bs) for k in self._kinds]
-        lo, held = match.gpu, match.held
-        return [
-            (i, x, held[x][i - lo]) for i in range(h, end) for x, a in enumerate(firsts) if i >= a
-        ]
-
-    def _shares(self, h: int, end: int, needed: Sequence[tuple[int, int, Any]]) -> list[int]:
-        """Tokens of `h .. end` per tier: a position counts for the tier of its first entry
-        (one no group needs an entry of, a chunk boundary's, for the first tier)."""
-        bs: int = self.manager.block_size
-        first: dict[int, int] = {}
-        for i, _, t in needed:
-            first.setdefault(i, t)
-        shares = [0] * len(self.stores)
-        for i in range(h, end):
-            shares[first.get(i, 0)] += bs
-        return shares
+        held = find_held(self.stores, self._kinds, digests, gpu, cap, bs)
+        return Match(self._kinds, bs, gpu, digests, cap, held)
 
     def lookup(
         self, token_ids: Any, *, cache_salt: str | bytes | None = None, lora_id: int | None = None
@@ -464,8 +393,8 @@ class TieredCache:
         """`(gpu hit tokens, tokens each tier would add)`; changes nothing."""
         bs: int = self.manager.block_size
         match = self._match(token_ids, cache_salt, lora_id)
-        end = self._hit(match.gpu, match, match.cap)
-        shares = self._shares(match.gpu, end, self._needed(match.gpu, end, match))
+        end = match.hit(match.gpu, match.cap)
+        shares = match.shares(len(self.stores), match.gpu, end, match.needed(match.gpu, end))
         return match.gpu * bs, tuple(shares)
 
     def allocate(
@@ -486,9 +415,9 @@ class TieredCache:
         it registered stays cached) before the exception propagates."""
         bs: int = self.manager.block_size
         n = len(token_ids)
-        k = n if num_new_tokens is None else _tokens_arg(num_new_tokens, n)
+        k = n if num_new_tokens is None else tokens_arg(num_new_tokens, n)
         match = self._match(token_ids, cache_salt, lora_id)
-        end = self._hit(match.gpu, match, match.cap)
+        end = match.hit(match.gpu, match.cap)
         new = min((end - match.gpu) * bs + k, n - match.gpu * bs)
         evicted: Evicted = []
         try:
@@ -513,7 +442,7 @@ class TieredCache:
             self._undo(seq_id, hit, exc)
             raise
 
-    def _plan(self, seq_id: int, hit: int, match: _Match) -> TierAllocation:
+    def _plan(self, seq_id: int, hit: int, match: Match) -> TierAllocation:
         """The load plan of a sequence the manager just allocated with GPU hit `hit`."""
         bs: int = self.manager.block_size
         if self.manager.block_hashes(seq_id)[: len(match.digests)] != match.digests:
@@ -524,9 +453,9 @@ class TieredCache:
         # Another thread may have cached more (or fewer) blocks since the look-up: the hit
         # is found again from where this GPU hit ends, within what the call scheduled.
         cap = min(match.cap, self.manager.num_scheduled_tokens(seq_id) // bs)
-        end = self._hit(h, match, cap)
+        end = match.hit(h, cap)
         tables = [self.manager.block_table(seq_id, group=x) for x in range(self._groups)]
-        needed = self._needed(h, end, match)
+        needed = match.needed(h, end)
         plan: list[tuple[int, TierKey, int]] = []
         positions: list[int] = []
         for i, x, t in needed:
@@ -549,7 +478,7 @@ class TieredCache:
             tuple((h, max(h, min(first_needed(k, end, bs), end))) for k in self._kinds),
             self.manager,
         )
-        shares = self._shares(h, end, needed)
+        shares = match.shares(len(self.stores), h, end, needed)
         return TierAllocation(seq_id, hit, tuple(shares), tuple(plan), tuple(positions))
 
     def _undo(self, seq_id: int, computed: int, exc: BaseException) -> None:
@@ -560,7 +489,7 @@ class TieredCache:
         try:
             self.manager.free(seq_id, num_computed_tokens=computed)
         except BaseException as failed:
-            _note(exc, f"and freeing sequence {seq_id} after it raised", failed)
+            note(exc, f"and freeing sequence {seq_id} after it raised", failed)
 
     def load(self, alloc: TierAllocation) -> int:
         """Copy the plan's tier entries into their GPU blocks, in order, stopping at the
@@ -602,7 +531,7 @@ class TieredCache:
         if self.pool is not None:
             copy_in(self.pool, [b for _, (b, _, _) in write], [d for _, (_, d, _) in write])
         needed = [(i, k.group, t) for (t, k, _), i in zip(alloc.plan, alloc.positions, strict=True)]
-        per_tier = self._shares(h, served, needed)
+        per_tier = shares(bs, len(self.stores), h, served, needed)
         with self._lock:
             for t, tokens in enumerate(per_tier):
                 self._stats.tier_hit_tokens[t] += tokens

@@ -19,6 +19,7 @@ of those is missing.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from pagedkv.groups import KVCacheGroup
 from pagedkv.tiers.base import TierKey, TierStore
@@ -138,4 +139,65 @@ def find_held(
     return held
 
 
-__all__ = ["PLAIN", "find_held", "first_needed", "hybrid_hit", "present_each"]
+def shares(
+    block_size: int, num_stores: int, h: int, end: int, needed: Sequence[tuple[int, int, int]]
+) -> list[int]:
+    """Tokens of blocks `h .. end` per store: a position counts for the store of its first
+    entry in `needed` (`(position, group, store)`); one no group needs an entry of (a chunk
+    boundary's) for the first store."""
+    first: dict[int, int] = {}
+    for i, _, t in needed:
+        first.setdefault(i, t)
+    out = [0] * num_stores
+    for i in range(h, end):
+        out[first.get(i, 0)] += block_size
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """A prompt's look-up: the groups and block size, the GPU hit (blocks), the digests, the
+    cap of a hit (blocks) and `held[g][i - gpu]`, the store that holds block `i` of group `g`
+    (-1: none; `find_held`)."""
+
+    kinds: Sequence[KVCacheGroup]
+    block_size: int
+    gpu: int
+    digests: list[bytes]
+    cap: int
+    held: list[list[int]]
+
+    def hit(self, h: int, cap: int) -> int:
+        """The longest hit (blocks, `<= cap`) the hybrid rule finds over the blocks of a GPU
+        hit of `h` and the blocks the stores hold past the look-up's GPU hit."""
+        lo, held = self.gpu, self.held
+
+        def present(g: int, i: int) -> bool:
+            return i < h or (lo <= i < lo + len(held[g]) and held[g][i - lo] >= 0)
+
+        return hybrid_hit(self.kinds, self.block_size, cap, present)
+
+    def needed(self, h: int, end: int) -> list[tuple[int, int, int]]:
+        """`(position, group, store)` of each block a hit of `end` needs past a GPU hit of
+        `h`, in table order (position by position, then group by group)."""
+        firsts = [first_needed(k, end, self.block_size) for k in self.kinds]
+        lo, held = self.gpu, self.held
+        return [
+            (i, x, held[x][i - lo]) for i in range(h, end) for x, a in enumerate(firsts) if i >= a
+        ]
+
+    def shares(
+        self, num_stores: int, h: int, end: int, needed: Sequence[tuple[int, int, int]]
+    ) -> list[int]:
+        return shares(self.block_size, num_stores, h, end, needed)
+
+
+__all__ = [
+    "PLAIN",
+    "Match",
+    "find_held",
+    "first_needed",
+    "hybrid_hit",
+    "present_each",
+    "shares",
+]
