@@ -175,6 +175,13 @@ def test_count_present_prefix_and_batches(server):
     before = exists_calls()
     assert one_batch.count_present(keys) == 6
     assert exists_calls() - before == 12
+    # Key by key, holes included (a window group's blocks need not be a leading run): every
+    # key asked, in batches, none skipped after the hole.
+    before = exists_calls()
+    assert tier.present_each(keys) == [i != 6 for i in range(12)]
+    assert exists_calls() - before == 12
+    assert tier.present_each([]) == []
+    assert tier.present_each([TierKey(1, keys[0].digest), keys[0]]) == [False, True]
 
 
 def test_discard_and_drain_removed(server):
@@ -654,6 +661,9 @@ def test_cluster_round_trip_spreads_keys(cluster):
         stats = [n.client().info("commandstats") for n in cluster.nodes]
         return sum(int(s.get("cmdstat_exists", {}).get("calls", 0)) for s in stats)
 
+    assert (
+        tier.present_each([*keys[:5], tkey(999), *keys[5:10]]) == [True] * 5 + [False] + [True] * 5
+    )
     before = exists_calls()
     assert tier.count_present(keys) == 300
     assert tier.count_present([*keys[:120], tkey(999), *keys[120:]]) == 120
@@ -700,6 +710,9 @@ def test_cluster_node_killed_only_its_keys_miss(cluster):
             slowest = max(slowest, dt)
         got, dt = timed(tier.count_present, keys)
         assert got == owners.index(dead)
+        slowest = max(slowest, dt)
+        got, dt = timed(tier.present_each, keys)
+        assert got == [o != dead for o in owners]  # the other nodes' keys still answer
         slowest = max(slowest, dt)
         alive = [k for k, o in zip(keys, owners, strict=True) if o != dead]
         assert tier.count_present(alive) == len(alive)
