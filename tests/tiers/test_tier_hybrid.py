@@ -211,7 +211,21 @@ def test_the_rule_is_the_reference_models(seed: int) -> None:
         def present(g: int, i: int, held: set[tuple[int, int]] = held) -> bool:
             return (g, i) in held
 
-        assert hybrid_hit(groups, BS, cap, present) == reference_hit(groups, BS, cap, present)
+        want = reference_hit(groups, BS, cap, present)
+        assert hybrid_hit(groups, BS, cap, present) == want
+        # Blocks before `known` held in every group (a GPU hit's): asked only from there.
+        known = rng.randrange(0, cap + 1)
+
+        def above(g: int, i: int, held: set[tuple[int, int]] = held, known: int = known) -> bool:
+            assert i >= known, "asked about a block the GPU hit holds"
+            return (g, i) in held
+
+        def whole(g: int, i: int, held: set[tuple[int, int]] = held, known: int = known) -> bool:
+            return i < known or (g, i) in held
+
+        assert hybrid_hit(groups, BS, cap, above, known=known) == reference_hit(
+            groups, BS, cap, whole
+        )
 
 
 class Counting(HostTier):

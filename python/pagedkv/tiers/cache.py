@@ -68,9 +68,10 @@ Pairs = list[tuple[int, int]] | None
 @dataclass(frozen=True, slots=True)
 class TierAllocation:
     """What `TieredCache.allocate` did: the GPU hit, each tier's share of the hit (tokens,
-    in tier order) and the load plan `(tier index, key, GPU block)`, in table order
-    (position by position, then group by group); `positions[j]` is the block position of
-    `plan[j]`."""
+    in tier order) and the load plan `(tier index, key, GPU block)` of the entries the hit
+    needs past the GPU hit (every group's by the hybrid rule: a window's last blocks only),
+    in table order (position by position, then group by group); `positions[j]` is the block
+    position of `plan[j]`."""
 
     seq_id: int
     gpu_hit_tokens: int
@@ -459,7 +460,8 @@ class TieredCache:
         plan: list[tuple[int, TierKey, int]] = []
         positions: list[int] = []
         for i, x, t in needed:
-            assert t >= 0 and not (self._null_block and tables[x][i] == 0), (i, x, t)
+            if t < 0 or (self._null_block and tables[x][i] == 0):  # the rule guarantees both
+                raise RuntimeError(f"pagedkv.tiers: no entry to load for group {x} block {i}")
             plan.append((t, TierKey(x, match.digests[i]), tables[x][i]))
             positions.append(i)
         # The entries of `h .. end` no group needs for this hit (a window's blocks before
@@ -524,7 +526,7 @@ class TieredCache:
             got[(key.group, i)] = (block, data, t)
         served = end
         if stop < end:  # the hit the blocks read still give (a window needs its last ones)
-            served = hybrid_hit(self._kinds, bs, stop, lambda g, i: i < h or (g, i) in got)
+            served = hybrid_hit(self._kinds, bs, stop, lambda g, i: (g, i) in got, known=h)
         if served < end:  # the step computes the blocks from `served` on
             self._stale.clip(alloc.seq_id, served)
         write = [(i, v) for (_, i), v in got.items() if i < served]

@@ -39,22 +39,26 @@ def hybrid_hit(
     block_size: int,
     cap: int,
     present: Callable[[int, int], bool],
+    known: int = 0,
 ) -> int:
     """The largest `L <= cap` (blocks) every group can serve, where `present(g, i)` says
-    whether block `i` of group `g` is held. Full groups need their leading run; each other
-    group then lowers `L` to the largest length it serves, in turn, until none lowers it."""
+    whether block `i` of group `g` is held (asked only from block `known` on: the blocks
+    before it are held in every group, a GPU hit's). Full groups need their leading run;
+    each other group then lowers `L` to the largest length it serves, in turn, until none
+    lowers it."""
     length = cap
+    known = min(known, cap)
     for g, group in enumerate(groups):
         if group.kind == "full":
-            length = next((i for i in range(length) if not present(g, i)), length)
+            length = next((i for i in range(known, length) if not present(g, i)), length)
     # runs[g][i]: how many consecutive held blocks end at block i (the other groups').
     runs: list[list[int] | None] = []
     for g, group in enumerate(groups):
         if group.kind == "full":
             runs.append(None)
             continue
-        run: list[int] = []
-        for i in range(length):
+        run = list(range(1, min(known, length) + 1))
+        for i in range(len(run), length):
             run.append((run[-1] if run else 0) + 1 if present(g, i) else 0)
         runs.append(run)
     while True:
@@ -145,12 +149,13 @@ def shares(
     """Tokens of blocks `h .. end` per store: a position counts for the store of its first
     entry in `needed` (`(position, group, store)`); one no group needs an entry of (a chunk
     boundary's) for the first store."""
-    first: dict[int, int] = {}
-    for i, _, t in needed:
-        first.setdefault(i, t)
     out = [0] * num_stores
-    for i in range(h, end):
-        out[first.get(i, 0)] += block_size
+    last, counted = -1, 0
+    for i, _, t in needed:
+        if i != last and h <= i < end:
+            out[t] += block_size
+            last, counted = i, counted + 1
+    out[0] += (end - h - counted) * block_size if end > h else 0
     return out
 
 
@@ -171,11 +176,21 @@ class Match:
         """The longest hit (blocks, `<= cap`) the hybrid rule finds over the blocks of a GPU
         hit of `h` and the blocks the stores hold past the look-up's GPU hit."""
         lo, held = self.gpu, self.held
+        if all(k.kind == "full" for k in self.kinds):  # the leading runs, at C speed
+            if h < lo or h >= cap:
+                return min(h, cap)
+            ends = []
+            for row in held:
+                try:
+                    ends.append(lo + row.index(-1, h - lo, cap - lo))
+                except ValueError:
+                    ends.append(cap)
+            return min(ends)
 
         def present(g: int, i: int) -> bool:
             return i < h or (lo <= i < lo + len(held[g]) and held[g][i - lo] >= 0)
 
-        return hybrid_hit(self.kinds, self.block_size, cap, present)
+        return hybrid_hit(self.kinds, self.block_size, cap, present, known=h)
 
     def needed(self, h: int, end: int) -> list[tuple[int, int, int]]:
         """`(position, group, store)` of each block a hit of `end` needs past a GPU hit of
