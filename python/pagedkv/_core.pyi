@@ -277,6 +277,18 @@ class BlockManager:
     @property
     def eviction(self) -> _Eviction:
         """The eviction policy the manager was built with (`eviction=`)."""
+    @property
+    def hash_algo(self) -> str:
+        """The chain hash the manager was built with (`hash_algo=`)."""
+    @property
+    def hash_seed(self) -> int:
+        """The seed of the chain hash (`hash_seed=`)."""
+    @property
+    def enable_prefix_caching(self) -> bool:
+        """Whether full blocks are registered in the prefix cache."""
+    @property
+    def groups(self) -> tuple[KVCacheGroup, ...] | None:
+        """The `groups=` as `KVCacheGroup`s of their kinds and sizes, or None."""
 
     # -- cache, statistics, events, audit ---------------------------------------------------
     def stats(self) -> Stats: ...

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Literal, Protocol, TypeAlias
 
 from pagedkv.errors import InvalidArgumentError
 
@@ -70,6 +71,22 @@ class KVCacheGroup:
         return 0
 
 
+class HasKind(Protocol):
+    """A group, or anything that names its kind (a manager's `GroupStats`)."""
+
+    @property
+    def kind(self) -> str: ...
+
+
+def has_null_block(groups: Iterable[HasKind] | None) -> bool:
+    """Whether block 0 is the null block of a manager (and of its pool) with these groups:
+    exactly when some group is not full attention, so that a table entry can stand for a
+    block the group no longer needs. Without groups, or with full-attention groups only,
+    block 0 is an ordinary block. The one rule the manager (`BlockManager.groups`), the pool,
+    the tiers and the kernels' checks share (docs/semantics.md, "No null block")."""
+    return groups is not None and any(g.kind != "full" for g in groups)
+
+
 def check_groups(groups: object, block_size: int) -> tuple[KVCacheGroup, ...]:
     """The validated group list of a manager with this block size."""
     if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):
@@ -100,4 +117,4 @@ def check_groups(groups: object, block_size: int) -> tuple[KVCacheGroup, ...]:
     return out
 
 
-__all__ = ["KINDS", "MAX_GROUPS", "GroupKind", "KVCacheGroup", "check_groups"]
+__all__ = ["KINDS", "MAX_GROUPS", "GroupKind", "KVCacheGroup", "check_groups", "has_null_block"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from pagedkv.groups import has_null_block
+
 
 @dataclass(frozen=True, slots=True)
 class GroupStats:
@@ -49,7 +51,7 @@ class Stats:
     def usage(self) -> float:
         """Fraction of usable GPU blocks held by sequences (cached blocks are not in use);
         with a group that is not full attention, block 0 is the null block and not usable."""
-        usable = self.num_blocks - (1 if any(g.kind != "full" for g in self.groups) else 0)
+        usable = self.num_blocks - has_null_block(self.groups)
         return self.used_blocks / usable if usable > 0 else 0.0
 
     @property

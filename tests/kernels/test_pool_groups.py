@@ -176,6 +176,49 @@ def test_slots_in_the_null_block_are_skipped(where):
 
 
 @pytest.mark.parametrize("where", ["cpu", "host"])
+@pytest.mark.parametrize("layout", ["full", "full+full"])
+def test_block_0_is_a_block_when_every_group_is_full_attention(where, layout):
+    """Issue 32, item 2: with `groups=[full]` or `[full, full]` the manager has no null
+    block and hands out block 0 (`pagedkv.groups.has_null_block`, its rule), so the pool's
+    block 0 is a block like any other: writes to it read back (they were dropped, zeros
+    read back), it is gathered and attended to, copied and swapped. The launcher's write
+    kernel gets no null block to skip either (first_slot 0)."""
+    from pagedkv import BlockManager
+
+    if layout == "full":
+        groups, lg = [KVCacheGroup("full", num_layers=4)], [0] * 4
+    else:
+        groups, lg = [FULL2, FULL2], [0, 1, 0, 1]
+    pool = make(where, groups=groups, layer_groups=lg)
+    m = BlockManager(12, BS, groups=groups)
+    assert m.allocate(0, list(range(3 * BS))) == 0
+    assert m.block_table(0) == [0, 1, 2], "the manager hands out block 0"
+    k, v = kv(3 * BS, seed=5)
+    for layer in range(4):
+        g = lg[layer]
+        slots = m.slot_mapping([0], 3 * BS, group=g)
+        pool.write(layer, k, v, slots, group=g)
+        assert torch.equal(pool.key(layer)[0], k[:BS]) and torch.equal(pool.value(layer)[0], v[:BS])
+        gk, gv = pool.gather(
+            layer, np.array([m.block_table(0, group=g)]), np.array([0, 3 * BS]), group=g
+        )
+        assert torch.equal(gk, k) and torch.equal(gv, v)
+    q = torch.randn((1, 1, 64), generator=torch.Generator().manual_seed(2))
+    table = np.array([m.block_table(0)], dtype=np.int32)
+    out = paged_decode_attention(q, pool, 0, table, np.array([3 * BS]), group=0)
+    scores = (k[:, 0] @ q[0, 0]) / 8.0
+    want = torch.softmax(scores, 0) @ v[:, 0]
+    assert torch.allclose(out[0, 0], want, atol=1e-5)
+    pool.copy_blocks(np.array([[0, 7]]))
+    assert torch.equal(pool.buffer[:, :, 7], pool.buffer[:, :, 0])
+    swap = pool.swap_pool(2)
+    swap_blocks(pool, swap, np.array([[0, 1]]))
+    pool.buffer[:, :, 0] = 0.0
+    swap_blocks(swap, pool, np.array([[1, 0]]))
+    assert torch.equal(pool.buffer[:, :, 0], pool.buffer[:, :, 7])
+
+
+@pytest.mark.parametrize("where", ["cpu", "host"])
 def test_gather_with_null_entries(where):
     """A full layer's table never holds the null block where it is read; a window layer's
     rows in released (null) entries come back as zeros (nothing writes block 0)."""

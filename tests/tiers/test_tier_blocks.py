@@ -86,6 +86,10 @@ def test_bad_batches_raise_and_change_nothing() -> None:
     with pytest.raises(InvalidArgumentError, match="bytes"):
         copy_in(pool, [3, 4], [one, one[:-2]])
     assert torch.equal(pool.buffer, before)
+    hybrid = [  # layers 0 and 2 full, layer 1 a window
+        KVCacheGroup("full", num_layers=2),
+        KVCacheGroup("sliding_window", window=2 * BS, num_layers=1),
+    ]
     grouped = KVCachePool(
         LAYERS,
         6,
@@ -94,13 +98,40 @@ def test_bad_batches_raise_and_change_nothing() -> None:
         DIM,
         dtype="bfloat16",
         device="cpu",
-        groups=[KVCacheGroup("full", num_layers=LAYERS)],
-        layer_groups=[0] * LAYERS,
+        groups=hybrid,
+        layer_groups=[0, 1, 0],
     )
     with pytest.raises(InvalidArgumentError, match="null block"):
         copy_out(grouped, [0, 1])
     with pytest.raises(InvalidArgumentError, match="null block"):
         copy_in(grouped, [0], [bytes(block_nbytes(grouped))])
+
+
+def test_block_0_of_a_pool_of_full_attention_groups_is_a_block() -> None:
+    """With `groups=[full]` or `[full, full]` the manager has no null block and hands out
+    block 0, so block 0 moves like any other (it raised as the null block before)."""
+    for groups in (
+        [KVCacheGroup("full", num_layers=LAYERS)],
+        [KVCacheGroup("full", num_layers=2), KVCacheGroup("full", num_layers=1)],
+    ):
+        pool = KVCachePool(
+            LAYERS,
+            6,
+            BS,
+            HEADS,
+            DIM,
+            dtype="bfloat16",
+            device="cpu",
+            groups=groups,
+            layer_groups=[i % len(groups) for i in range(LAYERS)],
+        )
+        assert not pool.null_block
+        pool.buffer.normal_()
+        data = bytes(copy_out(pool, [0]).block(0))
+        copy_in(pool, [0], [bytes(copy_out(pool, [3]).block(0))])
+        assert torch.equal(pool.buffer[:, :, 0], pool.buffer[:, :, 3])
+        copy_in(pool, [0], [data])
+        assert bytes(copy_out(pool, [0]).block(0)) == data
 
 
 def test_the_copy_is_a_snapshot_taken_before_later_writes(device: str) -> None:

@@ -14,6 +14,8 @@ the blocks copied out (the old `demote()` ran at some later point, such as the n
 `test_the_old_deferred_demotion_fails_the_same_check` replays that order (a `TieredCache`
 whose duties are deferred to the next `allocate`) and shows the byte checks of (a) catch
 it.
+
+The pool is the numpy `HostKVPool` (the tiers need no torch, so neither do these tests).
 """
 
 from __future__ import annotations
@@ -25,14 +27,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-
-from pagedkv import BlockManager, KVCacheGroup, hash_blocks  # noqa: E402
-from pagedkv.device.pool import KVCachePool  # noqa: E402
-from pagedkv.tiers import Namespace, TierKey  # noqa: E402
-from pagedkv.tiers.blocks import block_nbytes  # noqa: E402
-from pagedkv.tiers.cache import Evicted, TierAllocation, TieredCache  # noqa: E402
-from pagedkv.tiers.host import HostTier  # noqa: E402
+from pagedkv import BlockManager, KVCacheGroup, hash_blocks
+from pagedkv.tiers import Namespace, TierKey
+from pagedkv.tiers.blocks import block_nbytes
+from pagedkv.tiers.cache import Evicted, TierAllocation, TieredCache
+from pagedkv.tiers.host import HostTier
+from pagedkv.tiers.host_pool import HostKVPool, swap_host_blocks
 
 LAYERS, HEADS, DIM, BS = 2, 2, 8, 4
 NS = Namespace("duties-model", f"{LAYERS}x{HEADS}x{DIM}", "float16", BS)
@@ -56,7 +56,11 @@ def _groups(m: Any) -> int:
     return int(m.num_groups)
 
 
-def _write(m: Any, pool: KVCachePool, sid: int, tokens: list[int], start: int, end: int) -> None:
+def _pool(blocks: int, *, layers: int = LAYERS, groups: Any = None) -> HostKVPool:
+    return HostKVPool(layers, blocks, BS, HEADS, DIM, "float16", groups=groups)
+
+
+def _write(m: Any, pool: HostKVPool, sid: int, tokens: list[int], start: int, end: int) -> None:
     """The step: compute (write) the KV of positions `start .. end` of `sid`, every group."""
     rows = pool.buffer.shape[0]
     for g in range(_groups(m)):
@@ -64,19 +68,21 @@ def _write(m: Any, pool: KVCachePool, sid: int, tokens: list[int], start: int, e
         for p in range(start, end):
             b = table[p // BS]
             if not (pool.null_block and b == 0):
-                pool.buffer[:, :, b, p % BS] = torch.from_numpy(_kv(tokens[: p + 1], rows, g))
+                pool.buffer[:, :, b, p % BS] = _kv(tokens[: p + 1], rows, g)
 
 
-def _check(m: Any, pool: KVCachePool, sid: int, tokens: list[int], upto: int) -> None:
-    """Positions below `upto` hold their own prefix's KV in every group's (non-null) block."""
+def _check(m: Any, pool: HostKVPool, sid: int, tokens: list[int], upto: int) -> None:
+    """Positions below `upto` hold their own prefix's KV in every group's (non-null) block
+    that the group still needs at `upto` (a window's blocks before it are not read)."""
     rows = pool.buffer.shape[0]
+    kinds = m.groups or [KVCacheGroup("full")]
     for g in range(_groups(m)):
         table = m.block_table(sid, group=g)
-        for p in range(upto):
+        for p in range(kinds[g].skipped_tokens(upto) // BS * BS, upto):
             b = table[p // BS]
             if pool.null_block and b == 0:
                 continue
-            got = pool.buffer[:, :, b, p % BS].numpy()
+            got = pool.buffer[:, :, b, p % BS]
             want = _kv(tokens[: p + 1], rows, g)
             np.testing.assert_array_equal(got, want, err_msg=f"seq {sid} group {g} pos {p}")
 
@@ -118,7 +124,7 @@ def _scenario(cls: type[TieredCache]) -> None:
     """(a): prompt P cached; `extend` of sequence Q evicts P's blocks and Q's step writes its
     KV into them; P allocated again loads from the tier: it must get P's KV."""
     m = BlockManager(8, BS, record_evictions=True)
-    pool = KVCachePool(LAYERS, 8, BS, HEADS, DIM, dtype="float16", device="cpu")
+    pool = _pool(8)
     store = HostTier(1 << 20, NS)
     tc = cls(m, pool, [store])
     prompt = [7, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2]  # 4 full blocks and 1
@@ -168,7 +174,7 @@ def test_eight_threads_share_a_pool_and_load_only_their_own_kv() -> None:
     time; every loaded block and every tier entry must hold the KV of its own prefix."""
     blocks = 64  # 8 threads hold at most 6 blocks each: every wait for room ends
     m = BlockManager(blocks, BS, record_evictions=True)
-    pool = KVCachePool(LAYERS, blocks, BS, HEADS, DIM, dtype="float16", device="cpu")
+    pool = _pool(blocks)
     store = HostTier(400 * block_nbytes(pool), NS)
     tc = TieredCache(m, pool, [store], workers=2)
     errors: list[BaseException] = []
@@ -234,9 +240,7 @@ def test_tiers_with_kv_cache_groups_round_trip_every_group() -> None:
     allocated again loads each group's blocks with that group's KV."""
     blocks = 24
     m = BlockManager(blocks, BS, record_evictions=True, groups=GROUPS)
-    pool = KVCachePool(
-        2, blocks, BS, HEADS, DIM, dtype="float16", device="cpu", groups=GROUPS, layer_groups=[0, 1]
-    )
+    pool = _pool(blocks, layers=2, groups=GROUPS)
     rows = pool.buffer.shape[0]
     store = HostTier(1 << 20, NS)
     tc = TieredCache(m, pool, [store])
@@ -316,7 +320,7 @@ def test_every_block_taking_call_demotes_its_own_evictions(op: str) -> None:
     before returning: the tier then holds the evicted prompt's own KV, whatever Q's step
     writes next."""
     m = BlockManager(8, BS, record_evictions=True, num_cpu_blocks=8)
-    pool = KVCachePool(LAYERS, 8, BS, HEADS, DIM, dtype="float16", device="cpu")
+    pool = _pool(8)
     swap = pool.swap_pool(8)
     store = HostTier(1 << 20, NS)
     tc = TieredCache(m, pool, [store])
@@ -342,18 +346,42 @@ def test_every_block_taking_call_demotes_its_own_evictions(op: str) -> None:
         tc.fork(2, 3)
         assert tc.truncate(3, 14) is not None  # block 3, shared and hashed, copied
     else:
-        from pagedkv.device.pool import swap_blocks
-
         m.free(2)
         pairs = tc.swap_out(1)
         assert pairs is not None
-        swap_blocks(pool, swap, np.asarray(pairs, dtype=np.int64))
+        swap_host_blocks(pool, swap, np.asarray(pairs, dtype=np.int64))
         back = tc.swap_in(1)  # 4 GPU blocks: the free ones first, then evictions
         assert back is not None
-        swap_blocks(swap, pool, np.asarray(back, dtype=np.int64))
+        swap_host_blocks(swap, pool, np.asarray(back, dtype=np.int64))
     s = tc.stats()
     assert s.blocks_demoted == m.stats().evictions > 0, op
-    pool.buffer.fill_(0)  # the step overwrites every block now: the copies are already out
+    pool.buffer.fill(0)  # the step overwrites every block now: the copies are already out
     tc.flush()
     assert _check_store(store, prompt, LAYERS) == s.blocks_demoted
     tc.close()
+
+
+def test_these_checks_run_without_torch() -> None:
+    """The tiers need no torch, so these tests must not either (they skipped without it):
+    two of them, run in a process where `import torch` fails."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import test_tier_duties as t\n"
+        "t.test_extend_evicting_a_cached_prompt_keeps_its_own_kv()\n"
+        "t.test_tiers_with_kv_cache_groups_round_trip_every_group()\n"
+        "assert 'torch' not in {m.split('.')[0] for m in sys.modules if sys.modules[m]}\n"
+    )
+    here = str(Path(__file__).parent)
+    env_path = [here, *sys.path]
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PYTHONPATH": ":".join(p for p in env_path if p), "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -22,7 +22,7 @@ import pytest
 
 from pagedkv.tiers import Namespace, TierKey, decode_entry, encode_entry
 from pagedkv.tiers.codec import LZ4, RAW, SHUFFLE_LZ4, Lz4Codec, ShuffleLz4Codec
-from pagedkv.tiers.entry import Entry
+from pagedkv.tiers.entry import Entry, key_ident
 from pagedkv.tiers.remote import RemoteTier
 from redis_fixtures import (
     Cluster,
@@ -117,8 +117,9 @@ def test_round_trip_and_key_layout(server):
 
     raw = server.client()
     for k in keys:
-        name = f"pagedkv:{NS.ident().hex()}:{k.group}:{k.digest.hex()}"
+        name = f"pagedkv:{key_ident(NS, SECRET).hex()}:{k.group}:{k.digest.hex()}"
         assert tier.key_name(k) == name
+        assert NS.ident().hex() not in name  # the key's namespace part is keyed by the secret
         assert "{" not in name  # no hash tag (docs/tiers.md, "Remote tier")
         entry = decode_entry(raw.get(name), NS.ident(), k.group, k.digest, secret=SECRET)
         assert entry.codec == 0
@@ -174,6 +175,13 @@ def test_count_present_prefix_and_batches(server):
     before = exists_calls()
     assert one_batch.count_present(keys) == 6
     assert exists_calls() - before == 12
+    # Key by key, holes included (a window group's blocks need not be a leading run): every
+    # key asked, in batches, none skipped after the hole.
+    before = exists_calls()
+    assert tier.present_each(keys) == [i != 6 for i in range(12)]
+    assert exists_calls() - before == 12
+    assert tier.present_each([]) == []
+    assert tier.present_each([TierKey(1, keys[0].digest), keys[0]]) == [False, True]
 
 
 def test_discard_and_drain_removed(server):
@@ -270,22 +278,43 @@ def test_forged_and_old_format_values_are_misses(server):
 
 
 def test_secrets_across_nodes(server):
-    """Nodes given one secret hit each other's blocks; a node with another secret misses
-    all of them (and its own entries miss for the others), though it can overwrite them."""
+    """Nodes given one secret hit each other's blocks; a node with another secret neither
+    sees theirs (its presence checks say absent, as its gets do) nor they its own, and its
+    puts go under other keys, so they cannot overwrite the others' entries."""
     a = RemoteTier(server.url, NS, secret=SECRET)
     b = RemoteTier(server.url, NS, secret=bytearray(SECRET))
     c = RemoteTier(server.url, NS, secret=b"a-different-secret-0123456789")
     k1, k2 = tkey(1), tkey(2)
     assert a.put(k1, block(1))
-    assert b.get(k1) == block(1)
+    assert b.count_present([k1]) == 1 and b.get(k1) == block(1)
+    assert c.count_present([k1]) == 0 and c.present_each([k1]) == [False]
     assert c.get(k1) is None
     assert c.put(k2, block(2))
+    assert a.count_present([k2]) == 0 and b.present_each([k1, k2]) == [True, False]
     assert a.get(k2) is None and b.get(k2) is None
     assert c.get(k2) == block(2)
-    assert c.put(k1, block(9))  # a writer with another secret can evict: a denial, no forgery
-    assert a.get(k1) is None and b.get(k1) is None
-    assert (a.stats().corrupt, b.stats().corrupt, c.stats().corrupt) == (2, 2, 1)
-    assert (a.stats().hits, b.stats().hits, c.stats().hits) == (0, 1, 1)
+    assert c.put(k1, block(9))  # its own key: the others' entry stays
+    assert a.get(k1) == block(1) and c.get(k1) == block(9)
+    assert (a.stats().corrupt, b.stats().corrupt, c.stats().corrupt) == (0, 0, 0)
+    assert (a.stats().hits, b.stats().hits, c.stats().hits) == (1, 1, 2)
+    assert server.client().dbsize() == 3
+
+
+def test_presence_checks_what_a_get_would_accept(server):
+    """Item 13 of issue 32: the presence check counted an entry made under another secret
+    as present (EXISTS of the shared key), and the load then missed. Every present answer
+    for another secret's entries is now an absent one, with the gets agreeing, key by key
+    and as a leading run; an entry of our own secret stays present."""
+    mine = RemoteTier(server.url, NS, secret=SECRET)
+    theirs = RemoteTier(server.url, NS, secret=b"a-different-secret-0123456789")
+    keys = [tkey(i) for i in range(6)]
+    for i, k in enumerate(keys):
+        assert theirs.put(k, block(i))
+    assert mine.put(keys[3], block(3))
+    assert mine.count_present(keys) == 0
+    assert mine.present_each(keys) == [k == keys[3] for k in keys]
+    assert [mine.get(k) is not None for k in keys] == mine.present_each(keys)
+    assert theirs.count_present(keys) == len(keys)
 
 
 def test_secret_is_required_and_checked(server):
@@ -632,6 +661,9 @@ def test_cluster_round_trip_spreads_keys(cluster):
         stats = [n.client().info("commandstats") for n in cluster.nodes]
         return sum(int(s.get("cmdstat_exists", {}).get("calls", 0)) for s in stats)
 
+    assert (
+        tier.present_each([*keys[:5], tkey(999), *keys[5:10]]) == [True] * 5 + [False] + [True] * 5
+    )
     before = exists_calls()
     assert tier.count_present(keys) == 300
     assert tier.count_present([*keys[:120], tkey(999), *keys[120:]]) == 120
@@ -678,6 +710,9 @@ def test_cluster_node_killed_only_its_keys_miss(cluster):
             slowest = max(slowest, dt)
         got, dt = timed(tier.count_present, keys)
         assert got == owners.index(dead)
+        slowest = max(slowest, dt)
+        got, dt = timed(tier.present_each, keys)
+        assert got == [o != dead for o in owners]  # the other nodes' keys still answer
         slowest = max(slowest, dt)
         alive = [k for k, o in zip(keys, owners, strict=True) if o != dead]
         assert tier.count_present(alive) == len(alive)
@@ -792,14 +827,14 @@ def test_two_nodes_share_blocks_through_the_server(server):
     assert _admit(b, 0, prompt) == 20
     s = b[2].stats()
     assert (s.tier_hit_tokens, s.blocks_promoted, s.failed_loads) == ([20], 5, 0)
-    # Node C was given another secret: the blocks are present for it, but every entry
-    # fails its MAC, so its load fails and it computes the prompt (checked by _admit).
+    # Node C was given another secret: none of A's blocks is present for it (its keys are
+    # other keys), so it plans no load that would fail, and computes the prompt.
     c = _node(server.url, secret=b"another-trust-domain-secret!")
-    assert c[2].lookup(prompt) == (0, (20,))
+    assert c[2].lookup(prompt) == (0, (0,))
     assert _admit(c, 0, prompt) == 0
     s = c[2].stats()
-    assert (s.tier_hit_tokens, s.blocks_promoted, s.failed_loads) == ([0], 0, 1)
-    assert s.stores[0].corrupt == 1 and s.stores[0].hits == 0
+    assert (s.tier_hit_tokens, s.blocks_promoted, s.failed_loads) == ([0], 0, 0)
+    assert s.stores[0].corrupt == 0 and s.stores[0].gets == 0
     for node in (a, b, c):
         node[2].close()
 

@@ -166,14 +166,15 @@ def test_refuses_what_it_cannot_serve() -> None:
         TieredCache(BlockManager(BLOCKS, BS, record_evictions=True), pool, [])
     with pytest.raises(InvalidArgumentError, match="record_evictions"):
         TieredCache(BlockManager(BLOCKS, BS), pool, [store])
-    with pytest.raises(InvalidArgumentError, match="pool with groups"):
-        grouped = BlockManager(BLOCKS, BS, groups=[KVCacheGroup("full")], record_evictions=True)
+    hybrid = [KVCacheGroup("full"), KVCacheGroup("sliding_window", window=2 * BS)]
+    with pytest.raises(InvalidArgumentError, match="has no null block but the manager has one"):
+        grouped = BlockManager(BLOCKS, BS, groups=hybrid, record_evictions=True)
         TieredCache(grouped, pool, [store])
     with pytest.raises(InvalidArgumentError, match="blocks"):
         TieredCache(BlockManager(BLOCKS + 1, BS, record_evictions=True), pool, [store])
-    m = BlockManager(BLOCKS, BS, record_evictions=True)
-    tc = TieredCache(m, pool, [store], hash_algo="xxh3_128")
-    with pytest.raises(InvalidArgumentError, match="hash"):
-        tc.allocate(0, list(range(9)))
-    assert 0 not in tc.manager, "the allocation was undone"
-    tc.close()
+    with pytest.raises(InvalidArgumentError, match="prefix caching"):
+        m = BlockManager(BLOCKS, BS, record_evictions=True, enable_prefix_caching=False)
+        TieredCache(m, pool, [store])
+    # One full group is the manager without groups: the same blocks, no null block.
+    one = BlockManager(BLOCKS, BS, groups=[KVCacheGroup("full")], record_evictions=True)
+    TieredCache(one, pool, [store]).close()

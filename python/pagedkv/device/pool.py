@@ -22,10 +22,12 @@ stream (attention reading a block) completes before a copy that overwrites it, a
 freed by the manager can be reused by work issued after.
 
 With ``groups=[KVCacheGroup, ...]`` and ``layer_groups=[group of each layer]`` (the
-manager's group list) the layers of different groups share buffer rows, block 0 is the
-null block, every call that takes tables or slots for a layer takes ``group=`` (which must
-be the layer's group), decode attention applies the group's window or chunk, and state
-layers keep a state per block (:mod:`pagedkv.device.pool_groups`, docs/kernels.md).
+manager's group list) the layers of different groups share buffer rows, every call that
+takes tables or slots for a layer takes ``group=`` (which must be the layer's group),
+decode attention applies the group's window or chunk, and state layers keep a state per
+block; block 0 is the null block exactly when the manager has one (some group is not full
+attention: ``pagedkv.groups.has_null_block``), otherwise an ordinary block
+(:mod:`pagedkv.device.pool_groups`, docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from pagedkv.device import kernel_loader as K
 from pagedkv.device import pool_groups as PG
 from pagedkv.device.attention import paged_decode_attention
 from pagedkv.errors import InvalidArgumentError
+from pagedkv.groups import has_null_block
 
 if TYPE_CHECKING:
     import torch
@@ -141,9 +144,10 @@ class KVCachePool:
             self.block_size * self.num_kv_heads * self.head_dim * K.ITEMSIZE[self.dtype_name],
             K.ITEMSIZE[self.state_dtype_name],
         )
-        #: Block 0 is the null block: nothing writes it (a pool with groups; its swap pool
-        #: has no null block, as CPU block ids are all real).
-        self.null_block = self.layout.groups is not None
+        #: Block 0 is the null block, which nothing writes, exactly when the manager has one:
+        #: some group is not full attention (`pagedkv.groups.has_null_block`; its swap pool
+        #: has none, as CPU block ids are all real).
+        self.null_block = has_null_block(self.layout.groups)
         dev = torch.device(device)
         index = cupy_launch.device_index(dev, torch.cuda.current_device)
         if index is not None:
@@ -394,9 +398,9 @@ class KVCachePool:
     ) -> None:
         """Store new tokens' K and V (``[tokens, num_kv_heads, head_dim]``, any token/head
         strides) in their slots (int64 ``slot_mapping``, -1 = skip this token). With groups,
-        ``group`` says whose slot mapping it is (it must be the layer's group), and a slot in
-        the null block (a position the group released: the manager maps it there) is skipped
-        as well: nothing writes the null block."""
+        ``group`` says whose slot mapping it is (it must be the layer's group); in a pool
+        with a null block (``null_block``) a slot in it (a position the group released: the
+        manager maps it there) is skipped as well: nothing writes the null block."""
         layer = self._check_layer(layer)
         self.layout.check_group_arg(layer, group)
         self._kv_layer(layer)

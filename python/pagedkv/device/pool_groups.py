@@ -4,9 +4,11 @@ call passes a layer its own group's tables (docs/kernels.md, "Pools with groups"
 A block id belongs to one group at a time (docs/semantics.md, KV-cache groups), so the
 layers of different groups can share memory, as in vLLM: the j-th layer of every group
 uses buffer row j, and a block's page in row j holds whichever group owns the block now.
-The pool has ``max(layers per group)`` rows instead of one per layer. Block 0 is the null
-block: it sits in every group's tables where the group needs nothing, nothing writes it,
-and attention never reads it.
+The pool has ``max(layers per group)`` rows instead of one per layer. When some group is
+not full attention, block 0 is the null block, as in the manager
+(``pagedkv.groups.has_null_block``): it sits in every group's tables where the group needs
+nothing, nothing writes it, and attention never reads it. With full-attention groups only
+there is none, and block 0 is a block like any other.
 """
 
 from __future__ import annotations

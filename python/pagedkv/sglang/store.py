@@ -40,9 +40,8 @@ from pagedkv.sglang.chain import TierChain
 from pagedkv.sglang.keys import KV_POOL, PageKeys
 from pagedkv.sglang.options import StoreOptions, parse_options
 from pagedkv.tiers.base import TierKey, TierStats, TierStore
-from pagedkv.tiers.codec import codec_by_name
 from pagedkv.tiers.entry import Namespace
-from pagedkv.tiers.host import CompressedHostTier, HostTier
+from pagedkv.tiers.factory import StoreSpec, build_stores
 
 logger = logging.getLogger(__name__)
 
@@ -60,33 +59,20 @@ class _Pool:
 
 
 def _build_stores(opts: StoreOptions, ns: Namespace) -> list[TierStore]:
-    stores: list[TierStore] = []
-    if opts.host_bytes > 0:
-        if opts.codec == "raw":
-            stores.append(HostTier(opts.host_bytes, ns))
-        else:
-            codec = codec_by_name(opts.codec, opts.item_size)
-            stores.append(CompressedHostTier(opts.host_bytes, ns, codec))
-    if opts.redis_url is not None:
-        from pagedkv.tiers.remote import RemoteTier  # redis-py only when a server is named
-
-        assert opts.secret is not None  # parse_options refuses a URL without one
-        stores.append(
-            RemoteTier(
-                opts.redis_url,
-                ns,
-                secret=opts.secret,
-                timeout=opts.timeout,
-                connect_timeout=opts.connect_timeout,
-                retry_after=opts.retry_after,
-                ttl=opts.ttl,
-                cluster=opts.redis_cluster,
-                codec=None
-                if opts.remote_codec == "raw"
-                else codec_by_name(opts.remote_codec, opts.item_size),
-            )
-        )
-    return stores
+    spec = StoreSpec(
+        host_bytes=opts.host_bytes or None,
+        codec=opts.codec,
+        item_size=opts.item_size,
+        redis_url=opts.redis_url,
+        redis_cluster=opts.redis_cluster,
+        remote_codec=opts.remote_codec,
+        secret=opts.secret,
+        timeout=opts.timeout,
+        connect_timeout=opts.connect_timeout,
+        retry_after=opts.retry_after,
+        ttl=opts.ttl,
+    )
+    return build_stores(spec, ns)
 
 
 class PagedKVStore(HiCacheStorage):

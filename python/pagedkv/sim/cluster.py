@@ -122,14 +122,15 @@ def build_stores(options: ClusterOptions, block_size: int) -> list[TierStore]:
         return Namespace("pagedkv-sim-cluster", "origin-node", "uint16", block_size, tenant)
 
     def store(tenant: str, blocks: int | None) -> TierStore:
+        from pagedkv.tiers.factory import StoreSpec, build_stores
+
         if options.remote is not None:
-            from pagedkv.tiers.remote import RemoteTier
-
-            return RemoteTier(options.remote, namespace(tenant), secret=secret, ttl=3600.0)
-        from pagedkv.tiers.host import HostTier
-
-        assert blocks is not None
-        return HostTier(blocks * entry_bytes(), namespace(tenant), secret=secret)
+            spec = StoreSpec(redis_url=options.remote, secret=secret, ttl=3600.0)
+        else:
+            assert blocks is not None
+            spec = StoreSpec(host_bytes=blocks * entry_bytes(), host_secret=secret)
+        (one,) = build_stores(spec, namespace(tenant))
+        return one
 
     if options.tier == "shared":
         one = store(f"cluster-{run}", options.tier_blocks)

@@ -35,6 +35,7 @@ reported in the model's bytes (`bytes_demoted`), and in the data pool's
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -171,9 +172,8 @@ class TierDriver:
         self.workload_tier_hit_tokens = 0  # tier hits of first allocations (workload prompts)
 
     def _stores(self, bs: int) -> list[Any]:
-        from pagedkv.tiers import codec as C
         from pagedkv.tiers.entry import HEADER_BYTES, Namespace
-        from pagedkv.tiers.host import CompressedHostTier, HostTier
+        from pagedkv.tiers.factory import StoreSpec, build_stores
 
         o = self.options
         if not self.real:
@@ -191,29 +191,21 @@ class TierDriver:
             bs,
             tenant=f"run-{uuid.uuid4().hex}",
         )
-        codec = C.codec_by_name(o.compress) if o.compress else None
-        stores: list[Any] = []
-        if o.host_bytes is not None:
-            budget = (o.host_bytes // self.model_block) * (self.data_block + HEADER_BYTES)
-            if codec is None:
-                stores.append(HostTier(budget, ns))
-            else:
-                stores.append(CompressedHostTier(budget, ns, codec))
-        if o.remote is not None:
-            import secrets
-
-            from pagedkv.tiers.remote import RemoteTier
-
-            # The run's own MAC secret, like its namespace: no other run's entry passes.
-            secret = secrets.token_bytes(32)
-            stores.append(
-                RemoteTier(
-                    o.remote, ns, secret=secret, cluster=o.remote_cluster, codec=codec, ttl=3600.0
-                )
-            )
-        if not stores:
+        if o.host_bytes is None and o.remote is None:
             raise ValueError("give --host-tier-bytes or --remote (or both)")
-        return stores
+        host = None
+        if o.host_bytes is not None:
+            host = (o.host_bytes // self.model_block) * (self.data_block + HEADER_BYTES)
+        spec = StoreSpec(
+            host_bytes=host,
+            codec=o.compress or "raw",
+            redis_url=o.remote,
+            redis_cluster=o.remote_cluster,
+            # The run's own MAC secret, like its namespace: no other run's entry passes.
+            secret=secrets.token_bytes(32) if o.remote is not None else None,
+            ttl=3600.0,
+        )
+        return list(build_stores(spec, ns))
 
     # ---- the scheduler's calls ---------------------------------------------------------
 

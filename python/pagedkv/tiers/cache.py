@@ -14,14 +14,24 @@ for a codec or the network. The copies in flight hold at most
 Each tier keeps what its own budget and LRU allow (tiers are inclusive, as LMCache's local
 and remote backends are).
 
-Promotion: `allocate` continues the prefix match below the GPU. Block `i` past the GPU hit
-comes from the first tier that holds blocks up to `i` (each tier answers with the length of
-its leading run; with KV-cache groups, every group's entry of block `i` must be held), and
-the manager schedules those blocks with the rest of the prompt; the returned plan says which
-tier entry goes into which new GPU block. `load` runs it before the
-step reads them and returns how many prompt tokens the engine need not compute: the GPU hit
-plus the loaded blocks up to the first that could not be read (a vanished or damaged entry
-is recomputed by the step, whose KV then lands in the block the manager registered).
+Promotion: `allocate` continues the prefix match below the GPU by the manager's own hybrid
+hit rule (`tiers.promotion`): a hit of `L` blocks needs every block of a full-attention
+group but only a window's (a chunk's) last blocks before `L`; the GPU hit's blocks count as
+held, the others must be held by some tier (the first that holds a block serves it). The
+manager schedules the blocks past its GPU hit with the rest of the prompt; the returned plan
+says which tier entry goes into which new GPU block. Entries the hit does not need (a
+window's blocks before it) are withdrawn from the prefix cache at once, and a `truncate`
+back into them is refused (`tiers.stale`). `load` runs the plan before the step reads the
+blocks and returns how many prompt tokens the engine need not compute: the longest hit the
+same rule finds over the GPU hit and the blocks loaded (a vanished or damaged entry ends the
+loads; the step computes the rest, whose KV then lands in the blocks the manager
+registered).
+
+Errors: the cache takes the manager's hash settings (others are refused when it is built);
+anything that fails in `allocate` after the manager's call succeeded, or in `load`, frees
+the sequence with `num_computed_tokens=` its GPU hit before the exception propagates, so no
+block it registered stays cached uncomputed; a call that raises keeps its own exception when
+the copy-out of what it evicted raises too (the copy-out's is added as a note).
 
 Without a pool (`pool=None`: count-only, as the simulator's default tier run) no byte
 moves: a block is 0 bytes, demotion puts each evicted key into the stores and a load only
@@ -42,9 +52,13 @@ from typing import Any, TypeVar
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events import BlockRemoved, BlockStored, KVEvent, KVEventQueueStats
+from pagedkv.groups import KVCacheGroup, has_null_block
 from pagedkv.tiers.base import TierKey, TierStats, TierStore
 from pagedkv.tiers.blocks import BlockCopy, block_nbytes, copy_in, copy_out
+from pagedkv.tiers.cache_checks import check_pool_groups, note, tokens_arg
 from pagedkv.tiers.event_queue import EventQueue
+from pagedkv.tiers.promotion import PLAIN, Match, find_held, first_needed, hybrid_hit, shares
+from pagedkv.tiers.stale import StaleEntries
 
 T = TypeVar("T")
 Evicted = list[tuple[int, int, bytes]]
@@ -54,9 +68,10 @@ Pairs = list[tuple[int, int]] | None
 @dataclass(frozen=True, slots=True)
 class TierAllocation:
     """What `TieredCache.allocate` did: the GPU hit, each tier's share of the hit (tokens,
-    in tier order) and the load plan `(tier index, key, GPU block)`, in table order
-    (position by position, then group by group); `positions[j]` is the block position of
-    `plan[j]`."""
+    in tier order) and the load plan `(tier index, key, GPU block)` of the entries the hit
+    needs past the GPU hit (every group's by the hybrid rule: a window's last blocks only),
+    in table order (position by position, then group by group); `positions[j]` is the block
+    position of `plan[j]`."""
 
     seq_id: int
     gpu_hit_tokens: int
@@ -100,8 +115,8 @@ class TieredCache:
         pool: Any,
         stores: Sequence[TierStore],
         *,
-        hash_algo: str = "sha256",
-        hash_seed: int = 0,
+        hash_algo: str | None = None,
+        hash_seed: int | None = None,
         workers: int = 2,
         max_pending_bytes: int = 1 << 30,
         events: bool = True,
@@ -112,16 +127,30 @@ class TieredCache:
             raise InvalidArgumentError(
                 "a TieredCache needs a manager built with record_evictions=True"
             )
+        if not manager.enable_prefix_caching:
+            raise InvalidArgumentError(
+                "a TieredCache needs a manager with prefix caching (it caches no block to demote)"
+            )
+        # Keys below the GPU are the manager's own digests: other hash settings would
+        # register blocks under one digest and look them up under another.
+        for name, mine, given in (
+            ("hash_algo", manager.hash_algo, hash_algo),
+            ("hash_seed", manager.hash_seed, hash_seed),
+        ):
+            if given is not None and given != mine:
+                raise InvalidArgumentError(
+                    f"the TieredCache's {name}={given!r} is not the manager's {name}={mine!r} "
+                    f"(leave it out: the manager's is used)"
+                )
+        self._kinds: tuple[KVCacheGroup, ...] = manager.groups or PLAIN
         self._groups: int = manager.num_groups
-        #: A manager with groups numbers its null block 0 (its pool does too).
-        self._null_block = bool(manager.stats().groups)
+        #: Block 0 is the null block when the manager has one (the one rule of
+        #: `pagedkv.groups.has_null_block`); the pool must agree.
+        self._null_block = has_null_block(manager.groups)
         if pool is not None:
             if manager.block_size != pool.block_size or manager.num_blocks != pool.num_blocks:
                 raise InvalidArgumentError("the pool's blocks must be the manager's")
-            if self._null_block != bool(pool.null_block):
-                raise InvalidArgumentError(
-                    "a manager with KV-cache groups needs a pool with groups, and only it does"
-                )
+            check_pool_groups(manager.groups, pool, self._null_block)
         if max_pending_bytes < 0:
             raise InvalidArgumentError("max_pending_bytes must be >= 0")
         w: object = workers
@@ -130,8 +159,8 @@ class TieredCache:
         self.manager = manager
         self.pool = pool
         self.stores = list(stores)
-        self._hash_algo = hash_algo
-        self._hash_seed = hash_seed
+        self._hash_algo: str = manager.hash_algo
+        self._hash_seed: int = manager.hash_seed
         self._block_bytes = block_nbytes(pool) if pool is not None else 0
         self._keep_events = events
         self._lock = threading.Lock()
@@ -140,6 +169,7 @@ class TieredCache:
         self._max_pending = max_pending_bytes
         self._pending_bytes = 0
         self._pending: set[Future[None]] = set()
+        self._stale = StaleEntries()
         self._executor = (
             ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pagedkv-tier")
             if workers
@@ -150,12 +180,24 @@ class TieredCache:
 
     def _with_duty(self, call: Callable[[Evicted], T]) -> T:
         """Run `call(evicted)` (a manager call given `evicted=`) and copy out the blocks it
-        evicted before returning, whether it returned or raised."""
+        evicted before returning, whether it returned or raised. When both the call and the
+        copy-out raise, the call's exception is raised, the copy-out's noted on it."""
         evicted: Evicted = []
         try:
-            return call(evicted)
-        finally:
+            out = call(evicted)
+        except BaseException as exc:
+            self._demote_noting(evicted, exc)
+            raise
+        self._demote(evicted)
+        return out
+
+    def _demote_noting(self, evicted: Evicted, exc: BaseException) -> None:
+        """`_demote` after a call that raised `exc`: a failure of the copy-out is added to
+        `exc` as a note (its traceback included), never raised in its place."""
+        try:
             self._demote(evicted)
+        except BaseException as failed:
+            note(exc, f"and the copy-out of the {len(evicted)} block(s) it evicted raised", failed)
 
     def extend(self, seq_id: int, num_new_tokens: int, *, lookahead: int = 0) -> Pairs:
         """`BlockManager.extend`, demoting what it evicted."""
@@ -185,7 +227,9 @@ class TieredCache:
 
     def truncate(self, seq_id: int, num_tokens: int) -> Pairs:
         """`BlockManager.truncate` (its copy-on-write copy may evict), demoting what it
-        evicted."""
+        evicted. A truncate after which a window or chunk would need entries a tier hit
+        skipped (they hold no KV: `tiers.stale`) is refused, changing nothing."""
+        self._stale.check_truncate(seq_id, num_tokens, self._kinds, self.manager.block_size)
         out: Pairs = self._with_duty(
             lambda ev: self.manager.truncate(seq_id, num_tokens, evicted=ev)
         )
@@ -200,14 +244,19 @@ class TieredCache:
         """`BlockManager.fork` (it shares blocks and evicts none; kept here so that every
         call that may take blocks has its duty checked)."""
         self._with_duty(lambda ev: self.manager.fork(parent_id, child_id, evicted=ev))
+        self._stale.fork(parent_id, child_id)
 
     def free(self, seq_id: int, *, num_computed_tokens: int | None = None) -> None:
         """`BlockManager.free` (takes no block: no duty)."""
         self.manager.free(seq_id, num_computed_tokens=num_computed_tokens)
+        self._stale.drop(seq_id)
 
     def free_batch(self, seq_ids: Any) -> None:
         """`BlockManager.free_batch` (takes no block: no duty)."""
         self.manager.free_batch(seq_ids)
+        if len(self._stale):
+            for sid in list(seq_ids):
+                self._stale.drop(int(sid))
 
     def swap_out(self, seq_id: int) -> list[tuple[int, int]] | None:
         """`BlockManager.swap_out` (takes CPU blocks only: no duty)."""
@@ -328,45 +377,26 @@ class TieredCache:
             seed=self._hash_seed,
         )
 
-    def _below(self, digests: list[bytes]) -> list[int]:
-        """The store of each leading block that the tiers hold in every group (stops at the
-        first block some group's entry of is held by no tier); a block's store is the first
-        tier that holds its group-0 entry."""
-        held = len(digests)
-        first: list[int] = []
-        make = tuple.__new__  # TierKey at C speed: a key per block of every prompt
-        for g in range(self._groups):
-            keys = [make(TierKey, (g, d)) for d in digests[:held]]
-            runs = [store.count_present(keys) for store in self.stores]
-            held = min(held, max(runs, default=0))
-            if g == 0:
-                # Block i's store is the first whose run is longer than i: the stores' runs
-                # as a running maximum hand out consecutive ranges of blocks.
-                reach = 0
-                for t, n in enumerate(runs):
-                    if n > reach:
-                        first += [t] * (n - reach)
-                        reach = n
-        return first[:held]
-
-    def _match(
-        self, token_ids: Any, cache_salt: Any, lora_id: Any
-    ) -> tuple[int, list[bytes], list[int]]:
-        """The GPU hit (blocks), the prompt's digests (hashed once) and the tier of each block
-        past the GPU hit that the tiers hold."""
+    def _match(self, token_ids: Any, cache_salt: Any, lora_id: Any) -> Match:
+        """The GPU hit (blocks), the prompt's digests (hashed once), the cap (at least one
+        token computed, as on the GPU) and the tier that holds each block past the GPU hit
+        (`promotion.find_held`)."""
         bs: int = self.manager.block_size
         gpu = self.manager.lookup(token_ids, cache_salt=cache_salt, lora_id=lora_id) // bs
         digests = self._digests(token_ids, cache_salt, lora_id)
-        cap = (len(token_ids) - 1) // bs  # at least one token computed, as on the GPU
-        return gpu, digests, self._below(digests[gpu:cap])
+        cap = min((len(token_ids) - 1) // bs, len(digests))
+        held = find_held(self.stores, self._kinds, digests, gpu, cap, bs)
+        return Match(self._kinds, bs, gpu, digests, cap, held)
 
     def lookup(
         self, token_ids: Any, *, cache_salt: str | bytes | None = None, lora_id: int | None = None
     ) -> tuple[int, tuple[int, ...]]:
         """`(gpu hit tokens, tokens each tier would add)`; changes nothing."""
         bs: int = self.manager.block_size
-        gpu, _, sources = self._match(token_ids, cache_salt, lora_id)
-        return gpu * bs, tuple(sources.count(t) * bs for t in range(len(self.stores)))
+        match = self._match(token_ids, cache_salt, lora_id)
+        end = match.hit(match.gpu, match.cap)
+        shares = match.shares(len(self.stores), match.gpu, end, match.needed(match.gpu, end))
+        return match.gpu * bs, tuple(shares)
 
     def allocate(
         self,
@@ -378,95 +408,139 @@ class TieredCache:
         lora_id: int | None = None,
         lookahead: int = 0,
     ) -> TierAllocation | None:
-        """`BlockManager.allocate` that also counts the blocks the tiers hold as cached:
-        they are scheduled with the prompt and loaded by `load`. The cached blocks it
-        evicted are copied out before it returns. None if the blocks do not fit (nothing
-        changed)."""
+        """`BlockManager.allocate` that also counts the blocks the tiers hold as cached, by
+        the manager's hybrid hit rule: they are scheduled with the prompt and loaded by
+        `load`. The cached blocks it evicted are copied out before it returns. None if the
+        blocks do not fit (nothing changed). If anything fails after the manager's call
+        succeeded, the sequence is freed with `num_computed_tokens=` its GPU hit (nothing
+        it registered stays cached) before the exception propagates."""
         bs: int = self.manager.block_size
         n = len(token_ids)
-        g, digests, sources = self._match(token_ids, cache_salt, lora_id)
-        k = n if num_new_tokens is None else num_new_tokens
-        new = min(len(sources) * bs + k, n - g * bs)
-        hit = self._with_duty(
-            lambda ev: self.manager.allocate(
+        k = n if num_new_tokens is None else tokens_arg(num_new_tokens, n)
+        match = self._match(token_ids, cache_salt, lora_id)
+        end = match.hit(match.gpu, match.cap)
+        new = min((end - match.gpu) * bs + k, n - match.gpu * bs)
+        evicted: Evicted = []
+        try:
+            hit = self.manager.allocate(
                 seq_id,
                 token_ids,
                 num_new_tokens=new,
                 cache_salt=cache_salt,
                 lora_id=lora_id,
                 lookahead=lookahead,
-                evicted=ev,
+                evicted=evicted,
             )
-        )
+        except BaseException as exc:
+            self._demote_noting(evicted, exc)
+            raise
         if hit is None:
-            return None
-        if self.manager.block_hashes(seq_id)[: len(digests)] != digests:
-            # A configuration error: undo the allocation before saying so.
-            self.manager.free(seq_id)
+            return None  # a refused call evicts nothing
+        try:
+            self._demote(evicted)
+            return self._plan(seq_id, hit, match)
+        except BaseException as exc:
+            self._undo(seq_id, hit, exc)
+            raise
+
+    def _plan(self, seq_id: int, hit: int, match: Match) -> TierAllocation:
+        """The load plan of a sequence the manager just allocated with GPU hit `hit`."""
+        bs: int = self.manager.block_size
+        if self.manager.block_hashes(seq_id)[: len(match.digests)] != match.digests:
             raise InvalidArgumentError(
-                "the TieredCache's hash_algo/hash_seed are not the manager's"
+                "the manager's digests of this prompt are not the TieredCache's"
             )
         h = hit // bs
+        # Another thread may have cached more (or fewer) blocks since the look-up: the hit
+        # is found again from where this GPU hit ends, within what the call scheduled.
+        cap = min(match.cap, self.manager.num_scheduled_tokens(seq_id) // bs)
+        end = match.hit(h, cap)
         tables = [self.manager.block_table(seq_id, group=x) for x in range(self._groups)]
-        # Another thread may have cached more (or fewer) blocks since the lookup: load only
-        # the tier blocks from where this GPU hit ends (none if it ends before them). A
-        # group's null entry (a block it no longer needs) loads nothing.
+        needed = match.needed(h, end)
         plan: list[tuple[int, TierKey, int]] = []
         positions: list[int] = []
-        shares = [0] * len(self.stores)
-        for i in range(max(h, g), g + len(sources)) if h >= g else ():
-            shares[sources[i - g]] += bs
-            for x, table in enumerate(tables):
-                if not (self._null_block and table[i] == 0):
-                    plan.append((sources[i - g], TierKey(x, digests[i]), table[i]))
-                    positions.append(i)
+        for i, x, t in needed:
+            if t < 0 or (self._null_block and tables[x][i] == 0):  # the rule guarantees both
+                raise RuntimeError(f"pagedkv.tiers: no entry to load for group {x} block {i}")
+            plan.append((t, TierKey(x, match.digests[i]), tables[x][i]))
+            positions.append(i)
+        # The entries of `h .. end` no group needs for this hit (a window's blocks before
+        # it): the manager registered them as scheduled, yet neither a load nor the step
+        # writes them, so they leave the cache now (the step does not read them).
+        stale = [
+            tables[x][i]
+            for x, kind in enumerate(self._kinds)
+            for i in range(h, min(first_needed(kind, end, bs), end))
+            if not (self._null_block and tables[x][i] == 0)
+        ]
+        if stale:
+            self.manager.evict_blocks(stale)
+        self._stale.set(
+            seq_id,
+            tuple((h, max(h, min(first_needed(k, end, bs), end))) for k in self._kinds),
+            self.manager,
+        )
+        shares = match.shares(len(self.stores), h, end, needed)
         return TierAllocation(seq_id, hit, tuple(shares), tuple(plan), tuple(positions))
+
+    def _undo(self, seq_id: int, computed: int, exc: BaseException) -> None:
+        """After `exc`, past the manager's call: free the sequence with `num_computed_tokens`
+        = the tokens really computed (its GPU hit), withdrawing every block it registered
+        past them, so no block stays cached that nothing computed or loaded."""
+        self._stale.drop(seq_id)
+        try:
+            self.manager.free(seq_id, num_computed_tokens=computed)
+        except BaseException as failed:
+            note(exc, f"and freeing sequence {seq_id} after it raised", failed)
 
     def load(self, alloc: TierAllocation) -> int:
         """Copy the plan's tier entries into their GPU blocks, in order, stopping at the
-        first block position with an entry that cannot be read (that block is computed by
-        the step). Returns the prompt tokens the engine need not compute. The blocks it
-        writes were demoted by the call that took them (`allocate`), so this has no duty."""
+        first entry that cannot be read; returns the prompt tokens the engine need not
+        compute: the longest hit the manager's hybrid rule finds over the GPU hit and the
+        blocks loaded (the step computes the rest, whose KV then lands in the blocks the
+        manager registered). The blocks it writes were demoted by the call that took them
+        (`allocate`), so this has no duty. If it raises, the sequence is freed with
+        `num_computed_tokens=` its GPU hit before the exception propagates."""
+        try:
+            return self._load(alloc)
+        except BaseException as exc:
+            self._undo(alloc.seq_id, alloc.gpu_hit_tokens, exc)
+            raise
+
+    def _load(self, alloc: TierAllocation) -> int:
         bs: int = self.manager.block_size
         t0 = time.perf_counter()
-        blocks: list[int] = []
-        found: list[bytes] = []
-        tiers: list[int] = []
-        positions = alloc.positions or tuple(
-            alloc.gpu_hit_tokens // bs + j for j in range(len(alloc.plan))
-        )
-        stop = None
-        for (t, key, block), i in zip(alloc.plan, positions, strict=True):
+        if len(alloc.positions) != len(alloc.plan):
+            raise InvalidArgumentError("a TierAllocation's plan and positions differ in length")
+        h = alloc.gpu_hit_tokens // bs
+        end = alloc.hit_tokens // bs
+        got: dict[tuple[int, int], tuple[int, bytes, int]] = {}
+        stop = end
+        for (t, key, block), i in zip(alloc.plan, alloc.positions, strict=True):
             data = self.stores[t].get(key)
             if data is None or len(data) != self._block_bytes:
                 with self._lock:
                     self._stats.failed_loads += 1
                 stop = i
                 break
-            blocks.append(block)
-            found.append(data)
-            tiers.append(t)
-        if stop is not None:
-            # Entries of the failed position already read are not written: it is computed.
-            keep = sum(1 for i in positions[: len(blocks)] if i < stop)
-            del blocks[keep:], found[keep:], tiers[keep:]
+            got[(key.group, i)] = (block, data, t)
+        served = end
+        if stop < end:  # the hit the blocks read still give (a window needs its last ones)
+            served = hybrid_hit(self._kinds, bs, stop, lambda g, i: (g, i) in got, known=h)
+        if served < end:  # the step computes the blocks from `served` on
+            self._stale.clip(alloc.seq_id, served)
+        write = [(i, v) for (_, i), v in got.items() if i < served]
         if self.pool is not None:
-            copy_in(self.pool, blocks, found)
-        # Positions come in order, each with its groups' entries: count each once, for the
-        # tier of its first entry.
-        per_tier = [0] * len(self.stores)
-        done, last = 0, -1
-        for i, t in zip(positions[: len(blocks)], tiers, strict=True):
-            if i != last:
-                per_tier[t] += bs
-                done, last = done + 1, i
+            copy_in(self.pool, [b for _, (b, _, _) in write], [d for _, (_, d, _) in write])
+        needed = [(i, k.group, t) for (t, k, _), i in zip(alloc.plan, alloc.positions, strict=True)]
+        per_tier = shares(bs, len(self.stores), h, served, needed)
         with self._lock:
             for t, tokens in enumerate(per_tier):
                 self._stats.tier_hit_tokens[t] += tokens
-            self._stats.blocks_promoted += len(blocks)
-            self._stats.bytes_promoted += len(blocks) * self._block_bytes
+            self._stats.blocks_promoted += len(write)
+            self._stats.bytes_promoted += len(write) * self._block_bytes
             self._stats.seconds_load += time.perf_counter() - t0
-        return alloc.gpu_hit_tokens + done * bs
+        return served * bs
 
     # ---- events, stats, shutdown -------------------------------------------------------
 

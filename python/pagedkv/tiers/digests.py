@@ -107,6 +107,12 @@ class DigestTier:
                 n += 1
         return n
 
+    def present_each(self, keys: Sequence[TierKey]) -> list[bool]:
+        """Whether each key is held (recency unchanged)."""
+        with self._lock:
+            entries = self._keys
+            return [k in entries for k in keys]
+
     def discard(self, key: TierKey) -> None:
         with self._lock:
             if key in self._keys:

@@ -105,6 +105,21 @@ def process_secret() -> bytes:
     return _PROCESS_SECRET
 
 
+_KEY_TAG = b"pagedkv-remote-key-1"
+
+
+def key_ident(namespace: Namespace, secret: bytes) -> bytes:
+    """16 bytes naming the namespace in a shared store's keys, keyed by the secret:
+    HMAC-SHA256(secret, tag + the namespace's encoding), its first 128 bits. Two trust
+    domains (two secrets) thus use disjoint keys on one server, so a presence check (EXISTS)
+    finds only entries made with this secret, as a get (whose MAC check needs the whole
+    value) accepts only those; without the secret nobody can tell which namespace a key
+    belongs to, or name a key of it beforehand."""
+    h = hmac.new(check_secret(secret), _KEY_TAG, "sha256")
+    h.update(namespace.encoding())
+    return h.digest()[:16]
+
+
 def _mac(secret: bytes, head: bytes, payload: bytes | memoryview) -> bytes:
     # OpenSSL's HMAC releases the GIL on large updates and uses the CPU's SHA extensions:
     # 2.4 to 3 times blake2b's rate on the machine this was measured on (docs/tiers.md).
@@ -176,5 +191,6 @@ __all__ = [
     "check_secret",
     "decode_entry",
     "encode_entry",
+    "key_ident",
     "process_secret",
 ]

@@ -254,6 +254,13 @@ class _HostStore:
                 n += 1
         return n
 
+    def present_each(self, keys: Sequence[TierKey]) -> list[bool]:
+        """Whether each key is stored (recency unchanged; as `count_present`, but key by
+        key: a window group's blocks need not be a leading run)."""
+        with self._lock:
+            entries = self._entries
+            return [TierKey(*k) in entries for k in keys]
+
     def discard(self, key: TierKey) -> None:
         """Forget `key` if present (reported by `drain_removed`)."""
         key = TierKey(*key)

@@ -2,8 +2,9 @@
 simulator's tier run, `sim.tier_run`). It has the layout of a CPU `KVCachePool` without KV-cache
 groups, `[layers, 2 (K, V), blocks, block_size, kv_heads, head_dim]`, and what
 `tiers.blocks` and `tiers.cache.TieredCache` use of one: `block_size`, `num_blocks`,
-`null_block` (0: no null block), `buffer`, a block's bytes out and back in (`tiers.blocks`
-dispatches on a numpy `buffer`), slot writes, copy-on-write copies and swaps.
+`null_block` (with `groups=`, the manager's null block), `buffer`, a block's bytes out and
+back in (`tiers.blocks` dispatches on a numpy `buffer`), slot writes, copy-on-write copies
+and swaps.
 
 bfloat16 has no numpy dtype: its values are kept as their 16 bits (`uint16`), rounded from
 float32 to nearest even as torch rounds them, so a block's bytes are the ones a torch
@@ -12,12 +13,14 @@ bfloat16 pool would hold.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from pagedkv.errors import InvalidArgumentError
+from pagedkv.groups import KVCacheGroup, check_groups, has_null_block
 
 #: dtype name -> the numpy dtype its values are stored as.
 _STORAGE = {"bfloat16": np.uint16, "float16": np.float16, "float32": np.float32}
@@ -32,9 +35,12 @@ def to_bfloat16_bits(x: npt.NDArray[np.float32]) -> npt.NDArray[np.uint16]:
 
 class HostKVPool:
     """KV blocks in a numpy array (module docstring). Block ids are checked by the callers
-    that take them from outside (`tiers.blocks`); the simulator passes the manager's."""
+    that take them from outside (`tiers.blocks`); the simulator passes the manager's.
 
-    null_block = 0
+    `groups`: the manager's KV-cache groups, for a manager built with them. Each layer
+    keeps its own row (this pool does not share rows between groups as `KVCachePool`
+    does: a block's bytes are every row's), and block 0 is the null block exactly when the
+    manager has one (`pagedkv.groups.has_null_block`)."""
 
     def __init__(
         self,
@@ -44,6 +50,8 @@ class HostKVPool:
         num_kv_heads: int,
         head_dim: int,
         dtype: str = "bfloat16",
+        *,
+        groups: Sequence[KVCacheGroup] | None = None,
     ) -> None:
         if dtype not in _STORAGE:
             raise InvalidArgumentError(f"dtype must be one of {sorted(_STORAGE)}, got {dtype!r}")
@@ -63,6 +71,9 @@ class HostKVPool:
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
+        self.groups = None if groups is None else check_groups(groups, block_size)
+        #: Whether block 0 is the null block (nothing moves it): the manager's rule.
+        self.null_block = has_null_block(self.groups)
         shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
         # np.zeros maps untouched pages lazily: a large pool costs what is written.
         self.buffer: npt.NDArray[Any] = np.zeros(shape, dtype=_STORAGE[dtype])
@@ -116,7 +127,7 @@ class HostKVPool:
             self.num_kv_heads,
             self.head_dim,
             self.dtype,
-        )
+        )  # no groups: CPU block ids are all real, there is no null block
 
 
 def swap_host_blocks(src: HostKVPool, dst: HostKVPool, pairs: npt.NDArray[np.int64]) -> None:

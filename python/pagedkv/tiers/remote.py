@@ -2,7 +2,10 @@
 "Remote tier").
 
 One block is one string value, an entry of `tiers/entry.py`, under the key
-``pagedkv:{namespace id hex}:{group}:{digest hex}``. A put is a single SET (atomic: a reader
+``pagedkv:{keyed namespace id hex}:{group}:{digest hex}``, whose namespace id is a MAC of
+the namespace under the tier's secret (`entry.key_ident`): the EXISTS of a presence check
+then counts only entries made with that secret, as the MAC check of a get accepts only
+those. A put is a single SET (atomic: a reader
 sees the whole entry or none), a get a single GET whose value is checked against the key
 asked for and its MAC under the tier's secret (which the server never sees), and
 `count_present` one pipelined round trip of EXISTS per server. Every failure (refused,
@@ -52,6 +55,7 @@ from pagedkv.tiers.entry import (
     check_secret,
     decode_entry,
     encode_entry,
+    key_ident,
 )
 
 # redis-py leaves these unannotated.
@@ -141,7 +145,10 @@ class RemoteTier:
             raise ValueError("pipeline_batch must be >= 1")
         self.namespace = namespace
         self._ns_id = namespace.ident()
-        self._prefix = f"pagedkv:{self._ns_id.hex()}:"
+        # Keys name the namespace by a MAC of it under the secret (`entry.key_ident`): a
+        # node given another secret looks up other keys, so EXISTS never counts its entries
+        # as present here (a get would reject them), nor can it overwrite ours.
+        self._prefix = f"pagedkv:{key_ident(namespace, self._secret).hex()}:"
         self._retry_after = retry_after
         self._ttl_ms = None if ttl is None else max(1, round(ttl * 1000))
         self._batch = pipeline_batch
@@ -330,6 +337,20 @@ class RemoteTier:
             self._stats.extra["lookup_hits"] = self._stats.extra.get("lookup_hits", 0.0) + total
         return total
 
+    def present_each(self, keys: Sequence[TierKey]) -> list[bool]:
+        """Whether the server holds each key: EXISTS of each, pipelined as in
+        `count_present` but without stopping at an absent key (a window group's blocks need
+        not be a leading run). A key on a resting or failed node reads as absent."""
+        out = [False] * len(keys)
+        for start in range(0, len(keys), self._batch):
+            chunk = keys[start : start + self._batch]
+            for i, held in enumerate(self._exists_each([self.key_name(k) for k in chunk])):
+                out[start + i] = held
+        with self._lock:
+            self._stats.extra["lookups"] = self._stats.extra.get("lookups", 0.0) + 1
+            self._stats.extra["lookup_hits"] = self._stats.extra.get("lookup_hits", 0.0) + sum(out)
+        return out
+
     def discard(self, key: TierKey) -> None:
         name = self.key_name(key)
         node = self._route(name)
@@ -434,6 +455,40 @@ class RemoteTier:
                     limit = min(limit, i)
                     break
         return limit
+
+    def _exists_each(self, names: list[str]) -> list[bool]:
+        """Whether each of `names` exists (one pipeline per node; a node that is unknown,
+        resting or failing answers absent for its keys)."""
+        out = [False] * len(names)
+        groups: dict[str, tuple[_Node, list[int]] | None] = {}
+        for i, name in enumerate(names):
+            node = self._route(name)
+            if node is None:
+                continue
+            if node.name not in groups:
+                groups[node.name] = (node, []) if self._admit(node) else None
+            group = groups[node.name]
+            if group is not None:
+                group[1].append(i)
+        for group in groups.values():
+            if group is None:
+                continue
+            node, idx = group
+            try:
+                pipe = node.client.pipeline(transaction=False)
+                for i in idx:
+                    pipe.exists(names[i])
+                replies = pipe.execute(raise_on_error=False)
+            except Exception as exc:
+                self._failed(node, exc)
+                continue
+            self._succeeded(node)
+            for i, reply in zip(idx, replies, strict=True):
+                if isinstance(reply, Exception):
+                    self._failed(node, reply)
+                    break
+                out[i] = reply == 1
+        return out
 
     def _all_nodes(self) -> list[_Node]:
         return [self._single] if self._single is not None else list(self._nodes.values())

@@ -20,7 +20,7 @@ from pagedkv.sim.units import parse_bytes
 from pagedkv.tiers import codec as C
 from pagedkv.tiers.base import TierStore
 from pagedkv.tiers.entry import Namespace
-from pagedkv.tiers.host import CompressedHostTier, HostTier, item_size_of
+from pagedkv.tiers.factory import StoreSpec, build_stores
 
 #: Where the shared secret of a Redis tier is read from by default (hex, 32 bytes or more
 #: recommended): never in the JSON of the engine's command line.
@@ -171,26 +171,18 @@ class TierOptions:
             raise ValueError(f"{self.secret_env} must hold the secret as hex") from None
 
     def build_store(self, namespace: Namespace) -> TierStore:
-        """The pagedkv store these options name, in `namespace`."""
-        codec = C.codec_by_name(self.codec, item_size_of(namespace.dtype))
-        if self.host_bytes is not None:
-            if codec.codec_id == C.RAW:
-                return HostTier(self.host_bytes, namespace)
-            return CompressedHostTier(self.host_bytes, namespace, codec)
-        from pagedkv.tiers.remote import RemoteTier  # redis-py only when asked for
-
-        assert self.redis_url is not None
-        secret = self.secret()
-        assert secret is not None
-        return RemoteTier(
-            self.redis_url,
-            namespace,
-            secret=secret,
+        """The pagedkv store these options name, in `namespace` (`tiers.factory`)."""
+        spec = StoreSpec(
+            host_bytes=self.host_bytes,
+            codec=self.codec,
+            redis_url=self.redis_url,
+            redis_cluster=self.redis_cluster,
+            secret=self.secret(),
             timeout=self.redis_timeout_s,
             ttl=self.redis_ttl_s,
-            cluster=self.redis_cluster,
-            codec=None if codec.codec_id == C.RAW else codec,
         )
+        (store,) = build_stores(spec, namespace)
+        return store
 
 
 def namespace_of(spec: Any, row_bytes: int, opts: TierOptions) -> Namespace:

@@ -16,7 +16,7 @@ use pagedkv_core::{
     HashAlgo, PromptKeys, PromptLen, Quota, Result as CoreResult,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 /// Batches at least this long release the GIL while the core works: below it, detaching
 /// costs more than the work.
@@ -1107,6 +1107,54 @@ impl PyBlockManager {
     #[getter]
     fn eviction(&self) -> &'static str {
         self.inner.config().eviction.name()
+    }
+
+    /// The chain hash the manager was built with (`hash_algo=`): what a `TieredCache` must
+    /// key its tiers by.
+    #[getter]
+    fn hash_algo(&self) -> &'static str {
+        match self.inner.config().hash_algo {
+            HashAlgo::Sha256 => "sha256",
+            HashAlgo::Xxh3_128 => "xxh3_128",
+            HashAlgo::Xxh3Trunc8 => "xxh3_128_trunc8_testing",
+        }
+    }
+
+    /// The seed of the chain hash (`hash_seed=`).
+    #[getter]
+    fn hash_seed(&self) -> u64 {
+        self.inner.config().hash_seed
+    }
+
+    /// Whether full blocks are registered in the prefix cache (`enable_prefix_caching=`).
+    #[getter]
+    fn enable_prefix_caching(&self) -> bool {
+        self.inner.config().enable_prefix_caching
+    }
+
+    /// The `groups=` the manager was built with, as `KVCacheGroup`s of their kinds and sizes
+    /// (`num_layers` is a pool's matter and not kept), or None without `groups=`.
+    #[getter]
+    fn groups<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if !self.inner.is_grouped() {
+            return Ok(None);
+        }
+        let cls = py.import("pagedkv.groups")?.getattr("KVCacheGroup")?;
+        let groups = self
+            .inner
+            .kinds()
+            .iter()
+            .map(|k| {
+                let kw = PyDict::new(py);
+                match *k {
+                    GroupKind::SlidingWindow { window } => kw.set_item("window", window)?,
+                    GroupKind::ChunkedLocal { chunk } => kw.set_item("chunk", chunk)?,
+                    GroupKind::Full | GroupKind::State => {}
+                }
+                cls.call((k.name(),), Some(&kw))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(Some(PyTuple::new(py, groups)?.into_any()))
     }
 
     /// The KV events (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`) since the
