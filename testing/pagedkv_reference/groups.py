@@ -468,8 +468,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         for g, table in enumerate(_gseq(seq).cpu_tables):
             for i in range(self._registrable(seq)):
                 if table[i] != CPU_NULL:
-                    d = seq.digests[i]
-                    self._log.push(BlockRemoved(block_hashes=[d], medium="CPU", group_idx=g))
+                    self._cpu_copy_gone(g, seq.digests[i])
 
     def swap_out(self, seq_id: int) -> Pairs | None:
         """Move a resident sequence's non-null blocks to CPU blocks (group by group, table
@@ -492,7 +491,8 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
                 for i in range(self._registrable(gs)):
                     if table[i] != CPU_NULL:
                         stored = self._stored(gs, i, "CPU")
-                        self._log.push(dataclasses.replace(stored, group_idx=g))
+                        event = dataclasses.replace(stored, group_idx=g)
+                        self._cpu_copy_stored(g, gs.digests[i], event)
         return list(zip(held, cpu, strict=True))
 
     def _swap_in(self, seq_id: int) -> Pairs | None:

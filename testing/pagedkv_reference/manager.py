@@ -21,7 +21,7 @@ import math
 import struct
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
@@ -517,6 +517,8 @@ class ReferenceBlockManager:
         self._t0 = time.monotonic()
         self._manual: float | None = None
         self._seen = 0.0  # the latest monotonic time `now` gave
+        # (group, digest) -> swapped-out sequences holding a CPU copy of it (with events)
+        self._cpu_copies: Counter[tuple[int, bytes]] = Counter()
         # Tenants (`tenants=True`): salt per id (0: unsalted), ids by salt, prefix counts,
         # quotas, and the tenant of the sequence that registered each block.
         self._tenant_salts: list[bytes | None] = [None]
@@ -1380,7 +1382,23 @@ class ReferenceBlockManager:
         """The CPU copies of the blocks `swap_out` stored are gone."""
         if self._events_on and self._caching:
             for d in seq.digests[: self._registrable(seq)]:
-                self._log.push(BlockRemoved(block_hashes=[d], medium="CPU"))
+                self._cpu_copy_gone(0, d)
+
+    def _cpu_copy_stored(self, group: int, digest: bytes, event: BlockStored) -> None:
+        """One more CPU copy of `digest` in `group`: `event` (its `BlockStored(CPU)`) only
+        for the first, so that the events describe per key whether some copy is there."""
+        key = (group, digest)
+        self._cpu_copies[key] += 1
+        if self._cpu_copies[key] == 1:
+            self._log.push(event)
+
+    def _cpu_copy_gone(self, group: int, digest: bytes) -> None:
+        """One CPU copy of `digest` in `group` is gone: `BlockRemoved(CPU)` with the last."""
+        key = (group, digest)
+        self._cpu_copies[key] -= 1
+        if self._cpu_copies[key] == 0:
+            del self._cpu_copies[key]
+            self._log.push(BlockRemoved(block_hashes=[digest], medium="CPU", group_idx=group))
 
     def swap_out(self, seq_id: int) -> list[tuple[int, int]] | None:
         """Move a resident sequence to CPU blocks; return the (gpu, cpu) pairs, or None."""
@@ -1396,7 +1414,7 @@ class ReferenceBlockManager:
         self._swapped_out_blocks += len(pairs)
         if self._events_on and self._caching:
             for i in range(self._registrable(seq)):
-                self._log.push(self._stored(seq, i, "CPU"))
+                self._cpu_copy_stored(0, seq.digests[i], self._stored(seq, i, "CPU"))
         return pairs
 
     def swap_in(
