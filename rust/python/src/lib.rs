@@ -2,6 +2,7 @@
 
 mod convert;
 mod errors;
+mod evicted;
 mod manager;
 mod mrc;
 mod numpy_api;

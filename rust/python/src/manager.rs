@@ -71,21 +71,19 @@ pub(crate) fn evicted_arg<'py>(
 
 /// `run` for a call that may evict cached blocks: with `evicted`, the evictions the call
 /// made (on this thread: `duties::capture`) are appended to it as `(block, group, digest)`
-/// before the call returns or raises, so the caller owns exactly its own duties.
-pub(crate) fn run_evicting<T: Send>(
-    py: Python<'_>,
+/// before the call returns or raises, so the caller owns exactly its own duties; none is
+/// lost if an append fails (`evicted::deliver`).
+pub(crate) fn run_evicting<'py, T: Send + IntoPyObject<'py>>(
+    py: Python<'py>,
     detach: bool,
-    evicted: Option<&Bound<'_, PyList>>,
+    evicted: Option<&Bound<'py, PyList>>,
     call: impl FnMut() -> CoreResult<T> + Send,
 ) -> PyResult<T> {
     let Some(list) = evicted else {
         return run(py, detach, call);
     };
     let (out, taken) = duties::capture(|| run(py, detach, call));
-    for (b, g, d) in taken {
-        list.append((b, g, PyBytes::new(py, d.as_bytes())))?;
-    }
-    out
+    crate::evicted::deliver(py, list, taken, out)
 }
 
 /// `lookahead`: slots past the new tokens, `>= 0` (no bound but the pool).
