@@ -405,12 +405,13 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         self._check_truncate(gs, m)
         bs = self._block_size
         i = m // bs
-        # Each group's block left partial must end this table's alone and unhashed (see the
-        # plain `_truncate_to`): hashed and held alone it leaves the index, shared (hashed or
-        # not) it is copied (after the releases). Decide every group before changing any.
+        # Each group's block left partial that was full must end this table's alone and
+        # unhashed (see the plain `_truncate_to`): hashed and held alone it leaves the index,
+        # shared (hashed or not) it is copied (after the releases). Decide every group before
+        # changing any.
         alone: list[int] = []
         shared: list[int] = []
-        if m % bs:
+        if m % bs and gs.num_tokens >= (i + 1) * bs:  # cuts a block that was full
             for g, table in enumerate(gs.tables):
                 if i >= len(table) or table[i] == self._null:
                     continue

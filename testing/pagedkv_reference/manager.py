@@ -1301,12 +1301,13 @@ class ReferenceBlockManager:
         """`truncate` once its checks passed."""
         bs = self._block_size
         i = m // bs
-        # The block left partial is written next: it must end this sequence's alone and
-        # unhashed, or another holder full there could register it and the write would land
-        # in a cached block. Hashed and held alone, it leaves the index; shared (hashed or
-        # not), it is copied (after the releases below).
+        # A block left partial that was full is written next: it must end this sequence's
+        # alone and unhashed, or another holder full there could register it and the write
+        # would land in a cached block. Hashed and held alone, it leaves the index; shared
+        # (hashed or not), it is copied (after the releases below). A roll-back inside a block
+        # that was already partial changes nothing there: every holder holds its same tokens.
         copy = False
-        if m % bs and i < len(seq.blocks):
+        if m % bs and i < len(seq.blocks) and seq.num_tokens >= (i + 1) * bs:
             b = seq.blocks[i]
             if self._rc[b] > 1:
                 if self._available() == 0:
