@@ -53,12 +53,26 @@ class KVEventsOverflowError(PagedKVError, RuntimeError):
     until `kv_event_snapshot()` gives the consumer the cached set to start again from."""
 
 
+class EvictionsNotDeliveredError(PagedKVError, RuntimeError):
+    """Some evictions of a call could not be appended to its `evicted=` list (out of memory):
+    the call itself went through (its state change stands). Each is still a duty to copy
+    out: `evicted` holds those not appended (`(block, group, digest)`, in order; the others
+    are in the caller's list), `result` the call's return value (copy pairs included; the
+    core's form: lists and tuples, not arrays) or None, and `error` the call's own exception
+    when it raised (else None). The append's failure is the `__cause__`."""
+
+    evicted: list[tuple[int, int, bytes]]
+    result: object
+    error: BaseException | None
+
+
 class InvariantError(PagedKVError, AssertionError):
     """`check_invariants` found the lifecycle contract broken."""
 
 
 __all__ = [
     "DuplicateSequenceError",
+    "EvictionsNotDeliveredError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "InvariantError",

@@ -405,12 +405,13 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         self._check_truncate(gs, m)
         bs = self._block_size
         i = m // bs
-        # Each group's block left partial must end this table's alone and unhashed (see the
-        # plain `_truncate_to`): hashed and held alone it leaves the index, shared (hashed or
-        # not) it is copied (after the releases). Decide every group before changing any.
+        # Each group's block left partial that was full must end this table's alone and
+        # unhashed (see the plain `_truncate_to`): hashed and held alone it leaves the index,
+        # shared (hashed or not) it is copied (after the releases). Decide every group before
+        # changing any.
         alone: list[int] = []
         shared: list[int] = []
-        if m % bs:
+        if m % bs and gs.num_tokens >= (i + 1) * bs:  # cuts a block that was full
             for g, table in enumerate(gs.tables):
                 if i >= len(table) or table[i] == self._null:
                     continue
@@ -468,8 +469,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         for g, table in enumerate(_gseq(seq).cpu_tables):
             for i in range(self._registrable(seq)):
                 if table[i] != CPU_NULL:
-                    d = seq.digests[i]
-                    self._log.push(BlockRemoved(block_hashes=[d], medium="CPU", group_idx=g))
+                    self._cpu_copy_gone(g, seq.digests[i])
 
     def swap_out(self, seq_id: int) -> Pairs | None:
         """Move a resident sequence's non-null blocks to CPU blocks (group by group, table
@@ -492,7 +492,8 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
                 for i in range(self._registrable(gs)):
                     if table[i] != CPU_NULL:
                         stored = self._stored(gs, i, "CPU")
-                        self._log.push(dataclasses.replace(stored, group_idx=g))
+                        event = dataclasses.replace(stored, group_idx=g)
+                        self._cpu_copy_stored(g, gs.digests[i], event)
         return list(zip(held, cpu, strict=True))
 
     def _swap_in(self, seq_id: int) -> Pairs | None:

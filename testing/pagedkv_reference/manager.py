@@ -21,7 +21,7 @@ import math
 import struct
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
@@ -44,6 +44,7 @@ from pagedkv.errors import (
 from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventQueueStats
 from pagedkv.groups import KVCacheGroup, check_groups
 from pagedkv.stats import Stats, TenantStats
+from pagedkv_reference.duties import Outcome, deliver
 from pagedkv_reference.event_log import EventLog
 from pagedkv_reference.eviction import EvictionPolicy, Priority, Quota, TenantQuotas, make_policy
 from pagedkv_reference.retention import RetentionSpec, int_arg, retention_arg, rust_f64
@@ -517,6 +518,8 @@ class ReferenceBlockManager:
         self._t0 = time.monotonic()
         self._manual: float | None = None
         self._seen = 0.0  # the latest monotonic time `now` gave
+        # (group, digest) -> swapped-out sequences holding a CPU copy of it (with events)
+        self._cpu_copies: Counter[tuple[int, bytes]] = Counter()
         # Tenants (`tenants=True`): salt per id (0: unsalted), ids by salt, prefix counts,
         # quotas, and the tenant of the sequence that registered each block.
         self._tenant_salts: list[bytes | None] = [None]
@@ -698,11 +701,15 @@ class ReferenceBlockManager:
             self._duty.append((b, group, digest))
 
     @contextmanager
-    def _duties(self, evicted: Evicted | None) -> Iterator[None]:
+    def _duties(self, evicted: Evicted | None) -> Iterator[Outcome]:
         """Run a block-taking call's body, appending the evictions it made to `evicted`
-        (when given) before it returns or raises."""
+        (when given) before it returns or raises. The body passes its result through the
+        yielded `Outcome`. Each eviction is appended with `list.append` itself (no method of
+        a list subclass runs), and one that fails does not stop the rest: those not
+        appended are raised in an `EvictionsNotDeliveredError` with the call's outcome."""
+        out = Outcome()
         if evicted is None:
-            yield
+            yield out
             return
         if not isinstance(evicted, list):
             raise InvalidArgumentTypeError("evicted must be a list or None")
@@ -710,12 +717,15 @@ class ReferenceBlockManager:
             raise InvalidArgumentError("evicted= needs a manager built with record_evictions=True")
         outer, self._duty = self._duty, []
         try:
-            yield
+            yield out
+        except BaseException as e:
+            out.error = e
+            raise
         finally:
             mine, self._duty = self._duty, outer
-            evicted.extend(mine)
             if outer is not None:
                 outer.extend(mine)
+            deliver(evicted, mine, out)
 
     @property
     def num_groups(self) -> int:
@@ -1015,19 +1025,21 @@ class ReferenceBlockManager:
         tokens (all by default); return the cached prompt tokens. `evicted`: see `_duties`.
         `block_hashes`: the caller's keys (the sequence is keyed by them, not its tokens);
         `max_hit_tokens` caps the hit; `register=False` holds registration."""
-        with self._duties(evicted):
-            return self._allocate(
-                seq_id,
-                token_ids,
-                num_new_tokens,
-                cache_salt,
-                lora_id,
-                lookahead,
-                block_hashes,
-                max_hit_tokens,
-                register,
-                retention,
-                decode_retention,
+        with self._duties(evicted) as out:
+            return out(
+                self._allocate(
+                    seq_id,
+                    token_ids,
+                    num_new_tokens,
+                    cache_salt,
+                    lora_id,
+                    lookahead,
+                    block_hashes,
+                    max_hit_tokens,
+                    register,
+                    retention,
+                    decode_retention,
+                )
             )
 
     def _allocate(
@@ -1143,8 +1155,8 @@ class ReferenceBlockManager:
     ) -> list[tuple[int, int]] | None:
         """Schedule the next `num_new_tokens` prompt tokens (chunked prefill); return the
         copy-on-write pairs, or None."""
-        with self._duties(evicted):
-            return self._extend(seq_id, num_new_tokens, lookahead)
+        with self._duties(evicted) as out:
+            return out(self._extend(seq_id, num_new_tokens, lookahead))
 
     def _extend(
         self, seq_id: int, num_new_tokens: int, lookahead: int
@@ -1183,8 +1195,8 @@ class ReferenceBlockManager:
         past them; return the copy-on-write pairs, or None. Tokens may be empty with
         lookahead (slots only) or keys (keys only); `block_hashes` continue a caller-keyed
         sequence's keys."""
-        with self._duties(evicted):
-            return self._append(seq_id, token_ids, lookahead, block_hashes)
+        with self._duties(evicted) as out:
+            return out(self._append(seq_id, token_ids, lookahead, block_hashes))
 
     def _append(
         self,
@@ -1272,8 +1284,8 @@ class ReferenceBlockManager:
     ) -> list[tuple[int, int]] | None:
         """Drop every token past `num_tokens` and the blocks past them (rejected drafts);
         return the copy-on-write pairs (a shared block left partial), or None."""
-        with self._duties(evicted):
-            return self._truncate(seq_id, num_tokens)
+        with self._duties(evicted) as out:
+            return out(self._truncate(seq_id, num_tokens))
 
     def _truncate(self, seq_id: int, num_tokens: int) -> list[tuple[int, int]] | None:
         sid = _seq_id(seq_id)
@@ -1289,12 +1301,13 @@ class ReferenceBlockManager:
         """`truncate` once its checks passed."""
         bs = self._block_size
         i = m // bs
-        # The block left partial is written next: it must end this sequence's alone and
-        # unhashed, or another holder full there could register it and the write would land
-        # in a cached block. Hashed and held alone, it leaves the index; shared (hashed or
-        # not), it is copied (after the releases below).
+        # A block left partial that was full is written next: it must end this sequence's
+        # alone and unhashed, or another holder full there could register it and the write
+        # would land in a cached block. Hashed and held alone, it leaves the index; shared
+        # (hashed or not), it is copied (after the releases below). A roll-back inside a block
+        # that was already partial changes nothing there: every holder holds its same tokens.
         copy = False
-        if m % bs and i < len(seq.blocks):
+        if m % bs and i < len(seq.blocks) and seq.num_tokens >= (i + 1) * bs:
             b = seq.blocks[i]
             if self._rc[b] > 1:
                 if self._available() == 0:
@@ -1380,7 +1393,23 @@ class ReferenceBlockManager:
         """The CPU copies of the blocks `swap_out` stored are gone."""
         if self._events_on and self._caching:
             for d in seq.digests[: self._registrable(seq)]:
-                self._log.push(BlockRemoved(block_hashes=[d], medium="CPU"))
+                self._cpu_copy_gone(0, d)
+
+    def _cpu_copy_stored(self, group: int, digest: bytes, event: BlockStored) -> None:
+        """One more CPU copy of `digest` in `group`: `event` (its `BlockStored(CPU)`) only
+        for the first, so that the events describe per key whether some copy is there."""
+        key = (group, digest)
+        self._cpu_copies[key] += 1
+        if self._cpu_copies[key] == 1:
+            self._log.push(event)
+
+    def _cpu_copy_gone(self, group: int, digest: bytes) -> None:
+        """One CPU copy of `digest` in `group` is gone: `BlockRemoved(CPU)` with the last."""
+        key = (group, digest)
+        self._cpu_copies[key] -= 1
+        if self._cpu_copies[key] == 0:
+            del self._cpu_copies[key]
+            self._log.push(BlockRemoved(block_hashes=[digest], medium="CPU", group_idx=group))
 
     def swap_out(self, seq_id: int) -> list[tuple[int, int]] | None:
         """Move a resident sequence to CPU blocks; return the (gpu, cpu) pairs, or None."""
@@ -1396,15 +1425,15 @@ class ReferenceBlockManager:
         self._swapped_out_blocks += len(pairs)
         if self._events_on and self._caching:
             for i in range(self._registrable(seq)):
-                self._log.push(self._stored(seq, i, "CPU"))
+                self._cpu_copy_stored(0, seq.digests[i], self._stored(seq, i, "CPU"))
         return pairs
 
     def swap_in(
         self, seq_id: int, *, evicted: Evicted | None = None
     ) -> list[tuple[int, int]] | None:
         """Move a swapped sequence back to GPU blocks; return the (cpu, gpu) pairs, or None."""
-        with self._duties(evicted):
-            return self._swap_in(seq_id)
+        with self._duties(evicted) as out:
+            return out(self._swap_in(seq_id))
 
     def _swap_in(self, seq_id: int) -> list[tuple[int, int]] | None:
         sid, seq = self._get(seq_id)
@@ -1665,8 +1694,8 @@ class ReferenceBlockManager:
         evicted: Evicted | None = None,
     ) -> npt.NDArray[np.int32] | None:
         """One token per sequence; the copy-on-write pairs as an int32 (k, 2) array, or None."""
-        with self._duties(evicted):
-            return self._append_batch(seq_ids, token_ids, lookahead)
+        with self._duties(evicted) as out:
+            return out(self._append_batch(seq_ids, token_ids, lookahead))
 
     def _append_batch(
         self,

@@ -65,9 +65,9 @@ class ReferenceRunningBatch:
         evictions (as `append_batch`'s)."""
         from pagedkv_reference.manager import _U32, _int_list
 
-        with self._m._duties(evicted):
+        with self._m._duties(evicted) as out:
             toks = _int_list(token_ids, "token_ids", 0, _U32)
-            return self._step(toks)
+            return out(self._step(toks))
 
     def _step(self, toks: list[int]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]] | None:
         if len(toks) != len(self._members):

@@ -128,3 +128,19 @@ def test_the_reference_copies_a_hashed_partial_block_before_writing_it() -> None
     assert pairs is not None and len(pairs) == 1 and pairs[0][0] == b
     assert m._index[b"d" * 32] == b and m._rc[b] == 0, "cached with the content it had"
     m.check_invariants()
+
+
+def test_a_roll_back_inside_a_partial_shared_block_copies_nothing(
+    make: Callable[..., Any],
+) -> None:
+    # Block size 4, 7 tokens: block 1 holds 3 of them, shared with the fork. Rolling back
+    # inside it leaves every holder partial there (no holder can register it), so nothing
+    # is copied; the fork's next write copies it as always.
+    m = make(16, 4)
+    m.allocate(7, list(range(7)))
+    m.fork(7, 9)
+    assert m.truncate(7, 5) == []
+    assert m.block_table(7) == m.block_table(9)
+    m.check_invariants()
+    pairs = m.append(7, [50])
+    assert pairs is not None and [src for src, _ in pairs] == [m.block_table(9)[1]]

@@ -36,6 +36,7 @@ mod broken;
 mod clock;
 mod config;
 mod counters;
+mod cpu_copies;
 mod cpu_pool;
 mod decode;
 pub mod duties;

@@ -72,6 +72,8 @@ pub struct BlockManager {
     pub(crate) grouped: bool,
     /// Block 0 is the null block: some group is not full attention (docs/semantics.md).
     pub(crate) null: bool,
+    /// The swap space's copies per key, for its events (`cpu_copies`).
+    pub(crate) cpu_copies: crate::cpu_copies::CpuCopies,
 }
 
 /// The next manager's `instance` (Relaxed: only uniqueness matters).
@@ -219,6 +221,7 @@ impl BlockManager {
             kinds: kinds.into_boxed_slice(),
             grouped,
             null,
+            cpu_copies: Default::default(),
             config,
         })
     }

@@ -283,7 +283,7 @@ fn withdrawals_racing_hits_and_releases_keep_the_pool_exact() {
 }
 
 #[test]
-fn truncating_into_a_withdrawn_block_copies_nothing_until_it_is_written() {
+fn truncating_into_a_shared_withdrawn_block_copies_it_at_once() {
     for grouped in [false, true] {
         let c = Config::new(16, 2);
         let m = if grouped {
@@ -302,12 +302,15 @@ fn truncating_into_a_withdrawn_block_copies_nothing_until_it_is_written() {
             .map(|g| m.block_table_of(1, g).unwrap()[1])
             .collect();
         assert_eq!(m.evict_blocks(&at), Ok(at.len()));
-        // Block 1 (tokens 3, 4) is shared and no longer cached: no copy at the roll-back...
-        assert_eq!(m.truncate(1, 3), Ok(Some(vec![])));
-        m.check_invariants().unwrap();
-        // ...but the next write into it copies it (it is still shared).
-        let pairs = m.append(1, &[9]).unwrap().unwrap();
+        // Block 1 (tokens 3, 4) is shared and no longer cached. A partial block kept by a
+        // roll-back is the sequence's own (issue 32: a shared one could be registered by
+        // another holder full there), so it is copied at the roll-back, in every group...
+        let pairs = m.truncate(1, 3).unwrap().unwrap();
+        assert_eq!(pairs.len(), at.len(), "{pairs:?}");
         assert!(pairs.iter().any(|&(src, _)| src == shared), "{pairs:?}");
+        m.check_invariants().unwrap();
+        // ...and the next write into it needs no copy.
+        assert_eq!(m.append(1, &[9]).unwrap(), Some(vec![]));
         m.free(1).unwrap();
         m.free(2).unwrap();
         m.check_invariants().unwrap();

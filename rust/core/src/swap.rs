@@ -2,9 +2,7 @@
 
 use crate::counters;
 use crate::error::{Error, Result};
-use crate::events::{KvEvent, Medium};
 use crate::manager::{chain_lock, BlockManager};
-use crate::sequence::Sequence;
 use crate::stats::AllocStatus;
 
 impl BlockManager {
@@ -34,10 +32,7 @@ impl BlockManager {
             self.release_blocks(&gpu, &seq.digests)?;
             counters::add(&self.counters.swapped_out_blocks, cpu.len());
             seq.cpu_blocks = Some(cpu);
-            for i in 0..self.registrable(seq) {
-                self.gpu
-                    .push_event(|| self.stored_event(seq, i, Medium::Cpu));
-            }
+            self.cpu_copies_stored(seq);
             Ok(Some(pairs))
         })
     }
@@ -71,26 +66,6 @@ impl BlockManager {
             counters::add(&self.counters.swapped_in_blocks, cpu.len());
             Ok(Some(pairs))
         })
-    }
-
-    /// Queue `BlockRemoved(CPU)` for the blocks whose CPU copies `swap_out` announced.
-    pub(crate) fn cpu_copies_removed(&self, seq: &Sequence) {
-        if !self.plain() {
-            return self.for_each_cpu_copy(seq, |g, i| {
-                self.gpu.push_event(|| KvEvent::BlockRemoved {
-                    block_hash: seq.digests[i],
-                    medium: Medium::Cpu,
-                    group: g as u8,
-                });
-            });
-        }
-        for d in &seq.digests[..self.registrable(seq)] {
-            self.gpu.push_event(|| KvEvent::BlockRemoved {
-                block_hash: *d,
-                medium: Medium::Cpu,
-                group: 0,
-            });
-        }
     }
 
     pub fn can_swap_in(&self, id: u64) -> Result<AllocStatus> {

@@ -6,12 +6,12 @@ use crate::manager::{cdiv, BlockManager};
 
 impl BlockManager {
     /// Drop every token past `m` and the table entries past them (their blocks are released
-    /// tail first; hashed ones stay cached). The block left partial (if any) is the next
-    /// one written, so it must end exclusively this sequence's and unhashed: hashed and held
-    /// alone, it is withdrawn from the cache; shared (hashed or not), it is copied, or
-    /// another holder full there could register it and this sequence's next write would
-    /// land in a cached block. Returns the copy-on-write pairs, or `None` when a needed copy
-    /// does not fit (nothing changed).
+    /// tail first; hashed ones stay cached). A block the roll-back leaves partial that was
+    /// full (`cuts_a_full_block`) is the next one written, so it must end exclusively this
+    /// sequence's and unhashed: hashed and held alone, it is withdrawn from the cache;
+    /// shared (hashed or not), it is copied, or another holder full there could register it
+    /// and this sequence's next write would land in a cached block. Returns the
+    /// copy-on-write pairs, or `None` when a needed copy does not fit (nothing changed).
     pub fn truncate(&self, id: u64, m: usize) -> Result<Option<Vec<(u32, u32)>>> {
         self.with_seq(id, true, |seq| {
             if seq.is_swapped() {
@@ -28,7 +28,7 @@ impl BlockManager {
             }
             let bs = self.block_size();
             let last = m / bs;
-            let partial = (m % bs != 0)
+            let partial = cuts_a_full_block(n, m, bs)
                 .then(|| seq.blocks.get(last).copied())
                 .flatten();
             // A hashed partial block was full: its digest is `digests[last]`. Withdrawing it
@@ -78,4 +78,13 @@ impl BlockManager {
             Ok(Some(pairs))
         })
     }
+}
+
+/// Whether rolling `n` tokens back to `m` leaves partial a block that was full of tokens
+/// (block `m / bs`). Its other holders (forks, hits) then hold it full, so one of them may
+/// register it. A roll-back inside a block that was already partial changes nothing there:
+/// every holder of a shared block holds the same tokens in it (a write into a shared block
+/// copies it first), so none is full there.
+pub(crate) fn cuts_a_full_block(n: usize, m: usize, bs: usize) -> bool {
+    m % bs != 0 && n >= (m / bs + 1) * bs
 }

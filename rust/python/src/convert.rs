@@ -10,6 +10,7 @@
 //! `InvalidArgumentError` or a `MemoryError`, never an abort.
 
 use crate::errors::invalid;
+use crate::numpy_api::numpy_loaded;
 use numpy::npyffi::{self, NpyTypes, PY_ARRAY_API};
 use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pagedkv_core::MAX_KEY_LEN;
@@ -115,6 +116,11 @@ fn scalar(obj: &Bound<'_, PyAny>) -> Option<Scalar> {
 /// which numpy also files under `np.integer`).
 fn numpy_int(obj: &Bound<'_, PyAny>) -> Option<i128> {
     let py = obj.py();
+    // Without numpy no object is a numpy scalar. (numpy loaded, then made unimportable: its
+    // scalars are then not read, so an argument that is one is refused by type.)
+    if !numpy_loaded(py).unwrap_or(false) {
+        return None;
+    }
     // SAFETY: the numpy API table is initialised by `get_type_object`; the scalar check
     // comes first, and `PyArray_ScalarAsCtype` writes at most `itemsize` (<= 8 for the kinds
     // read below) bytes into the 16-byte buffer.
@@ -280,8 +286,8 @@ fn ints<T: TryFrom<i128>>(
     range: &str,
 ) -> PyResult<Vec<T>> {
     let py = obj.py();
-    if let Ok(arr) = obj.cast::<PyUntypedArray>() {
-        return from_array(arr, what, lo, hi, range);
+    if let Some(arr) = as_array(obj)? {
+        return from_array(&arr, what, lo, hi, range);
     }
     let too_long = |n: &dyn std::fmt::Display| {
         invalid(
@@ -361,6 +367,11 @@ fn ints<T: TryFrom<i128>>(
 /// array, copied whole: every `uint32` is a token id, so there is nothing to check per entry.
 /// `None` for any other input (read by `ints`).
 fn plain_u32(obj: &Bound<'_, PyAny>, what: &str) -> Option<PyResult<Vec<u32>>> {
+    match numpy_loaded(obj.py()) {
+        Ok(true) => {}
+        Ok(false) => return None,
+        Err(e) => return Some(Err(e)),
+    }
     if !obj.get_type().is(obj.py().get_type::<PyUntypedArray>()) {
         return None;
     }
@@ -656,7 +667,7 @@ pub fn lookaheads(obj: &Given<'_>) -> PyResult<Lookaheads> {
         Given::Value(v) if scalar(v).is_some() => {
             int_in(v, Name("lookahead", None), 0, MAX, "[0, 2**63)").map(Lookaheads::All)
         }
-        Given::Value(v) if is_int_sequence(v) => {
+        Given::Value(v) if is_int_sequence(v)? => {
             ints(v, "lookahead", 0, MAX, "[0, 2**63)").map(Lookaheads::Each)
         }
         Given::Value(v) => Err(wrong_type(
@@ -672,9 +683,18 @@ pub fn lookaheads(obj: &Given<'_>) -> PyResult<Lookaheads> {
 
 /// Whether `ints` reads `obj` as a sequence (the kinds it accepts; its entries and, for an
 /// array, its shape and dtype are still to check).
-fn is_int_sequence(obj: &Bound<'_, PyAny>) -> bool {
-    obj.cast::<PyUntypedArray>().is_ok()
-        || obj.cast_exact::<PyList>().is_ok()
+fn is_int_sequence(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+    Ok(obj.cast_exact::<PyList>().is_ok()
         || obj.cast_exact::<PyTuple>().is_ok()
         || obj.cast::<PyRange>().is_ok()
+        || as_array(obj)?.is_some())
+}
+
+/// `obj` as an ndarray (subclasses included), if it is one. Without numpy (`numpy_loaded`)
+/// nothing is.
+fn as_array<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyUntypedArray>>> {
+    if !numpy_loaded(obj.py())? {
+        return Ok(None);
+    }
+    Ok(obj.cast::<PyUntypedArray>().ok().cloned())
 }

@@ -2,8 +2,10 @@
 
 mod convert;
 mod errors;
+mod evicted;
 mod manager;
 mod mrc;
+mod numpy_api;
 mod objects;
 mod retention;
 mod running;
@@ -45,6 +47,7 @@ mod _core {
         let ids = crate::convert::seq_ids(hash_ids)?;
         let length = int_arg(length, "length", 0, i32::MAX.into())? as usize;
         let block_tokens = int_arg(block_tokens, "block_tokens", 1, 1 << 20)? as usize;
+        crate::numpy_api::numpy_api(py, "for trace_tokens (an array)")?;
         Ok(pagedkv_sim::hash_id_tokens(&ids, length, block_tokens).into_pyarray(py))
     }
 

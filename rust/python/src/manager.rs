@@ -7,6 +7,7 @@ use crate::convert::{
     token_count, tokens, wrong_type, Given,
 };
 use crate::errors::{invalid, IntoPy};
+use crate::numpy_api::numpy_api;
 use crate::objects;
 use crate::retention::retention_arg;
 use numpy::ndarray::Array2;
@@ -70,21 +71,19 @@ pub(crate) fn evicted_arg<'py>(
 
 /// `run` for a call that may evict cached blocks: with `evicted`, the evictions the call
 /// made (on this thread: `duties::capture`) are appended to it as `(block, group, digest)`
-/// before the call returns or raises, so the caller owns exactly its own duties.
-pub(crate) fn run_evicting<T: Send>(
-    py: Python<'_>,
+/// before the call returns or raises, so the caller owns exactly its own duties; none is
+/// lost if an append fails (`evicted::deliver`).
+pub(crate) fn run_evicting<'py, T: Send + IntoPyObject<'py>>(
+    py: Python<'py>,
     detach: bool,
-    evicted: Option<&Bound<'_, PyList>>,
+    evicted: Option<&Bound<'py, PyList>>,
     call: impl FnMut() -> CoreResult<T> + Send,
 ) -> PyResult<T> {
     let Some(list) = evicted else {
         return run(py, detach, call);
     };
     let (out, taken) = duties::capture(|| run(py, detach, call));
-    for (b, g, d) in taken {
-        list.append((b, g, PyBytes::new(py, d.as_bytes())))?;
-    }
-    out
+    crate::evicted::deliver(py, list, taken, out)
 }
 
 /// `lookahead`: slots past the new tokens, `>= 0` (no bound but the pool).
@@ -200,6 +199,9 @@ pub fn salt_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u8>>> {
 }
 
 pub(crate) fn pairs_array(py: Python<'_>, pairs: Pairs) -> PyResult<Bound<'_, PyArray2<i32>>> {
+    // The callers that change state checked numpy before they did (`numpy_api` is then a
+    // load of a flag); never a panic here either way.
+    numpy_api(py, "for the copy pairs (an array)")?;
     let flat: Vec<i32> = pairs
         .iter()
         .flat_map(|&(a, b)| [a as i32, b as i32])
@@ -778,6 +780,8 @@ impl PyBlockManager {
         let ids = self::seq_ids(seq_ids)?;
         let toks = batch_tokens(token_ids)?;
         let lookahead = lookahead_arg(&lookahead)?;
+        // Before anything changes: its result is an array.
+        numpy_api(py, "for append_batch's copy pairs (an array)")?;
         let detach = ids.len() >= DETACH_MIN_BATCH;
         let pairs = run_evicting(py, detach, evicted.as_ref(), || {
             self.inner.append_batch_lookahead(&ids, &toks, lookahead)
@@ -830,6 +834,7 @@ impl PyBlockManager {
         let ids = self::seq_ids(seq_ids)?;
         let pad = opt_int_arg(&pad, -1, "pad", i64::from(i32::MIN), i64::from(i32::MAX))? as i32;
         let group = group_arg(&group)?;
+        numpy_api(py, "for block_tables (an array)")?;
         let detach = ids.len() >= DETACH_MIN_BATCH;
         let (flat, width) = run(py, detach, || self.inner.block_tables_of(&ids, pad, group))?;
         let array = Array2::from_shape_vec((ids.len(), width), flat)
@@ -856,6 +861,7 @@ impl PyBlockManager {
         let n = counts(num_new_tokens, ids.len(), "num_new_tokens")?;
         let lookahead = lookaheads(&lookahead)?;
         let group = group_arg(&group)?;
+        numpy_api(py, "for slot_mapping (an array)")?;
         let detach = ids.len() >= DETACH_MIN_BATCH;
         let slots = run(py, detach, || {
             self.inner
@@ -886,6 +892,7 @@ impl PyBlockManager {
         let ids = self::seq_ids(seq_ids)?;
         let lookahead = lookaheads(&lookahead)?;
         let group = group_arg(&group)?;
+        numpy_api(py, "for flashinfer_page_table (arrays)")?;
         let detach = ids.len() >= DETACH_MIN_BATCH;
         let (indptr, indices, last) = run(py, detach, || {
             self.inner

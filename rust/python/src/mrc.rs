@@ -158,6 +158,7 @@ impl PyMrcStream {
                 format!("sample_rate must be in (0, 1], got {sample_rate}"),
             ));
         }
+        crate::numpy_api::numpy_api(py, "for a miss-ratio curve (an array)")?;
         let t = py.detach(|| self.inner.curve(sample_rate));
         Ok((t.values.into_pyarray(py), t.touches, t.distinct))
     }

@@ -79,6 +79,8 @@ impl PyRunningBatch {
     ) -> PyResult<Option<(Bound<'py, PyAny>, Bound<'py, PyArray2<i32>>)>> {
         let evicted = evicted_arg(evicted, self.mgr.get().records())?;
         let toks = batch_tokens(token_ids)?;
+        // Before anything changes: its results are arrays.
+        crate::numpy_api::numpy_api(py, "for a running batch's step (arrays)")?;
         let detach = toks.len() >= DETACH_MIN_BATCH;
         let mgr = &self.mgr.get().inner;
         let out = run_evicting(py, detach, evicted.as_ref(), || {

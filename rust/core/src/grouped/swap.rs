@@ -3,7 +3,6 @@
 
 use crate::counters;
 use crate::error::Result;
-use crate::events::Medium;
 use crate::manager::BlockManager;
 use crate::sequence::Sequence;
 
@@ -43,10 +42,7 @@ impl BlockManager {
         seq.cpu_blocks = rows.next();
         seq.set_more(Vec::new(), rows.collect());
         counters::add(&self.counters.swapped_out_blocks, count);
-        self.for_each_cpu_copy(seq, |g, i| {
-            self.gpu
-                .push_event(|| self.stored_event_of(seq, g, i, Medium::Cpu));
-        });
+        self.cpu_copies_stored(seq);
         Ok(Some(pairs))
     }
 

@@ -36,12 +36,13 @@ impl BlockManager {
         }
         let i = m / bs;
         let keep = cdiv(m, bs);
-        // Each group's entry left partial: it must end exclusively this table's and unhashed
-        // (see `truncate`).
+        // Each group's entry left partial that was full: it must end exclusively this
+        // table's and unhashed (see `truncate`).
+        let cut = crate::truncate::cuts_a_full_block(seq.tokens.len(), m, bs);
         let partial: Vec<Option<u32>> = (0..seq.num_groups())
             .map(|g| {
                 let b = *seq.table(g).get(i)?;
-                (m % bs != 0 && !self.is_null(b)).then_some(b)
+                (cut && !self.is_null(b)).then_some(b)
             })
             .collect();
         // Under the chain's prefix lock no hit adds a holder: `rc > 1` only falls.
