@@ -19,6 +19,7 @@ from pagedkv.alloc_status import AllocStatus
 from pagedkv.config import BlockManagerConfig
 from pagedkv.errors import (
     DuplicateSequenceError,
+    EvictionsNotDeliveredError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
     InvariantError,
@@ -63,6 +64,7 @@ __all__ = [
     "BlockRemoved",
     "BlockStored",
     "DuplicateSequenceError",
+    "EvictionsNotDeliveredError",
     "GroupStats",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
