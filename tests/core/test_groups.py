@@ -297,6 +297,27 @@ def test_sliding_window_hit_needs_only_the_window(make):
     assert m.block_table(2)[:4] == [0, 0, *m.block_table(1)[2:4]]
 
 
+@pytest.mark.parametrize("group", [sw(8), chunked(8)], ids=["window", "chunked"])
+def test_local_groups_admit_a_prompt_longer_than_the_pool_past_its_hit(make, group):
+    """With only local-attention groups a hit holds only the blocks its window or chunk
+    still needs: a cached 48-token prompt plus one token and 4 lookahead slots spans 14
+    blocks (more than the 13 usable besides the null block) but takes 2 fresh ones, and
+    `allocate` takes them as `allocation_cost` and `can_allocate` say (it refused before)."""
+    m = make(14, 4, groups=[group])
+    p = toks(0, 48)
+    assert m.allocate(1, p) is not None  # chunked: a boundary hit with nothing cached
+    m.free(1)
+    assert m.num_available_blocks == 13
+    prompt = [*p, 99]
+    assert m.allocation_cost(prompt, lookahead=4)[:2] == (48, 2)
+    assert m.can_allocate(prompt) == AllocStatus.OK
+    assert m.allocate(2, prompt, lookahead=4) == 48
+    table = m.block_table(2)
+    assert len(table) == 14  # 49 tokens and 4 slots, the skipped entries null
+    assert len([b for b in table if b != 0]) <= 4
+    assert m.append(2, [100]) == []
+
+
 def test_hit_blocked_inside_the_window_falls_back_to_a_shorter_hit(make):
     m = make(16, 16, groups=[sw(32)])
     p = toks(0, 64)

@@ -45,6 +45,9 @@ CONFIGS: dict[str, tuple[int, list[KVCacheGroup]]] = {
         ],
     ),
     "window-only": (2, [KVCacheGroup("sliding_window", window=5)]),
+    # A chunk per block: every block boundary hits with nothing cached and a prompt holds
+    # only its last block, so prompts longer than the pool fit.
+    "chunked-only": (2, [KVCacheGroup("chunked_local", chunk=2)]),
 }
 MAX_SEQ = 6
 
