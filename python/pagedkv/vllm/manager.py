@@ -110,6 +110,11 @@ class KVCacheManager:
         self.num_kv_cache_groups = layout.num_groups
         self.block_size = layout.block_size
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        # Per pagedkv group, the cap on a request's full-sequence admission charge.
+        self.admission_caps = layout.admission_caps(
+            max_model_len if max_in_flight_tokens is None else max_in_flight_tokens,
+            max_model_len,
+        )
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self.core = _core.BlockManager(
@@ -245,12 +250,13 @@ class KVCacheManager:
         # pagedkv schedules known tokens only: the rest of `need` are lookahead slots (drafts,
         # async placeholders, EAGLE's lookahead).
         upto = min(target, request.num_tokens)
-        floor = reserved_blocks
+        watermark = 0
         if has_scheduled_reqs and request.status in (
             RequestStatus.WAITING,
             RequestStatus.PREEMPTED,
         ):
-            floor += self.watermark_blocks
+            watermark = self.watermark_blocks
+        floor = reserved_blocks + watermark
         if rec is None:
             return self._allocate_new(
                 request,
@@ -258,7 +264,7 @@ class KVCacheManager:
                 upto,
                 need,
                 delay_cache_blocks,
-                full_sequence_must_fit,
+                watermark if full_sequence_must_fit else None,
                 floor,
                 num_encoder_tokens if self.layout.has_cross else 0,
             )
@@ -303,12 +309,18 @@ class KVCacheManager:
         upto: int,
         need: int,
         delay: bool,
-        full_sequence_must_fit: bool,
+        whole_floor: int | None,
         floor: int,
         num_encoder_tokens: int,
     ) -> KVCacheBlocks | None:
         """A request pagedkv does not hold yet: one `allocate` taking exactly the `hit`
-        tokens the scheduler took from `get_computed_blocks` (it may have capped them)."""
+        tokens the scheduler took from `get_computed_blocks` (it may have capped them).
+
+        Admission as vLLM's: with `full_sequence_must_fit` (`whole_floor` is then the
+        watermark) the whole prompt must fit above the watermark, each sliding window or
+        chunked local group charged at most its cap; then this step's blocks must fit
+        above `floor` (the watermark and `reserved_blocks`). The cross-attention blocks
+        count in both."""
         core = self.core
         bs = self.block_size
         rid = request.request_id
@@ -316,16 +328,15 @@ class KVCacheManager:
         nkeys = min(self._num_keys(request), n // bs) if self.enable_caching else 0
         # Caller-keyed from the start, even with no full block yet (keys arrive later).
         keys = self._keys(request, 0, nkeys) if self.enable_caching else None
-        if floor or full_sequence_must_fit:
-            whole = min(n, self.max_model_len) if full_sequence_must_fit else need
-            _, fresh, revived = core.allocation_cost(
-                range(n),
-                num_new_tokens=max(min(whole, n) - hit, 1),
-                block_hashes=keys,
-                max_hit_tokens=hit,
-                lookahead=max(whole - n, 0),
-            )
-            if fresh + revived + floor > self.block_pool.get_num_free_blocks():
+        encoder = _cdiv(num_encoder_tokens, bs)
+        if whole_floor is not None:
+            whole = min(n, self.max_model_len)
+            cost = self._admission_cost(keys, n, hit, whole, self.admission_caps)
+            if cost + encoder + whole_floor > self.block_pool.get_num_free_blocks():
+                return None
+        if floor:
+            cost = self._admission_cost(keys, n, hit, need, None)
+            if cost + encoder + floor > self.block_pool.get_num_free_blocks():
                 return None
         cross = None
         if num_encoder_tokens:
@@ -367,6 +378,33 @@ class KVCacheManager:
         self._seqs[rid] = rec
         self.events.note_keys(sid, keys, 0)
         return self._result(rec, hit // bs, length, cross=True)
+
+    def _admission_cost(
+        self,
+        keys: list[bytes] | None,
+        n: int,
+        hit: int,
+        slots: int,
+        caps: list[int | None] | None,
+    ) -> int:
+        """The blocks a new request of `n` tokens with a `hit` takes for `slots` slots: per
+        group its fresh blocks (at most `caps[g]` less the hit, with caps), plus the hit's
+        blocks that are cached but unreferenced (vLLM counts both against its free
+        blocks)."""
+        bs = self.block_size
+        got, fresh, revived = self.core.allocation_cost(
+            range(n),
+            num_new_tokens=max(min(slots, n) - hit, 1),
+            block_hashes=keys,
+            max_hit_tokens=hit,
+            lookahead=max(slots - n, 0),
+        )
+        if caps is None:
+            return int(fresh + revived)
+        h = got // bs
+        total = _cdiv(slots, bs)
+        fresh = sum(max((total if cap is None else min(total, cap)) - h, 0) for cap in caps)
+        return int(fresh + revived)
 
     def _advance(self, request: Request, rec: _Seq, upto: int, need: int) -> int | None:
         """Bring a held sequence to `upto` scheduled tokens and `need` slots with one call:
