@@ -187,6 +187,50 @@ def test_refused_step_releases_nothing(make):
     assert snapshot(m, [1]) == before
 
 
+def test_steps_without_release_leave_skipped_entries_to_release_skipped(make):
+    """`release=False`: a step writes and registers but keeps the skipped entries, and its
+    fit test does not count them; `release_skipped(seq, n)` releases those skipped at
+    `min(n, s)` (tail first), never refused, whenever the caller chooses, even before a step
+    that then does not fit (vLLM's `remove_skipped_blocks`)."""
+    m = make(7, 4, groups=[FULL, sw(4)], enable_prefix_caching=False)
+    assert m.allocate(1, toks(0, 8)) == 0
+    assert tables(m, 1) == [[1, 2], [3, 4]]
+    assert m.append(1, [8], release=False) == []  # p = 8: entry 0 skipped, kept
+    assert tables(m, 1) == [[1, 2, 5], [3, 4, 6]]
+    assert m.num_available_blocks == 0
+    assert m.append(1, [9, 10, 11, 12], release=False) is None  # would need 2 of 0
+    assert m.release_skipped(1, 6) == 0  # at p = 6 the window still covers entry 0
+    assert m.release_skipped(1, 100) == 1  # at p = min(100, 9): entry 0 released
+    assert tables(m, 1) == [[1, 2, 5], [0, 4, 6]]
+    assert m.num_available_blocks == 1
+    assert m.release_skipped(1, 9) == 0
+    assert m.append(1, [9, 10, 11, 12], release=False) is None  # still 2 of 1
+    assert m.num_available_blocks == 1, "the refused step gave nothing back or took any"
+    assert m.append(1, [9, 10], release=False) == []  # p = 9, no new block; entry 1 kept
+    assert tables(m, 1) == [[1, 2, 5], [0, 4, 6]]
+    assert m.append(1, [11, 12]) == []  # p = 11: entry 1 released first; then 2 new blocks
+    assert tables(m, 1) == [[1, 2, 5, 4], [0, 0, 6, 3]]  # the last released is reused first
+
+
+def test_release_skipped_arguments(make, impl):
+    m = make(8, 4, groups=[FULL, sw(4)])
+    assert m.allocate(1, toks(0, 9)) == 0
+    with pytest.raises(InvalidArgumentError):
+        m.release_skipped(1, -1)
+    with pytest.raises(InvalidArgumentTypeError):
+        m.release_skipped(1, "3")
+    with pytest.raises(InvalidArgumentTypeError):
+        m.append(1, [1], release=1)
+    with pytest.raises(InvalidArgumentTypeError):
+        m.extend(1, 1, release=None)
+    with pytest.raises(pagedkv.errors.UnknownSequenceError):
+        m.release_skipped(2, 3)
+    plain = impl(8, 4, watermark=0.0)
+    assert plain.allocate(1, toks(0, 9)) == 0
+    assert plain.release_skipped(1, 9) == 0  # nothing skips without groups
+    assert plain.append(1, [1], release=False) == []
+
+
 def test_state_group_keeps_only_the_latest_state(make):
     m = make(16, 4, groups=[STATE], enable_prefix_caching=False)
     assert m.allocate(1, toks(0, 9)) == 0

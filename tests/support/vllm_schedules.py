@@ -87,7 +87,9 @@ def run(which: str, program: Program) -> list[Step]:
         trace.append(
             Step(
                 scheduled=tuple(
-                    sorted((r, n, len(spec.get(r, ()))) for r, n in out.num_scheduled_tokens.items())
+                    sorted(
+                        (r, n, len(spec.get(r, ()))) for r, n in out.num_scheduled_tokens.items()
+                    )
                 ),
                 preempted=tuple(sorted(out.preempted_req_ids or ())),
                 free_blocks=scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),

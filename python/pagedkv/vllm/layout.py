@@ -101,7 +101,8 @@ class Layout:
             if isinstance(s, CrossAttentionSpec):
                 continue
             if isinstance(s, (SlidingWindowSpec, ChunkedLocalAttentionSpec)):
-                caps.append(int(s.max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)))
+                cap = s.max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)
+                caps.append(int(cap))
             else:
                 caps.append(None)
         return caps

@@ -107,6 +107,14 @@ class KVCacheManager:
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
         self.kv_cache_config = kv_cache_config
         self.layout = layout = Layout(kv_cache_config, hash_block_size)
+        if layout.has_cross and enable_caching:
+            # vLLM turns prefix caching off for encoder-decoder models (its cross-attention
+            # manager has no hits to look up). Served here, a request's cross-attention
+            # blocks, taken first, could evict the hit the scheduler had counted.
+            raise NotImplementedError(
+                "pagedkv.vllm: prefix caching with a cross-attention group (an "
+                "encoder-decoder model) is not supported, as in vLLM: disable prefix caching"
+            )
         self.num_kv_cache_groups = layout.num_groups
         self.block_size = layout.block_size
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
@@ -127,6 +135,8 @@ class KVCacheManager:
         )
         # vLLM id = pagedkv id + offset (1 when pagedkv has no null block of its own).
         self.offset = layout.offset
+        # Whether some group releases entries a request no longer needs (not full attention).
+        self._releases = any(g.kind != "full" for g in layout.groups)
         # request id -> what pagedkv holds for it (`_Seq`)
         self._seqs: dict[str, _Seq] = {}
         # Sequences popped by `pop_blocks_for_free`, freed when their blocks come back.
@@ -233,6 +243,7 @@ class KVCacheManager:
             and rec.scheduled == rec.have
             and request.num_computed_tokens + num_new_tokens >= rec.have
             and (not self.watermark_blocks or request.status == RequestStatus.RUNNING)
+            and not full_sequence_must_fit
         ):
             return self._decode(request, rec, num_new_tokens, num_lookahead_tokens)
         if (
@@ -269,6 +280,15 @@ class KVCacheManager:
                 num_encoder_tokens if self.layout.has_cross else 0,
             )
         had = rec.table_len
+        if full_sequence_must_fit:
+            whole = _cdiv(min(request.num_tokens, self.max_model_len), self.block_size)
+            cost = sum(
+                max((whole if cap is None else min(whole, cap)) - had, 0)
+                for cap in self.admission_caps
+            )
+            if cost + watermark > self.block_pool.get_num_free_blocks():
+                return None
+        self._release(request, rec, total_computed)
         grow = max(_cdiv(need, self.block_size) - had, 0) * self.layout.num_core_groups
         if grow and floor and grow + floor > self.block_pool.get_num_free_blocks():
             return None
@@ -286,12 +306,23 @@ class KVCacheManager:
         """`allocate_slots` of a running request whose known tokens are all scheduled and
         that schedules past them (a decode step, with drafts or placeholders): one `append`,
         with no watermark, reservation, hold or hit to consider (the per-step path)."""
-        target = request.num_computed_tokens + num_new_tokens
+        computed = request.num_computed_tokens
+        self._release(request, rec, min(computed, self.max_model_len))
+        target = computed + num_new_tokens
         need = min(target + num_lookahead_tokens, self.max_model_len)
         slots = self._append(request, rec, min(target, request.num_tokens), need)
         if slots is None:
             return None
         return self._grown(rec, slots)
+
+    def _release(self, request: Request, rec: _Seq, computed: int) -> None:
+        """Release what the request's window and chunk groups no longer need, where and when
+        vLLM's `allocate_slots` frees it: first, even if the call is then refused, at its
+        processed tokens (computed less those of steps still in flight). pagedkv's steps
+        leave it to this (`release=False`): a step would release at its scheduled tokens,
+        which run ahead of those with drafts accepted late or steps in flight."""
+        if self._releases:
+            self.core.release_skipped(rec.sid, max(0, computed - request.num_in_flight_tokens))
 
     def _grown(self, rec: _Seq, slots: int) -> KVCacheBlocks:
         """The blocks a call added to the request's tables to give it `slots` slots."""
@@ -417,7 +448,9 @@ class KVCacheManager:
             return rec.table_len * self.block_size
         if rec.scheduled < rec.have:
             end = min(upto, rec.have)
-            pairs = self.core.extend(rec.sid, end - rec.scheduled, lookahead=max(need - end, 0))
+            pairs = self.core.extend(
+                rec.sid, end - rec.scheduled, lookahead=max(need - end, 0), release=False
+            )
             if pairs is None:
                 return None
             self._note_copies(pairs)
@@ -438,7 +471,9 @@ class KVCacheManager:
                 keys = self._keys(request, rec.nkeys, room)
         if not new and not lookahead and keys is None:
             return end
-        pairs = self.core.append(rec.sid, new, lookahead=lookahead, block_hashes=keys)
+        pairs = self.core.append(
+            rec.sid, new, lookahead=lookahead, block_hashes=keys, release=False
+        )
         if pairs is None:
             return None
         self._note_copies(pairs)
@@ -507,25 +542,33 @@ class KVCacheManager:
 
         Tokens computed in draft or placeholder slots (accepted drafts, async outputs) that
         pagedkv has not been told of yet are appended first: their KV is in those slots.
+        Without prefix caching that is all (the next step's releases count from them).
         """
-        if not self.enable_caching:
-            return
         rec = self._seqs.get(request.request_id)
         if rec is None:
             return
         bs = self.block_size
         n = min(num_computed_tokens, request.num_tokens)
         end = max(n, rec.have) if rec.scheduled == rec.have else rec.have
-        room = min(self._num_keys(request), end // bs)
-        keys = self._keys(request, rec.nkeys, room) if room > rec.nkeys else None
+        keys = None
+        room = rec.nkeys
+        if self.enable_caching:
+            room = min(self._num_keys(request), end // bs)
+            keys = self._keys(request, rec.nkeys, room) if room > rec.nkeys else None
         core = self.core
-        if n > rec.have and rec.scheduled == rec.have:
-            pairs = core.append(rec.sid, request.all_token_ids[rec.have : n], block_hashes=keys)
+        appended = n > rec.have and rec.scheduled == rec.have
+        if appended:
+            # Nothing is released here: vLLM frees a window's blocks in `allocate_slots` only.
+            pairs = core.append(
+                rec.sid, request.all_token_ids[rec.have : n], block_hashes=keys, release=False
+            )
             if pairs is None:
                 return  # no room for a copy-on-write: nothing is registered now
             self._note_copies(pairs)
             rec.have = rec.scheduled = n
-        elif keys is not None:
+        if not self.enable_caching:
+            return
+        if keys is not None and not appended:
             core.register(rec.sid, num_tokens=min(n, rec.scheduled), block_hashes=keys)
         if keys is not None:
             self.events.note_keys(rec.sid, keys, rec.nkeys)
@@ -583,8 +626,9 @@ class KVCacheManager:
         processed_computed_tokens: int,
         num_prompt_tokens: int | None = None,
     ) -> None:
-        # pagedkv releases a window's skipped blocks itself when a step passes them.
-        return None
+        rec = self._seqs.get(request_id)
+        if rec is not None and self._releases:
+            self.core.release_skipped(rec.sid, processed_computed_tokens)
 
     def reset_prefix_cache(self) -> bool:
         if not self.core.reset_prefix_cache():
