@@ -13,6 +13,7 @@ from vllm.config import (
     SpeculativeConfig,
     VllmConfig,
 )
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler as VllmAsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
 from vllm.v1.kv_cache_interface import (
@@ -24,9 +25,14 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.structured_output import StructuredOutputManager
 
+from pagedkv.vllm import AsyncScheduler as PagedAsyncScheduler
 from pagedkv.vllm import Scheduler as PagedScheduler
 
 SCHEDULERS: dict[str, type[VllmScheduler]] = {"vllm": VllmScheduler, "pagedkv": PagedScheduler}
+ASYNC_SCHEDULERS: dict[str, type[VllmScheduler]] = {
+    "vllm": VllmAsyncScheduler,
+    "pagedkv": PagedAsyncScheduler,
+}
 
 
 def build_scheduler(
@@ -41,11 +47,13 @@ def build_scheduler(
     model: str = "facebook/opt-125m",
     specs: list[KVCacheSpec] | None = None,
     num_speculative_tokens: int | None = None,
+    async_scheduling: bool = False,
 ) -> VllmScheduler:
     """`which`: "vllm" (vLLM's own manager) or "pagedkv" (`pagedkv.vllm.Scheduler`).
     `specs`: the KV-cache groups (default one full-attention group); with
     `num_speculative_tokens` the scheduler runs speculative decoding (drafts come from
-    `give_drafts`, their acceptance from `run_step`)."""
+    `give_drafts`, their acceptance from `run_step`); `async_scheduling`: vLLM's
+    asynchronous scheduler (the next step is scheduled before the last one's output)."""
     model_config = ModelConfig(model=model, dtype="float16", seed=0, max_model_len=max_model_len)
     scheduler_config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
@@ -54,6 +62,7 @@ def build_scheduler(
         enable_chunked_prefill=True,
         is_encoder_decoder=False,
         watermark=0.0,
+        async_scheduling=async_scheduling,
     )
     cache_config = CacheConfig(
         block_size=block_size,
@@ -84,7 +93,8 @@ def build_scheduler(
         kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec([f"layer.{i}"], s) for i, s in enumerate(specs)],
     )
-    return SCHEDULERS[which](
+    classes = ASYNC_SCHEDULERS if async_scheduling else SCHEDULERS
+    return classes[which](
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
         block_size=block_size,

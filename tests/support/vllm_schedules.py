@@ -99,6 +99,50 @@ def run(which: str, program: Program) -> list[Step]:
     return trace
 
 
+def run_async(which: str, program: Program) -> list[tuple[Any, ...]]:
+    """`program` under vLLM's asynchronous scheduler: each step is scheduled before the
+    previous step's output is processed (one step in flight). Prompts must fit one step
+    (each scheduled request samples one token). Records, per step, what it scheduled and the
+    free blocks after the schedule and after the update."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    bs = program.config.get("block_size", 16)
+    scheduler = build_scheduler(which, async_scheduling=True, **program.config)
+    hasher = get_request_block_hasher(bs, sha256)
+    pool = scheduler.kv_cache_manager.block_pool
+    trace: list[tuple[Any, ...]] = []
+    pending = None
+    for i in range(program.steps):
+        for a in program.arrivals:
+            if a.step == i:
+                scheduler.add_request(
+                    Request(
+                        request_id=a.rid,
+                        prompt_token_ids=list(a.prompt),
+                        sampling_params=SamplingParams(max_tokens=a.max_tokens, ignore_eos=True),
+                        pooling_params=None,
+                        block_hasher=hasher,
+                    )
+                )
+        out = scheduler.schedule()
+        scheduled = tuple(sorted(out.num_scheduled_tokens.items()))
+        after_schedule = pool.get_num_free_blocks()
+        if pending is not None:
+            ids = list(pending.num_scheduled_tokens)
+            output = ModelRunnerOutput(
+                req_ids=ids,
+                req_id_to_index={r: j for j, r in enumerate(ids)},
+                sampled_token_ids=[[7 + i % 5] for _ in ids],
+                logprobs=None,
+                prompt_logprobs_dict={},
+                pooler_output=[],
+            )
+            scheduler.update_from_output(pending, output)
+        pending = out
+        trace.append((i, scheduled, after_schedule, pool.get_num_free_blocks()))
+    return trace
+
+
 def first_difference(theirs: list[Step], ours: list[Step]) -> str | None:
     """Where two schedules first differ, in words (None when they are the same)."""
     for i, (a, b) in enumerate(zip(theirs, ours, strict=True)):
@@ -112,4 +156,4 @@ def finished_at(trace: list[Step], rid: str) -> int | None:
     return next((i for i, s in enumerate(trace) if rid in s.finished), None)
 
 
-__all__ = ["Arrival", "Program", "Step", "finished_at", "first_difference", "run"]
+__all__ = ["Arrival", "Program", "Step", "finished_at", "first_difference", "run", "run_async"]

@@ -147,6 +147,7 @@ class KVCacheManager:
         self._block_objs: dict[int, KVCacheBlock] = {}
         self.events = EventTranslator(self, enable_kv_cache_events)
         self.block_pool = BlockPoolView(self)
+        self._block_objs[0] = self.block_pool.null_block  # vLLM's one null block object
         self.coordinator = CoordinatorView(self)
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(layout.num_groups)))
 
