@@ -103,8 +103,10 @@ class BlockManager:
         *,
         lookahead: _Int = 0,
         evicted: _Evicted | None = None,
+        release: bool = True,
     ) -> list[tuple[int, int]] | None:
-        """Schedule the next prompt chunk; returns copy-on-write pairs, or None if full."""
+        """Schedule the next prompt chunk; returns copy-on-write pairs, or None if full.
+        `release=False` leaves the entries the groups no longer need (`release_skipped`)."""
     def append(
         self,
         seq_id: _Int,
@@ -113,10 +115,14 @@ class BlockManager:
         lookahead: _Int = 0,
         evicted: _Evicted | None = None,
         block_hashes: _Keys | None = None,
+        release: bool = True,
     ) -> list[tuple[int, int]] | None:
         """Append tokens (and reserve `lookahead` draft slots past them; tokens may be empty
         with lookahead or keys); returns the copy-on-write (src, dst) pairs, or None if full.
-        `block_hashes` continues a caller-keyed sequence's keys."""
+        `block_hashes` continues a caller-keyed sequence's keys; `release` as `extend`'s."""
+    def release_skipped(self, seq_id: _Int, num_tokens: _Int) -> int:
+        """Release the entries each group no longer needs at position `num_tokens` (at most
+        the scheduled tokens), tail first; never refused. Returns how many."""
     def register(
         self, seq_id: _Int, *, num_tokens: _Int | None = None, block_hashes: _Keys | None = None
     ) -> int:

@@ -219,12 +219,13 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
 
     # ------------------------------------------------------------ skipped entries, writes
 
-    def _skipped(self, seq: _GSeq) -> list[tuple[int, int]]:
-        """(group, index) of the non-null entries skipped at `p = s`, in release order:
-        group by group, tail first."""
+    def _skipped(self, seq: _GSeq, p: int | None = None) -> list[tuple[int, int]]:
+        """(group, index) of the non-null entries skipped at position `p` (default the
+        scheduled tokens), in release order: group by group, tail first."""
         out: list[tuple[int, int]] = []
+        at = seq.scheduled if p is None else p
         for g, (group, table) in enumerate(zip(self._groups, seq.tables, strict=True)):
-            end = group.skipped_tokens(seq.scheduled) // self._block_size
+            end = group.skipped_tokens(at) // self._block_size
             out.extend((g, i) for i in range(end - 1, -1, -1) if table[i] != self._null)
         return out
 
@@ -329,28 +330,40 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         self._admitted(sid, gs, h)
         return h * bs
 
-    def _step(self, seq: _GSeq, end: int, la: int) -> Pairs | None:
+    def _step(self, seq: _GSeq, end: int, la: int, release: bool = True) -> Pairs | None:
         """The block work of `extend`/`append` up to position `end`: if it fits (counting
-        the blocks it frees), release the skipped entries, then write; else None."""
-        skipped = self._skipped(seq)
+        the blocks it frees), release the skipped entries (with `release`), then write;
+        else None."""
+        skipped = self._skipped(seq) if release else []
         need = self._need(self._write_plan(seq, end, la))
         if not self._fits(need, self._blocks_at(seq, skipped)):
             return None  # a refused call releases nothing either
         self._drop(seq, skipped)
         return self._write_tables(seq, end, la)
 
-    def _extend_to(self, seq: _Seq, m: int, la: int) -> Pairs | None:
+    def _extend_to(self, seq: _Seq, m: int, la: int, release: bool = True) -> Pairs | None:
         gs = _gseq(seq)
-        pairs = self._step(gs, m, la)
+        pairs = self._step(gs, m, la, release)
         if pairs is not None:
             self._schedule(gs, m)
         return pairs
 
+    def _release_skipped(self, seq: _Seq, num_tokens: int) -> int:
+        gs = _gseq(seq)
+        skipped = self._skipped(gs, min(num_tokens, gs.scheduled))
+        self._drop(gs, skipped)
+        return len(skipped)
+
     def _append_tokens(
-        self, seq: _Seq, toks: list[int], la: int, keys: list[bytes] | None = None
+        self,
+        seq: _Seq,
+        toks: list[int],
+        la: int,
+        keys: list[bytes] | None = None,
+        release: bool = True,
     ) -> Pairs | None:
         gs = _gseq(seq)
-        pairs = self._step(gs, gs.num_tokens + len(toks), la)
+        pairs = self._step(gs, gs.num_tokens + len(toks), la, release)
         if pairs is not None:
             self._add_tokens(gs, toks)
             self._schedule(gs, gs.num_tokens, keys)

@@ -1152,18 +1152,21 @@ class ReferenceBlockManager:
         *,
         lookahead: int = 0,
         evicted: Evicted | None = None,
+        release: bool = True,
     ) -> list[tuple[int, int]] | None:
         """Schedule the next `num_new_tokens` prompt tokens (chunked prefill); return the
-        copy-on-write pairs, or None."""
+        copy-on-write pairs, or None. `release=False`: the entries the groups no longer need
+        stay (`release_skipped` releases them)."""
         with self._duties(evicted) as out:
-            return out(self._extend(seq_id, num_new_tokens, lookahead))
+            return out(self._extend(seq_id, num_new_tokens, lookahead, release))
 
     def _extend(
-        self, seq_id: int, num_new_tokens: int, lookahead: int
+        self, seq_id: int, num_new_tokens: int, lookahead: int, release: object = True
     ) -> list[tuple[int, int]] | None:
         sid = _seq_id(seq_id)
         k = _check_int(num_new_tokens, "num_new_tokens", 1, _I64_MAX + 1)
         la = _check_int(lookahead, "lookahead", 0, _I64_MAX + 1)
+        rel = _check_bool(release, "release")
         _, seq = self._resident(sid)
         left = seq.num_tokens - seq.scheduled
         if k > left:
@@ -1171,10 +1174,25 @@ class ReferenceBlockManager:
                 f"num_new_tokens {k} out of range [1, {left}] for sequence {sid} "
                 f"({left} prompt tokens left to schedule)"
             )
-        return self._extend_to(seq, seq.scheduled + k, la)
+        return self._extend_to(seq, seq.scheduled + k, la, rel)
 
-    def _extend_to(self, seq: _Seq, m: int, la: int) -> list[tuple[int, int]] | None:
-        """`extend` once its checks passed: schedule the prompt up to `m`."""
+    def release_skipped(self, seq_id: int, num_tokens: int) -> int:
+        """Release the entries each group no longer needs when the sequence's next position
+        is `num_tokens` (at most its scheduled tokens), group by group, tail first (what a
+        step releases first); returns how many. Without groups there are none."""
+        sid = _seq_id(seq_id)
+        n = _check_int(num_tokens, "num_tokens", 0, _I64_MAX + 1)
+        _, seq = self._resident(sid)
+        return self._release_skipped(seq, n)
+
+    def _release_skipped(self, seq: _Seq, num_tokens: int) -> int:
+        return 0
+
+    def _extend_to(
+        self, seq: _Seq, m: int, la: int, release: bool = True
+    ) -> list[tuple[int, int]] | None:
+        """`extend` once its checks passed: schedule the prompt up to `m` (`release` matters
+        only with groups)."""
         cow, new = self._write_need(seq, m, la)
         if len(cow) + new > self._available():
             return None
@@ -1190,13 +1208,14 @@ class ReferenceBlockManager:
         lookahead: int = 0,
         evicted: Evicted | None = None,
         block_hashes: list[bytes] | tuple[bytes, ...] | None = None,
+        release: bool = True,
     ) -> list[tuple[int, int]] | None:
         """Add tokens to a resident, fully scheduled sequence, plus `lookahead` draft slots
         past them; return the copy-on-write pairs, or None. Tokens may be empty with
         lookahead (slots only) or keys (keys only); `block_hashes` continue a caller-keyed
-        sequence's keys."""
+        sequence's keys. `release`: as `extend`'s."""
         with self._duties(evicted) as out:
-            return out(self._append(seq_id, token_ids, lookahead, block_hashes))
+            return out(self._append(seq_id, token_ids, lookahead, block_hashes, release))
 
     def _append(
         self,
@@ -1204,11 +1223,13 @@ class ReferenceBlockManager:
         token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
         lookahead: int,
         block_hashes: object = None,
+        release: object = True,
     ) -> list[tuple[int, int]] | None:
         sid = _seq_id(seq_id)
         toks = _int_list(token_ids, "token_ids", 0, _U32)  # argument checks before state checks
         la = _check_int(lookahead, "lookahead", 0, _I64_MAX + 1)
         keys = _keys(block_hashes)
+        rel = _check_bool(release, "release")
         if not toks and la == 0 and keys is None:
             raise InvalidArgumentError(
                 "token_ids must not be empty (unless lookahead > 0 or block_hashes are given)"
@@ -1218,12 +1239,17 @@ class ReferenceBlockManager:
             raise InvalidArgumentError(f"sequence {sid} would hold more than {MAX_LEN} tokens")
         if keys is not None:
             self._check_more_keys(sid, seq, keys, seq.num_tokens + len(toks))
-        return self._append_tokens(seq, toks, la, keys or [])
+        return self._append_tokens(seq, toks, la, keys or [], rel)
 
     def _append_tokens(
-        self, seq: _Seq, toks: list[int], la: int, keys: list[bytes] | None = None
+        self,
+        seq: _Seq,
+        toks: list[int],
+        la: int,
+        keys: list[bytes] | None = None,
+        release: bool = True,
     ) -> list[tuple[int, int]] | None:
-        """`append` once its checks passed."""
+        """`append` once its checks passed (`release` matters only with groups)."""
         cow, new = self._write_need(seq, seq.num_tokens + len(toks), la)
         if len(cow) + new > self._available():
             return None

@@ -187,6 +187,50 @@ def test_refused_step_releases_nothing(make):
     assert snapshot(m, [1]) == before
 
 
+def test_steps_without_release_leave_skipped_entries_to_release_skipped(make):
+    """`release=False`: a step writes and registers but keeps the skipped entries, and its
+    fit test does not count them; `release_skipped(seq, n)` releases those skipped at
+    `min(n, s)` (tail first), never refused, whenever the caller chooses, even before a step
+    that then does not fit (vLLM's `remove_skipped_blocks`)."""
+    m = make(7, 4, groups=[FULL, sw(4)], enable_prefix_caching=False)
+    assert m.allocate(1, toks(0, 8)) == 0
+    assert tables(m, 1) == [[1, 2], [3, 4]]
+    assert m.append(1, [8], release=False) == []  # p = 8: entry 0 skipped, kept
+    assert tables(m, 1) == [[1, 2, 5], [3, 4, 6]]
+    assert m.num_available_blocks == 0
+    assert m.append(1, [9, 10, 11, 12], release=False) is None  # would need 2 of 0
+    assert m.release_skipped(1, 6) == 0  # at p = 6 the window still covers entry 0
+    assert m.release_skipped(1, 100) == 1  # at p = min(100, 9): entry 0 released
+    assert tables(m, 1) == [[1, 2, 5], [0, 4, 6]]
+    assert m.num_available_blocks == 1
+    assert m.release_skipped(1, 9) == 0
+    assert m.append(1, [9, 10, 11, 12], release=False) is None  # still 2 of 1
+    assert m.num_available_blocks == 1, "the refused step gave nothing back or took any"
+    assert m.append(1, [9, 10], release=False) == []  # p = 9, no new block; entry 1 kept
+    assert tables(m, 1) == [[1, 2, 5], [0, 4, 6]]
+    assert m.append(1, [11, 12]) == []  # p = 11: entry 1 released first; then 2 new blocks
+    assert tables(m, 1) == [[1, 2, 5, 4], [0, 0, 6, 3]]  # the last released is reused first
+
+
+def test_release_skipped_arguments(make, impl):
+    m = make(8, 4, groups=[FULL, sw(4)])
+    assert m.allocate(1, toks(0, 9)) == 0
+    with pytest.raises(InvalidArgumentError):
+        m.release_skipped(1, -1)
+    with pytest.raises(InvalidArgumentTypeError):
+        m.release_skipped(1, "3")
+    with pytest.raises(InvalidArgumentTypeError):
+        m.append(1, [1], release=1)
+    with pytest.raises(InvalidArgumentTypeError):
+        m.extend(1, 1, release=None)
+    with pytest.raises(pagedkv.errors.UnknownSequenceError):
+        m.release_skipped(2, 3)
+    plain = impl(8, 4, watermark=0.0)
+    assert plain.allocate(1, toks(0, 9)) == 0
+    assert plain.release_skipped(1, 9) == 0  # nothing skips without groups
+    assert plain.append(1, [1], release=False) == []
+
+
 def test_state_group_keeps_only_the_latest_state(make):
     m = make(16, 4, groups=[STATE], enable_prefix_caching=False)
     assert m.allocate(1, toks(0, 9)) == 0
@@ -295,6 +339,27 @@ def test_sliding_window_hit_needs_only_the_window(make):
     m.free(9)  # room for the new entry
     assert m.allocate(2, [*p, 7]) == 64
     assert m.block_table(2)[:4] == [0, 0, *m.block_table(1)[2:4]]
+
+
+@pytest.mark.parametrize("group", [sw(8), chunked(8)], ids=["window", "chunked"])
+def test_local_groups_admit_a_prompt_longer_than_the_pool_past_its_hit(make, group):
+    """With only local-attention groups a hit holds only the blocks its window or chunk
+    still needs: a cached 48-token prompt plus one token and 4 lookahead slots spans 14
+    blocks (more than the 13 usable besides the null block) but takes 2 fresh ones, and
+    `allocate` takes them as `allocation_cost` and `can_allocate` say (it refused before)."""
+    m = make(14, 4, groups=[group])
+    p = toks(0, 48)
+    assert m.allocate(1, p) is not None  # chunked: a boundary hit with nothing cached
+    m.free(1)
+    assert m.num_available_blocks == 13
+    prompt = [*p, 99]
+    assert m.allocation_cost(prompt, lookahead=4)[:2] == (48, 2)
+    assert m.can_allocate(prompt) == AllocStatus.OK
+    assert m.allocate(2, prompt, lookahead=4) == 48
+    table = m.block_table(2)
+    assert len(table) == 14  # 49 tokens and 4 slots, the skipped entries null
+    assert len([b for b in table if b != 0]) <= 4
+    assert m.append(2, [100]) == []
 
 
 def test_hit_blocked_inside_the_window_falls_back_to_a_shorter_hit(make):

@@ -4,11 +4,12 @@ Seeded random call sequences drive both managers, built with the same groups, th
 operation on tiny pools (few blocks, block size 2 or 4, a three-token vocabulary, so that
 hybrid hits, window releases, evictions, copy-on-write, swaps and refusals happen all the
 time), with caller-keyed sequences (`block_hashes=`, keys arriving with `append` and
-`register`), hit caps, held registration and empty appends with lookahead. Every return value
-and exception class, every group's table, slot mapping and page
-table, the stats with their per-group figures and every event must be equal, and both
-managers must pass `check_invariants()` after every call (docs/semantics.md, "KV-cache
-groups"). Table digests differ between the implementations by design.
+`register`), hit caps, held registration, empty appends with lookahead, and steps that leave
+the skipped entries to `release_skipped`. Every return value and exception class, every
+group's table, slot mapping and page table, the stats with their per-group figures and every
+event must be equal, and both managers must pass `check_invariants()` after every call
+(docs/semantics.md, "KV-cache groups"). Table digests differ between the implementations by
+design.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ CONFIGS: dict[str, tuple[int, list[KVCacheGroup]]] = {
         ],
     ),
     "window-only": (2, [KVCacheGroup("sliding_window", window=5)]),
+    # A chunk per block: every block boundary hits with nothing cached and a prompt holds
+    # only its last block, so prompts longer than the pool fit.
+    "chunked-only": (2, [KVCacheGroup("chunked_local", chunk=2)]),
 }
 MAX_SEQ = 6
 
@@ -122,7 +126,10 @@ def _call(
     rng: random.Random, n_groups: int, bs: int, ref: Any, num_blocks: int
 ) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
     sid = rng.randrange(MAX_SEQ)
-    op = rng.randrange(24)
+    op = rng.randrange(25)
+    if op == 24:
+        # A caller releasing on its own schedule (steps with release=False).
+        return "release_skipped", (sid, rng.randint(0, 12)), {}
     if op >= 21:
         return _pool_call(rng, num_blocks)
     if op >= 17:
@@ -136,10 +143,12 @@ def _call(
         if rng.random() < 0.1:
             kw["cache_salt"] = "s"
         return "allocate", (sid, _tokens(rng)), kw
+    release = {"release": False} if rng.random() < 0.3 else {}
     if op == 4:
-        return "extend", (sid, rng.randint(0, 4)), {"lookahead": rng.randint(0, 2)}
+        return "extend", (sid, rng.randint(0, 4)), {"lookahead": rng.randint(0, 2), **release}
     if op in (5, 6):
-        return "append", (sid, _tokens(rng, 1, 3)), {"lookahead": rng.choice([0, 0, 1, 3])}
+        kw = {"lookahead": rng.choice([0, 0, 1, 3]), **release}
+        return "append", (sid, _tokens(rng, 1, 3)), kw
     if op == 7:
         return "append_batch", (rng.sample(range(MAX_SEQ), rng.randint(1, 3)),), {}
     if op == 8:

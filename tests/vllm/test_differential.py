@@ -246,3 +246,101 @@ def test_a_rolled_back_request_keeps_its_blocks() -> None:
     req.num_computed_tokens = BS  # the load of the rest failed
     assert pair.step(req, BS)
     assert pair.ours.get_block_ids("r") == before == pair.theirs.get_block_ids("r")
+
+
+def _window_pair(num_blocks: int, prompt: int) -> tuple[Pair, Any]:
+    """A full and a 32-token sliding-window group; a running request with `prompt` tokens
+    computed (its blocks in both groups)."""
+    from vllm_objects import full_spec, window_spec
+
+    pair = Pair(num_blocks, specs=[full_spec(), window_spec(32)])
+    req = make_request("r", list(range(prompt)))
+    assert pair.admit(req)
+    return pair, req
+
+
+def _fill(pair: Pair, blocks_per_group: int) -> None:
+    """A request of fresh tokens holding `blocks_per_group` blocks in each group."""
+    assert pair.admit(make_request("fill", list(range(1000, 1000 + blocks_per_group * BS))))
+
+
+def test_accepted_drafts_release_window_blocks_at_the_next_step_as_vllm() -> None:
+    """Issue 32, item 6: vLLM frees a window's blocks in `allocate_slots` only, from the
+    tokens computed then. Telling pagedkv of accepted drafts (`cache_blocks`) must not free
+    the block the window left behind them one step early (it did: one block more free
+    after the update than under vLLM)."""
+    pair, req = _window_pair(13, 46)
+    req.append_output_token_ids(1)
+    assert pair.step(req, 1 + 3)  # the sampled token and 3 drafts: slots up to 50
+    req.append_output_token_ids([5, 6, 7, 8])  # the drafts accepted, and a bonus token
+    pair.theirs.cache_blocks(req, req.num_computed_tokens)
+    pair.ours.cache_blocks(req, req.num_computed_tokens)
+    pair.check_free()  # position 47 passed the window's first block: still held
+    _fill(pair, 2)
+    assert pair.ours.block_pool.get_num_free_blocks() == 0
+    assert not pair.step(req, 1 + 15)  # needs a block per group; frees the window's first
+    assert pair.ours.block_pool.get_num_free_blocks() == 1
+
+
+def test_a_refused_step_still_releases_what_the_window_left_as_vllm() -> None:
+    """Issue 32, item 6: vLLM frees the blocks a window left behind before it finds that
+    the step does not fit, and keeps them free when it refuses; under the adapter pagedkv
+    does the same (its own `allocate` and steps still change nothing when refused)."""
+    pair, req = _window_pair(13, 47)
+    _fill(pair, 3)  # 6 + 6 held: none free
+    assert pair.ours.block_pool.get_num_free_blocks() == 0
+    req.append_output_token_ids(1)
+    assert not pair.step(req, 1 + 15)  # slots up to 63: one more block per group
+    assert pair.ours.block_pool.get_num_free_blocks() == 1  # position 47: block 0 left
+    assert pair.ours.get_block_ids("r")[1][0] == 0  # vLLM's null block in its place
+
+
+def test_prefix_caching_with_cross_attention_is_refused_as_in_vllm() -> None:
+    """Issue 32, item 12: vLLM turns prefix caching off for encoder-decoder models (its
+    cross-attention manager cannot look up a hit: a lookup raises). pagedkv refuses the
+    layout with caching on when it is built; before, it served it, and a request's
+    cross-attention blocks, taken before its prompt, could evict the hit the scheduler had
+    counted (the allocation then raised)."""
+    import torch
+    from vllm.v1.kv_cache_interface import CrossAttentionSpec
+
+    from vllm_objects import full_spec
+
+    cross = CrossAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.float16)
+    theirs = make_manager(VllmKVCacheManager, 64, [full_spec(), cross], enable_caching=True)
+    with pytest.raises(NotImplementedError):
+        theirs.get_computed_blocks(make_request("a", list(range(2 * BS + 1))))
+    with pytest.raises(NotImplementedError, match="prefix caching with a cross-attention"):
+        make_manager(KVCacheManager, 64, [full_spec(), cross], enable_caching=True)
+    assert make_manager(KVCacheManager, 64, [full_spec(), cross], enable_caching=False)
+
+
+def test_a_block_computed_twice_is_cached_once_a_documented_difference() -> None:
+    """Issue 32, item 7, kept as a deliberate difference (docs/vllm.md): a prompt of one
+    block never hits itself (the last token is always computed), so a second request with
+    it computes a second copy of the block. vLLM caches both copies under the key; pagedkv's
+    index holds one block per key and leaves the copy unhashed. Once the first copy is
+    evicted, vLLM still hits the prompt (through the copy, held by the running request) and
+    pagedkv does not. Free blocks stay the same."""
+
+    def run(cls: type[Any]) -> tuple[int, int, int]:
+        m = make_manager(cls, 8)
+        prompt = list(range(BS))
+
+        def admit(rid: str, tokens: list[int]) -> tuple[Any, int]:
+            req = make_request(rid, tokens)
+            blocks, hit, _ = m.get_computed_blocks(req)
+            assert m.allocate_slots(req, req.num_tokens - hit, hit, blocks) is not None
+            req.num_computed_tokens = req.num_tokens
+            req.status = RequestStatus.RUNNING
+            return req, hit
+
+        first, _ = admit("first", prompt)
+        m.free(first)  # its block stays cached
+        _, again = admit("again", prompt)  # hit capped at 15 tokens: the block recomputed
+        admit("filler", list(range(1000, 1000 + 6 * BS)))  # the free blocks, then the first copy
+        probe = make_request("probe", [*prompt, 1, 2, 3])
+        return again, m.get_computed_blocks(probe)[1], m.block_pool.get_num_free_blocks()
+
+    assert run(VllmKVCacheManager) == (0, BS, 0)
+    assert run(KVCacheManager) == (0, 0, 0)

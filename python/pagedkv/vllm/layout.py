@@ -91,5 +91,21 @@ class Layout:
         self.core_num_blocks = config.num_blocks - self.offset
         self.core_groups = None if plain else self.groups
 
+    def admission_caps(self, max_in_flight_tokens: int, max_model_len: int) -> list[int | None]:
+        """Per pagedkv group, the most blocks vLLM's full-sequence admission charges one
+        request (None: no cap). A sliding window or chunked local group gives its blocks
+        back as a prefill moves on, so vLLM caps its reservation at what one request can
+        hold at once, as its spec computes it (the same bound sizes the pool at start-up)."""
+        caps: list[int | None] = []
+        for s in self.specs:
+            if isinstance(s, CrossAttentionSpec):
+                continue
+            if isinstance(s, (SlidingWindowSpec, ChunkedLocalAttentionSpec)):
+                cap = s.max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)
+                caps.append(int(cap))
+            else:
+                caps.append(None)
+        return caps
+
 
 __all__ = ["Layout", "group_of"]

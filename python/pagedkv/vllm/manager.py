@@ -107,9 +107,22 @@ class KVCacheManager:
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
         self.kv_cache_config = kv_cache_config
         self.layout = layout = Layout(kv_cache_config, hash_block_size)
+        if layout.has_cross and enable_caching:
+            # vLLM turns prefix caching off for encoder-decoder models (its cross-attention
+            # manager has no hits to look up). Served here, a request's cross-attention
+            # blocks, taken first, could evict the hit the scheduler had counted.
+            raise NotImplementedError(
+                "pagedkv.vllm: prefix caching with a cross-attention group (an "
+                "encoder-decoder model) is not supported, as in vLLM: disable prefix caching"
+            )
         self.num_kv_cache_groups = layout.num_groups
         self.block_size = layout.block_size
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        # Per pagedkv group, the cap on a request's full-sequence admission charge.
+        self.admission_caps = layout.admission_caps(
+            max_model_len if max_in_flight_tokens is None else max_in_flight_tokens,
+            max_model_len,
+        )
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self.core = _core.BlockManager(
@@ -122,6 +135,8 @@ class KVCacheManager:
         )
         # vLLM id = pagedkv id + offset (1 when pagedkv has no null block of its own).
         self.offset = layout.offset
+        # Whether some group releases entries a request no longer needs (not full attention).
+        self._releases = any(g.kind != "full" for g in layout.groups)
         # request id -> what pagedkv holds for it (`_Seq`)
         self._seqs: dict[str, _Seq] = {}
         # Sequences popped by `pop_blocks_for_free`, freed when their blocks come back.
@@ -132,6 +147,7 @@ class KVCacheManager:
         self._block_objs: dict[int, KVCacheBlock] = {}
         self.events = EventTranslator(self, enable_kv_cache_events)
         self.block_pool = BlockPoolView(self)
+        self._block_objs[0] = self.block_pool.null_block  # vLLM's one null block object
         self.coordinator = CoordinatorView(self)
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(layout.num_groups)))
 
@@ -228,6 +244,7 @@ class KVCacheManager:
             and rec.scheduled == rec.have
             and request.num_computed_tokens + num_new_tokens >= rec.have
             and (not self.watermark_blocks or request.status == RequestStatus.RUNNING)
+            and not full_sequence_must_fit
         ):
             return self._decode(request, rec, num_new_tokens, num_lookahead_tokens)
         if (
@@ -245,12 +262,13 @@ class KVCacheManager:
         # pagedkv schedules known tokens only: the rest of `need` are lookahead slots (drafts,
         # async placeholders, EAGLE's lookahead).
         upto = min(target, request.num_tokens)
-        floor = reserved_blocks
+        watermark = 0
         if has_scheduled_reqs and request.status in (
             RequestStatus.WAITING,
             RequestStatus.PREEMPTED,
         ):
-            floor += self.watermark_blocks
+            watermark = self.watermark_blocks
+        floor = reserved_blocks + watermark
         if rec is None:
             return self._allocate_new(
                 request,
@@ -258,11 +276,20 @@ class KVCacheManager:
                 upto,
                 need,
                 delay_cache_blocks,
-                full_sequence_must_fit,
+                watermark if full_sequence_must_fit else None,
                 floor,
                 num_encoder_tokens if self.layout.has_cross else 0,
             )
         had = rec.table_len
+        if full_sequence_must_fit:
+            whole = _cdiv(min(request.num_tokens, self.max_model_len), self.block_size)
+            cost = sum(
+                max((whole if cap is None else min(whole, cap)) - had, 0)
+                for cap in self.admission_caps
+            )
+            if cost + watermark > self.block_pool.get_num_free_blocks():
+                return None
+        self._release(request, rec, total_computed)
         grow = max(_cdiv(need, self.block_size) - had, 0) * self.layout.num_core_groups
         if grow and floor and grow + floor > self.block_pool.get_num_free_blocks():
             return None
@@ -280,12 +307,23 @@ class KVCacheManager:
         """`allocate_slots` of a running request whose known tokens are all scheduled and
         that schedules past them (a decode step, with drafts or placeholders): one `append`,
         with no watermark, reservation, hold or hit to consider (the per-step path)."""
-        target = request.num_computed_tokens + num_new_tokens
+        computed = request.num_computed_tokens
+        self._release(request, rec, min(computed, self.max_model_len))
+        target = computed + num_new_tokens
         need = min(target + num_lookahead_tokens, self.max_model_len)
         slots = self._append(request, rec, min(target, request.num_tokens), need)
         if slots is None:
             return None
         return self._grown(rec, slots)
+
+    def _release(self, request: Request, rec: _Seq, computed: int) -> None:
+        """Release what the request's window and chunk groups no longer need, where and when
+        vLLM's `allocate_slots` frees it: first, even if the call is then refused, at its
+        processed tokens (computed less those of steps still in flight). pagedkv's steps
+        leave it to this (`release=False`): a step would release at its scheduled tokens,
+        which run ahead of those with drafts accepted late or steps in flight."""
+        if self._releases:
+            self.core.release_skipped(rec.sid, max(0, computed - request.num_in_flight_tokens))
 
     def _grown(self, rec: _Seq, slots: int) -> KVCacheBlocks:
         """The blocks a call added to the request's tables to give it `slots` slots."""
@@ -303,12 +341,18 @@ class KVCacheManager:
         upto: int,
         need: int,
         delay: bool,
-        full_sequence_must_fit: bool,
+        whole_floor: int | None,
         floor: int,
         num_encoder_tokens: int,
     ) -> KVCacheBlocks | None:
         """A request pagedkv does not hold yet: one `allocate` taking exactly the `hit`
-        tokens the scheduler took from `get_computed_blocks` (it may have capped them)."""
+        tokens the scheduler took from `get_computed_blocks` (it may have capped them).
+
+        Admission as vLLM's: with `full_sequence_must_fit` (`whole_floor` is then the
+        watermark) the whole prompt must fit above the watermark, each sliding window or
+        chunked local group charged at most its cap; then this step's blocks must fit
+        above `floor` (the watermark and `reserved_blocks`). The cross-attention blocks
+        count in both."""
         core = self.core
         bs = self.block_size
         rid = request.request_id
@@ -316,16 +360,15 @@ class KVCacheManager:
         nkeys = min(self._num_keys(request), n // bs) if self.enable_caching else 0
         # Caller-keyed from the start, even with no full block yet (keys arrive later).
         keys = self._keys(request, 0, nkeys) if self.enable_caching else None
-        if floor or full_sequence_must_fit:
-            whole = min(n, self.max_model_len) if full_sequence_must_fit else need
-            _, fresh, revived = core.allocation_cost(
-                range(n),
-                num_new_tokens=max(min(whole, n) - hit, 1),
-                block_hashes=keys,
-                max_hit_tokens=hit,
-                lookahead=max(whole - n, 0),
-            )
-            if fresh + revived + floor > self.block_pool.get_num_free_blocks():
+        encoder = _cdiv(num_encoder_tokens, bs)
+        if whole_floor is not None:
+            whole = min(n, self.max_model_len)
+            cost = self._admission_cost(keys, n, hit, whole, self.admission_caps)
+            if cost + encoder + whole_floor > self.block_pool.get_num_free_blocks():
+                return None
+        if floor:
+            cost = self._admission_cost(keys, n, hit, need, None)
+            if cost + encoder + floor > self.block_pool.get_num_free_blocks():
                 return None
         cross = None
         if num_encoder_tokens:
@@ -368,6 +411,33 @@ class KVCacheManager:
         self.events.note_keys(sid, keys, 0)
         return self._result(rec, hit // bs, length, cross=True)
 
+    def _admission_cost(
+        self,
+        keys: list[bytes] | None,
+        n: int,
+        hit: int,
+        slots: int,
+        caps: list[int | None] | None,
+    ) -> int:
+        """The blocks a new request of `n` tokens with a `hit` takes for `slots` slots: per
+        group its fresh blocks (at most `caps[g]` less the hit, with caps), plus the hit's
+        blocks that are cached but unreferenced (vLLM counts both against its free
+        blocks)."""
+        bs = self.block_size
+        got, fresh, revived = self.core.allocation_cost(
+            range(n),
+            num_new_tokens=max(min(slots, n) - hit, 1),
+            block_hashes=keys,
+            max_hit_tokens=hit,
+            lookahead=max(slots - n, 0),
+        )
+        if caps is None:
+            return int(fresh + revived)
+        h = got // bs
+        total = _cdiv(slots, bs)
+        fresh = sum(max((total if cap is None else min(total, cap)) - h, 0) for cap in caps)
+        return int(fresh + revived)
+
     def _advance(self, request: Request, rec: _Seq, upto: int, need: int) -> int | None:
         """Bring a held sequence to `upto` scheduled tokens and `need` slots with one call:
         `extend` (the prompt's next chunk; slots past the known tokens as lookahead) or
@@ -379,7 +449,9 @@ class KVCacheManager:
             return rec.table_len * self.block_size
         if rec.scheduled < rec.have:
             end = min(upto, rec.have)
-            pairs = self.core.extend(rec.sid, end - rec.scheduled, lookahead=max(need - end, 0))
+            pairs = self.core.extend(
+                rec.sid, end - rec.scheduled, lookahead=max(need - end, 0), release=False
+            )
             if pairs is None:
                 return None
             self._note_copies(pairs)
@@ -400,7 +472,9 @@ class KVCacheManager:
                 keys = self._keys(request, rec.nkeys, room)
         if not new and not lookahead and keys is None:
             return end
-        pairs = self.core.append(rec.sid, new, lookahead=lookahead, block_hashes=keys)
+        pairs = self.core.append(
+            rec.sid, new, lookahead=lookahead, block_hashes=keys, release=False
+        )
         if pairs is None:
             return None
         self._note_copies(pairs)
@@ -469,25 +543,33 @@ class KVCacheManager:
 
         Tokens computed in draft or placeholder slots (accepted drafts, async outputs) that
         pagedkv has not been told of yet are appended first: their KV is in those slots.
+        Without prefix caching that is all (the next step's releases count from them).
         """
-        if not self.enable_caching:
-            return
         rec = self._seqs.get(request.request_id)
         if rec is None:
             return
         bs = self.block_size
         n = min(num_computed_tokens, request.num_tokens)
         end = max(n, rec.have) if rec.scheduled == rec.have else rec.have
-        room = min(self._num_keys(request), end // bs)
-        keys = self._keys(request, rec.nkeys, room) if room > rec.nkeys else None
+        keys = None
+        room = rec.nkeys
+        if self.enable_caching:
+            room = min(self._num_keys(request), end // bs)
+            keys = self._keys(request, rec.nkeys, room) if room > rec.nkeys else None
         core = self.core
-        if n > rec.have and rec.scheduled == rec.have:
-            pairs = core.append(rec.sid, request.all_token_ids[rec.have : n], block_hashes=keys)
+        appended = n > rec.have and rec.scheduled == rec.have
+        if appended:
+            # Nothing is released here: vLLM frees a window's blocks in `allocate_slots` only.
+            pairs = core.append(
+                rec.sid, request.all_token_ids[rec.have : n], block_hashes=keys, release=False
+            )
             if pairs is None:
                 return  # no room for a copy-on-write: nothing is registered now
             self._note_copies(pairs)
             rec.have = rec.scheduled = n
-        elif keys is not None:
+        if not self.enable_caching:
+            return
+        if keys is not None and not appended:
             core.register(rec.sid, num_tokens=min(n, rec.scheduled), block_hashes=keys)
         if keys is not None:
             self.events.note_keys(rec.sid, keys, rec.nkeys)
@@ -545,8 +627,9 @@ class KVCacheManager:
         processed_computed_tokens: int,
         num_prompt_tokens: int | None = None,
     ) -> None:
-        # pagedkv releases a window's skipped blocks itself when a step passes them.
-        return None
+        rec = self._seqs.get(request_id)
+        if rec is not None and self._releases:
+            self.core.release_skipped(rec.sid, processed_computed_tokens)
 
     def reset_prefix_cache(self) -> bool:
         if not self.core.reset_prefix_cache():

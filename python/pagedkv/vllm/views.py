@@ -38,6 +38,7 @@ class BlockPoolView:
         self.enable_caching = manager.enable_caching
         self.hash_block_size = manager.layout.hash_block_size
         self.free_block_queue = _FreeQueueView(self)
+        self.null_block = KVCacheBlock(block_id=0, is_null=True)
 
     def get_num_free_blocks(self) -> int:
         """Blocks no request holds (free or cached), vLLM's null block aside."""
@@ -84,15 +85,17 @@ class BlockPoolView:
 
 
 class _ReqToBlocks(Mapping[str, list[KVCacheBlock]]):
-    def __init__(self, manager: KVCacheManager, group: int) -> None:
+    def __init__(self, manager: KVCacheManager, group: int, null: KVCacheBlock) -> None:
         self._m = manager
         self._g = group
+        self._null = null
 
     def __getitem__(self, rid: str) -> list[KVCacheBlock]:
         if rid not in self._m.request_ids():
             raise KeyError(rid)
         ids = self._m.get_block_ids(rid)[self._g]
-        return [KVCacheBlock(block_id=b, is_null=b == 0) for b in ids]
+        # vLLM's tables hold its one null block object: tests compare entries with it.
+        return [self._null if b == 0 else KVCacheBlock(block_id=b) for b in ids]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._m.request_ids())
@@ -128,7 +131,8 @@ class SingleTypeManagerView:
         self.kv_cache_spec = spec
         self.block_pool = manager.block_pool
         self.block_size = spec.block_size
-        self.req_to_blocks = _ReqToBlocks(manager, group)
+        self._null_block = manager.block_pool.null_block
+        self.req_to_blocks = _ReqToBlocks(manager, group, self._null_block)
         self.num_cached_block = _NumCachedBlock(manager)
 
     def take_new_block_ids(self) -> list[int]:
@@ -148,7 +152,8 @@ class CrossAttentionView(CrossAttentionManager):
         self.kv_cache_spec = spec
         self.block_size = spec.block_size
         self.block_pool = manager.block_pool
-        self.req_to_blocks = _ReqToBlocks(manager, group)
+        self._null_block = manager.block_pool.null_block
+        self.req_to_blocks = _ReqToBlocks(manager, group, self._null_block)
         self.num_cached_block: dict[str, int] = {}
 
     def take_new_block_ids(self) -> list[int]:

@@ -140,8 +140,10 @@ impl BlockManager {
             };
             let _gate = self.enter()?;
             self.seqs.create(id, |seq| {
-                // Fewest blocks (no hit): beyond the pool nothing fits.
-                if total(0) > self.gpu.num_usable() {
+                // One full-attention group holds `total(h) >= total(0)` blocks: beyond the
+                // pool nothing fits. Other groups hold only what they need past the hit
+                // (`take_grouped_prompt` checks that), which may be less than the prompt.
+                if self.plain() && total(0) > self.gpu.num_usable() {
                     return Ok(None);
                 }
                 let max_hits = self.hit_cap(n, q.max_hit_tokens);

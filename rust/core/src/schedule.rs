@@ -275,6 +275,19 @@ impl BlockManager {
         lookahead: usize,
         block_hashes: Option<&[Vec<u8>]>,
     ) -> Result<Option<Vec<(u32, u32)>>> {
+        self.append_releasing(id, tokens, lookahead, block_hashes, true)
+    }
+
+    /// `append_with`; `release: false` leaves the entries the groups no longer need in
+    /// place (the caller releases them with `release_skipped`).
+    pub fn append_releasing(
+        &self,
+        id: u64,
+        tokens: &[u32],
+        lookahead: usize,
+        block_hashes: Option<&[Vec<u8>]>,
+        release: bool,
+    ) -> Result<Option<Vec<(u32, u32)>>> {
         if tokens.is_empty() && lookahead == 0 && block_hashes.is_none() {
             return Err(invalid(
                 "token_ids must not be empty (unless lookahead > 0 or block_hashes are given)",
@@ -283,7 +296,7 @@ impl BlockManager {
         self.guarded(true, || {
             let keys = block_hashes.map(|k| self.reduce_keys(k)).transpose()?;
             self.with_seq(id, true, |seq| {
-                self.append_one(id, seq, tokens, lookahead, keys.as_ref())
+                self.append_one(id, seq, tokens, lookahead, keys.as_ref(), release)
             })
         })
     }
@@ -296,6 +309,7 @@ impl BlockManager {
         tokens: &[u32],
         lookahead: usize,
         keys: Option<&CallerKeys>,
+        release: bool,
     ) -> Result<Option<Vec<(u32, u32)>>> {
         if seq.is_swapped() {
             return Err(Error::Swapped(id));
@@ -311,6 +325,7 @@ impl BlockManager {
                 keys,
                 m: upto,
                 to: upto.saturating_add(lookahead),
+                release,
             };
             return self.step_grouped(&mut [seq], &[req], None, false);
         }
@@ -335,6 +350,18 @@ impl BlockManager {
     /// slots past them writable. Returns the copy-on-write pairs, or `None` when the blocks
     /// do not fit (nothing changed).
     pub fn extend(&self, id: u64, k: usize, lookahead: usize) -> Result<Option<Vec<(u32, u32)>>> {
+        self.extend_releasing(id, k, lookahead, true)
+    }
+
+    /// `extend`; `release: false` leaves the entries the groups no longer need in place
+    /// (the caller releases them with `release_skipped`).
+    pub fn extend_releasing(
+        &self,
+        id: u64,
+        k: usize,
+        lookahead: usize,
+        release: bool,
+    ) -> Result<Option<Vec<(u32, u32)>>> {
         self.with_seq(id, true, |seq| {
             if seq.is_swapped() {
                 return Err(Error::Swapped(id));
@@ -348,6 +375,7 @@ impl BlockManager {
                     keys: None,
                     m: upto,
                     to: upto.saturating_add(lookahead),
+                    release,
                 };
                 return self.step_grouped(&mut [seq], &[req], None, false);
             }

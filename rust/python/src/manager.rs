@@ -346,10 +346,13 @@ impl PyBlockManager {
     /// Schedule the next `num_new_tokens` tokens of the prompt (chunked prefill).
     ///
     /// Returns the copy-on-write `(src, dst)` block pairs to copy before the step, or None if
-    /// the blocks do not fit (nothing changed). `evicted`: as `allocate`'s.
+    /// the blocks do not fit (nothing changed). `evicted`: as `allocate`'s. `release=False`:
+    /// the entries the groups no longer need stay (`release_skipped` releases them).
     #[pyo3(
-        signature = (seq_id, num_new_tokens, *, lookahead=Given::Absent, evicted=None),
-        text_signature = "($self, seq_id, num_new_tokens, *, lookahead=0, evicted=None)"
+        signature = (seq_id, num_new_tokens, *, lookahead=Given::Absent, evicted=None,
+            release=Given::Absent),
+        text_signature = "($self, seq_id, num_new_tokens, *, lookahead=0, evicted=None, \
+            release=True)"
     )]
     fn extend(
         &self,
@@ -358,13 +361,15 @@ impl PyBlockManager {
         num_new_tokens: &Bound<'_, PyAny>,
         lookahead: Given<'_>,
         evicted: Option<&Bound<'_, PyAny>>,
+        release: Given<'_>,
     ) -> PyResult<Option<Pairs>> {
         let evicted = evicted_arg(evicted, self.records())?;
         let id = self::seq_id(seq_id)?;
         let k = int_arg(num_new_tokens, "num_new_tokens", 1, i64::MAX)? as usize;
         let lookahead = lookahead_arg(&lookahead)?;
+        let release = flag(&release, true, "release")?;
         run_evicting(py, false, evicted.as_ref(), || {
-            self.inner.extend(id, k, lookahead)
+            self.inner.extend_releasing(id, k, lookahead, release)
         })
     }
 
@@ -375,13 +380,14 @@ impl PyBlockManager {
     /// the blocks do not fit (nothing changed). Blocks that become full are registered.
     /// `evicted`: as `allocate`'s. `token_ids` may be empty with `lookahead > 0` (slots only)
     /// or with `block_hashes` (keys only). `block_hashes`: a caller-keyed sequence's further
-    /// keys, continuing its list (at most one per full block).
+    /// keys, continuing its list (at most one per full block). `release`: as `extend`'s.
     #[pyo3(
         signature = (seq_id, token_ids, *, lookahead=Given::Absent, evicted=None,
-            block_hashes=None),
+            block_hashes=None, release=Given::Absent),
         text_signature = "($self, seq_id, token_ids, *, lookahead=0, evicted=None, \
-            block_hashes=None)"
+            block_hashes=None, release=True)"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn append(
         &self,
         py: Python<'_>,
@@ -390,21 +396,39 @@ impl PyBlockManager {
         lookahead: Given<'_>,
         evicted: Option<&Bound<'_, PyAny>>,
         block_hashes: Option<&Bound<'_, PyAny>>,
+        release: Given<'_>,
     ) -> PyResult<Option<Pairs>> {
         let evicted = evicted_arg(evicted, self.records())?;
         let id = self::seq_id(seq_id)?;
         let toks = batch_tokens(token_ids)?;
         let lookahead = lookahead_arg(&lookahead)?;
         let keys = keys_arg(block_hashes)?;
+        let release = flag(&release, true, "release")?;
         run_evicting(
             py,
             toks.len() >= DETACH_MIN_TOKENS,
             evicted.as_ref(),
             || {
                 self.inner
-                    .append_with(id, &toks, lookahead, keys.as_deref())
+                    .append_releasing(id, &toks, lookahead, keys.as_deref(), release)
             },
         )
+    }
+
+    /// Release the entries each group no longer needs when the sequence's next position
+    /// is `num_tokens` (at most its scheduled tokens), group by group, tail first: what a
+    /// step releases first, for a caller that steps with `release=False` (vLLM's
+    /// `remove_skipped_blocks`). Never refused. Returns the entries released.
+    #[pyo3(signature = (seq_id, num_tokens), text_signature = "($self, seq_id, num_tokens)")]
+    fn release_skipped(
+        &self,
+        py: Python<'_>,
+        seq_id: &Bound<'_, PyAny>,
+        num_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let id = self::seq_id(seq_id)?;
+        let n = int_arg(num_tokens, "num_tokens", 0, i64::MAX)? as usize;
+        run(py, false, || self.inner.release_skipped(id, n))
     }
 
     /// Register the sequence's blocks that are full of scheduled tokens and keyed, below

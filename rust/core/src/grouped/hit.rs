@@ -58,10 +58,11 @@ impl BlockManager {
         loop {
             let h = self.hybrid_hit_of(digests, tags, cap, &absent);
             let t = total(h);
-            // Every group holds `t` entries less its nulls: beyond the pool nothing fits.
-            let held: usize = (0..groups)
+            // Every group holds `t` entries less its nulls: beyond the pool nothing fits
+            // (`t` has no bound but the lookahead's, so the sum saturates).
+            let held = (0..groups)
                 .map(|g| t - self.first_needed(g, h * bs).min(h))
-                .sum();
+                .fold(0usize, usize::saturating_add);
             if held > self.gpu.num_usable() {
                 return Ok(None);
             }

@@ -13,8 +13,8 @@
 //! them in between. A refused step changes nothing.
 //!
 //! Files: `mod.rs` (shared helpers: releases, registration, takes), `hit` (the hybrid hit and
-//! a new prompt's tables), `step` (append, extend, batch steps), `truncate`, `swap`,
-//! `lifecycle` (fork, free).
+//! a new prompt's tables), `step` (append, extend, batch steps, `release_skipped`),
+//! `truncate`, `swap`, `lifecycle` (fork, free).
 
 use crate::counters;
 use crate::error::{Error, Result};
@@ -38,6 +38,9 @@ pub(crate) struct StepReq<'a> {
     pub keys: Option<&'a crate::keys::CallerKeys>,
     pub m: usize,
     pub to: usize,
+    /// Release the entries the groups no longer need first (`false`: the caller releases
+    /// them with `release_skipped`).
+    pub release: bool,
 }
 
 mod hit;

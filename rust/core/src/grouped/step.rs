@@ -14,7 +14,12 @@ impl BlockManager {
     /// Entries each sequence's groups no longer need at its next position, `(g, i)` group
     /// by group, tail first.
     pub(crate) fn skipped(&self, seq: &Sequence) -> Vec<(usize, usize)> {
-        let p = seq.scheduled;
+        self.skipped_at(seq, seq.scheduled)
+    }
+
+    /// The non-null entries the groups of `seq` no longer need when its next position is
+    /// `p`, `(g, i)` group by group, tail first.
+    fn skipped_at(&self, seq: &Sequence, p: usize) -> Vec<(usize, usize)> {
         let mut out = Vec::new();
         for g in 0..seq.num_groups() {
             let lo = seq.nulls(g);
@@ -103,7 +108,11 @@ impl BlockManager {
                 return Ok(None);
             }
             seq.reserve_entries(more)?;
-            let s = self.skipped(seq);
+            let s = if req.release {
+                self.skipped(seq)
+            } else {
+                Vec::new()
+            };
             if !s.is_empty() && self.config.enable_prefix_caching {
                 if let Some(first) = seq.digests.first() {
                     keys.push(prefix_lock_of(first));
@@ -143,7 +152,7 @@ impl BlockManager {
         // slot per group.
         let (mut gone, mut grown) = (0u64, (0u64, 0u64));
         for (seq, s) in seqs.iter_mut().zip(&skipped) {
-            spare += self.release_skipped(seq, s)?;
+            spare += self.release_planned(seq, s, true)?;
             gone += (s.len() * bs) as u64;
         }
         let mut pairs = Vec::new();
@@ -177,11 +186,12 @@ impl BlockManager {
     }
 
     /// Release the planned skipped entries of one sequence (null them; group by group, tail
-    /// first), keeping the units of the blocks that leave. Returns those units.
-    pub(crate) fn release_skipped(
+    /// first), keeping the units of the blocks that leave when `held`. Returns those units.
+    pub(crate) fn release_planned(
         &self,
         seq: &mut Sequence,
         skipped: &[(usize, usize)],
+        held: bool,
     ) -> Result<usize> {
         let mut kept = 0;
         let mut k = 0;
@@ -191,13 +201,38 @@ impl BlockManager {
             let run = skipped[k..].iter().take_while(|(h, _)| *h == g).count();
             let hi = skipped[k].1 + 1;
             let lo = skipped[k + run - 1].1;
-            kept += self.release_entries(seq, g, lo..hi, true)?;
+            kept += self.release_entries(seq, g, lo..hi, held)?;
             for i in lo..hi {
                 seq.set_entry(g, i, NULL);
             }
             k += run;
         }
         Ok(kept)
+    }
+
+    /// Release the entries each group of sequence `id` no longer needs when its next
+    /// position is `num_tokens` (at most its scheduled tokens), group by group, tail first:
+    /// what a step releases first (vLLM's `remove_skipped_blocks`), for a caller that
+    /// releases on its own schedule (steps with `release: false`). Never refused; nothing
+    /// to do without a group that skips. Returns the entries released.
+    pub fn release_skipped(&self, id: u64, num_tokens: usize) -> Result<usize> {
+        self.with_seq(id, true, |seq| {
+            if seq.is_swapped() {
+                return Err(crate::error::Error::Swapped(id));
+            }
+            let s = self.skipped_at(seq, num_tokens.min(seq.scheduled));
+            if s.is_empty() {
+                return Ok(0);
+            }
+            // Under the chain's prefix lock, as a step's releases (mod.rs).
+            let keys = match seq.digests.first() {
+                Some(first) if self.config.enable_prefix_caching => vec![prefix_lock_of(first)],
+                _ => Vec::new(),
+            };
+            let _prefix = self.lock_prefixes(keys)?;
+            self.release_planned(seq, &s, false)?;
+            Ok(s.len())
+        })
     }
 
     /// One token to each locked sequence (batch order) with `lookahead` slots past it, for
@@ -219,6 +254,7 @@ impl BlockManager {
                     keys: None,
                     m,
                     to: m.saturating_add(lookahead),
+                    release: true,
                 }
             })
             .collect();
