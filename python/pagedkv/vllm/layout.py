@@ -22,7 +22,7 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 
-from pagedkv.groups import KVCacheGroup
+from pagedkv.groups import KVCacheGroup, has_null_block
 
 
 def group_of(spec: KVCacheSpec) -> KVCacheGroup:
@@ -83,10 +83,10 @@ class Layout:
             raise NotImplementedError(
                 "pagedkv.vllm: cross-attention is supported beside one full-attention group only"
             )
-        # pagedkv has a null block (block 0) exactly when some group is not full attention;
-        # vLLM always reserves block 0. Without pagedkv's, its ids are vLLM's minus one.
-        has_null = any(g.kind != "full" for g in self.groups)
-        self.offset = 0 if has_null else 1
+        # pagedkv has a null block (block 0) exactly when some group is not full attention
+        # (the one rule: groups.has_null_block); vLLM always reserves block 0. Without
+        # pagedkv's, its ids are vLLM's minus one.
+        self.offset = 0 if has_null_block(self.groups) else 1
         self.num_vllm_blocks: int = int(config.num_blocks)
         self.core_num_blocks = config.num_blocks - self.offset
         self.core_groups = None if plain else self.groups
