@@ -34,6 +34,7 @@ import pagedkv
 from kv_oracle import KVOracle
 from pagedkv.config import EVICTIONS
 from pagedkv.errors import PagedKVError
+from pagedkv.groups import has_null_block
 from pagedkv_reference import ReferenceBlockManager
 from pagedkv_reference.eviction import Arc, LfuAging, S3Fifo, Slru
 from test_groups_model_based import CONFIGS, MAX_SEQ, _observe
@@ -52,7 +53,7 @@ class Pair:
         self.evictions = 0
         # The KV is the oracle: each manager drives its own shadow pool.
         groups = kw.get("groups") or []
-        null = any(g.kind != "full" for g in groups)
+        null = has_null_block(groups)
         self.oracles = [
             (KVOracle(block_size, max(1, len(groups)), null_block=null), m)
             for m in (self.rust, self.ref)

@@ -22,6 +22,7 @@ import pytest
 import pagedkv
 from kv_oracle import KVOracle
 from pagedkv import KVCacheGroup
+from pagedkv.groups import has_null_block
 from pagedkv_reference import ReferenceBlockManager
 from test_model_based import DUTIES, normalize, run
 
@@ -227,7 +228,7 @@ def test_rust_matches_the_reference(config: str, seed: int) -> None:
     ref = ReferenceBlockManager(num_blocks, block_size, **kw)
     # The KV is the oracle: each manager drives its own shadow pool (block 0 is the null
     # block exactly when some group is not full attention).
-    null = any(g.kind != "full" for g in groups)
+    null = has_null_block(groups)
     oracles = [(KVOracle(block_size, n_groups, null_block=null), m) for m in (rust, ref)]
     evictions = 0
     for step in range(250):
