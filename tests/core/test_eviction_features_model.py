@@ -358,6 +358,33 @@ def test_a_first_quota_keeps_the_retention_of_the_blocks_it_moves() -> None:
         assert m.lookup(prompt_b, cache_salt=b"b") == 0
 
 
+def test_a_quota_tenants_expired_block_ranks_at_its_deadline_after_a_passed_over_peek() -> None:
+    # Issue 32, item 8. Tenant a (with a quota) caches block A at priority 100 for 5 s at
+    # t=0. An eviction at t=2 peeks a's policy (A, at 100) and takes the unsalted tenant's
+    # block. At t=10 A ran out at t=5: it ranks as released at its deadline, before the
+    # unsalted blocks released at t=6, so the next eviction takes it. (Before, a's policy kept
+    # the t=2 peek's time, so A still ranked at 100 and an unsalted block went.)
+    p = _both(eviction="priority", tenants=True)
+    prompt_a = [1, 1, 1]
+    p.call("allocate", 1, prompt_a, cache_salt=b"a", retention=[(0, None, 100, 5.0)])
+    p.call("free", 1)
+    p.call("set_tenant_quota", b"a", max_cached=4)
+    p.tick(1.0)
+    p.call("allocate", 2, [2, 2, 2])
+    p.call("free", 2)  # the unsalted block U, released at t=1
+    p.tick(1.0)
+    assert p.ref.num_free_blocks == 6
+    p.call("allocate", 3, [3] * 14)  # 7 blocks: the 6 free and U (the peek saw A at 100)
+    assert p.rust.lookup([2, 2, 2]) == p.ref.lookup([2, 2, 2]) == 0
+    p.tick(4.0)
+    p.call("free", 3)  # 7 unsalted blocks released at t=6, after A's deadline
+    p.tick(4.0)
+    p.call("allocate", 4, [4])  # one block: A goes
+    for m in (p.rust, p.ref):
+        assert m.lookup(prompt_a, cache_salt=b"a") == 0
+        assert m.lookup([3] * 14) == 12  # all 7 blocks (a hit leaves one token)
+
+
 def test_quotas_trim_and_reserve_across_tenants() -> None:
     p = _both(tenants=True)
     for i, salt in enumerate(["a", "a", "b", None]):

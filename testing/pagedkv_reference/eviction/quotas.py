@@ -274,6 +274,9 @@ class TenantQuotas:
                 best = (rank, i)
         if best is None:
             return None
+        for i, g in enumerate(self._groups):
+            if i != best[1] and len(g.policy):
+                g.policy.passed_over()  # its peek binds no later call
         b = self._groups[best[1]].policy.victim(now)
         assert b is not None
         del self._members[b]

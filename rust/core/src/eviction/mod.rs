@@ -189,6 +189,13 @@ pub trait Policy: Send {
     /// returns the same entry and changes nothing.
     fn peek(&mut self) -> Option<Entry>;
 
+    /// The latest `peek` was passed over: tenant quotas peeked this instance and evicted
+    /// another's block, and the next call here may come at any later time. The priority
+    /// policy forgets the peek's time (its next peek expires and ranks at the clock's time
+    /// then, so a deadline that passed meanwhile counts); the others keep what their peek did
+    /// (S3-FIFO's moves and choice depend on its own state alone, which nothing changed).
+    fn passed_over(&mut self) {}
+
     /// What orders the member `block` (normally this policy's `peek`) against another
     /// instance's candidate before their release order: `CrossRank`, least first. The
     /// priority policy ranks at its latest peek's time while no call came since (the time

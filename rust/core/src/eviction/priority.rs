@@ -418,6 +418,12 @@ impl Policy for PriorityPolicy {
         self.inner.rules.cross_rank(block)
     }
 
+    fn passed_over(&mut self) {
+        // The peek's block and time bound only a victim right after it.
+        self.inner.unpeek();
+        self.inner.rules.peeked_at = None;
+    }
+
     fn len(&self) -> usize {
         self.inner.len()
     }

@@ -297,6 +297,14 @@ impl Policy for Quotas {
             }
         }
         let (_, g) = best?;
+        // Every other group peeked was passed over: its peek binds no later call (item 8 of
+        // issue 32: a priority instance kept its peek's time, so its block whose duration ran
+        // out since kept ranking at its raised level).
+        for (i, other) in self.groups.iter_mut().enumerate() {
+            if i != g && other.len > 0 {
+                other.policy.passed_over();
+            }
+        }
         let e = self.groups[g].policy.victim()?;
         self.members.remove(&e.block);
         self.groups[g].len -= 1;
@@ -565,6 +573,34 @@ mod tests {
             assert_eq!(order_after_the_first_quota(4.5, quota), vec![2, 3, 1, 0]);
             assert_eq!(order_after_the_first_quota(6.0, quota), vec![2, 3, 0, 1]);
         }
+    }
+
+    #[test]
+    fn a_passed_over_peek_does_not_keep_an_expired_block_at_its_level() {
+        // Issue 32, item 8: tenant 1 (own group) caches block 0 at 100 for 5 s at t=0; the
+        // shared group caches block 1 at t=1. The victim at t=2 peeks block 0 and takes 1.
+        // Blocks 2 and 3 are cached at t=6; at t=10 block 0's duration has run out (t=5):
+        // it ranks as released at 5, before them. (Before, its group kept the t=2 peek's
+        // time, ranking block 0 at 100.)
+        let clock = Arc::new(Clock::default());
+        clock.set(0.0).unwrap();
+        let d = sample_digests(8);
+        let mut q = Quotas::new(EvictionKind::Priority, 16, &clock).unwrap();
+        let mut trimmed = Vec::new();
+        q.set_quota(1, cap(4), &mut trimmed).unwrap();
+        q.set_retention(0, keep(100, Some(5.0)));
+        q.cached_by(entry(0, &d), 1, &mut trimmed);
+        clock.set(1.0).unwrap();
+        q.cached_by(entry(1, &d), 2, &mut trimmed);
+        clock.set(2.0).unwrap();
+        assert_eq!(q.victim().map(|e| e.block), Some(1));
+        clock.set(6.0).unwrap();
+        q.cached_by(entry(2, &d), 2, &mut trimmed);
+        q.cached_by(entry(3, &d), 2, &mut trimmed);
+        clock.set(10.0).unwrap();
+        let order: Vec<u32> = std::iter::from_fn(|| q.victim().map(|e| e.block)).collect();
+        assert_eq!(order, vec![0, 2, 3]);
+        assert!(trimmed.is_empty());
     }
 
     #[test]
