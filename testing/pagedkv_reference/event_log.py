@@ -5,7 +5,14 @@ queues")."""
 from __future__ import annotations
 
 from pagedkv.errors import InvalidArgumentError, KVEventsOverflowError
-from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventQueueStats
+from pagedkv.events import (
+    DEFAULT_EVENT_CAPACITY,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    KVEventQueueStats,
+)
 
 Key = tuple[str | None, int, bytes]
 
@@ -13,7 +20,7 @@ Key = tuple[str | None, int, bytes]
 class EventLog:
     def __init__(self) -> None:
         self.queue: list[KVEvent] = []
-        self.capacity: int | None = None
+        self.capacity: int | None = DEFAULT_EVENT_CAPACITY  # None: unbounded
         self.overflowed = False
         self.dropped = 0
         self.overflows = 0

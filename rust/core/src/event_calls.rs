@@ -20,7 +20,8 @@ impl BlockManager {
         Ok(self.event_log()?.snapshot())
     }
 
-    /// Bound the event queue at `capacity` events (`None`: unbounded, the default). A push
+    /// Bound the event queue at `capacity` events (`None`: unbounded; the default bound is
+    /// `DEFAULT_EVENT_CAPACITY`, the publisher's). A push
     /// that finds it full drops the queue and every event until the next snapshot.
     pub fn set_kv_event_capacity(&self, capacity: Option<usize>) -> Result<()> {
         self.event_log()?.set_capacity(capacity)

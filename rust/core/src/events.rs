@@ -47,6 +47,11 @@ pub enum KvEvent {
     AllBlocksCleared,
 }
 
+/// The event queue's bound unless the caller sets another (`set_kv_event_capacity`): the
+/// publisher's default (`queue_events`, 2**18), so that events nobody drains cost at most
+/// about 50 MB; past it a push overflows as any bounded queue does.
+pub const DEFAULT_EVENT_CAPACITY: usize = 1 << 18;
+
 /// What `EventLog::stats` reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EventQueueStats {
@@ -93,7 +98,8 @@ struct Described {
 struct Log {
     /// The events not yet drained, in the order they took effect. Empty while `overflowed`.
     queue: Vec<KvEvent>,
-    /// The most events `queue` holds; `usize::MAX` for unbounded (the default).
+    /// The most events `queue` holds (`DEFAULT_EVENT_CAPACITY` unless set); `usize::MAX`
+    /// for unbounded.
     capacity: usize,
     /// A push found the queue full since the last snapshot: events were lost, so `drain`
     /// refuses until a snapshot starts the consumer again.
@@ -122,7 +128,7 @@ impl EventLog {
         Self {
             log: Mutex::new(Log {
                 queue: Vec::new(),
-                capacity: usize::MAX,
+                capacity: DEFAULT_EVENT_CAPACITY,
                 overflowed: false,
                 dropped: 0,
                 overflows: 0,

@@ -87,7 +87,7 @@ pub use allocate::AllocateOpts;
 pub use block_state::RC_MAX;
 pub use config::{Config, MAX_BLOCKS};
 pub use error::{Error, Result};
-pub use events::{EventQueueStats, KvEvent, Medium};
+pub use events::{EventQueueStats, KvEvent, Medium, DEFAULT_EVENT_CAPACITY};
 pub use eviction::{EvictionKind, Retention, DEFAULT_PRIORITY, MAX_PRIORITY};
 pub use grouped::NULL;
 pub use hashing::{encode_extras, BlockHasher, Digest, HashAlgo, Tag, MAX_KEY_LEN};
