@@ -425,7 +425,11 @@ mod tests {
             log.set_capacity(Some(0)),
             Err(Error::InvalidArgument(_))
         ));
-        assert_eq!(log.stats().capacity, None, "refused: unchanged");
+        assert_eq!(
+            log.stats().capacity,
+            Some(DEFAULT_EVENT_CAPACITY),
+            "refused: unchanged (the default bound)"
+        );
         log.set_capacity(Some(1)).unwrap();
         log.push(stored(d(1), None, Medium::Gpu));
         log.set_capacity(None).unwrap();
