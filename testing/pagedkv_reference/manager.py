@@ -744,7 +744,8 @@ class ReferenceBlockManager:
         self, cache_salt: str | bytes | None, *, max_cached: int | None = None, reserved: int = 0
     ) -> None:
         """Cap and reserve of one tenant's CACHED blocks (needs `tenants=True`); a cap below
-        its CACHED blocks evicts its own at once."""
+        its CACHED blocks evicts its own at once. The defaults (no cap, no reserve) remove the
+        tenant's quota."""
         salt = _salt_bytes(cache_salt)
         cap = None if max_cached is None else int_arg(max_cached, "max_cached", 0, _I32_MAX)
         res = int_arg(reserved, "reserved", 0, _I32_MAX)
@@ -752,7 +753,10 @@ class ReferenceBlockManager:
         if cap is not None and res > cap:
             raise InvalidArgumentError(f"reserved {res} is above max_cached {cap}")
         t = self._tenant_of(salt)
-        self._tenant_quotas[t] = (cap, res)
+        if (cap, res) == (None, 0):
+            self._tenant_quotas.pop(t, None)  # no quota: its own policy instance goes
+        else:
+            self._tenant_quotas[t] = (cap, res)
         assert isinstance(self._policy, TenantQuotas)
         self._trimmed = self._policy.set_quota(salt, Quota(cap, res), self._NOW)
         self._drop_trimmed()

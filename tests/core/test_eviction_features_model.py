@@ -347,7 +347,7 @@ def test_a_first_quota_keeps_the_retention_of_the_blocks_it_moves() -> None:
     p.call("allocate", 1, prompt_a, cache_salt=b"a", retention=[(0, None, 90, None)])
     p.call("free", 1)
     p.tick(1.0)
-    p.call("set_tenant_quota", b"a", max_cached=None)
+    p.call("set_tenant_quota", b"a", max_cached=100)  # a quota that caps nothing here
     p.tick(1.0)
     p.call("allocate", 2, prompt_b, cache_salt=b"b")
     p.call("free", 2)
@@ -383,6 +383,32 @@ def test_a_quota_tenants_expired_block_ranks_at_its_deadline_after_a_passed_over
     for m in (p.rust, p.ref):
         assert m.lookup(prompt_a, cache_salt=b"a") == 0
         assert m.lookup([3] * 14) == 12  # all 7 blocks (a hit leaves one token)
+
+
+def test_a_removed_quota_gives_the_blocks_back_to_the_shared_policy() -> None:
+    # Issue 32, item 9: `set_tenant_quota(salt)` with the defaults (no cap, no reserve) is no
+    # quota: the tenant's own policy instance goes (before, it stayed for good), its cached
+    # blocks move back to the shared one with their retention and rank, and a held block
+    # comes back as a new one. The order is then as if the quota never was.
+    p = _both(eviction="priority", tenants=True)
+    prompt_a, prompt_b = [1, 2, 3, 4, 5], [6, 7, 8, 9, 10]
+    p.call("set_tenant_quota", b"a", max_cached=3)
+    p.call("allocate", 1, prompt_a, cache_salt=b"a", retention=[(0, None, 90, None)])
+    p.call("free", 1)
+    p.tick(1.0)
+    p.call("allocate", 2, prompt_a[:3], cache_salt=b"a")  # holds a's first block (a hit)
+    p.call("allocate", 3, prompt_b, cache_salt=b"b")
+    p.call("free", 3)
+    p.call("set_tenant_quota", b"a")
+    for m in (p.rust, p.ref):
+        a = next(t for t in m.tenant_stats() if t.cache_salt == b"a")
+        assert (a.max_cached, a.reserved, a.held_blocks) == (None, 0, 2)
+    p.tick(1.0)
+    p.call("free", 2)  # a's first block back, at 90 (its retention stayed); 4 free
+    p.call("allocate", 4, list(range(20, 31)))  # 6 blocks: the 4 free, then b's 2 (default)
+    for m in (p.rust, p.ref):
+        assert m.lookup(prompt_a, cache_salt=b"a") == 4
+        assert m.lookup(prompt_b, cache_salt=b"b") == 0
 
 
 def test_quotas_trim_and_reserve_across_tenants() -> None:

@@ -1053,7 +1053,9 @@ impl PyBlockManager {
     /// Set the quota of the tenant of `cache_salt` (None: requests without a salt):
     /// `max_cached`, the most CACHED blocks it keeps (None: no cap; a lower cap evicts its
     /// own blocks at once), and `reserved`, CACHED blocks other tenants' evictions leave
-    /// alone while anyone else has blocks above their own reserve. Needs `tenants=True`.
+    /// alone while anyone else has blocks above their own reserve. The defaults (no cap,
+    /// no reserve) remove the tenant's quota, and its own policy instance with it. Needs
+    /// `tenants=True`. Runs without the GIL (a first quota builds the tenant's instance).
     #[pyo3(
         signature = (cache_salt, *, max_cached=None, reserved=Given::Absent),
         text_signature = "($self, cache_salt, *, max_cached=None, reserved=0)"
@@ -1073,7 +1075,7 @@ impl PyBlockManager {
                 .transpose()?,
             reserved: opt_int_arg(&reserved, 0, "reserved", 0, max)? as usize,
         };
-        run(py, false, || {
+        run(py, true, || {
             self.inner.set_tenant_quota(salt.as_deref(), quota)
         })
     }
@@ -1082,7 +1084,8 @@ impl PyBlockManager {
     /// cached_blocks, prefix_queries, prefix_hits, max_cached, reserved)`
     /// (`BlockManager.tenant_stats` makes `TenantStats` of them).
     fn _tenant_stats<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let stats = self.inner.tenant_stats().py(py)?;
+        // Without the GIL: it looks at every live sequence and every tenant.
+        let stats = py.detach(|| self.inner.tenant_stats()).py(py)?;
         stats
             .into_iter()
             .map(|t| {

@@ -60,17 +60,30 @@ impl BlockPool {
         out
     }
 
-    /// Set `tenant`'s quota in the policy; blocks a lower cap evicts go FREE at once.
+    /// Set `tenant`'s quota in the policy (`Quota::default()`: none); blocks a lower cap
+    /// evicts go FREE at once. A tenant's first quota gets its own policy instance, built
+    /// here before the policy's lock; a dissolved group's instance is freed after it.
     pub fn set_quota(&self, tenant: u32, quota: Quota) -> Result<()> {
+        let mut spare = if quota == Quota::default() {
+            None
+        } else {
+            self.order.new_instance()?
+        };
         let Some(mut policy) = self.order.guard() else {
             return Ok(());
         };
         let mut trimmed = Vec::new();
-        policy.set_quota(tenant, quota, &mut trimmed)?;
+        policy.set_quota(tenant, quota, &mut spare, &mut trimmed)?;
         let freed = self.drop_trimmed(&trimmed)?;
         drop(policy);
+        drop(spare);
         self.free.push_all(&freed);
         Ok(())
+    }
+
+    /// The heap bytes of `tenant`'s own policy instance's tables, if it has one.
+    pub fn tenant_policy_bytes(&self, tenant: u32) -> Option<usize> {
+        self.order.guard()?.tenant_policy_bytes(tenant)
     }
 
     /// Claim the blocks a quota trimmed (under the policy lock): each goes FREE with its

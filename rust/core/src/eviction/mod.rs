@@ -16,6 +16,7 @@
 
 mod arc;
 mod base;
+pub(crate) mod block_table;
 mod lfu;
 // The locked LRU: per-tenant instances (`tenants`) and the policies' own tests (the pool
 // runs LRU lock-free otherwise).
@@ -205,6 +206,12 @@ pub trait Policy: Send {
     /// Blocks in the set.
     fn len(&self) -> usize;
 
+    /// Heap bytes of the per-block tables (tests and benchmarks: a tenant's own instance
+    /// must grow with what the tenant holds, not with the pool).
+    fn table_bytes(&self) -> usize {
+        0
+    }
+
     /// The set's records, in no particular order (audits).
     fn entries(&self) -> Vec<Entry>;
 
@@ -251,11 +258,27 @@ pub trait Policy: Send {
         self.cached(e);
     }
 
-    /// Set `tenant`'s quota (`tenants`); a lower cap evicts at once into `trimmed`. Fails
-    /// with `OutOfMemory` (nothing changed) when the tenant's own policy does not fit.
-    fn set_quota(&mut self, tenant: u32, quota: Quota, trimmed: &mut Vec<Entry>) -> Result<()> {
-        let _ = (tenant, quota, trimmed);
+    /// Set `tenant`'s quota (`tenants`; `Quota::default()`: none); a lower cap evicts at
+    /// once into `trimmed`. `spare`: a new instance for the tenant's own group, built by the
+    /// caller before it took the lock, taken if the tenant gets its first quota; a dissolved
+    /// group's instance comes back in it, for the caller to free after the lock. Fails with
+    /// `OutOfMemory` (nothing changed) when no instance was handed in and one does not fit.
+    fn set_quota(
+        &mut self,
+        tenant: u32,
+        quota: Quota,
+        spare: &mut Option<Box<dyn Policy>>,
+        trimmed: &mut Vec<Entry>,
+    ) -> Result<()> {
+        let _ = (tenant, quota, spare, trimmed);
         Ok(())
+    }
+
+    /// The heap bytes of `tenant`'s own instance's per-block tables (`table_bytes`), if it
+    /// has one (tests and benchmarks).
+    fn tenant_policy_bytes(&self, tenant: u32) -> Option<usize> {
+        let _ = tenant;
+        None
     }
 }
 
@@ -270,6 +293,26 @@ pub fn new_locked_policy(
         Some(p) => Ok(p),
         None => Ok(Box::new(Lru::new(num_blocks)?)),
     }
+}
+
+/// A tenant's own instance of `kind` (`tenants::quotas`): its per-block tables are sparse
+/// (`block_table`), so it costs what the tenant holds; the bounds that size the policy's
+/// history (ARC's `c`, S3-FIFO's ghosts, SLRU's protected cap) still come from the pool's
+/// `num_blocks`, as in the reference.
+pub fn new_tenant_policy(
+    kind: EvictionKind,
+    num_blocks: usize,
+    clock: &Arc<Clock>,
+) -> Result<Box<dyn Policy>> {
+    let t = block_table::Tables::Sparse;
+    Ok(match kind {
+        EvictionKind::Lru => Box::new(Lru::with_tables(t)?),
+        EvictionKind::S3Fifo => Box::new(S3Fifo::with_tables(num_blocks, t)?),
+        EvictionKind::Arc => Box::new(ArcPolicy::with_cache_size(t, num_blocks)?),
+        EvictionKind::Lfu => Box::new(LfuAging::with_tables(t)?),
+        EvictionKind::Slru => Box::new(Slru::with_cache_size(t, num_blocks)?),
+        EvictionKind::Priority => Box::new(PriorityPolicy::with_tables(t, clock)?),
+    })
 }
 
 /// A new policy of `kind` for a pool of `num_blocks` blocks; None for `Lru`, which the pool

@@ -54,6 +54,17 @@ impl BlockManager {
         })
     }
 
+    /// The heap bytes of the per-block tables of `salt`'s tenant's own policy instance, if
+    /// it has one (a quota): tests and benchmarks check it grows with what the tenant holds,
+    /// not with the pool.
+    pub fn tenant_policy_bytes(&self, salt: Option<&[u8]>) -> Result<Option<usize>> {
+        let registry = self.registry()?;
+        let Some(id) = registry.find(salt) else {
+            return Ok(None);
+        };
+        Ok(self.gpu.tenant_policy_bytes(id))
+    }
+
     /// Every tenant seen so far, unsalted first, then in order of first use.
     pub fn tenant_stats(&self) -> Result<Vec<TenantStats>> {
         let registry = self.registry()?;

@@ -71,6 +71,14 @@ impl Registry {
         id
     }
 
+    /// The id of `salt`'s tenant, if it has one (nothing made).
+    pub fn find(&self, salt: Option<&[u8]>) -> Option<u32> {
+        match salt {
+            None => Some(UNSALTED),
+            Some(s) => lock(&self.inner).ids.get(s).copied(),
+        }
+    }
+
     pub fn tenant(&self, id: u32) -> Arc<Tenant> {
         lock(&self.inner).tenants[id as usize].clone()
     }
@@ -87,8 +95,14 @@ impl Registry {
             .fetch_add(hits as u64, Ordering::Relaxed);
     }
 
+    /// `Quota::default()` (no cap, no reserve) means no quota.
     pub fn set_quota(&self, id: u32, quota: Quota) {
-        lock(&self.inner).quotas.insert(id, quota);
+        let mut inner = lock(&self.inner);
+        if quota == Quota::default() {
+            inner.quotas.remove(&id);
+        } else {
+            inner.quotas.insert(id, quota);
+        }
     }
 
     pub fn quota(&self, id: u32) -> Quota {
