@@ -510,10 +510,14 @@ class ReferenceBlockManager:
         self._t0 = time.monotonic()
         self._manual: float | None = None
         # Tenants (`tenants=True`): salt per id (0: unsalted), ids by salt, prefix counts,
-        # quotas, and the tenant of the sequence that registered each block.
+        # when each (last) entered the registry, quotas, and the tenant of the sequence that
+        # registered each block. A salted tenant is present while it has a live sequence, a
+        # CACHED block or a quota; one that had none of them left the registry (the core
+        # removes it then), so its next use starts it afresh: new counts, a new place.
         self._tenant_salts: list[bytes | None] = [None]
         self._tenant_ids: dict[bytes, int] = {}
         self._tenant_counts: list[list[int]] = [[0, 0]]
+        self._tenant_order: list[int] = [0]
         self._tenant_quotas: dict[int, tuple[int | None, int]] = {}
         self._block_tenant: list[int] = [0] * n
         self._cpu_free: list[int] = list(range(self._num_cpu_blocks - 1, -1, -1))
@@ -765,7 +769,13 @@ class ReferenceBlockManager:
         """Per tenant, unsalted first then in order of first use."""
         self._tenants_on()
         out = []
-        for t, salt in enumerate(self._tenant_salts):
+        present = sorted(
+            (self._tenant_order[t], t)
+            for t in range(len(self._tenant_salts))
+            if self._tenant_present(t)
+        )
+        for _, t in present:
+            salt = self._tenant_salts[t]
             held = {
                 b
                 for s in self._seqs.values()
@@ -1070,7 +1080,28 @@ class ReferenceBlockManager:
             t = self._tenant_ids[salt] = len(self._tenant_salts)
             self._tenant_salts.append(salt)
             self._tenant_counts.append([0, 0])
+            self._tenant_order.append(0)
+        elif self._tenant_present(t):
+            return t
+        # New, or back after it left: counted and placed afresh.
+        self._tenant_counts[t] = [0, 0]
+        self._tenant_order[t] = self._next_tenant_order = self._next_tenant_order + 1
         return t
+
+    _next_tenant_order = 0
+
+    def _tenant_present(self, t: int) -> bool:
+        """Whether tenant `t` is in the registry: unsalted, or with a quota, a live sequence
+        or a CACHED block."""
+        return (
+            t == 0
+            or t in self._tenant_quotas
+            or any(s.tenant == t for s in self._seqs.values())
+            or any(
+                self._rc[b] == 0 and self._hashed[b] is not None and self._block_tenant[b] == t
+                for b in range(self._num_blocks)
+            )
+        )
 
     def _admit(self, sid: int, seq: _Seq, k: int, la: int) -> int | None:
         """`allocate` once its checks passed: pin the hits, take the new blocks, register."""

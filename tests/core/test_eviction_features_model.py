@@ -76,6 +76,7 @@ class Counts:
         self.pinned_cached = 0  # calls after which a pinned block was CACHED
         self.pinned_hits = 0  # allocations that revived a pinned block
         self.quota_trims = 0  # blocks trimmed by a cap (evictions no call reported)
+        self.departures = 0  # steps after which a tenant had left the registry
 
 
 def _feature_step(
@@ -169,16 +170,20 @@ def test_features_match_the_reference(policy: str, tenants: bool, groups: str | 
             num_blocks = rng.randint(16, 26)
         pair = FeaturePair(num_blocks, block_size, **kw)
         bases = [[rng.randrange(3) for _ in range(12)] for _ in range(4)]
+        present = 1
         for _ in range(500):
             revived += _feature_step(pair, rng, bases, counts)
             counts.pinned_cached += pair.ref.num_pinned_cached() > 0
+            if tenants:  # the core's stats are compared with these after every call
+                now = len(pair.ref.tenant_stats())
+                counts.departures += now < present
+                present = now
         evictions += pair.evictions
-        if tenants:
-            assert len(pair.ref.tenant_stats()) == 3
     # Not vacuous: evictions, revivals, pinned cached blocks, hits on them, and trims.
     assert evictions > 20 and revived > 0, (evictions, revived)
     assert counts.pinned_cached > 20 and counts.pinned_hits > 0, vars(counts)
     assert (counts.quota_trims > 0) == tenants, vars(counts)
+    assert (counts.departures > 0) == tenants, vars(counts)
 
 
 class NeutralPair(FeaturePair):

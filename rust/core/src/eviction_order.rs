@@ -271,9 +271,16 @@ mod tests {
         use crate::tenants::Quota;
         use std::sync::Arc;
         let clock = Arc::new(Clock::default());
+        // Tenant 7 (the seventh salt), held by its ref for the whole test.
+        let registry = Arc::new(crate::tenants::registry::Registry::default());
+        let mut t = 0;
+        for i in 1..=7u8 {
+            t = registry.acquire(Some(&[i]));
+        }
+        assert_eq!(t, 7);
         let pool = BlockPool::new(4, false, false)
             .unwrap()
-            .with_eviction(EvictionKind::Lru, true, &clock)
+            .with_eviction(EvictionKind::Lru, Some(registry), &clock)
             .unwrap();
         let ds = sample_digests(3);
         assert!(pool.reserve(3));

@@ -91,3 +91,40 @@ fn a_quota_costs_what_its_tenant_holds_and_goes_with_it() {
         m.check_invariants().unwrap();
     }
 }
+
+/// Issue 32, item 10: every salt ever seen stayed in the registry (about 175 bytes each).
+/// Now a tenant with no sequence, no CACHED block and no quota leaves, so many short-lived
+/// salts leave a registry the size of the ones still present.
+#[test]
+fn the_registry_shrinks_back_after_many_short_lived_salts() {
+    let mut c = Config::new(256, 4);
+    c.tenants = true;
+    let m = BlockManager::new(c).unwrap();
+    let (n0, bytes0) = m.tenant_registry_size().unwrap();
+    assert_eq!(n0, 1, "the unsalted tenant");
+    let mut peak = 0;
+    for i in 0..100_000u32 {
+        let salt = format!("salt-{i}").into_bytes();
+        let prompt: Vec<u32> = (0..9).map(|t| t + 10 * i).collect();
+        m.allocate(u64::from(i), &prompt, Some(&salt), None, 0)
+            .unwrap()
+            .unwrap();
+        m.free(u64::from(i)).unwrap();
+        peak = peak.max(m.tenant_registry_size().unwrap().0);
+    }
+    // 256 blocks hold the cached blocks of at most 128 salts (two full blocks each).
+    let (n, bytes) = m.tenant_registry_size().unwrap();
+    assert!(
+        peak <= 129 && n <= 129,
+        "{n} tenants present, {peak} at most"
+    );
+    assert!(bytes < bytes0 + 64 * 1024, "{bytes} bytes (from {bytes0})");
+    assert!(m.reset_prefix_cache().unwrap());
+    assert_eq!(
+        m.tenant_registry_size().unwrap().0,
+        1,
+        "nothing cached: only unsalted"
+    );
+    assert_eq!(m.tenant_stats().unwrap().len(), 1);
+    m.check_invariants().unwrap();
+}

@@ -1080,7 +1080,7 @@ impl PyBlockManager {
         })
     }
 
-    /// Per tenant, unsalted first then in order of first use: `(cache_salt, held_blocks,
+    /// Per tenant present, unsalted first then in order of entry: `(cache_salt, held_blocks,
     /// cached_blocks, prefix_queries, prefix_hits, max_cached, reserved)`
     /// (`BlockManager.tenant_stats` makes `TenantStats` of them).
     fn _tenant_stats<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
