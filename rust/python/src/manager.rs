@@ -1124,8 +1124,11 @@ impl PyBlockManager {
     /// taken between two events: the queue restarts empty and an overflow is forgotten, so
     /// the next `drain_events()` gives exactly the changes after it.
     fn kv_event_snapshot<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let events = py.detach(|| self.inner.kv_event_snapshot()).py(py)?;
-        self.handed_on(objects::events(py, &events), events.len())
+        let snapshot = py.detach(|| self.inner.kv_event_snapshot()).py(py)?;
+        self.handed_on(
+            objects::events_from(py, snapshot.iter(), snapshot.len()),
+            snapshot.len(),
+        )
     }
 
     /// Bound the event queue at `capacity` events (None: unbounded, the default). A call
