@@ -1088,7 +1088,12 @@ impl PyBlockManager {
         let stats = py.detach(|| self.inner.tenant_stats()).py(py)?;
         stats
             .into_iter()
-            .map(|t| {
+            .enumerate()
+            .map(|(i, t)| {
+                // Hand the GIL over now and then: 200,000 tenants take a while to convert.
+                if i > 0 && i % 256 == 0 {
+                    py.detach(|| ());
+                }
                 let salt = t.salt.map(|s| PyBytes::new(py, &s));
                 (
                     salt,
