@@ -276,7 +276,8 @@ class BlockManager:
     def set_tenant_quota(
         self, cache_salt: _Salt, *, max_cached: _Int | None = None, reserved: _Int = 0
     ) -> None:
-        """Cap and reserve of one tenant's CACHED blocks (needs `tenants=True`)."""
+        """Cap and reserve of one tenant's CACHED blocks (needs `tenants=True`); the
+        defaults (no cap, no reserve) remove the tenant's quota."""
     def _tenant_stats(
         self,
     ) -> list[tuple[bytes | None, int, int, int, int, int | None, int]]: ...

@@ -41,6 +41,11 @@ class AllBlocksCleared:
 
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
+DEFAULT_EVENT_CAPACITY = 1 << 18
+"""The manager's event queue bound unless `set_kv_event_capacity` sets another (the core's
+`events::DEFAULT_EVENT_CAPACITY`; the publisher's `queue_events` default): events nobody
+drains cost at most about 50 MB, and past it the queue overflows as any bounded one does."""
+
 
 @dataclass(frozen=True, slots=True)
 class KVEventQueueStats:
@@ -49,7 +54,8 @@ class KVEventQueueStats:
     queued: int
     """Events waiting to be drained."""
     capacity: int | None
-    """The most events the queue holds; None: unbounded (the default)."""
+    """The most events the queue holds (`DEFAULT_EVENT_CAPACITY` unless set); None:
+    unbounded."""
     dropped: int
     """Events never delivered: those queued when the queue overflowed, and every one after,
     until the next `kv_event_snapshot()`."""
@@ -79,6 +85,7 @@ def parents_first(keys: Iterable[K], parent: Callable[[K], K | None]) -> Iterato
 
 
 __all__ = [
+    "DEFAULT_EVENT_CAPACITY",
     "AllBlocksCleared",
     "BlockRemoved",
     "BlockStored",

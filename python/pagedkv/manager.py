@@ -52,8 +52,9 @@ class BlockManager(_core.BlockManager):
         )
 
     def tenant_stats(self) -> list[TenantStats]:
-        """Per tenant (cache salt; None first for requests without one, then in order of first
-        use): blocks held and cached, prefix queries and hits, quota. Needs `tenants=True`."""
+        """Per tenant present (a live sequence, a CACHED block or a quota; None first for
+        requests without a salt, then in the order they entered): blocks held and cached,
+        prefix queries and hits, quota. Needs `tenants=True`. Does not stall other calls."""
         return [TenantStats(*row) for row in self._tenant_stats()]
 
     def lookup_many(

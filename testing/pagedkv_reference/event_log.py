@@ -5,7 +5,14 @@ queues")."""
 from __future__ import annotations
 
 from pagedkv.errors import InvalidArgumentError, KVEventsOverflowError
-from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventQueueStats
+from pagedkv.events import (
+    DEFAULT_EVENT_CAPACITY,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    KVEventQueueStats,
+)
 
 Key = tuple[str | None, int, bytes]
 
@@ -13,7 +20,7 @@ Key = tuple[str | None, int, bytes]
 class EventLog:
     def __init__(self) -> None:
         self.queue: list[KVEvent] = []
-        self.capacity: int | None = None
+        self.capacity: int | None = DEFAULT_EVENT_CAPACITY  # None: unbounded
         self.overflowed = False
         self.dropped = 0
         self.overflows = 0
@@ -49,23 +56,35 @@ class EventLog:
         return out
 
     def snapshot(self) -> list[BlockStored]:
-        """Oldest first, each block after its listed ancestors."""
+        """Parents before children; otherwise oldest first (by when each was last stored).
+        A block is listed at its place unless its parent is listed later (stored again after
+        it) or waits itself: then right after its parent, each child followed by its own."""
         self.queue = []
         self.overflowed = False
+        keys = list(self.described)
+        pos = {k: i for i, k in enumerate(keys)}
         out: list[BlockStored] = []
-        listed: set[Key] = set()
-        for key in self.described:
-            chain: list[Key] = []
-            k = key
-            while k not in listed and k in self.described and k not in chain:
-                chain.append(k)
-                parent = self.described[k].parent_block_hash
-                if parent is None:
-                    break
-                k = (k[0], k[1], parent)
-            for c in reversed(chain):
-                listed.add(c)
+        waiting: dict[Key, list[Key]] = {}  # parent -> children waiting for it, in order
+        wait_set: set[Key] = set()
+
+        def emit(k: Key) -> None:
+            stack = [k]
+            while stack:
+                c = stack.pop()
                 out.append(self.described[c])
+                wait_set.discard(c)
+                stack.extend(reversed(waiting.pop(c, [])))
+
+        for i, k in enumerate(keys):
+            parent = self.described[k].parent_block_hash
+            pk = None if parent is None else (k[0], k[1], parent)
+            if pk is not None and (pk in wait_set or pos.get(pk, -1) > i):
+                waiting.setdefault(pk, []).append(k)
+                wait_set.add(k)
+                continue
+            emit(k)
+        # Left waiting: a parent cycle (only colliding digests make one), in order.
+        out.extend(self.described[k] for k in sorted(wait_set, key=pos.__getitem__))
         return out
 
     def set_capacity(self, capacity: int | None) -> None:

@@ -521,10 +521,14 @@ class ReferenceBlockManager:
         # (group, digest) -> swapped-out sequences holding a CPU copy of it (with events)
         self._cpu_copies: Counter[tuple[int, bytes]] = Counter()
         # Tenants (`tenants=True`): salt per id (0: unsalted), ids by salt, prefix counts,
-        # quotas, and the tenant of the sequence that registered each block.
+        # when each (last) entered the registry, quotas, and the tenant of the sequence that
+        # registered each block. A salted tenant is present while it has a live sequence, a
+        # CACHED block or a quota; one that had none of them left the registry (the core
+        # removes it then), so its next use starts it afresh: new counts, a new place.
         self._tenant_salts: list[bytes | None] = [None]
         self._tenant_ids: dict[bytes, int] = {}
         self._tenant_counts: list[list[int]] = [[0, 0]]
+        self._tenant_order: list[int] = [0]
         self._tenant_quotas: dict[int, tuple[int | None, int]] = {}
         self._block_tenant: list[int] = [0] * n
         self._cpu_free: list[int] = list(range(self._num_cpu_blocks - 1, -1, -1))
@@ -771,7 +775,8 @@ class ReferenceBlockManager:
         self, cache_salt: str | bytes | None, *, max_cached: int | None = None, reserved: int = 0
     ) -> None:
         """Cap and reserve of one tenant's CACHED blocks (needs `tenants=True`); a cap below
-        its CACHED blocks evicts its own at once."""
+        its CACHED blocks evicts its own at once. The defaults (no cap, no reserve) remove the
+        tenant's quota."""
         salt = _salt_bytes(cache_salt)
         cap = None if max_cached is None else int_arg(max_cached, "max_cached", 0, _I32_MAX)
         res = int_arg(reserved, "reserved", 0, _I32_MAX)
@@ -779,7 +784,10 @@ class ReferenceBlockManager:
         if cap is not None and res > cap:
             raise InvalidArgumentError(f"reserved {res} is above max_cached {cap}")
         t = self._tenant_of(salt)
-        self._tenant_quotas[t] = (cap, res)
+        if (cap, res) == (None, 0):
+            self._tenant_quotas.pop(t, None)  # no quota: its own policy instance goes
+        else:
+            self._tenant_quotas[t] = (cap, res)
         assert isinstance(self._policy, TenantQuotas)
         self._trimmed = self._policy.set_quota(salt, Quota(cap, res), self._NOW)
         self._drop_trimmed()
@@ -788,7 +796,13 @@ class ReferenceBlockManager:
         """Per tenant, unsalted first then in order of first use."""
         self._tenants_on()
         out = []
-        for t, salt in enumerate(self._tenant_salts):
+        present = sorted(
+            (self._tenant_order[t], t)
+            for t in range(len(self._tenant_salts))
+            if self._tenant_present(t)
+        )
+        for _, t in present:
+            salt = self._tenant_salts[t]
             held = {
                 b
                 for s in self._seqs.values()
@@ -1103,7 +1117,28 @@ class ReferenceBlockManager:
             t = self._tenant_ids[salt] = len(self._tenant_salts)
             self._tenant_salts.append(salt)
             self._tenant_counts.append([0, 0])
+            self._tenant_order.append(0)
+        elif self._tenant_present(t):
+            return t
+        # New, or back after it left: counted and placed afresh.
+        self._tenant_counts[t] = [0, 0]
+        self._tenant_order[t] = self._next_tenant_order = self._next_tenant_order + 1
         return t
+
+    _next_tenant_order = 0
+
+    def _tenant_present(self, t: int) -> bool:
+        """Whether tenant `t` is in the registry: unsalted, or with a quota, a live sequence
+        or a CACHED block."""
+        return (
+            t == 0
+            or t in self._tenant_quotas
+            or any(s.tenant == t for s in self._seqs.values())
+            or any(
+                self._rc[b] == 0 and self._hashed[b] is not None and self._block_tenant[b] == t
+                for b in range(self._num_blocks)
+            )
+        )
 
     def _admit(self, sid: int, seq: _Seq, k: int, la: int) -> int | None:
         """`allocate` once its checks passed: pin the hits, take the new blocks, register."""

@@ -258,6 +258,33 @@ def test_tenant_stats_count_hits_per_salt() -> None:
     assert stats[None].prefix_hits == 0
 
 
+def test_tenants_with_nothing_left_leave_the_registry() -> None:
+    """Issue 32, item 10: every salt ever seen stayed (about 175 bytes each, and
+    `tenant_stats()` listed them all). A tenant leaves once it has no live sequence, no
+    CACHED block and no quota; used again, it starts afresh (counts and place)."""
+    m = BlockManager(32, B, tenants=True)
+    for sid in range(2000):
+        cache(m, sid, sid, cache_salt=f"salt-{sid}")  # 2 CACHED blocks each
+    salts = [t.cache_salt for t in m.tenant_stats()]
+    # 32 blocks hold the CACHED blocks of the last 16 salts; the others were evicted.
+    assert salts == [None] + [f"salt-{sid}".encode() for sid in range(1984, 2000)]
+    assert m.allocate(9000, prompt(5000), cache_salt="salt-0") == 0  # back: no hit, afresh
+    assert [t.cache_salt for t in m.tenant_stats()][-1] == b"salt-0"
+    assert m.tenant_stats()[-1].prefix_queries == len(prompt(5000))
+    # A quota keeps a tenant with nothing else; removing it lets the tenant go.
+    m.set_tenant_quota(b"q", max_cached=4)
+    assert m.tenant_stats()[-1].cache_salt == b"q"
+    m.set_tenant_quota(b"q")
+    assert b"q" not in [t.cache_salt for t in m.tenant_stats()]
+    # A refused call leaves no entry either.
+    with pytest.raises(InvalidArgumentError):
+        m.set_tenant_quota(b"r", max_cached=1, reserved=2)
+    m.free(9000)
+    assert m.reset_prefix_cache()
+    assert [t.cache_salt for t in m.tenant_stats()] == [None]
+    m.check_invariants()
+
+
 def test_tenant_calls_need_tenants_and_sane_quotas() -> None:
     m = BlockManager(8, B)
     with pytest.raises(InvalidArgumentError, match="tenants=True"):

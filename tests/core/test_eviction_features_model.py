@@ -77,6 +77,7 @@ class Counts:
         self.pinned_cached = 0  # calls after which a pinned block was CACHED
         self.pinned_hits = 0  # allocations that revived a pinned block
         self.quota_trims = 0  # blocks trimmed by a cap (evictions no call reported)
+        self.departures = 0  # steps after which a tenant had left the registry
 
 
 def _feature_step(
@@ -170,16 +171,20 @@ def test_features_match_the_reference(policy: str, tenants: bool, groups: str | 
             num_blocks = rng.randint(16, 26)
         pair = FeaturePair(num_blocks, block_size, **kw)
         bases = [[rng.randrange(3) for _ in range(12)] for _ in range(4)]
+        present = 1
         for _ in range(500):
             revived += _feature_step(pair, rng, bases, counts)
             counts.pinned_cached += pair.ref.num_pinned_cached() > 0
+            if tenants:  # the core's stats are compared with these after every call
+                now = len(pair.ref.tenant_stats())
+                counts.departures += now < present
+                present = now
         evictions += pair.evictions
-        if tenants:
-            assert len(pair.ref.tenant_stats()) == 3
     # Not vacuous: evictions, revivals, pinned cached blocks, hits on them, and trims.
     assert evictions > 20 and revived > 0, (evictions, revived)
     assert counts.pinned_cached > 20 and counts.pinned_hits > 0, vars(counts)
     assert (counts.quota_trims > 0) == tenants, vars(counts)
+    assert (counts.departures > 0) == tenants, vars(counts)
 
 
 class NeutralPair(FeaturePair):
@@ -349,12 +354,65 @@ def test_a_first_quota_keeps_the_retention_of_the_blocks_it_moves() -> None:
     p.call("allocate", 1, prompt_a, cache_salt=b"a", retention=[(0, None, 90, None)])
     p.call("free", 1)
     p.tick(1.0)
-    p.call("set_tenant_quota", b"a", max_cached=None)
+    p.call("set_tenant_quota", b"a", max_cached=100)  # a quota that caps nothing here
     p.tick(1.0)
     p.call("allocate", 2, prompt_b, cache_salt=b"b")
     p.call("free", 2)
     assert p.ref.num_free_blocks == 4 and p.ref.num_cached_blocks == 4
     p.call("allocate", 3, list(range(20, 31)))  # 6 blocks: the 4 free and 2 evicted
+    for m in (p.rust, p.ref):
+        assert m.lookup(prompt_a, cache_salt=b"a") == 4
+        assert m.lookup(prompt_b, cache_salt=b"b") == 0
+
+
+def test_a_quota_tenants_expired_block_ranks_at_its_deadline_after_a_passed_over_peek() -> None:
+    # Issue 32, item 8. Tenant a (with a quota) caches block A at priority 100 for 5 s at
+    # t=0. An eviction at t=2 peeks a's policy (A, at 100) and takes the unsalted tenant's
+    # block. At t=10 A ran out at t=5: it ranks as released at its deadline, before the
+    # unsalted blocks released at t=6, so the next eviction takes it. (Before, a's policy kept
+    # the t=2 peek's time, so A still ranked at 100 and an unsalted block went.)
+    p = _both(eviction="priority", tenants=True)
+    prompt_a = [1, 1, 1]
+    p.call("allocate", 1, prompt_a, cache_salt=b"a", retention=[(0, None, 100, 5.0)])
+    p.call("free", 1)
+    p.call("set_tenant_quota", b"a", max_cached=4)
+    p.tick(1.0)
+    p.call("allocate", 2, [2, 2, 2])
+    p.call("free", 2)  # the unsalted block U, released at t=1
+    p.tick(1.0)
+    assert p.ref.num_free_blocks == 6
+    p.call("allocate", 3, [3] * 14)  # 7 blocks: the 6 free and U (the peek saw A at 100)
+    assert p.rust.lookup([2, 2, 2]) == p.ref.lookup([2, 2, 2]) == 0
+    p.tick(4.0)
+    p.call("free", 3)  # 7 unsalted blocks released at t=6, after A's deadline
+    p.tick(4.0)
+    p.call("allocate", 4, [4])  # one block: A goes
+    for m in (p.rust, p.ref):
+        assert m.lookup(prompt_a, cache_salt=b"a") == 0
+        assert m.lookup([3] * 14) == 12  # all 7 blocks (a hit leaves one token)
+
+
+def test_a_removed_quota_gives_the_blocks_back_to_the_shared_policy() -> None:
+    # Issue 32, item 9: `set_tenant_quota(salt)` with the defaults (no cap, no reserve) is no
+    # quota: the tenant's own policy instance goes (before, it stayed for good), its cached
+    # blocks move back to the shared one with their retention and rank, and a held block
+    # comes back as a new one. The order is then as if the quota never was.
+    p = _both(eviction="priority", tenants=True)
+    prompt_a, prompt_b = [1, 2, 3, 4, 5], [6, 7, 8, 9, 10]
+    p.call("set_tenant_quota", b"a", max_cached=3)
+    p.call("allocate", 1, prompt_a, cache_salt=b"a", retention=[(0, None, 90, None)])
+    p.call("free", 1)
+    p.tick(1.0)
+    p.call("allocate", 2, prompt_a[:3], cache_salt=b"a")  # holds a's first block (a hit)
+    p.call("allocate", 3, prompt_b, cache_salt=b"b")
+    p.call("free", 3)
+    p.call("set_tenant_quota", b"a")
+    for m in (p.rust, p.ref):
+        a = next(t for t in m.tenant_stats() if t.cache_salt == b"a")
+        assert (a.max_cached, a.reserved, a.held_blocks) == (None, 0, 2)
+    p.tick(1.0)
+    p.call("free", 2)  # a's first block back, at 90 (its retention stayed); 4 free
+    p.call("allocate", 4, list(range(20, 31)))  # 6 blocks: the 4 free, then b's 2 (default)
     for m in (p.rust, p.ref):
         assert m.lookup(prompt_a, cache_salt=b"a") == 4
         assert m.lookup(prompt_b, cache_salt=b"b") == 0

@@ -200,7 +200,7 @@ def test_peek_with_a_clock_going_back_raises_and_changes_nothing() -> None:
     with pytest.raises(ValueError, match="before the last time"):
         p.peek(-1.0)
     assert p.queues()[:2] == ([20, 21], list(range(18)))  # no move made
-    q = TenantQuotas(lambda: S3Fifo(40), {b"B": Quota()})  # B in its own group, A shared
+    q = TenantQuotas(lambda: S3Fifo(40), {b"B": Quota(cap=100)})  # B: its own group
     q.on_cached(0, 5.0, k("x"), b"B")
     q.on_cached(1, 1.0, k("y"), b"A")
     with pytest.raises(ValueError, match="before the last time"):
@@ -212,7 +212,7 @@ def test_quotas_keep_the_moves_of_a_tenant_peeked_and_not_chosen() -> None:
     # B's block is released first, so B's candidate goes; A's policy was peeked on the way,
     # and its S3-FIFO moved its reused block 1 from S to M for real (a peek on a copy, as
     # quotas did before, would have left A's S as it was).
-    q = TenantQuotas(lambda: make_policy("s3fifo", 16), {b"B": Quota()})
+    q = TenantQuotas(lambda: make_policy("s3fifo", 16), {b"B": Quota(cap=100)})
     q.on_cached(5, 0.0, k("b5"), b"B")
     q.on_cached(1, 0.0, k("a1"), b"A")
     for _ in range(2):

@@ -15,6 +15,7 @@ import zmq
 
 from pagedkv import BlockManager
 from pagedkv.errors import InvalidArgumentError
+from pagedkv.events import DEFAULT_EVENT_CAPACITY
 from pagedkv.kv_events import BlockSet, Publisher, wire
 from test_subscriber import LOOP, B, Loop, _follow, _subscriber, audit, run_workload
 from test_tiers import run_tier_workload
@@ -121,7 +122,7 @@ def test_bad_queue_bounds_and_failed_starts_change_nothing() -> None:
         Publisher(BlockManager(8, B), endpoint=LOOP)
     with pytest.raises(zmq.ZMQError):
         Publisher(m, endpoint="bogus://x", queue_events=5)
-    assert m.kv_event_queue_stats().capacity is None, "a failed start leaves the bound"
+    assert m.kv_event_queue_stats().capacity == DEFAULT_EVENT_CAPACITY, "a failed start leaves it"
     with Publisher(m, endpoint=LOOP, queue_events=5):
         assert m.kv_event_queue_stats().capacity == 5
 

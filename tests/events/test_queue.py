@@ -14,8 +14,15 @@ import pytest
 
 from pagedkv import BlockManager, hash_blocks
 from pagedkv.errors import InvalidArgumentError, KVEventsOverflowError
-from pagedkv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from pagedkv.events import (
+    DEFAULT_EVENT_CAPACITY,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+)
 from pagedkv.tiers.event_queue import EventQueue
+from pagedkv_reference import ReferenceBlockManager
 
 B = 4
 Key = tuple[str | None, int, bytes]
@@ -73,12 +80,38 @@ def test_capacity_at_and_one_past_its_limit() -> None:
     assert (s.dropped, s.overflows, s.blocks) == (4, 1, 0), "tallies stay"
 
 
+def test_the_default_bound_at_and_one_past_its_limit() -> None:
+    """Issue 32, item 13: without `set_kv_event_capacity` the queue holds
+    `DEFAULT_EVENT_CAPACITY` events (the publisher's bound); the next one overflows as any
+    bounded queue does (counted, drains refused until a snapshot). Before, the default was
+    unbounded and events nobody drained grew without end. The reference agrees."""
+    n = DEFAULT_EVENT_CAPACITY
+    for m in (
+        BlockManager(n + 8, 1, enable_kv_events=True),
+        ReferenceBlockManager(n + 8, 1, enable_kv_events=True),
+    ):
+        m.allocate(1, list(range(n)))  # n full blocks of one token: exactly full
+        s = m.kv_event_queue_stats()
+        assert (s.queued, s.capacity, s.dropped, s.overflows) == (n, n, 0, 0), type(m)
+        m.allocate(2, [n + 5])  # one more BlockStored: one past
+        s = m.kv_event_queue_stats()
+        assert (s.queued, s.dropped, s.overflows, s.blocks) == (0, n + 1, 1, n + 1), type(m)
+        with pytest.raises(KVEventsOverflowError):
+            m.drain_events()
+        m.free(1)
+        m.free(2)
+        assert m.reset_prefix_cache()
+        assert m.kv_event_snapshot() == []  # the cleared set; the queue restarts
+        assert m.drain_events() == []
+        assert m.kv_event_queue_stats().capacity == n
+
+
 def test_bad_capacities_and_disabled_events_raise_and_change_nothing() -> None:
     m = BlockManager(16, B, enable_kv_events=True)
     for bad in (0, -1, 2**64, 1.5, "8", True):
         with pytest.raises(InvalidArgumentError, match="capacity"):
             m.set_kv_event_capacity(bad)  # type: ignore[arg-type]
-    assert m.kv_event_queue_stats().capacity is None
+    assert m.kv_event_queue_stats().capacity == DEFAULT_EVENT_CAPACITY
     m.set_kv_event_capacity(5)
     m.set_kv_event_capacity(None)
     assert m.kv_event_queue_stats().capacity is None

@@ -29,7 +29,13 @@ from typing import Any, Protocol
 import zmq
 
 from pagedkv.errors import InvalidArgumentError, KVEventsOverflowError
-from pagedkv.events import AllBlocksCleared, BlockStored, KVEvent, KVEventQueueStats
+from pagedkv.events import (
+    DEFAULT_EVENT_CAPACITY,
+    AllBlocksCleared,
+    BlockStored,
+    KVEvent,
+    KVEventQueueStats,
+)
 from pagedkv.kv_events import wire
 from pagedkv.kv_events.blockset import BlockSet
 
@@ -91,7 +97,7 @@ class Publisher:
         interval: float = 0.001,
         heartbeat: float = 1.0,
         wire_options: wire.WireOptions | None = None,
-        queue_events: int | None = 1 << 18,
+        queue_events: int | None = DEFAULT_EVENT_CAPACITY,
         memo_blocks: int = 1 << 16,
         send_filter: Callable[[int], bool] | None = None,
         context: zmq.Context[Any] | None = None,

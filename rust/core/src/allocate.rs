@@ -146,6 +146,8 @@ impl BlockManager {
                 if self.plain() && total(0) > self.gpu.num_usable() {
                     return Ok(None);
                 }
+                // Before the first hit: its tenant stays while the call runs (`registry`).
+                let tenant = self.hold_tenant(q.cache_salt);
                 let max_hits = self.hit_cap(n, q.max_hit_tokens);
                 let keys = chain_lock(&digests);
                 let _prefix = self.lock_prefixes(keys)?;
@@ -154,7 +156,7 @@ impl BlockManager {
                     s.keyed = q.block_hashes.is_some();
                     let prompt = s.tokens.len();
                     s.set_retention(opts.retention.map(|r| Arc::new((r.clone(), prompt))));
-                    s.set_tenant(self.tenant_of(q.cache_salt));
+                    s.set_tenant(tenant.id());
                     if !opts.register {
                         // Blocks fit a u32 (tokens fit an i32): the cast is exact.
                         s.hold = hits as u32;
@@ -181,6 +183,7 @@ impl BlockManager {
                         self.record_tenant_hits(seq.tenant(), n, hits * bs);
                     }
                     self.account((0, 0), seq.footprint(bs));
+                    tenant.keep();
                     return Ok(Some(hits * bs));
                 }
                 let Some((blocks, hits)) =
@@ -205,6 +208,7 @@ impl BlockManager {
                     self.record_tenant_hits(seq.tenant(), n, hits * bs);
                 }
                 self.account((0, 0), seq.footprint(bs));
+                tenant.keep();
                 Ok(Some(hits * bs))
             })
         })

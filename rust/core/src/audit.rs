@@ -195,6 +195,9 @@ impl BlockManager {
                 t.cached_blocks
             );
         }
+        // Tenants: each present one's CACHED count is the pool's, and every CACHED block's
+        // and live sequence's tenant is present.
+        self.audit_tenants(guards.iter().map(|(_, seq)| seq.tenant()))?;
         // CPU space: every block free or held by one swapped sequence.
         let cpu_free = self.cpu.free_snapshot();
         ensure!(

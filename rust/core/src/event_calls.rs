@@ -2,7 +2,7 @@
 //! events themselves are queued by the pool, under each index change's stripe.
 
 use crate::error::{invalid, Result};
-use crate::events::{EventLog, EventQueueStats, KvEvent};
+use crate::events::{EventLog, EventQueueStats, EventSnapshot, KvEvent};
 use crate::manager::BlockManager;
 
 impl BlockManager {
@@ -15,12 +15,15 @@ impl BlockManager {
 
     /// Every block the events so far describe, as `BlockStored` events (parents first),
     /// taken between two events: the queue restarts empty, so the drains that follow give
-    /// exactly the changes after it (docs/events.md, "Resynchronising").
-    pub fn kv_event_snapshot(&self) -> Result<Vec<KvEvent>> {
+    /// exactly the changes after it (docs/events.md, "Resynchronising"). Its events are made
+    /// as it is iterated; registrations and evictions never wait for it beyond a copy of
+    /// the set's chunk list (`event_set`).
+    pub fn kv_event_snapshot(&self) -> Result<EventSnapshot> {
         Ok(self.event_log()?.snapshot())
     }
 
-    /// Bound the event queue at `capacity` events (`None`: unbounded, the default). A push
+    /// Bound the event queue at `capacity` events (`None`: unbounded; the default bound is
+    /// `DEFAULT_EVENT_CAPACITY`, the publisher's). A push
     /// that finds it full drops the queue and every event until the next snapshot.
     pub fn set_kv_event_capacity(&self, capacity: Option<usize>) -> Result<()> {
         self.event_log()?.set_capacity(capacity)
@@ -32,6 +35,13 @@ impl BlockManager {
         if let Some(log) = self.gpu.event_log() {
             log.lost(n);
         }
+    }
+
+    /// The longest holds of the event log's lock since the last call (feature
+    /// `lock-timing`: the `snapshot_costs` example).
+    #[cfg(feature = "lock-timing")]
+    pub fn take_kv_event_lock_holds(&self) -> Result<crate::events::LockHolds> {
+        Ok(self.event_log()?.take_lock_holds())
     }
 
     pub fn kv_event_queue_stats(&self) -> Result<EventQueueStats> {

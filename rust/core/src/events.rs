@@ -2,13 +2,12 @@
 //! `AllBlocksCleared`), queued until the caller drains them, and the set of blocks they
 //! describe, so that a consumer that fell behind can start again from a snapshot.
 
-use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+pub use crate::event_set::EventSnapshot;
+use crate::event_set::{BlockKey, EventSet};
 use crate::hashing::Digest;
-use crate::id_hasher::IdHasher;
 use crate::sync::{lock, Mutex};
 
 /// Where a block's KV lives (vLLM's `medium` field).
@@ -47,6 +46,11 @@ pub enum KvEvent {
     AllBlocksCleared,
 }
 
+/// The event queue's bound unless the caller sets another (`set_kv_event_capacity`): the
+/// publisher's default (`queue_events`, 2**18), so that events nobody drains cost at most
+/// about 50 MB; past it a push overflows as any bounded queue does.
+pub const DEFAULT_EVENT_CAPACITY: usize = 1 << 18;
+
 /// What `EventLog::stats` reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EventQueueStats {
@@ -63,37 +67,13 @@ pub struct EventQueueStats {
     pub blocks: usize,
 }
 
-/// A block's identity for indexers: medium, group and (unkeyed) digest.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct BlockKey {
-    medium: Medium,
-    group: u8,
-    digest: Digest,
-}
-
-impl Hash for BlockKey {
-    fn hash<H: Hasher>(&self, h: &mut H) {
-        // A digest's first word is already uniform; the id hasher mixes it with the rest.
-        h.write_u64(self.digest.words()[0] ^ (u64::from(self.group) << 1) ^ self.medium as u64);
-    }
-}
-
-/// A described block: enough to announce it again as `BlockStored`.
-struct Described {
-    parent: Option<Digest>,
-    token_ids: Arc<[u32]>,
-    lora_id: Option<u64>,
-    /// When it was (last) stored, in event order: a snapshot lists parents first, and among
-    /// unrelated blocks oldest first.
-    stamp: u64,
-}
-
 /// Everything behind the log's one lock. Each field's invariant holds whenever the lock is
 /// free.
 struct Log {
     /// The events not yet drained, in the order they took effect. Empty while `overflowed`.
     queue: Vec<KvEvent>,
-    /// The most events `queue` holds; `usize::MAX` for unbounded (the default).
+    /// The most events `queue` holds (`DEFAULT_EVENT_CAPACITY` unless set); `usize::MAX`
+    /// for unbounded.
     capacity: usize,
     /// A push found the queue full since the last snapshot: events were lost, so `drain`
     /// refuses until a snapshot starts the consumer again.
@@ -102,11 +82,29 @@ struct Log {
     overflows: u64,
     /// The fold of every event pushed so far, applied as an indexer applies them (stored:
     /// insert; removed: remove; cleared: empty). So a snapshot plus the events queued after
-    /// it describe exactly what the whole stream would.
-    described: HashMap<BlockKey, Described, BuildHasherDefault<IdHasher>>,
-    /// Events pushed so far (the stamps of `described`); saturates, after which the newest
-    /// blocks share a stamp and only their parent order is kept.
-    pushed: u64,
+    /// it describe exactly what the whole stream would. Kept in the order blocks were
+    /// stored, in chunks a snapshot takes without copying (`event_set`).
+    described: EventSet,
+    #[cfg(feature = "lock-timing")]
+    holds: LockHolds,
+}
+
+/// The longest holds of the log's lock since the last reset (feature `lock-timing`, for the
+/// `snapshot_costs` example): what a registration or eviction could wait for.
+#[cfg(feature = "lock-timing")]
+#[derive(Debug, Default, Clone)]
+pub struct LockHolds {
+    pub pushes: u64,
+    /// The pushes that held it over 100 us, and the longest.
+    pub pushes_over_100us: u64,
+    pub push_max: std::time::Duration,
+    /// Of the pushes, those that copied a chunk or segment a snapshot held, those of them
+    /// that held it over 100 us, and their longest.
+    pub copying: u64,
+    pub copying_over_100us: u64,
+    pub copying_max: std::time::Duration,
+    /// Every snapshot's hold.
+    pub snapshots: Vec<std::time::Duration>,
 }
 
 /// The queue; `None` inside the pool when events are disabled, so the hot path pays nothing.
@@ -122,20 +120,46 @@ impl EventLog {
         Self {
             log: Mutex::new(Log {
                 queue: Vec::new(),
-                capacity: usize::MAX,
+                capacity: DEFAULT_EVENT_CAPACITY,
                 overflowed: false,
                 dropped: 0,
                 overflows: 0,
-                described: HashMap::default(),
-                pushed: 0,
+                described: EventSet::default(),
+                #[cfg(feature = "lock-timing")]
+                holds: LockHolds::default(),
             }),
         }
     }
 
     pub fn push(&self, event: KvEvent) {
         let mut log = lock(&self.log);
-        log.pushed = log.pushed.saturating_add(1);
-        let stamp = log.pushed;
+        #[cfg(feature = "lock-timing")]
+        let (start, copies) = (
+            std::time::Instant::now(),
+            crate::event_set::COPIES.load(std::sync::atomic::Ordering::Relaxed),
+        );
+        let garbage = Self::push_locked(&mut log, event);
+        #[cfg(feature = "lock-timing")]
+        {
+            let held = start.elapsed();
+            let h = &mut log.holds;
+            h.pushes += 1;
+            h.pushes_over_100us += u64::from(held.as_micros() > 100);
+            h.push_max = h.push_max.max(held);
+            if crate::event_set::COPIES.load(std::sync::atomic::Ordering::Relaxed) != copies {
+                h.copying += 1;
+                h.copying_over_100us += u64::from(held.as_micros() > 100);
+                h.copying_max = h.copying_max.max(held);
+            }
+        }
+        drop(log);
+        // What the push let go of (a dropped queue, a cleared set) is freed after the lock.
+        drop(garbage);
+    }
+
+    /// Apply `event` (under the lock); returns what it let go of, to free after the lock.
+    fn push_locked(log: &mut Log, event: KvEvent) -> (Vec<KvEvent>, Option<EventSet>) {
+        let mut cleared = None;
         match &event {
             KvEvent::BlockStored {
                 block_hash,
@@ -150,13 +174,8 @@ impl EventLog {
                     group: *group,
                     digest: *block_hash,
                 };
-                let block = Described {
-                    parent: *parent_block_hash,
-                    token_ids: token_ids.clone(),
-                    lora_id: *lora_id,
-                    stamp,
-                };
-                log.described.insert(key, block);
+                log.described
+                    .store(key, *parent_block_hash, token_ids, *lora_id);
             }
             KvEvent::BlockRemoved {
                 block_hash,
@@ -169,21 +188,23 @@ impl EventLog {
                     digest: *block_hash,
                 });
             }
-            KvEvent::AllBlocksCleared => log.described.clear(),
+            KvEvent::AllBlocksCleared => cleared = Some(log.described.clear()),
         }
+        let mut dropped = Vec::new();
         if log.overflowed {
             log.dropped = log.dropped.saturating_add(1);
         } else if log.queue.len() >= log.capacity {
             // Full: what is queued no longer leads to the described set without the events
             // that do not fit, so it is dropped too (its memory with it).
             let lost = log.queue.len() as u64 + 1;
-            log.queue = Vec::new();
+            dropped = std::mem::take(&mut log.queue);
             log.overflowed = true;
             log.overflows = log.overflows.saturating_add(1);
             log.dropped = log.dropped.saturating_add(lost);
         } else {
             log.queue.push(event);
         }
+        (dropped, cleared)
     }
 
     /// The queued events, in order; refused (changing nothing) once the queue overflowed,
@@ -199,60 +220,47 @@ impl EventLog {
         Ok(std::mem::take(&mut log.queue))
     }
 
-    /// The described set as one `BlockStored` per block (parents before children when both
-    /// are listed; otherwise oldest first), at a point between two events: the queue is
-    /// emptied and the overflow forgotten, so the next `drain` returns exactly the events
-    /// after the snapshot.
-    pub fn snapshot(&self) -> Vec<KvEvent> {
-        let mut log = lock(&self.log);
-        log.queue = Vec::new();
-        log.overflowed = false;
-        let mut keys: Vec<(u64, BlockKey)> =
-            log.described.iter().map(|(k, b)| (b.stamp, *k)).collect();
-        keys.sort_unstable_by_key(|(stamp, _)| *stamp);
-        let mut done: HashSet<BlockKey, BuildHasherDefault<IdHasher>> = HashSet::default();
-        let mut out = Vec::with_capacity(keys.len());
-        let mut chain = Vec::new();
-        for (_, key) in keys {
-            // Walk up to the first ancestor listed already (or absent), then list down.
-            let mut at = Some(key);
-            while let Some(k) = at {
-                // A chain longer than the set is a cycle (only colliding digests make one).
-                if done.contains(&k) || chain.len() > log.described.len() {
-                    break;
-                }
-                let Some(b) = log.described.get(&k) else {
-                    break;
-                };
-                chain.push(k);
-                at = b.parent.map(|p| BlockKey { digest: p, ..k });
+    /// The described set as one `BlockStored` per block (parents before children; otherwise
+    /// oldest first: `event_set`), at a point between two events: the queue is emptied and
+    /// the overflow forgotten, so the next `drain` returns exactly the events after the
+    /// snapshot. Under the lock only the set's chunk list is cloned; the order is worked out
+    /// after it, so no registration or eviction waits for a pass over the set.
+    pub fn snapshot(&self) -> EventSnapshot {
+        let frozen = {
+            let mut log = lock(&self.log);
+            #[cfg(feature = "lock-timing")]
+            let start = std::time::Instant::now();
+            let queued = std::mem::take(&mut log.queue);
+            log.overflowed = false;
+            let frozen = log.described.freeze();
+            #[cfg(feature = "lock-timing")]
+            {
+                let held = start.elapsed();
+                log.holds.snapshots.push(held);
             }
-            while let Some(k) = chain.pop() {
-                if !done.insert(k) {
-                    continue;
-                }
-                let b = &log.described[&k];
-                out.push(KvEvent::BlockStored {
-                    block_hash: k.digest,
-                    parent_block_hash: b.parent,
-                    token_ids: b.token_ids.clone(),
-                    lora_id: b.lora_id,
-                    medium: k.medium,
-                    group: k.group,
-                });
-            }
-        }
-        out
+            (frozen, queued)
+        };
+        // The events the snapshot replaces are freed after the lock.
+        drop(frozen.1);
+        frozen.0.order()
+    }
+
+    /// The longest lock holds since the last call (feature `lock-timing`).
+    #[cfg(feature = "lock-timing")]
+    pub fn take_lock_holds(&self) -> LockHolds {
+        std::mem::take(&mut lock(&self.log).holds)
     }
 
     /// `n` drained events never reached the consumer (the caller failed to hand them on):
     /// the log counts them and refuses drains until a snapshot, as after an overflow.
     pub fn lost(&self, n: usize) {
         let mut log = lock(&self.log);
-        log.queue = Vec::new();
+        let queued = std::mem::take(&mut log.queue);
         log.overflowed = true;
         log.overflows = log.overflows.saturating_add(1);
         log.dropped = log.dropped.saturating_add(n as u64);
+        drop(log);
+        drop(queued);
     }
 
     /// Bound the queue at `capacity` events (`None`: unbounded). A queue already longer
@@ -337,7 +345,7 @@ mod tests {
         log.push(stored(d(3), None, Medium::Cpu));
         log.push(stored(d(4), None, Medium::Gpu));
         log.push(removed(d(4)));
-        let snap = log.snapshot();
+        let snap = log.snapshot().to_vec();
         assert_eq!(
             hashes(&snap),
             vec![
@@ -357,11 +365,27 @@ mod tests {
     }
 
     #[test]
+    fn a_block_whose_parent_is_stored_after_it_comes_right_after_the_parent() {
+        // Issue 32, item 11: the order is worked out after the lock, from the log; a child
+        // stored before its parent waits for it (before, its chain was listed at its place,
+        // by a walk up the whole set under the lock).
+        let log = EventLog::new();
+        log.push(stored(d(3), Some(d(2)), Medium::Gpu)); // C, its parent P absent
+        log.push(stored(d(9), None, Medium::Gpu)); // X
+        log.push(stored(d(4), Some(d(3)), Medium::Gpu)); // C's child, after X
+        log.push(stored(d(2), None, Medium::Gpu)); // P
+        assert_eq!(
+            hashes(&log.snapshot().to_vec()),
+            [9, 2, 3, 4].map(|t| (d(t), Medium::Gpu))
+        );
+    }
+
+    #[test]
     fn a_parent_cycle_from_colliding_digests_ends() {
         let log = EventLog::new();
         log.push(stored(d(1), Some(d(2)), Medium::Gpu));
         log.push(stored(d(2), Some(d(1)), Medium::Gpu));
-        let mut got = hashes(&log.snapshot());
+        let mut got = hashes(&log.snapshot().to_vec());
         got.sort_by_key(|(h, _)| h.as_bytes().to_vec());
         let mut want = vec![(d(1), Medium::Gpu), (d(2), Medium::Gpu)];
         want.sort_by_key(|(h, _)| h.as_bytes().to_vec());
@@ -399,7 +423,7 @@ mod tests {
         );
         assert_eq!(log.stats(), past, "a refused drain changes nothing");
         assert_eq!(
-            hashes(&log.snapshot()),
+            hashes(&log.snapshot().to_vec()),
             vec![(d(3), Medium::Gpu), (d(4), Medium::Gpu)]
         );
         log.push(removed(d(3)));
@@ -419,7 +443,11 @@ mod tests {
             log.set_capacity(Some(0)),
             Err(Error::InvalidArgument(_))
         ));
-        assert_eq!(log.stats().capacity, None, "refused: unchanged");
+        assert_eq!(
+            log.stats().capacity,
+            Some(DEFAULT_EVENT_CAPACITY),
+            "refused: unchanged (the default bound)"
+        );
         log.set_capacity(Some(1)).unwrap();
         log.push(stored(d(1), None, Medium::Gpu));
         log.set_capacity(None).unwrap();
@@ -451,7 +479,7 @@ mod tests {
             log.drain().is_err(),
             "the consumer must start again from a snapshot"
         );
-        assert_eq!(hashes(&log.snapshot()), vec![(d(1), Medium::Gpu)]);
+        assert_eq!(hashes(&log.snapshot().to_vec()), vec![(d(1), Medium::Gpu)]);
         assert_eq!(log.drain(), Ok(vec![]));
     }
 
@@ -466,24 +494,6 @@ mod tests {
             log.snapshot();
         }
         assert_eq!(log.stats().overflows, u64::MAX);
-    }
-
-    #[test]
-    fn stamps_saturate_and_parents_still_come_first() {
-        let log = EventLog::new();
-        lock(&log.log).pushed = u64::MAX - 1;
-        log.push(stored(d(3), Some(d(2)), Medium::Gpu)); // stamp MAX
-        log.push(stored(d(2), Some(d(1)), Medium::Gpu)); // MAX again
-        log.push(stored(d(1), None, Medium::Gpu)); // MAX again
-        assert_eq!(lock(&log.log).pushed, u64::MAX);
-        assert_eq!(
-            hashes(&log.snapshot()),
-            vec![
-                (d(1), Medium::Gpu),
-                (d(2), Medium::Gpu),
-                (d(3), Medium::Gpu)
-            ]
-        );
     }
 
     #[test]

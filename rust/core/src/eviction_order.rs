@@ -26,8 +26,13 @@ pub enum EvictionOrder {
     Locked(Locked),
 }
 
+/// Builds a tenant's own instance (`tenants`), called before the policy's lock is taken.
+type Instances = Box<dyn Fn() -> Result<Box<dyn Policy>> + Send + Sync>;
+
 pub struct Locked {
     policy: Padded<Mutex<Box<dyn Policy>>>,
+    /// With tenants: a new tenant instance (`set_quota`'s spare).
+    instances: Option<Instances>,
     /// Fixed by the kind: whether the policy reads `miss` (S3-FIFO's and ARC's ghosts) and
     /// `set_retention` (priority). The calls that only feed those take no lock otherwise.
     misses: bool,
@@ -38,6 +43,7 @@ impl Locked {
     fn of(kind: EvictionKind, policy: Box<dyn Policy>) -> Self {
         Self {
             policy: Padded(Mutex::new(policy)),
+            instances: None,
             misses: matches!(kind, EvictionKind::S3Fifo | EvictionKind::Arc),
             retention: kind == EvictionKind::Priority,
         }
@@ -54,8 +60,14 @@ impl EvictionOrder {
 
     /// Tenants (`tenants::quotas`): the policy per tenant group, in locked mode (LRU too).
     pub fn with_tenants(kind: EvictionKind, num_blocks: usize, clock: &Arc<Clock>) -> Result<Self> {
-        let quotas = crate::tenants::quotas::Quotas::new(kind, num_blocks, clock)?;
-        Ok(Self::Locked(Locked::of(kind, Box::new(quotas))))
+        use crate::tenants::quotas::Quotas;
+        let quotas = Quotas::new(kind, num_blocks, clock)?;
+        let mut locked = Locked::of(kind, Box::new(quotas));
+        let clock = clock.clone();
+        locked.instances = Some(Box::new(move || {
+            Quotas::new_instance(kind, num_blocks, &clock)
+        }));
+        Ok(Self::Locked(locked))
     }
 
     /// A pool running `policy` in locked mode (tests of the locked paths with a plain order).
@@ -69,6 +81,16 @@ impl EvictionOrder {
         match self {
             Self::Lru(_) => None,
             Self::Locked(l) => Some(lock(&l.policy)),
+        }
+    }
+
+    /// A new tenant instance for `set_quota` (tenants), built without any lock.
+    pub fn new_instance(&self) -> Result<Option<Box<dyn Policy>>> {
+        match self {
+            Self::Locked(Locked {
+                instances: Some(f), ..
+            }) => f().map(Some),
+            _ => Ok(None),
         }
     }
 
@@ -249,9 +271,16 @@ mod tests {
         use crate::tenants::Quota;
         use std::sync::Arc;
         let clock = Arc::new(Clock::default());
+        // Tenant 7 (the seventh salt), held by its ref for the whole test.
+        let registry = Arc::new(crate::tenants::registry::Registry::default());
+        let mut t = 0;
+        for i in 1..=7u8 {
+            t = registry.acquire(Some(&[i]));
+        }
+        assert_eq!(t, 7);
         let pool = BlockPool::new(4, false, false)
             .unwrap()
-            .with_eviction(EvictionKind::Lru, true, &clock)
+            .with_eviction(EvictionKind::Lru, Some(registry), &clock)
             .unwrap();
         let ds = sample_digests(3);
         assert!(pool.reserve(3));

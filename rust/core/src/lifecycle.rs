@@ -26,6 +26,7 @@ impl BlockManager {
                     if !self.plain() {
                         self.share_all(seq)?;
                         *copy = seq.clone();
+                        self.retain_tenant(copy.tenant());
                         self.account((0, 0), copy.footprint(self.block_size()));
                         return Ok(Some(()));
                     }
@@ -38,6 +39,7 @@ impl BlockManager {
                         }
                     }
                     *copy = seq.clone();
+                    self.retain_tenant(copy.tenant());
                     self.account((0, 0), copy.footprint(self.block_size()));
                     Ok(Some(()))
                 });
@@ -106,6 +108,20 @@ impl BlockManager {
 
     /// Free a live sequence whose cell the caller has locked.
     pub(crate) fn drop_sequence(
+        &self,
+        id: u64,
+        cell: &crate::seq_map::SeqCell,
+        seq: &mut Sequence,
+    ) -> Result<()> {
+        let out = self.drop_sequence_blocks(id, cell, seq);
+        // After its blocks: those it cached count for its tenant before its ref goes (the
+        // tenant leaves the registry if that was its last thing).
+        self.release_tenant(seq.tenant());
+        seq.set_tenant(crate::tenants::UNSALTED);
+        out
+    }
+
+    fn drop_sequence_blocks(
         &self,
         id: u64,
         cell: &crate::seq_map::SeqCell,

@@ -47,7 +47,7 @@ pub struct BlockManager {
     /// What retention durations count against (`set_time` makes it manual).
     pub(crate) clock: Arc<Clock>,
     /// Tenant ids and counters, with `tenants` (None without).
-    pub(crate) tenants: Option<Registry>,
+    pub(crate) tenants: Option<Arc<Registry>>,
     /// Shared by every call that changes block ownership, exclusive for reset.
     pub(crate) gate: Gate,
     /// `stats()`'s reserved and used slots of resident sequences, changed under the lock of
@@ -189,12 +189,13 @@ impl BlockManager {
         }
         let tagged = config.hash_algo.needs_verified_hits();
         let clock = Arc::new(Clock::default());
+        let tenants = config.tenants.then(|| Arc::new(Registry::default()));
         Ok(Self {
             hasher: BlockHasher::new(config.hash_algo, config.hash_seed),
             tagger: tagged.then(HitTagger::random),
             gpu: {
                 let pool = BlockPool::new(config.num_blocks, config.enable_kv_events, tagged)?
-                    .with_eviction(config.eviction, config.tenants, &clock)?;
+                    .with_eviction(config.eviction, tenants.clone(), &clock)?;
                 let pool = if config.record_evictions {
                     pool.with_eviction_log()
                 } else {
@@ -207,7 +208,7 @@ impl BlockManager {
             counters: Padded::default(),
             recent: RecentHits::default(),
             clock,
-            tenants: config.tenants.then(Registry::default),
+            tenants,
             gate: Gate::new(),
             reserved_slots: Padded(AtomicU64::new(0)),
             used_slots: Padded(AtomicU64::new(0)),

@@ -1085,7 +1085,9 @@ impl PyBlockManager {
     /// Set the quota of the tenant of `cache_salt` (None: requests without a salt):
     /// `max_cached`, the most CACHED blocks it keeps (None: no cap; a lower cap evicts its
     /// own blocks at once), and `reserved`, CACHED blocks other tenants' evictions leave
-    /// alone while anyone else has blocks above their own reserve. Needs `tenants=True`.
+    /// alone while anyone else has blocks above their own reserve. The defaults (no cap,
+    /// no reserve) remove the tenant's quota, and its own policy instance with it. Needs
+    /// `tenants=True`. Runs without the GIL (a first quota builds the tenant's instance).
     #[pyo3(
         signature = (cache_salt, *, max_cached=None, reserved=Given::Absent),
         text_signature = "($self, cache_salt, *, max_cached=None, reserved=0)"
@@ -1105,19 +1107,25 @@ impl PyBlockManager {
                 .transpose()?,
             reserved: opt_int_arg(&reserved, 0, "reserved", 0, max)? as usize,
         };
-        run(py, false, || {
+        run(py, true, || {
             self.inner.set_tenant_quota(salt.as_deref(), quota)
         })
     }
 
-    /// Per tenant, unsalted first then in order of first use: `(cache_salt, held_blocks,
+    /// Per tenant present, unsalted first then in order of entry: `(cache_salt, held_blocks,
     /// cached_blocks, prefix_queries, prefix_hits, max_cached, reserved)`
     /// (`BlockManager.tenant_stats` makes `TenantStats` of them).
     fn _tenant_stats<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let stats = self.inner.tenant_stats().py(py)?;
+        // Without the GIL: it looks at every live sequence and every tenant.
+        let stats = py.detach(|| self.inner.tenant_stats()).py(py)?;
         stats
             .into_iter()
-            .map(|t| {
+            .enumerate()
+            .map(|(i, t)| {
+                // Hand the GIL over now and then: 200,000 tenants take a while to convert.
+                if i > 0 && i % 256 == 0 {
+                    py.detach(|| ());
+                }
                 let salt = t.salt.map(|s| PyBytes::new(py, &s));
                 (
                     salt,
@@ -1201,8 +1209,11 @@ impl PyBlockManager {
     /// taken between two events: the queue restarts empty and an overflow is forgotten, so
     /// the next `drain_events()` gives exactly the changes after it.
     fn kv_event_snapshot<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let events = py.detach(|| self.inner.kv_event_snapshot()).py(py)?;
-        self.handed_on(objects::events(py, &events), events.len())
+        let snapshot = py.detach(|| self.inner.kv_event_snapshot()).py(py)?;
+        self.handed_on(
+            objects::events_from(py, snapshot.iter(), snapshot.len()),
+            snapshot.len(),
+        )
     }
 
     /// Bound the event queue at `capacity` events (None: unbounded, the default). A call

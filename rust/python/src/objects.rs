@@ -18,13 +18,22 @@ static QUEUE_STATS: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 /// snapshot or a long queue takes about 10 us an event, and the engine's threads must not
 /// wait for all of it.
 pub fn events<'py>(py: Python<'py>, events: &[KvEvent]) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    events_from(py, events.iter().cloned(), events.len())
+}
+
+/// `events` of events made one at a time (a snapshot's, `EventSnapshot::iter`).
+pub fn events_from<'py>(
+    py: Python<'py>,
+    events: impl Iterator<Item = KvEvent>,
+    len: usize,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
     const GIL_HAND_OFF: usize = 256;
-    let mut out = Vec::with_capacity(events.len());
-    for (i, e) in events.iter().enumerate() {
+    let mut out = Vec::with_capacity(len);
+    for (i, e) in events.enumerate() {
         if i > 0 && i % GIL_HAND_OFF == 0 {
             py.detach(|| ());
         }
-        out.push(event(py, e)?);
+        out.push(event(py, &e)?);
     }
     Ok(out)
 }

@@ -172,6 +172,10 @@ class EvictionPolicy(ABC):
         self._peeked = b
         return b
 
+    def passed_over(self) -> None:  # noqa: B027 (optional hook)
+        """The latest peek was passed over (`quotas` evicted another instance's block): it
+        binds no later call. Only the priority policy keeps anything of it (its time)."""
+
     def __len__(self) -> int:
         """Blocks in the evictable set (pinned ones included)."""
         return len(self._keys)

@@ -234,6 +234,11 @@ class Priority(EvictionPolicy):
         movable = [b for b, r in ranks.items() if r[0] != NEVER_EVICT]
         return min(movable, key=ranks.__getitem__, default=None)
 
+    def passed_over(self) -> None:
+        """Forget the peek's time and block: the next peek expires and ranks at its own `now`
+        (issue 32 item 8: a passed-over peek's time kept an expired block at its level)."""
+        self._peeked_at = self._peeked = None
+
     def _peek(self, now: float) -> int | None:
         if self._peeked_at is None:
             self._peeked_at = now

@@ -15,6 +15,13 @@ knows its history) and moves when it comes back: revived there at its release, t
 as a cached block. (Before, every tenant had its own instance from its first block: a scan
 by one tenant without a quota could not flood another's history. The core keeps the
 instances few, so this module follows it.)
+
+`Quota()` (no cap, no reserve) is no quota: setting it dissolves the tenant's group. Its
+CACHED blocks move back to the shared group in release order with what they carry (as at a
+first quota, the other way); its held blocks become members of the shared group with the
+retention they had, their revival history dropped with the instance (they come back as new
+blocks). The core frees the instance then (issue 32: it kept one per tenant ever given a
+quota).
 The rules, exactly:
 
 1. Cap. A group with a cap never has more than `cap` CACHED blocks after a call returns:
@@ -104,7 +111,8 @@ class TenantQuotas:
         quotas: Mapping[Tenant, Quota] | None = None,
     ) -> None:
         self._make = make_policy
-        self._groups: list[_Group] = [_Group(self._new_policy(), Quota())]
+        # A dissolved group's slot stays None (indices are the members' `group`).
+        self._groups: list[_Group | None] = [_Group(self._new_policy(), Quota())]
         self._own: dict[Tenant, int] = {}  # tenant -> its own group
         self._members: dict[int, _Member] = {}
         self._pending: dict[int, tuple[int, float | None]] = {}  # retention of held blocks
@@ -120,7 +128,7 @@ class TenantQuotas:
 
     def quota(self, tenant: Tenant) -> Quota:
         g = self._own.get(tenant)
-        return Quota() if g is None else self._groups[g].quota
+        return Quota() if g is None else self._group(g).quota
 
     def cached(self, tenant: Tenant) -> int:
         """The tenant's CACHED blocks (in the policies)."""
@@ -130,7 +138,7 @@ class TenantQuotas:
         return self._members[self._member(block)].tenant
 
     def __len__(self) -> int:
-        return sum(len(g.policy) for g in self._groups)
+        return sum(len(g.policy) for g in self._live())
 
     def __contains__(self, block: object) -> bool:
         m = self._members.get(block)  # type: ignore[call-overload]
@@ -138,10 +146,10 @@ class TenantQuotas:
 
     def policy(self, tenant: Tenant) -> EvictionPolicy:
         """The policy of the tenant's group (the shared one while it has no quota)."""
-        return self._groups[self._group_of(_check_tenant(tenant))].policy
+        return self._group(self._group_of(_check_tenant(tenant))).policy
 
     def entries(self) -> list[tuple[int, bytes]]:
-        return [e for g in self._groups for e in g.policy.entries()]
+        return [e for g in self._live() for e in g.policy.entries()]
 
     def _group_of(self, tenant: Tenant) -> int:
         return self._own.get(tenant, _SHARED)
@@ -152,11 +160,44 @@ class TenantQuotas:
         t = _check_tenant(tenant)
         if not isinstance(quota, Quota):
             raise TypeError(f"quota must be a Quota, got {type(quota).__name__}")
-        for grp in self._groups:
+        for grp in self._live():
             grp.policy.check_now(now)
+        if quota == Quota():
+            self._dissolve(t, now)
+            return []
         g = self._own_group(t, now)
-        self._groups[g].quota = quota
+        self._group(g).quota = quota
         return self._trim(g, now)
+
+    def _live(self) -> list[_Group]:
+        return [g for g in self._groups if g is not None]
+
+    def _group(self, g: int) -> _Group:
+        grp = self._groups[g]
+        assert grp is not None, f"group {g} was dissolved"
+        return grp
+
+    def _dissolve(self, tenant: Tenant, now: float) -> None:
+        g = self._own.pop(tenant, None)
+        if g is None:
+            return
+        old = self._group(g).policy
+        mine = sorted((m.seq, b) for b, m in self._members.items() if m.group == g)
+        for _, b in mine:
+            m = self._members[b]
+            if m.in_set:
+                self._move_home(b, now)
+            else:
+                # Held: a member of the shared group now, with its retention; its history
+                # goes with the instance (it comes back as a new block).
+                carried = old.carry_out(b, False)
+                shared = self._group(_SHARED).policy
+                if carried is not None and carried[0] != (35, None):  # type: ignore[index]
+                    prio, dur = carried[0]  # type: ignore[index]
+                    shared.set_retention(b, prio, dur)  # type: ignore[attr-defined]
+                m.group = _SHARED
+        assert not len(old), "every cached block moved"
+        self._groups[g] = None
 
     def _own_group(self, tenant: Tenant, now: float) -> int:
         g = self._own.get(tenant)
@@ -183,8 +224,8 @@ class TenantQuotas:
         home = self._group_of(m.tenant)
         if m.group == home:
             return
-        carried = self._groups[m.group].policy.carry_out(block, True)
-        self._groups[home].policy.carry_in(block, now, m.key, carried)
+        carried = self._group(m.group).policy.carry_out(block, True)
+        self._group(home).policy.carry_in(block, now, m.key, carried)
         m.group = home
 
     def set_retention(
@@ -196,7 +237,7 @@ class TenantQuotas:
         b = check_block(block)
         m = self._members.get(b)
         if m is not None:
-            p = self._groups[m.group].policy
+            p = self._group(m.group).policy
             p.set_retention(b, priority, duration_s, now=now)  # type: ignore[attr-defined]
         elif (priority, duration_s) == (35, None):
             self._pending.pop(b, None)
@@ -215,23 +256,23 @@ class TenantQuotas:
         # Both policies this may tick (a block held since before its tenant's first quota
         # comes back to its old group, then moves home) check the time first.
         for g in {home} if m is None or m.in_set else {home, m.group}:
-            self._groups[g].policy.check_now(now)
+            self._group(g).policy.check_now(now)
         r = self._pending.pop(b, None)
         if m is not None and not m.in_set and m.key == key:
             # A revival goes back to the group it left (whose policy knows its history),
             # and moves on from there if its tenant got its own group meanwhile.
             assert r is None, "a member's retention is its group's"
-            self._groups[m.group].policy.on_cached(b, now, key)
+            self._group(m.group).policy.on_cached(b, now, key)
             self._members[b] = _Member(m.group, t, key, self._seq, True)
             self._seq += 1
             self._move_home(b, now)
             return self._trim(home, now)
-        p = self._groups[home].policy
+        p = self._group(home).policy
         if m is not None and not m.in_set and m.group != home:
             # New content in a block held since its last release: the retention its holder
             # gave it waits in its old group's policy, and comes along.
             assert r is None, "a member's retention is its group's"
-            carried = self._groups[m.group].policy.carry_out(b, False)
+            carried = self._group(m.group).policy.carry_out(b, False)
             if carried is not None:
                 carried = (carried[0], None)  # type: ignore[index]
             p.carry_in(b, now, key, carried)
@@ -245,36 +286,39 @@ class TenantQuotas:
 
     def on_hit(self, block: int, now: float) -> None:
         m = self._members[self._member(block)]
-        self._groups[m.group].policy.on_hit(block, now)
+        self._group(m.group).policy.on_hit(block, now)
         m.in_set = False
 
     def on_removed(self, block: int) -> None:
         b = self._member(block)
         m = self._members.pop(b)
-        self._groups[m.group].policy.on_removed(b)
+        self._group(m.group).policy.on_removed(b)
 
     def on_miss(self, key: bytes, now: float) -> None:
-        for g in self._groups:
+        for g in self._live():
             g.policy.on_miss(key, now)
 
     def victim(self, now: float) -> int | None:
         """The next block to evict under rules 2 and 3, or None."""
-        for g in self._groups:
+        for g in self._live():
             g.policy.check_now(now)  # a clock that goes back raises before any peek
         best: tuple[tuple[bool, tuple[float, ...], int], int] | None = None
-        for i, g in enumerate(self._groups):
-            if not len(g.policy):
+        for i, maybe in enumerate(self._groups):
+            if maybe is None or not len(maybe.policy):
                 continue
-            b = g.policy.peek(now)
+            b = maybe.policy.peek(now)
             if b is None:
                 continue
-            below = len(g.policy) <= g.quota.reserved
-            rank = (below, g.policy.cross_rank(b, now), self._members[b].seq)
+            below = len(maybe.policy) <= maybe.quota.reserved
+            rank = (below, maybe.policy.cross_rank(b, now), self._members[b].seq)
             if best is None or rank < best[0]:
                 best = (rank, i)
         if best is None:
             return None
-        b = self._groups[best[1]].policy.victim(now)
+        for i, other in enumerate(self._groups):
+            if other is not None and i != best[1] and len(other.policy):
+                other.policy.passed_over()  # its peek binds no later call
+        b = self._group(best[1]).policy.victim(now)
         assert b is not None
         del self._members[b]
         return b
@@ -283,12 +327,12 @@ class TenantQuotas:
         """Forget every block (a reset): fresh instances, the groups and quotas kept."""
         self._members.clear()
         self._pending.clear()
-        for g in self._groups:
+        for g in self._live():
             g.policy = self._new_policy()
 
     def _trim(self, g: int, now: float) -> list[int]:
-        cap = self._groups[g].quota.cap
-        p = self._groups[g].policy
+        cap = self._group(g).quota.cap
+        p = self._group(g).policy
         out: list[int] = []
         while cap is not None and len(p) > cap:
             b = p.victim(now)

@@ -22,6 +22,8 @@ use crate::hashing::{Digest, Tag};
 use crate::lru_queue::{Entry, LruQueue};
 use crate::prefix_index::PrefixIndex;
 use crate::sync::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Mutex, Ordering, Padded};
+use crate::tenants::registry::Registry;
+use std::sync::Arc;
 
 mod evict;
 mod groups;
@@ -104,6 +106,9 @@ pub struct BlockPool {
     /// right before it registers the block and read under the policy lock by the release that
     /// caches it (the state word's Release/AcqRel chain orders it). Relaxed. Empty without.
     tenant: Box<[AtomicU32]>,
+    /// With tenants: the registry, whose per-tenant `cached` counts every CACHED transition
+    /// here changes (`count_cached`), so that a tenant with nothing left leaves it.
+    registry: Option<Arc<Registry>>,
     /// CACHED blocks that are pinned (never evicted; not in the eviction order, their units
     /// not in `available`). Raised after the release that cached them, lowered after the
     /// revival or withdrawal that took them out: exact at quiescence. Relaxed everywhere: a
@@ -149,6 +154,7 @@ impl BlockPool {
             evictions: Padded(AtomicU64::new(0)),
             pinned: Padded(AtomicUsize::new(0)),
             tenant: Box::new([]),
+            registry: None,
             group: Box::new([]),
             tallies: Box::new([]),
             null: false,

@@ -47,6 +47,7 @@ impl BlockPool {
                     }
                     drop(policy.take());
                     if revived {
+                        self.count_cached(b, false);
                         self.cached.fetch_sub(1, Ordering::Relaxed);
                         if !unit {
                             // Relaxed: a tally (see the field).
@@ -230,6 +231,7 @@ impl BlockPool {
             }
             drop(policy);
             if outcome == Withdrawal::Freed {
+                self.count_cached(block, false);
                 // Relaxed: tallies (see the fields), moved before the block can be taken
                 // (its taker names its own group). `available` already counts it: CACHED
                 // before, FREE now. A taker holding a unit meanwhile finds it once pushed.

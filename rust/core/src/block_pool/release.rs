@@ -109,6 +109,9 @@ impl BlockPool {
         for (i, &block) in blocks.iter().enumerate().rev() {
             let released = self.state(block).release();
             self.count_released(block, released);
+            if matches!(released, Some(Released::ToCached { .. })) {
+                self.count_cached(block, true);
+            }
             match released {
                 Some(Released::StillOwned) => {}
                 Some(Released::ToFree) => out.freed.push(block),
@@ -199,6 +202,7 @@ impl BlockPool {
         let mut policy = self.order.guard();
         match self.state(block).release() {
             Some(Released::ToCached { pinned: true, .. }) => {
+                self.count_cached(block, true);
                 // Its revival took no unit, and the pinned block stays out of the order.
                 // Relaxed: tallies (see the fields).
                 self.cached.fetch_add(1, Ordering::Relaxed);
@@ -210,6 +214,7 @@ impl BlockPool {
                 Ok(())
             }
             Some(Released::ToCached { generation, .. }) => {
+                self.count_cached(block, true);
                 // Relaxed: a tally (see the field).
                 self.cached.fetch_add(1, Ordering::Relaxed);
                 if let Some(t) = self.tally_of(block) {

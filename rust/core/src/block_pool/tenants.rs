@@ -9,6 +9,7 @@ use crate::eviction::{EvictionKind, Policy};
 use crate::eviction_order::{out_of_step, EvictionOrder};
 use crate::lru_queue::Entry;
 use crate::sync::{AtomicU32, Ordering};
+use crate::tenants::registry::Registry;
 use crate::tenants::Quota;
 use std::sync::Arc;
 
@@ -18,13 +19,14 @@ impl BlockPool {
     pub fn with_eviction(
         mut self,
         kind: EvictionKind,
-        tenants: bool,
+        tenants: Option<Arc<Registry>>,
         clock: &Arc<Clock>,
     ) -> Result<Self> {
         let n = self.num_blocks();
-        if tenants {
+        if let Some(registry) = tenants {
             self.tenant = try_boxed(n, |_| AtomicU32::new(0), "the block tenants")?;
             self.order = EvictionOrder::with_tenants(kind, n, clock)?;
+            self.registry = Some(registry);
         } else if kind != EvictionKind::Lru {
             self.order = EvictionOrder::new(kind, n, clock)?;
         }
@@ -44,33 +46,54 @@ impl BlockPool {
             .map_or(0, |t| t.load(Ordering::Relaxed))
     }
 
-    /// CACHED blocks by tenant id (`0..n`), from the block states under the policy lock, so
-    /// no unpinned block enters or leaves CACHED meanwhile (exact but for pinned blocks'
-    /// revivals, which take no lock).
-    pub fn cached_by_tenant(&self, n: usize) -> Vec<usize> {
-        let _policy = self.order.guard();
-        let mut out = vec![0; n];
+    /// `block`, of a tenant, entered (`up`) or left CACHED: its tenant's count follows
+    /// (`Registry::cached`). Called right at the transition, under the policy's lock where
+    /// the transition takes it.
+    pub(super) fn count_cached(&self, block: u32, up: bool) {
+        if let Some(r) = &self.registry {
+            r.cached(self.tenant_of(block), up);
+        }
+    }
+
+    /// CACHED blocks by tenant id, counted from the block states (the audit checks the
+    /// registry's counts against it; exact at quiescence). A scan of the pool: audits only.
+    pub fn cached_by_tenant_scan(&self) -> std::collections::HashMap<u32, usize> {
+        let mut out = std::collections::HashMap::new();
+        if self.registry.is_none() {
+            return out;
+        }
         for b in 0..self.num_blocks() as u32 {
             if self.state(b).load().is_cached() {
-                if let Some(c) = out.get_mut(self.tenant_of(b) as usize) {
-                    *c += 1;
-                }
+                *out.entry(self.tenant_of(b)).or_default() += 1;
             }
         }
         out
     }
 
-    /// Set `tenant`'s quota in the policy; blocks a lower cap evicts go FREE at once.
+    /// Set `tenant`'s quota in the policy (`Quota::default()`: none); blocks a lower cap
+    /// evicts go FREE at once. A tenant's first quota gets its own policy instance, built
+    /// here before the policy's lock; a dissolved group's instance is freed after it.
     pub fn set_quota(&self, tenant: u32, quota: Quota) -> Result<()> {
+        let mut spare = if quota == Quota::default() {
+            None
+        } else {
+            self.order.new_instance()?
+        };
         let Some(mut policy) = self.order.guard() else {
             return Ok(());
         };
         let mut trimmed = Vec::new();
-        policy.set_quota(tenant, quota, &mut trimmed)?;
+        policy.set_quota(tenant, quota, &mut spare, &mut trimmed)?;
         let freed = self.drop_trimmed(&trimmed)?;
         drop(policy);
+        drop(spare);
         self.free.push_all(&freed);
         Ok(())
+    }
+
+    /// The heap bytes of `tenant`'s own policy instance's tables, if it has one.
+    pub fn tenant_policy_bytes(&self, tenant: u32) -> Option<usize> {
+        self.order.guard()?.tenant_policy_bytes(tenant)
     }
 
     /// Claim the blocks a quota trimmed (under the policy lock): each goes FREE with its

@@ -4,8 +4,8 @@
 //! integer target `p` of T1 adapts on ghost hits (at `miss`, else at `cached`).
 
 use super::base::{Keys, Rules, Tracked};
+use super::block_table::{BlockTable, Tables};
 use super::seq_queue::{KeyFifo, SeqQueue};
-use crate::alloc::try_filled;
 use crate::error::Result;
 use crate::hashing::Digest;
 
@@ -30,17 +30,17 @@ pub(crate) struct ArcRules {
     /// Ghost digests requested (`miss`) whose block is not cached yet, at most `c`.
     readmit: KeyFifo,
     /// Each cached or revived block's list and position there.
-    pos: Vec<(List, u64)>,
+    pos: BlockTable<(List, u64)>,
 }
 
 impl ArcPolicy {
     pub(crate) fn new(num_blocks: usize) -> Result<Self> {
-        Self::with_cache_size(num_blocks, num_blocks)
+        Self::with_cache_size(Tables::Dense(num_blocks), num_blocks)
     }
 
     /// A table for `num_blocks` block ids and a cache size `c` (the tests use ids past `c`,
     /// as the reference's do).
-    fn with_cache_size(num_blocks: usize, c: usize) -> Result<Self> {
+    pub(crate) fn with_cache_size(tables: Tables, c: usize) -> Result<Self> {
         let rules = ArcRules {
             c,
             p: 0,
@@ -49,9 +49,9 @@ impl ArcPolicy {
             b1: KeyFifo::default(),
             b2: KeyFifo::default(),
             readmit: KeyFifo::default(),
-            pos: try_filled(num_blocks, (List::T1, 0), "the ARC policy's block table")?,
+            pos: BlockTable::new(tables, (List::T1, 0), "the ARC policy's block table")?,
         };
-        Self::with_rules(num_blocks, rules)
+        Self::with_rules(tables, rules)
     }
 }
 
@@ -171,7 +171,16 @@ impl Rules for ArcRules {
         }
     }
 
+    fn drop_block(&mut self, block: u32) {
+        self.pos.drop_block(block);
+    }
+
+    fn table_bytes(&self) -> usize {
+        self.pos.bytes()
+    }
+
     fn clear(&mut self) {
+        self.pos.reset(|_| {});
         self.p = 0;
         self.t1.clear();
         self.t2.clear();
@@ -189,7 +198,7 @@ mod tests {
 
     #[test]
     fn hand_worked() {
-        let mut p = ArcPolicy::with_cache_size(5, 4).unwrap();
+        let mut p = ArcPolicy::with_cache_size(Tables::Dense(5), 4).unwrap();
         for (b, name) in ["a", "b", "c"].iter().enumerate() {
             p.cached(entry(b as u32, name)); // case IV: T1 = 0 1 2
         }

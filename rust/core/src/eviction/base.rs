@@ -2,8 +2,8 @@
 //! evictable set's records and the revival memory. A policy proper (`Rules`) only orders
 //! blocks; `Tracked` turns it into a `Policy`.
 
+use super::block_table::{BlockTable, Tables};
 use super::{Carried, CrossRank, Policy, NO_CROSS_RANK};
-use crate::alloc::try_filled;
 use crate::error::Result;
 use crate::hashing::Digest;
 use crate::lru_queue::Entry;
@@ -52,6 +52,13 @@ pub(crate) trait Rules: Send {
         let _ = block;
     }
 
+    /// `block` left this instance (evicted, removed, moved): its sparse tables' entries go
+    /// (`BlockTable::drop_block`).
+    fn drop_block(&mut self, block: u32);
+
+    /// Heap bytes of the per-block tables (`Policy::table_bytes`).
+    fn table_bytes(&self) -> usize;
+
     /// Place a block moved here with what it carried; by default as a new block.
     fn insert_carried(&mut self, block: u32, key: &Digest, carried: Carried) {
         let _ = carried;
@@ -79,7 +86,7 @@ struct Slot {
 
 /// The evictable set's records, by block.
 pub(crate) struct Keys {
-    slots: Vec<Slot>,
+    slots: BlockTable<Slot>,
     len: usize,
 }
 
@@ -106,7 +113,7 @@ pub(crate) struct Tracked<R> {
 }
 
 impl<R: Rules> Tracked<R> {
-    pub(super) fn with_rules(num_blocks: usize, rules: R) -> Result<Self> {
+    pub(super) fn with_rules(tables: Tables, rules: R) -> Result<Self> {
         let out = Slot {
             entry: Entry {
                 block: 0,
@@ -117,7 +124,7 @@ impl<R: Rules> Tracked<R> {
         };
         Ok(Self {
             keys: Keys {
-                slots: try_filled(num_blocks, out, "the eviction policy's block table")?,
+                slots: BlockTable::new(tables, out, "the eviction policy's block table")?,
                 len: 0,
             },
             rules,
@@ -133,6 +140,12 @@ impl<R: Rules> Tracked<R> {
 
     fn slot(&mut self, block: u32) -> &mut Slot {
         &mut self.keys.slots[block as usize]
+    }
+
+    /// `block` is out of this instance for good (no revival memory): its entries go.
+    fn drop_block(&mut self, block: u32) {
+        self.keys.slots.drop_block(block);
+        self.rules.drop_block(block);
     }
 
     /// Take `block`'s record out of the set, leaving it in `to`.
@@ -188,6 +201,7 @@ impl<R: Rules> Policy for Tracked<R> {
         self.peeked = None;
         self.take(block, State::Out);
         self.rules.forget(block);
+        self.drop_block(block);
     }
 
     fn carry_out(&mut self, block: u32, in_set: bool) -> Carried {
@@ -201,6 +215,7 @@ impl<R: Rules> Policy for Tracked<R> {
             // Its revival, if any, happens in the other instance now.
             s.state = State::Out;
             self.rules.forget_held(block);
+            self.drop_block(block);
         }
         carried
     }
@@ -229,7 +244,9 @@ impl<R: Rules> Policy for Tracked<R> {
             peeked.is_none() || b == peeked,
             "victim {b:?} is not the peeked block {peeked:?}"
         );
-        Some(self.take(b?, State::Out))
+        let e = self.take(b?, State::Out);
+        self.drop_block(e.block);
+        Some(e)
     }
 
     fn peek(&mut self) -> Option<Entry> {
@@ -253,8 +270,12 @@ impl<R: Rules> Policy for Tracked<R> {
         self.keys.len
     }
 
+    fn table_bytes(&self) -> usize {
+        self.keys.slots.bytes() + self.rules.table_bytes()
+    }
+
     fn entries(&self) -> Vec<Entry> {
-        let slots = self.keys.slots.iter();
+        let slots = self.keys.slots.slots();
         slots
             .filter(|s| s.state == State::In)
             .map(|s| s.entry)
@@ -264,9 +285,7 @@ impl<R: Rules> Policy for Tracked<R> {
     fn clear(&mut self) -> Vec<Entry> {
         self.peeked = None;
         let out = self.entries();
-        for s in &mut self.keys.slots {
-            s.state = State::Out;
-        }
+        self.keys.slots.reset(|s| s.state = State::Out);
         self.keys.len = 0;
         self.rules.clear();
         out

@@ -3,7 +3,7 @@
 //! victim is the least K (ties: least recently released) and the cache age L becomes its K.
 
 use super::base::{Keys, Rules, Tracked};
-use crate::alloc::try_filled;
+use super::block_table::{BlockTable, Tables};
 use crate::error::Result;
 use crate::hashing::Digest;
 use std::collections::BTreeMap;
@@ -28,18 +28,22 @@ pub(crate) struct LfuRules {
     /// Release counter, the LRU tie-break. Never goes back, not even at `clear`.
     seq: u64,
     ranks: BTreeMap<Rank, u32>,
-    meta: Vec<Meta>,
+    meta: BlockTable<Meta>,
 }
 
 impl LfuAging {
     pub(crate) fn new(num_blocks: usize) -> Result<Self> {
+        Self::with_tables(Tables::Dense(num_blocks))
+    }
+
+    pub(crate) fn with_tables(tables: Tables) -> Result<Self> {
         let rules = LfuRules {
             age: 0,
             seq: 0,
             ranks: BTreeMap::new(),
-            meta: try_filled(num_blocks, Meta::default(), "the LFU policy's block table")?,
+            meta: BlockTable::new(tables, Meta::default(), "the LFU policy's block table")?,
         };
-        Self::with_rules(num_blocks, rules)
+        Self::with_rules(tables, rules)
     }
 }
 
@@ -81,7 +85,16 @@ impl Rules for LfuRules {
         self.ranks.first_key_value().map(|(_, &b)| b)
     }
 
+    fn drop_block(&mut self, block: u32) {
+        self.meta.drop_block(block);
+    }
+
+    fn table_bytes(&self) -> usize {
+        self.meta.bytes()
+    }
+
     fn clear(&mut self) {
+        self.meta.reset(|_| {});
         self.age = 0;
         self.ranks.clear();
     }

@@ -3,8 +3,8 @@
 //! the tests, which compare the locked machinery against that default.
 
 use super::base::{Keys, Rules, Tracked};
+use super::block_table::{BlockTable, Tables};
 use super::seq_queue::SeqQueue;
-use crate::alloc::try_filled;
 use crate::error::Result;
 use crate::hashing::Digest;
 
@@ -14,16 +14,20 @@ pub(crate) type Lru = Tracked<LruRules>;
 pub(crate) struct LruRules {
     queue: SeqQueue,
     /// Each cached or revived block's position in `queue`.
-    seq: Vec<u64>,
+    seq: BlockTable<u64>,
 }
 
 impl Lru {
     pub(crate) fn new(num_blocks: usize) -> Result<Self> {
+        Self::with_tables(Tables::Dense(num_blocks))
+    }
+
+    pub(crate) fn with_tables(tables: Tables) -> Result<Self> {
         let rules = LruRules {
             queue: SeqQueue::default(),
-            seq: try_filled(num_blocks, 0, "the LRU policy's positions")?,
+            seq: BlockTable::new(tables, 0, "the LRU policy's positions")?,
         };
-        Self::with_rules(num_blocks, rules)
+        Self::with_rules(tables, rules)
     }
 }
 
@@ -52,7 +56,16 @@ impl Rules for LruRules {
         self.queue.first()
     }
 
+    fn drop_block(&mut self, block: u32) {
+        self.seq.drop_block(block);
+    }
+
+    fn table_bytes(&self) -> usize {
+        self.seq.bytes()
+    }
+
     fn clear(&mut self) {
+        self.seq.reset(|_| {});
         self.queue.clear();
     }
 }

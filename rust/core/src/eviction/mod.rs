@@ -16,6 +16,7 @@
 
 mod arc;
 mod base;
+pub(crate) mod block_table;
 mod lfu;
 // The locked LRU: per-tenant instances (`tenants`) and the policies' own tests (the pool
 // runs LRU lock-free otherwise).
@@ -189,6 +190,13 @@ pub trait Policy: Send {
     /// returns the same entry and changes nothing.
     fn peek(&mut self) -> Option<Entry>;
 
+    /// The latest `peek` was passed over: tenant quotas peeked this instance and evicted
+    /// another's block, and the next call here may come at any later time. The priority
+    /// policy forgets the peek's time (its next peek expires and ranks at the clock's time
+    /// then, so a deadline that passed meanwhile counts); the others keep what their peek did
+    /// (S3-FIFO's moves and choice depend on its own state alone, which nothing changed).
+    fn passed_over(&mut self) {}
+
     /// What orders the member `block` (normally this policy's `peek`) against another
     /// instance's candidate before their release order: `CrossRank`, least first. The
     /// priority policy ranks at its latest peek's time while no call came since (the time
@@ -197,6 +205,12 @@ pub trait Policy: Send {
 
     /// Blocks in the set.
     fn len(&self) -> usize;
+
+    /// Heap bytes of the per-block tables (tests and benchmarks: a tenant's own instance
+    /// must grow with what the tenant holds, not with the pool).
+    fn table_bytes(&self) -> usize {
+        0
+    }
 
     /// The set's records, in no particular order (audits).
     fn entries(&self) -> Vec<Entry>;
@@ -244,11 +258,27 @@ pub trait Policy: Send {
         self.cached(e);
     }
 
-    /// Set `tenant`'s quota (`tenants`); a lower cap evicts at once into `trimmed`. Fails
-    /// with `OutOfMemory` (nothing changed) when the tenant's own policy does not fit.
-    fn set_quota(&mut self, tenant: u32, quota: Quota, trimmed: &mut Vec<Entry>) -> Result<()> {
-        let _ = (tenant, quota, trimmed);
+    /// Set `tenant`'s quota (`tenants`; `Quota::default()`: none); a lower cap evicts at
+    /// once into `trimmed`. `spare`: a new instance for the tenant's own group, built by the
+    /// caller before it took the lock, taken if the tenant gets its first quota; a dissolved
+    /// group's instance comes back in it, for the caller to free after the lock. Fails with
+    /// `OutOfMemory` (nothing changed) when no instance was handed in and one does not fit.
+    fn set_quota(
+        &mut self,
+        tenant: u32,
+        quota: Quota,
+        spare: &mut Option<Box<dyn Policy>>,
+        trimmed: &mut Vec<Entry>,
+    ) -> Result<()> {
+        let _ = (tenant, quota, spare, trimmed);
         Ok(())
+    }
+
+    /// The heap bytes of `tenant`'s own instance's per-block tables (`table_bytes`), if it
+    /// has one (tests and benchmarks).
+    fn tenant_policy_bytes(&self, tenant: u32) -> Option<usize> {
+        let _ = tenant;
+        None
     }
 }
 
@@ -263,6 +293,26 @@ pub fn new_locked_policy(
         Some(p) => Ok(p),
         None => Ok(Box::new(Lru::new(num_blocks)?)),
     }
+}
+
+/// A tenant's own instance of `kind` (`tenants::quotas`): its per-block tables are sparse
+/// (`block_table`), so it costs what the tenant holds; the bounds that size the policy's
+/// history (ARC's `c`, S3-FIFO's ghosts, SLRU's protected cap) still come from the pool's
+/// `num_blocks`, as in the reference.
+pub fn new_tenant_policy(
+    kind: EvictionKind,
+    num_blocks: usize,
+    clock: &Arc<Clock>,
+) -> Result<Box<dyn Policy>> {
+    let t = block_table::Tables::Sparse;
+    Ok(match kind {
+        EvictionKind::Lru => Box::new(Lru::with_tables(t)?),
+        EvictionKind::S3Fifo => Box::new(S3Fifo::with_tables(num_blocks, t)?),
+        EvictionKind::Arc => Box::new(ArcPolicy::with_cache_size(t, num_blocks)?),
+        EvictionKind::Lfu => Box::new(LfuAging::with_tables(t)?),
+        EvictionKind::Slru => Box::new(Slru::with_cache_size(t, num_blocks)?),
+        EvictionKind::Priority => Box::new(PriorityPolicy::with_tables(t, clock)?),
+    })
 }
 
 /// A new policy of `kind` for a pool of `num_blocks` blocks; None for `Lru`, which the pool

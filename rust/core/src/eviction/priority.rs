@@ -14,8 +14,8 @@
 //! Every call is O(log n) (`victim` also moves each block whose deadline passed, once).
 
 use super::base::{Keys, Rules, Tracked};
+use super::block_table::{BlockTable, Tables};
 use super::{Carried, CrossRank, Policy, Retention, DEFAULT_PRIORITY, MAX_PRIORITY};
-use crate::alloc::try_filled;
 use crate::clock::Clock;
 use crate::error::Result;
 use crate::hashing::Digest;
@@ -78,7 +78,7 @@ pub(crate) struct PriorityRules {
     nonempty: u128,
     /// (deadline, seq) of the cached blocks not yet moved to the default level.
     pending: BTreeMap<(u64, u64), u32>,
-    slots: Vec<Slot>,
+    slots: BlockTable<Slot>,
     /// The time of the latest `peek`, while no other call came since: it moved the blocks
     /// expired then and named the first; `pick` takes that block without moving the blocks
     /// expired meanwhile (the clock runs on), so that it returns what the peek did, and
@@ -93,6 +93,10 @@ pub(crate) struct PriorityPolicy {
 
 impl PriorityPolicy {
     pub(crate) fn new(num_blocks: usize, clock: &Arc<Clock>) -> Result<Self> {
+        Self::with_tables(Tables::Dense(num_blocks), clock)
+    }
+
+    pub(crate) fn with_tables(tables: Tables, clock: &Arc<Clock>) -> Result<Self> {
         let slot = Slot {
             retention: DEFAULT,
             before_hit: DEFAULT,
@@ -111,11 +115,11 @@ impl PriorityPolicy {
             levels: (0..LEVELS).map(|_| BTreeMap::new()).collect(),
             nonempty: 0,
             pending: BTreeMap::new(),
-            slots: try_filled(num_blocks, slot, "the priority policy's block table")?,
+            slots: BlockTable::new(tables, slot, "the priority policy's block table")?,
             peeked_at: None,
         };
         Ok(Self {
-            inner: Tracked::with_rules(num_blocks, rules)?,
+            inner: Tracked::with_rules(tables, rules)?,
         })
     }
 }
@@ -346,6 +350,14 @@ impl Rules for PriorityRules {
         }
     }
 
+    fn drop_block(&mut self, block: u32) {
+        self.slots.drop_block(block);
+    }
+
+    fn table_bytes(&self) -> usize {
+        self.slots.bytes()
+    }
+
     fn forget_held(&mut self, block: u32) {
         self.peeked_at = None;
         let s = &mut self.slots[block as usize];
@@ -378,10 +390,10 @@ impl Rules for PriorityRules {
         self.levels.iter_mut().for_each(BTreeMap::clear);
         self.nonempty = 0;
         self.pending.clear();
-        for s in &mut self.slots {
+        self.slots.reset(|s| {
             s.retention = DEFAULT;
             s.in_set = false;
-        }
+        });
     }
 }
 
@@ -418,8 +430,18 @@ impl Policy for PriorityPolicy {
         self.inner.rules.cross_rank(block)
     }
 
+    fn passed_over(&mut self) {
+        // The peek's block and time bound only a victim right after it.
+        self.inner.unpeek();
+        self.inner.rules.peeked_at = None;
+    }
+
     fn len(&self) -> usize {
         self.inner.len()
+    }
+
+    fn table_bytes(&self) -> usize {
+        self.inner.table_bytes()
     }
 
     fn entries(&self) -> Vec<Entry> {

@@ -4,8 +4,8 @@
 //! readmission list of ghost digests requested (`miss`) before their block is cached.
 
 use super::base::{Keys, Rules, Tracked};
+use super::block_table::{BlockTable, Tables};
 use super::seq_queue::{KeyFifo, SeqQueue};
-use crate::alloc::try_filled;
 use crate::error::Result;
 use crate::hashing::Digest;
 
@@ -41,7 +41,7 @@ pub(crate) struct S3FifoRules {
     readmit: KeyFifo,
     ghost_cap: usize,
     readmit_cap: usize,
-    meta: Vec<Meta>,
+    meta: BlockTable<Meta>,
     /// The queue whose oldest block is the next victim, as the latest `peek` left it; None
     /// once any other call came (`pick` then decides afresh).
     decided: Option<Home>,
@@ -61,6 +61,11 @@ fn small_is_big(small: usize, total: usize) -> bool {
 
 impl S3Fifo {
     pub(crate) fn new(num_blocks: usize) -> Result<Self> {
+        Self::with_tables(num_blocks, Tables::Dense(num_blocks))
+    }
+
+    /// Ghost and readmission bounds from the pool's `num_blocks`, tables as `tables` says.
+    pub(crate) fn with_tables(num_blocks: usize, tables: Tables) -> Result<Self> {
         let meta = Meta {
             home: Home::Small,
             freq: 0,
@@ -74,10 +79,10 @@ impl S3Fifo {
             readmit: KeyFifo::default(),
             ghost_cap: ghost_cap(num_blocks),
             readmit_cap: num_blocks,
-            meta: try_filled(num_blocks, meta, "the S3-FIFO policy's block table")?,
+            meta: BlockTable::new(tables, meta, "the S3-FIFO policy's block table")?,
             decided: None,
         };
-        Self::with_rules(num_blocks, rules)
+        Self::with_rules(tables, rules)
     }
 }
 
@@ -223,7 +228,16 @@ impl Rules for S3FifoRules {
         self.queue(home).first()
     }
 
+    fn drop_block(&mut self, block: u32) {
+        self.meta.drop_block(block);
+    }
+
+    fn table_bytes(&self) -> usize {
+        self.meta.bytes()
+    }
+
     fn clear(&mut self) {
+        self.meta.reset(|_| {});
         self.decided = None;
         self.small.clear();
         self.main.clear();

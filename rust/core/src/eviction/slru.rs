@@ -4,8 +4,8 @@
 //! the victim is probation's LRU block, else protected's.
 
 use super::base::{Keys, Rules, Tracked};
+use super::block_table::{BlockTable, Tables};
 use super::seq_queue::SeqQueue;
-use crate::alloc::try_filled;
 use crate::error::Result;
 use crate::hashing::Digest;
 
@@ -24,7 +24,7 @@ pub(crate) struct SlruRules {
     /// At most this many blocks in `protected`.
     cap: usize,
     /// Each cached or revived block's segment and position there.
-    pos: Vec<(Segment, u64)>,
+    pos: BlockTable<(Segment, u64)>,
 }
 
 /// `max(1, int(c * 0.8))`: `c * 8 / 10` is `int(c * 0.8)` for every `c` below 2^50
@@ -35,23 +35,23 @@ fn protected_cap(c: usize) -> usize {
 
 impl Slru {
     pub(crate) fn new(num_blocks: usize) -> Result<Self> {
-        Self::with_cache_size(num_blocks, num_blocks)
+        Self::with_cache_size(Tables::Dense(num_blocks), num_blocks)
     }
 
     /// A table for `num_blocks` block ids and a cache size `c` (the tests use ids past `c`,
     /// as the reference's do).
-    fn with_cache_size(num_blocks: usize, c: usize) -> Result<Self> {
+    pub(crate) fn with_cache_size(tables: Tables, c: usize) -> Result<Self> {
         let rules = SlruRules {
             probation: SeqQueue::default(),
             protected: SeqQueue::default(),
             cap: protected_cap(c),
-            pos: try_filled(
-                num_blocks,
+            pos: BlockTable::new(
+                tables,
                 (Segment::Probation, 0),
                 "the SLRU policy's block table",
             )?,
         };
-        Self::with_rules(num_blocks, rules)
+        Self::with_rules(tables, rules)
     }
 }
 
@@ -112,7 +112,16 @@ impl Rules for SlruRules {
         self.probation.first().or_else(|| self.protected.first())
     }
 
+    fn drop_block(&mut self, block: u32) {
+        self.pos.drop_block(block);
+    }
+
+    fn table_bytes(&self) -> usize {
+        self.pos.bytes()
+    }
+
     fn clear(&mut self) {
+        self.pos.reset(|_| {});
         self.probation.clear();
         self.protected.clear();
     }
@@ -126,7 +135,7 @@ mod tests {
 
     #[test]
     fn hand_worked() {
-        let mut p = Slru::with_cache_size(6, 4).unwrap(); // protected holds int(4 * 0.8) = 3
+        let mut p = Slru::with_cache_size(Tables::Dense(6), 4).unwrap(); // protected holds int(4 * 0.8) = 3
         for b in 0..5 {
             p.cached(entry(b, &format!("k{b}"))); // probation: 0 1 2 3 4
         }

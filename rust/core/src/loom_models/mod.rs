@@ -10,7 +10,8 @@
 //! and release to the pool), `hits` (pin, then compare the digest), `retraction`,
 //! `prefix_index` (slots and stripes), `lru_queue`, `pins` (never-evicted blocks), `gate`
 //! (the reset gate), `withdraw`
-//! (`evict_blocks`), `snapshot` (a KV event snapshot between two events). This file holds
+//! (`evict_blocks`), `snapshot` (a KV event snapshot between two events), `tenants` (a
+//! tenant's removal from the registry against refs in flight). This file holds
 //! the fixture they share: pools in a known start state, a digest per token, `pin`, `model`
 //! and `Seen`.
 
@@ -24,6 +25,7 @@ mod prefix_index;
 mod release;
 mod retraction;
 mod snapshot;
+mod tenants;
 mod withdraw;
 
 use crate::block_pool::{BlockPool, Hit};

@@ -33,7 +33,7 @@ fn snapshot_between_an_eviction_and_a_registration() {
             let pool = pool.clone();
             thread::spawn(move || pool.register(1, d, None, || stored(d)))
         };
-        let snapshot = pool.event_log().unwrap().snapshot();
+        let snapshot = pool.event_log().unwrap().snapshot().to_vec();
         evictor.join().unwrap();
         registrar.join().unwrap();
         let held = match snapshot.as_slice() {
@@ -48,7 +48,7 @@ fn snapshot_between_an_eviction_and_a_registration() {
         });
         let held = replay_one_digest(pool.drain_events().unwrap(), d, held);
         assert_eq!(held, pool.peek(&d).is_some());
-        let again = pool.event_log().unwrap().snapshot();
+        let again = pool.event_log().unwrap().snapshot().to_vec();
         assert_eq!(
             again.len(),
             usize::from(held),
