@@ -277,3 +277,26 @@ assert (s.dropped, s.overflows, s.blocks) == (2, 1, 2), s
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_tier_queue_is_bounded_by_default_too() -> None:
+    """A `TieredCache`'s event queue (tiers/event_queue.py) holds `DEFAULT_EVENT_CAPACITY`
+    undrained events by default, as the manager's does; one more overflows (counted, drains
+    refused until a snapshot, which describes every block still stored). Before, it was
+    unbounded."""
+    from pagedkv.events import BlockStored
+    from pagedkv.tiers.event_queue import EventQueue
+
+    n = DEFAULT_EVENT_CAPACITY
+    q = EventQueue()
+    for h in range(n):
+        q.push(BlockStored([h.to_bytes(8, "little")], None, [h], 1, None, "CPU", 0))
+    s = q.stats()
+    assert (s.queued, s.capacity, s.dropped, s.overflows) == (n, n, 0, 0)
+    q.push(BlockStored([b"one past"], None, [0], 1, None, "CPU", 0))
+    s = q.stats()
+    assert (s.queued, s.dropped, s.overflows, s.blocks) == (0, n + 1, 1, n + 1)
+    with pytest.raises(KVEventsOverflowError):
+        q.drain()
+    assert len(q.snapshot()) == n + 1
+    assert q.drain() == []

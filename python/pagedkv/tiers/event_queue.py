@@ -13,6 +13,7 @@ import threading
 
 from pagedkv.errors import InvalidArgumentError, KVEventsOverflowError
 from pagedkv.events import (
+    DEFAULT_EVENT_CAPACITY,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -29,7 +30,10 @@ class EventQueue:
         self._lock = threading.Lock()
         # Each field below holds its invariant whenever `_lock` is free.
         self._queue: list[KVEvent] = []  # undrained events, in order; empty while overflowed
-        self._capacity: int | None = None  # None: unbounded
+        # The most undrained events (None: unbounded): bounded by default at the manager's
+        # and the publisher's DEFAULT_EVENT_CAPACITY, so that events nobody drains cannot
+        # grow without bound.
+        self._capacity: int | None = DEFAULT_EVENT_CAPACITY
         self._overflowed = False  # events were lost since the last snapshot
         self._dropped = 0
         self._overflows = 0
@@ -81,13 +85,15 @@ class EventQueue:
         with self._lock:
             self._queue = []
             self._overflowed = False
-            d = self._described
+            # One C-level copy under the lock; the ordering runs after it, so that a push
+            # (a demotion's events) never waits for a sort.
+            d = dict(self._described)
 
-            def parent(k: _Key) -> _Key | None:
-                p = d[k].parent_block_hash
-                return None if p is None else (k[0], k[1], p)
+        def parent(k: _Key) -> _Key | None:
+            p = d[k].parent_block_hash
+            return None if p is None else (k[0], k[1], p)
 
-            return [d[k] for k in parents_first(d, parent)]
+        return [d[k] for k in parents_first(d, parent)]
 
     def set_capacity(self, capacity: int | None) -> None:
         c: object = capacity
