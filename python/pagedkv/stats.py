@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 from pagedkv.groups import has_null_block
 
@@ -106,10 +107,13 @@ class Stats:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class TenantStats:
+class TenantStats(NamedTuple):
     """One tenant's share of the cache (`BlockManager(tenants=True).tenant_stats()`): the
-    requests of one cache salt (None: without one). A snapshot, exact when no call runs."""
+    requests of one cache salt (None: without one). A snapshot, exact when no call runs.
+
+    A named tuple (immutable, like the other stats): a call returns one per tenant, 200,000
+    of them at 200,000 salts, and a tuple is built about six times faster than a frozen
+    dataclass, which held the GIL for most of `tenant_stats()` there (issue 32)."""
 
     cache_salt: bytes | None
     held_blocks: int  # distinct GPU blocks its live sequences hold
