@@ -53,6 +53,11 @@ class KVEventsOverflowError(PagedKVError, RuntimeError):
     until `kv_event_snapshot()` gives the consumer the cached set to start again from."""
 
 
+class KVEventPayloadError(InvalidArgumentError):
+    """A KV event payload a router index cannot apply (`pagedkv.router`): not vLLM's
+    msgpack `KVEventBatch`, or block hashes of another form or width than the index holds."""
+
+
 class InvariantError(PagedKVError, AssertionError):
     """`check_invariants` found the lifecycle contract broken."""
 
@@ -62,6 +67,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "InvariantError",
+    "KVEventPayloadError",
     "KVEventsOverflowError",
     "ManagerBrokenError",
     "PagedKVError",

@@ -52,6 +52,7 @@ class Subscriber:
     ) -> None:
         ctx = context or zmq.Context.instance()
         self.blocks = BlockSet()
+        self._fresh = self.blocks
         self.next_seq: int | None = None  # None: not in step with the stream yet
         self.epoch: int | None = None
         self.gaps = 0
@@ -110,15 +111,34 @@ class Subscriber:
             raise NoSnapshots("the publisher does not serve snapshots")
         if len(head) != 3 or head[0] != SNAPSHOT:
             raise RecoveryError(f"bad snapshot header: {head!r}")
-        fresh = BlockSet()
-        while True:
-            _, seq, payload = self._recv()
-            if _int(seq) == -1:
-                break
-            fresh.apply(self._decode(payload).events)
-        self.blocks = fresh
+        self._snapshot_begin()
+        try:
+            while True:
+                _, seq, payload = self._recv()
+                if _int(seq) == -1:
+                    break
+                self._snapshot_part(payload)
+        except BaseException:
+            self._snapshot_abort()
+            raise
+        self._snapshot_commit()
         self.epoch, self.next_seq = _int(head[1]), _int(head[2])
         self.snapshots += 1
+
+    # Where batches go: the block set here; a subclass may keep them elsewhere (the router
+    # index of pagedkv.router.follow keeps them in Rust, undecoded in Python).
+
+    def _snapshot_begin(self) -> None:
+        self._fresh = BlockSet()
+
+    def _snapshot_part(self, payload: bytes) -> None:
+        self._fresh.apply(self._decode(payload).events)
+
+    def _snapshot_commit(self) -> None:
+        self.blocks = self._fresh
+
+    def _snapshot_abort(self) -> None:
+        self._fresh = BlockSet()
 
     def _replay(self, start: int) -> bool:
         """Apply the buffered batches from `start`; False if the buffer no longer has it."""

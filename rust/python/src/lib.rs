@@ -6,6 +6,7 @@ mod manager;
 mod mrc;
 mod objects;
 mod retention;
+mod router;
 mod running;
 
 use pyo3::prelude::*;
@@ -26,6 +27,9 @@ mod _core {
 
     #[pymodule_export]
     use crate::mrc::PyMrcStream;
+
+    #[pymodule_export]
+    use crate::router::PyRouterIndex;
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
