@@ -57,6 +57,8 @@ class Subscriber:
         self.epoch: int | None = None
         self.gaps = 0
         self.lost = 0  # gaps that neither a replay nor a snapshot could fill
+        self.restarts = 0  # new publishers told apart by their sequence numbers alone (vLLM's)
+        self._last_seq: int | None = None  # of the last message on the PUB socket
         self.replays = 0
         self.snapshots = 0
         self._decode = wire.decoder(event_form).decode
@@ -140,6 +142,10 @@ class Subscriber:
     def _snapshot_abort(self) -> None:
         self._fresh = BlockSet()
 
+    def _clear(self) -> None:
+        """The publisher's engine restarted with an empty cache."""
+        self.blocks = BlockSet()
+
     def _replay(self, start: int) -> bool:
         """Apply the buffered batches from `start`; False if the buffer no longer has it."""
         self.replays += 1
@@ -178,6 +184,7 @@ class Subscriber:
 
     def handle(self, seq: int, payload: bytes) -> None:
         """One message from the PUB socket."""
+        last, self._last_seq = self._last_seq, seq
         if self.next_seq is None:
             if self._req is None or not self.snapshots_supported:
                 self._apply(seq, payload)  # no snapshot to start from: follow from here
@@ -206,6 +213,18 @@ class Subscriber:
                 self._apply(seq, payload)
         elif self._epoch_changed():  # behind us: a new publisher, or one already applied
             self.snapshot()
+        elif (self._req is None or not self.snapshots_supported) and (
+            last is not None and seq <= last
+        ):
+            # No epoch to ask (vLLM's publisher, or no replay socket). A PUB socket never
+            # repeats nor reorders what it sends (a number behind ours is otherwise a batch
+            # a replay already applied), so a number at or below the last one received is a
+            # new publisher: a restarted engine, whose cache starts empty. Follow it from
+            # its first batch (replayed from its buffer when this is not that batch).
+            self.restarts += 1
+            self._clear()
+            self.next_seq, self._last_seq = 0, None
+            self.handle(seq, payload)
 
     def poll(self, timeout: float = 0.1) -> int:
         """Handle the messages that arrive within `timeout` seconds; returns how many."""

@@ -51,6 +51,11 @@ class _IndexSubscriber(Subscriber):
     def _snapshot_abort(self) -> None:
         self._index.abort_snapshot(self._engine)
 
+    def _clear(self) -> None:
+        # A restarted engine without epochs (vLLM's): an empty snapshot, swapped in at once.
+        self._index.begin_snapshot(self._engine)
+        self._index.commit_snapshot(self._engine)
+
 
 class Follower:
     """One engine's stream, applied on a thread of its own until `close()`.
@@ -58,7 +63,8 @@ class Follower:
     Counters (read from any thread; each is one int): `batches` applied, `gaps` seen,
     `replays` and `snapshots` taken, `lost` (gaps neither could fill: vLLM's publisher, which
     serves no snapshots), `failures` (the replay socket did not answer in time; the follower
-    resynchronises at the next message), `bad_payloads` (refused by the index)."""
+    resynchronises at the next message), `restarts` (publishers without epochs seen to
+    restart), `bad_payloads` (refused by the index)."""
 
     def __init__(
         self,
@@ -132,6 +138,7 @@ class Follower:
     snapshots = property(lambda self: self._count("snapshots"))
     lost = property(lambda self: self._count("lost"))
     failures = property(lambda self: self._count("failures"))
+    restarts = property(lambda self: self._count("restarts"))
     bad_payloads = property(lambda self: self._count("bad_payloads"))
 
     def close(self, timeout: float = 10.0) -> None:
