@@ -89,7 +89,8 @@ class RouterIndex(_core.RouterIndex):
         """Apply one `KVEventBatch` payload (msgpack bytes, as they come off vLLM's wire) to
         `engine_id`'s blocks. Raises `KVEventPayloadError`, changing nothing, for a payload
         that does not decode or carries hashes of another form."""
-        return Applied(*super().apply(engine_id, payload))
+        # tuple.__new__: the core's tuple as an Applied, without NamedTuple's argument parsing.
+        return tuple.__new__(Applied, super().apply(engine_id, payload))
 
     def holders(
         self,

@@ -1,8 +1,8 @@
 //! Engines and their holders: what one engine holds, per medium and group, and the lock that
 //! orders its events.
 
-use crate::key::{BlockKey, BuildKeyHasher};
-use std::collections::{HashMap, HashSet};
+use crate::key::BlockKey;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -42,20 +42,34 @@ pub(crate) fn holder_id(medium: u16, group: u16) -> HolderId {
 }
 
 /// One engine's blocks in one medium and group.
+///
+/// Whether it holds a block is its bit in the block map (`blocks.rs`), the one place a
+/// lookup reads. The holder keeps only what it needs to drop its blocks without a scan:
+/// a log of the blocks it stored, appended in order (no random access, 8 bytes an integer
+/// hash). A removed block stays in the log until the log is compacted; clearing unsets the
+/// log's blocks, and unsetting a bit already clear changes nothing.
 pub(crate) struct Holder<K> {
     /// Its slot (`slots.rs`): the bit it sets in the blocks it holds.
     pub slot: u32,
-    /// The blocks it holds. Invariant: `k` is here exactly when the block map's bit of
-    /// `slot` is set for `k` (both change together, under the engine's lock).
-    pub blocks: HashSet<K, BuildKeyHasher>,
+    /// Invariant: every block whose bit of `slot` is set is in `log` (at least once).
+    pub log: Vec<K>,
+    /// Blocks whose bit of `slot` is set.
+    pub count: usize,
 }
 
 impl<K: BlockKey> Holder<K> {
-    pub fn new(slot: u32, hasher: BuildKeyHasher) -> Self {
+    pub fn new(slot: u32) -> Self {
         Self {
             slot,
-            blocks: HashSet::with_hasher(hasher),
+            log: Vec::new(),
+            count: 0,
         }
+    }
+
+    /// Whether the log has grown past twice what it must hold (plus `slack`), so that
+    /// compacting it (`RouterIndex::compact`) costs a constant per logged store.
+    pub fn log_is_long(&self, slack: usize) -> bool {
+        self.log.len() > 2 * self.count + slack
     }
 }
 

@@ -7,13 +7,15 @@
 //! - each engine's `state` mutex: orders that engine's events and guards its holders;
 //!   taken by the calls that change the engine, never by lookups. Different engines apply
 //!   in parallel.
-//! - the block map's stripe locks (`blocks.rs`): serialize the writers of one key.
+//! - the block map's shard locks (`blocks.rs`): a writer takes one shard's write lock per
+//!   block it changes; a lookup takes one shard's read lock per block it probes. Nothing is
+//!   scanned, sorted or allocated under them but a table's own growth.
 //! - the slot allocator's mutex (`slots.rs`): when holders come and go.
 //!
-//! Lookups take none of them: they read the block map (papaya, lock-free), the slots' atomic
-//! words and the `names` map (papaya).
+//! Lookups take nothing else: the slots' words are atomics and the `names` map is papaya's
+//! (lock-free reads).
 
-use crate::blocks::{malloc_size, BlockMap};
+use crate::blocks::{malloc_size, table_bytes, BlockMap};
 use crate::engine::{holder_id, EngineCell, EngineKey, EngineState, Holder, HolderId, Holders};
 use crate::error::RouterError;
 use crate::event::Event;
@@ -32,11 +34,17 @@ pub struct Config {
     /// The most holders (engine x medium x group) at once. Lookups read one 64-bit word of
     /// every 64 slots ever used; a few words of memory per 64 holders are reserved up front.
     pub max_holders: usize,
+    /// How far a holder's log may run past twice its blocks before it is compacted
+    /// (`engine.rs`): more slack, fewer compactions of small holders.
+    pub log_slack: usize,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Self { max_holders: 4096 }
+        Self {
+            max_holders: 4096,
+            log_slack: 1024,
+        }
     }
 }
 
@@ -76,7 +84,7 @@ pub struct RouterIndex<K: BlockKey> {
     pub(crate) names: papaya::HashMap<u32, EngineKey>,
     next_handle: AtomicU32,
     pub(crate) counters: Counters,
-    hasher: BuildKeyHasher,
+    log_slack: usize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -100,7 +108,7 @@ impl<K: BlockKey> RouterIndex<K> {
             names: papaya::HashMap::new(),
             next_handle: AtomicU32::new(0),
             counters: Counters::default(),
-            hasher,
+            log_slack: config.log_slack,
         }
     }
 
@@ -258,24 +266,24 @@ impl<K: BlockKey> RouterIndex<K> {
                     if target == Target::Live {
                         self.slots.set_live(slot);
                     }
-                    holders.insert(id, Holder::new(slot, self.hasher));
+                    holders.insert(id, Holder::new(slot));
                 }
                 let live = target == Target::Live;
                 let mut a = Applied::default();
                 let mut cleared_members = 0u64;
-                let guard = self.blocks.guard();
                 for (e, id) in events.iter().zip(&ids) {
                     match e {
                         Event::Stored { hashes, parent, .. } => {
                             let h = holders.get_mut(id).expect("allocated above");
                             if let Some(p) = parent {
-                                if !h.blocks.contains(p) {
+                                if !self.blocks.holds(*p, h.slot) {
                                     a.orphans += 1;
                                 }
                             }
                             for k in hashes {
-                                if h.blocks.insert(*k) {
-                                    self.blocks.set(*k, h.slot, &guard);
+                                if self.blocks.set(*k, h.slot) {
+                                    h.log.push(*k);
+                                    h.count += 1;
                                     a.stored += 1;
                                 } else {
                                     a.duplicates += 1;
@@ -286,19 +294,22 @@ impl<K: BlockKey> RouterIndex<K> {
                             None => a.unknown_removals += hashes.len() as u64,
                             Some(h) => {
                                 for k in hashes {
-                                    if h.blocks.remove(k) {
-                                        self.blocks.unset(*k, h.slot, &guard);
+                                    if self.blocks.unset(*k, h.slot) {
+                                        h.count -= 1;
                                         a.removed += 1;
                                     } else {
                                         a.unknown_removals += 1;
                                     }
                                 }
+                                if h.log_is_long(self.log_slack) {
+                                    self.compact(h);
+                                }
                             }
                         },
                         Event::Cleared => {
                             for h in holders.values_mut() {
-                                cleared_members += h.blocks.len() as u64;
-                                self.reset(h, live, &guard);
+                                cleared_members += h.count as u64;
+                                self.reset(h, live);
                             }
                             a.cleared += 1;
                         }
@@ -320,16 +331,14 @@ impl<K: BlockKey> RouterIndex<K> {
 
     /// Empty a holder in place. A live one leaves `live` first, so lookups stop counting it at
     /// once and those in flight read its word again; it is live again, empty, at the end.
-    fn reset(&self, h: &mut Holder<K>, live: bool, guard: &crate::blocks::Guard<'_>) {
+    fn reset(&self, h: &mut Holder<K>, live: bool) {
         if live {
             self.slots.retire(h.slot);
         }
-        for k in std::mem::replace(
-            &mut h.blocks,
-            std::collections::HashSet::with_hasher(self.hasher),
-        ) {
-            self.blocks.unset(k, h.slot, guard);
+        for k in std::mem::take(&mut h.log) {
+            self.blocks.unset(k, h.slot); // a block removed earlier: already clear
         }
+        h.count = 0;
         if live {
             self.slots.set_live(h.slot);
         }
@@ -337,15 +346,27 @@ impl<K: BlockKey> RouterIndex<K> {
 
     /// Drop holders and give their slots back (live ones leave `live` first).
     fn discard(&self, holders: Holders<K>, live: bool) {
-        let guard = self.blocks.guard();
         for (_, h) in holders {
             if live {
                 self.slots.retire(h.slot);
             }
-            for k in h.blocks {
-                self.blocks.unset(k, h.slot, &guard);
+            for k in h.log {
+                self.blocks.unset(k, h.slot);
             }
             self.slots.free(h.slot);
+        }
+    }
+
+    /// Keep in a holder's log only the blocks it holds, once each (under the engine's lock,
+    /// which lookups never take; one read probe per logged block, then a sort of the log).
+    fn compact(&self, h: &mut Holder<K>) {
+        let slot = h.slot;
+        h.log.retain(|k| self.blocks.holds(*k, slot));
+        h.log.sort_unstable_by_key(|k| k.fold());
+        h.log.dedup();
+        debug_assert_eq!(h.log.len(), h.count);
+        if h.log.capacity() > 4 * h.log.len() + 1024 {
+            h.log.shrink_to(2 * h.log.len());
         }
     }
 
@@ -393,10 +414,10 @@ impl<K: BlockKey> RouterIndex<K> {
             for h in st.live.values() {
                 self.slots.set_live(h.slot);
             }
-            let gained: usize = st.live.values().map(|h| h.blocks.len()).sum();
+            let gained: usize = st.live.values().map(|h| h.count).sum();
             Ok::<_, RouterError>((old, gained))
         })?;
-        let lost: usize = old.values().map(|h| h.blocks.len()).sum();
+        let lost: usize = old.values().map(|h| h.count).sum();
         // The old slots are out of `live` already; `discard` retires them again (harmless: one
         // more generation) and clears their bits.
         self.discard(old, true);
@@ -430,7 +451,7 @@ impl<K: BlockKey> RouterIndex<K> {
         let live = std::mem::take(&mut st.live);
         let staged = st.staged.take();
         drop(st);
-        let members: usize = live.values().map(|h| h.blocks.len()).sum();
+        let members: usize = live.values().map(|h| h.count).sum();
         self.discard(live, true);
         if let Some(s) = staged {
             self.discard(s, false);
@@ -462,7 +483,7 @@ impl<K: BlockKey> RouterIndex<K> {
                     .name((id >> 16) as u16)
                     .flatten()
                     .map(str::to_owned);
-                (m, id as u16, h.blocks.len())
+                (m, id as u16, h.count)
             })
             .collect();
         out.sort();
@@ -480,7 +501,17 @@ impl<K: BlockKey> RouterIndex<K> {
         let st = lock(&cell.state);
         st.live
             .get(&holder_id(m, group))
-            .map(|h| h.blocks.iter().copied().collect())
+            .map(|h| {
+                let mut held: Vec<K> = h
+                    .log
+                    .iter()
+                    .copied()
+                    .filter(|k| self.blocks.holds(*k, h.slot))
+                    .collect();
+                held.sort_unstable_by_key(|k| k.fold());
+                held.dedup();
+                held
+            })
             .unwrap_or_default()
     }
 
@@ -506,7 +537,7 @@ impl<K: BlockKey> RouterIndex<K> {
                 holders += hs.len();
                 maps += table_bytes(hs.capacity(), std::mem::size_of::<(HolderId, Holder<K>)>());
                 for h in hs.values() {
-                    set_bytes += table_bytes(h.blocks.capacity(), std::mem::size_of::<K>());
+                    set_bytes += h.log.capacity() * std::mem::size_of::<K>();
                 }
             }
         }
@@ -529,10 +560,11 @@ impl<K: BlockKey> RouterIndex<K> {
     /// call it when no event is being applied). Returns what is wrong, if anything.
     pub fn check_invariants(&self) -> Result<(), String> {
         use crate::slots::word_bit;
+        use std::collections::HashSet;
         let cells: Vec<_> = lock(&self.engines).values().cloned().collect();
-        let mut want: HashMap<(K, u32), u64> = HashMap::new();
+        // slot -> (blocks logged, blocks counted)
+        let mut logs: HashMap<u32, (HashSet<K>, usize)> = HashMap::new();
         let mut live_want = vec![0u64; self.slots.words()];
-        let mut holders = 0usize;
         let mut members = 0i64;
         for c in &cells {
             let st = lock(&c.state);
@@ -543,7 +575,6 @@ impl<K: BlockKey> RouterIndex<K> {
                 std::iter::once((&st.live, true)).chain(st.staged.as_ref().map(|s| (s, false)))
             {
                 for (&id, h) in hs {
-                    holders += 1;
                     let (w, b) = word_bit(h.slot);
                     let meta = pack_meta(c.handle, (id >> 16) as u16, id as u16);
                     if self.slots.meta(h.slot) != meta {
@@ -551,10 +582,11 @@ impl<K: BlockKey> RouterIndex<K> {
                     }
                     if live {
                         live_want[w] |= b;
-                        members += h.blocks.len() as i64;
+                        members += h.count as i64;
                     }
-                    for k in &h.blocks {
-                        *want.entry((*k, w as u32)).or_default() |= b;
+                    let logged = h.log.iter().copied().collect();
+                    if logs.insert(h.slot, (logged, h.count)).is_some() {
+                        return Err(format!("slot {} has two holders", h.slot));
                     }
                 }
             }
@@ -568,25 +600,36 @@ impl<K: BlockKey> RouterIndex<K> {
                 ));
             }
         }
-        if holders != self.slots.in_use() {
+        if logs.len() != self.slots.in_use() {
             return Err(format!(
-                "{holders} holders but {} slots in use",
+                "{} holders but {} slots in use",
+                logs.len(),
                 self.slots.in_use()
             ));
         }
-        let all = self.blocks.all();
-        if all.len() != want.len() {
-            return Err(format!(
-                "{} entries, holders imply {}",
-                all.len(),
-                want.len()
-            ));
+        let mut held: HashMap<u32, usize> = HashMap::new();
+        for (k, w, bits) in self.blocks.all() {
+            if bits == 0 {
+                return Err(format!("entry {k:?}/{w} has no holder"));
+            }
+            let mut rest = bits;
+            while rest != 0 {
+                let slot = w * 64 + rest.trailing_zeros();
+                rest &= rest - 1;
+                match logs.get(&slot) {
+                    None => return Err(format!("entry {k:?}: bit of unused slot {slot}")),
+                    Some((logged, _)) if !logged.contains(&k) => {
+                        return Err(format!("slot {slot} holds {k:?} without logging it"))
+                    }
+                    Some(_) => *held.entry(slot).or_default() += 1,
+                }
+            }
         }
-        for (k, w, bits) in all {
-            if want.get(&(k, w)) != Some(&bits) {
+        for (slot, (_, count)) in &logs {
+            if held.get(slot).copied().unwrap_or(0) != *count {
                 return Err(format!(
-                    "entry {k:?}/{w}: bits {bits:#x}, holders {:?}",
-                    want.get(&(k, w))
+                    "slot {slot} counts {count} blocks, holds {}",
+                    held.get(slot).copied().unwrap_or(0)
                 ));
             }
         }
@@ -598,19 +641,4 @@ impl<K: BlockKey> RouterIndex<K> {
         }
         Ok(())
     }
-}
-
-/// What a hashbrown table of `capacity` entries of `size` bytes takes: buckets are the
-/// power of two above capacity x 8/7, each the entry and a control byte, plus one group of
-/// control bytes.
-fn table_bytes(capacity: usize, size: usize) -> usize {
-    if capacity == 0 {
-        return 0;
-    }
-    let buckets = if capacity < 8 {
-        (capacity + 1).next_power_of_two()
-    } else {
-        (capacity * 8 / 7).next_power_of_two()
-    };
-    buckets * (size + 1) + 16
 }

@@ -12,8 +12,10 @@
 //! `blocks` (the block map), `engine` (engines and their holders), `media` (medium names),
 //! `index` (applying events, snapshots, removal), `lookup` (prefix matches), `stats`.
 //!
-//! Memory: an entry of the block map per (block, word of 64 holders) and a set entry per
-//! (block, holder) membership; `Stats` reports both by the structure's own accounting.
+//! Memory: an entry of the block map per (block, word of 64 holders): 16 bytes and a control
+//! byte for the integer form, in hash tables at most 7/8 full; and a set entry per (block,
+//! holder) membership (8 bytes and a control byte), to drop a holder's blocks without a scan.
+//! `Stats` reports both by the structure's own accounting (the tables' capacities).
 
 mod blocks;
 mod engine;

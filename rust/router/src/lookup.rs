@@ -2,9 +2,10 @@
 //!
 //! For each word of 64 holders, the live mask is the set of holders still matching; each
 //! block's bits narrow it; a holder that drops out at block i holds exactly i leading blocks.
-//! The walk stops when no holder of the word is left. No lock is taken; each word is read
-//! under its generation (`slots.rs`) and read again if a holder of it was retired meanwhile,
-//! so no answer mixes the bits of two holders that shared a slot one after the other.
+//! The walk stops when no holder of the word is left. It takes no lock but one shard's read
+//! lock per probe (`blocks.rs`); each word is read under its generation (`slots.rs`) and
+//! read again if a holder of it was retired meanwhile, so no answer mixes the bits of two
+//! holders that shared a slot one after the other.
 //!
 //! A lookup that runs while an engine applies a batch may see part of that batch (each bit it
 //! reads is one the engine held at some moment during the lookup).
@@ -43,7 +44,6 @@ impl<K: BlockKey> RouterIndex<K> {
         if keys.is_empty() {
             return;
         }
-        let guard = self.blocks.guard();
         let mut words_hit = 0;
         for w in 0..self.slots.words() {
             loop {
@@ -60,7 +60,7 @@ impl<K: BlockKey> RouterIndex<K> {
                 for (i, k) in keys.iter().enumerate() {
                     #[cfg(test)]
                     tests::hook(w, Some(i));
-                    let still = alive & self.blocks.bits(*k, w, &guard);
+                    let still = alive & self.blocks.bits(*k, w);
                     if i > 0 {
                         push_bits(out, w, alive & !still, i);
                     }

@@ -237,7 +237,14 @@ impl<'a> Reader<'a> {
         };
         self.take(fixed)?;
         for _ in 0..elems {
-            self.skip_depth(depth + 1)?;
+            // Token ids, mostly: a positive fixint or a uint 8/16/32 skips without recursion.
+            match self.buf.get(self.pos) {
+                Some(0x00..=0x7f) => self.pos += 1,
+                Some(0xcc) if self.pos + 2 <= self.buf.len() => self.pos += 2,
+                Some(0xcd) if self.pos + 3 <= self.buf.len() => self.pos += 3,
+                Some(0xce) if self.pos + 5 <= self.buf.len() => self.pos += 5,
+                _ => self.skip_depth(depth + 1)?,
+            }
         }
         Ok(())
     }

@@ -176,7 +176,10 @@ fn a_snapshot_replaces_an_engine_when_committed() {
 
 #[test]
 fn too_many_holders_is_refused_and_changes_nothing() {
-    let ix = RouterIndex::<u64>::new(Config { max_holders: 2 });
+    let ix = RouterIndex::<u64>::new(Config {
+        max_holders: 2,
+        ..Config::default()
+    });
     ix.apply(&e("a"), &[stored(&[1], None, "GPU", 0)]).unwrap();
     let err = ix
         .apply(
@@ -204,7 +207,10 @@ fn too_many_holders_is_refused_and_changes_nothing() {
 
 #[test]
 fn many_holders_span_words() {
-    let ix = RouterIndex::<u64>::new(Config { max_holders: 300 });
+    let ix = RouterIndex::<u64>::new(Config {
+        max_holders: 300,
+        ..Config::default()
+    });
     for i in 0..200u64 {
         let chain: Vec<u64> = (0..=(i % 7)).collect();
         ix.apply(&EngineKey::Int(i), &[stored(&chain, None, "GPU", 0)])
@@ -255,4 +261,39 @@ fn a_bad_payload_changes_nothing() {
     assert_eq!(ix.stats().rejected_payloads, 2);
     assert_eq!(ix.stats().memberships, 1);
     ix.check_invariants().unwrap();
+}
+
+#[test]
+fn a_holders_log_stays_bounded_under_churn() {
+    let ix = RouterIndex::<u64>::default();
+    let a = e("a");
+    for round in 0..20u64 {
+        let chain: Vec<u64> = (round * 1000..round * 1000 + 1000).collect();
+        ix.apply(&a, &[stored(&chain, None, "GPU", 0)]).unwrap();
+        // Everything but the last 10 goes, and one block comes back (logged twice).
+        ix.apply(
+            &a,
+            &[
+                removed(&chain[..990], "GPU"),
+                stored(&chain[..1], None, "GPU", 0),
+            ],
+        )
+        .unwrap();
+        ix.check_invariants().unwrap();
+    }
+    let s = ix.stats();
+    assert_eq!(s.memberships, 20 * 11);
+    // The log holds at most twice the blocks, its slack and one batch (in a vector at most
+    // twice that), not the 20,020 stores.
+    assert!(
+        s.set_bytes <= 8 * 2 * (2 * 220 + 1024 + 1000),
+        "{}",
+        s.set_bytes
+    );
+    let mut held = ix.blocks_of(&a, Some("GPU"), 0);
+    held.sort_unstable();
+    let want: Vec<u64> = (0..20u64)
+        .flat_map(|r| std::iter::once(r * 1000).chain(r * 1000 + 990..r * 1000 + 1000))
+        .collect();
+    assert_eq!(held, want);
 }

@@ -104,7 +104,10 @@ impl Model {
 }
 
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let ix = RouterIndex::<u64>::new(Config { max_holders: 64 });
+    let ix = RouterIndex::<u64>::new(Config {
+        max_holders: 64,
+        log_slack: 2,
+    });
     let mut m = Model::default();
     for op in ops {
         match op {

@@ -24,7 +24,10 @@ fn stored(hashes: &[u64], parent: Option<u64>) -> Event<'static, u64> {
 /// test runs it free).
 #[test]
 fn reused_slots_never_mix_two_holders() {
-    let ix = Arc::new(RouterIndex::<u64>::new(Config { max_holders: 64 }));
+    let ix = Arc::new(RouterIndex::<u64>::new(Config {
+        max_holders: 64,
+        ..Config::default()
+    }));
     let chain: Vec<u64> = (100..3100).collect();
     ix.apply(&EngineKey::Int(u64::MAX), &[stored(&chain, None)])
         .unwrap();
