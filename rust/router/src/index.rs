@@ -271,12 +271,17 @@ impl<K: BlockKey> RouterIndex<K> {
                 let live = target == Target::Live;
                 let mut a = Applied::default();
                 let mut cleared_members = 0u64;
+                // The last block stored, and by which holder: a snapshot sends one block an
+                // event, each the child of the one before, whose parent needs no probe.
+                let mut tail: Option<(HolderId, K)> = None;
                 for (e, id) in events.iter().zip(&ids) {
                     match e {
                         Event::Stored { hashes, parent, .. } => {
                             let h = holders.get_mut(id).expect("allocated above");
                             if let Some(p) = parent {
-                                if !self.blocks.holds(*p, h.slot) {
+                                let known =
+                                    tail == Some((*id, *p)) || self.blocks.holds(*p, h.slot);
+                                if !known {
                                     a.orphans += 1;
                                 }
                             }
@@ -289,6 +294,7 @@ impl<K: BlockKey> RouterIndex<K> {
                                     a.duplicates += 1;
                                 }
                             }
+                            tail = hashes.last().map(|k| (*id, *k));
                         }
                         Event::Removed { hashes, .. } => match holders.get_mut(id) {
                             None => a.unknown_removals += hashes.len() as u64,

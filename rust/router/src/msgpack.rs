@@ -117,6 +117,13 @@ impl<'a> Reader<'a> {
     }
 
     pub fn str(&mut self) -> Result<&'a str, RouterError> {
+        let at = self.pos;
+        std::str::from_utf8(self.raw_str()?)
+            .map_err(|_| RouterError::Payload(format!("a string that is not UTF-8 at byte {at}")))
+    }
+
+    /// A string's bytes, not checked for UTF-8 (field names and tags, compared as bytes).
+    pub fn raw_str(&mut self) -> Result<&'a [u8], RouterError> {
         let m = self.peek()?;
         let n = match m {
             0xa0..=0xbf => {
@@ -137,9 +144,7 @@ impl<'a> Reader<'a> {
             }
             _ => return Err(self.err(&format!("expected a string, found marker 0x{m:02x}"))),
         };
-        let at = self.pos;
-        std::str::from_utf8(self.take(n)?)
-            .map_err(|_| RouterError::Payload(format!("a string that is not UTF-8 at byte {at}")))
+        self.take(n)
     }
 
     /// The next value if it is a byte string (bin 8/16/32); nothing consumed otherwise.

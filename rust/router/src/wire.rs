@@ -75,11 +75,11 @@ enum Tag {
     Other,
 }
 
-fn tag(s: &str) -> Tag {
+fn tag(s: &[u8]) -> Tag {
     match s {
-        "BlockStored" => Tag::Stored,
-        "BlockRemoved" => Tag::Removed,
-        "AllBlocksCleared" => Tag::Cleared,
+        b"BlockStored" => Tag::Stored,
+        b"BlockRemoved" => Tag::Removed,
+        b"AllBlocksCleared" => Tag::Cleared,
         _ => Tag::Other,
     }
 }
@@ -132,12 +132,12 @@ fn map_event<'a, K: BlockKey>(r: &mut Reader<'a>) -> Result<Option<Event<'a, K>>
     let mut t = None;
     let mut f = Fields::default();
     for _ in 0..n {
-        match r.str()? {
-            "type" => t = Some(tag(r.str()?)),
-            "block_hashes" => f.hashes = Some(hashes(r)?),
-            "parent_block_hash" => f.parent = opt_hash(r)?,
-            "medium" => f.medium = opt_str(r)?,
-            "group_idx" => f.group = opt_group(r)?,
+        match r.raw_str()? {
+            b"type" => t = Some(tag(r.raw_str()?)),
+            b"block_hashes" => f.hashes = Some(hashes(r)?),
+            b"parent_block_hash" => f.parent = opt_hash(r)?,
+            b"medium" => f.medium = opt_str(r)?,
+            b"group_idx" => f.group = opt_group(r)?,
             _ => r.skip()?,
         }
     }
@@ -150,7 +150,7 @@ fn array_event<'a, K: BlockKey>(r: &mut Reader<'a>) -> Result<Option<Event<'a, K
     if n == 0 {
         return Err(r.err("an empty event array (no type)"));
     }
-    let t = tag(r.str()?);
+    let t = tag(r.raw_str()?);
     let mut f = Fields::default();
     for i in 1..n {
         match (t, i) {
