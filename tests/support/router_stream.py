@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,7 +82,9 @@ def generate(
     capacity = max(1, memberships // engines)
     caches: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(engines)]
     batches: list[Batch] = []
-    asked: list[list[int]] = []
+    # The lookups: requests of the stream's end (half of them, the last `lookups`), whose
+    # prefixes the engines still hold in part, as a router's next requests would.
+    asked: deque[list[int]] = deque(maxlen=lookups)
     stored_total, target = 0, memberships * (1 + churn)
     copy = 0
     while stored_total < target:
@@ -110,14 +112,12 @@ def generate(
                 cache.move_to_end(h)
             batches.append(Batch(e, removed, new, chain[k - 1] if k else None))
             stored_total += len(new)
-            if len(asked) < lookups and rng.random() < 0.5:
+            if rng.random() < 0.5:
                 asked.append(chain)
             if stored_total >= target:
                 break
         copy += 1
-    while len(asked) < lookups:  # requests of the last copy, again
-        asked.append([mix64(((copy - 1) << 40) | i) for i in rng.choice(trace)])
-    return Stream(batches, asked, engines, [set(c) for c in caches])
+    return Stream(batches, list(asked), engines, [set(c) for c in caches])
 
 
 # ---- encodings ---------------------------------------------------------------------------
