@@ -7,11 +7,18 @@
 //! A shard's read lock is one uncontended atomic increment and decrement on a line of its
 //! own, taken for one probe at a time (no scan, sort or allocation under it); 256 shards
 //! keep two threads apart unless they probe blocks of the same shard at the same moment.
+//!
+//! Word 0's tables are `table::Table`s, whose slot for a key is known before the probe: a
+//! walk prefetches the slots of the blocks a few positions ahead (`prefetch`), through a
+//! copy of each table's address kept in atomics beside the lock (read without it: a stale
+//! address only makes a useless prefetch, which never faults).
 
 use crate::key::{BlockKey, BuildKeyHasher, EntryKey};
 use crate::slots::word_bit;
+use crate::table::Table;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Shards (a power of two).
@@ -21,7 +28,7 @@ const SHARDS: usize = 256;
 /// 64) is keyed by the block alone, the other words by (block, word), so that the common
 /// case pays no key bytes for the word.
 struct Tables<K: BlockKey> {
-    first: HashMap<K, u64, BuildKeyHasher>,
+    first: Table<K>,
     more: HashMap<EntryKey<K>, u64, BuildKeyHasher>,
 }
 
@@ -34,6 +41,10 @@ struct Shard<K: BlockKey> {
     /// write lock (so "clear the last bit, then remove" and "find, then set a bit" never
     /// interleave); lookups read one entry at a time under the read lock.
     tables: RwLock<Tables<K>>,
+    /// `first`'s slots' address and mask, for prefetching only (never dereferenced). Written
+    /// (Relaxed) under the write lock when the table grows; read (Relaxed) without the lock.
+    hint_base: AtomicUsize,
+    hint_mask: AtomicUsize,
 }
 
 pub(crate) struct BlockMap<K: BlockKey> {
@@ -47,24 +58,31 @@ impl<K: BlockKey> BlockMap<K> {
             shards: (0..SHARDS)
                 .map(|_| Shard {
                     tables: RwLock::new(Tables {
-                        first: HashMap::with_hasher(hasher),
+                        first: Table::new(),
                         more: HashMap::with_hasher(hasher),
                     }),
+                    hint_base: AtomicUsize::new(0),
+                    hint_mask: AtomicUsize::new(0),
                 })
                 .collect(),
             hasher,
         }
     }
 
-    /// The shard of a block: bits 32 to 39 of its hash (the tables use the low bits for the
-    /// bucket and the top 7 for their control bytes, so a shard's keys still spread).
+    /// A block's hash (the shard is bits 32 to 39 of it; the tables use the low bits for the
+    /// slot, so a shard's keys still spread).
     #[inline]
-    fn shard(&self, key: &K) -> &Shard<K> {
-        &self.shards[(self.hasher.hash_one(key) >> 32) as usize & (SHARDS - 1)]
+    pub fn hash(&self, key: &K) -> u64 {
+        self.hasher.hash_one(key)
     }
 
-    fn write(&self, key: &K) -> RwLockWriteGuard<'_, Tables<K>> {
-        self.shard(key)
+    #[inline]
+    fn shard_of(&self, hash: u64) -> &Shard<K> {
+        &self.shards[(hash >> 32) as usize & (SHARDS - 1)]
+    }
+
+    fn write(&self, hash: u64) -> RwLockWriteGuard<'_, Tables<K>> {
+        self.shard_of(hash)
             .tables
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -74,39 +92,58 @@ impl<K: BlockKey> BlockMap<K> {
         s.tables.read().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Ask the CPU for the slot a probe of the block of hash `hash` (in word 0) starts at.
+    #[inline]
+    pub fn prefetch(&self, hash: u64) {
+        let s = self.shard_of(hash);
+        let base = s.hint_base.load(Ordering::Relaxed);
+        if base != 0 {
+            let mask = s.hint_mask.load(Ordering::Relaxed);
+            let at = base.wrapping_add((hash as usize & mask) * Table::<K>::slot_size());
+            prefetch_line(at as *const u8);
+        }
+    }
+
     /// Holder `slot` holds `key`; false if it did already (nothing changed).
     pub fn set(&self, key: K, slot: u32) -> bool {
         let (w, b) = word_bit(slot);
-        let mut t = self.write(&key);
-        let bits = if w == 0 {
-            t.first.entry(key).or_insert(0)
+        let hash = self.hash(&key);
+        let shard = self.shard_of(hash);
+        let mut t = shard.tables.write().unwrap_or_else(|e| e.into_inner());
+        if w == 0 {
+            let cap = t.first.capacity();
+            let new = t.first.set(key, hash, b, &self.hasher);
+            if t.first.capacity() != cap {
+                // Under the write lock; Relaxed: a hint, read without the lock.
+                shard
+                    .hint_base
+                    .store(t.first.slot_addr(0) as usize, Ordering::Relaxed);
+                shard
+                    .hint_mask
+                    .store(t.first.capacity() - 1, Ordering::Relaxed);
+            }
+            new
         } else {
-            t.more
+            let bits = t
+                .more
                 .entry(EntryKey {
                     key,
                     word: w as u32,
                 })
-                .or_insert(0)
-        };
-        let new = *bits & b == 0;
-        *bits |= b;
-        new
+                .or_insert(0);
+            let new = *bits & b == 0;
+            *bits |= b;
+            new
+        }
     }
 
     /// Holder `slot` no longer holds `key`; false if it did not (nothing changed).
     pub fn unset(&self, key: K, slot: u32) -> bool {
         let (w, b) = word_bit(slot);
-        let mut t = self.write(&key);
+        let hash = self.hash(&key);
+        let mut t = self.write(hash);
         if w == 0 {
-            let Some(bits) = t.first.get_mut(&key) else {
-                return false;
-            };
-            let held = *bits & b != 0;
-            *bits &= !b;
-            if *bits == 0 {
-                t.first.remove(&key);
-            }
-            held
+            t.first.unset(&key, hash, b, &self.hasher)
         } else {
             let k = EntryKey {
                 key,
@@ -127,15 +164,15 @@ impl<K: BlockKey> BlockMap<K> {
     /// Whether holder `slot` holds `key`.
     pub fn holds(&self, key: K, slot: u32) -> bool {
         let (w, b) = word_bit(slot);
-        self.bits(key, w) & b != 0
+        self.bits(key, self.hash(&key), w) & b != 0
     }
 
-    /// The holders of `key` in word `w`.
+    /// The holders of `key` (of hash `hash`) in word `w`.
     #[inline]
-    pub fn bits(&self, key: K, w: usize) -> u64 {
-        let t = Self::read_shard(self.shard(&key));
+    pub fn bits(&self, key: K, hash: u64, w: usize) -> u64 {
+        let t = Self::read_shard(self.shard_of(hash));
         if w == 0 {
-            t.first.get(&key).copied().unwrap_or(0)
+            t.first.get(&key, hash)
         } else {
             t.more
                 .get(&EntryKey {
@@ -152,7 +189,7 @@ impl<K: BlockKey> BlockMap<K> {
         let mut out = Vec::new();
         for s in self.shards.iter() {
             let t = Self::read_shard(s);
-            out.extend(t.first.iter().map(|(k, &b)| (*k, 0, b)));
+            out.extend(t.first.iter().map(|(k, b)| (k, 0, b)));
             out.extend(t.more.iter().map(|(k, &b)| (k.key, k.word, b)));
         }
         out
@@ -171,18 +208,31 @@ impl<K: BlockKey> BlockMap<K> {
 
     /// The tables' memory by their own accounting (their capacities; see `table_bytes`).
     pub fn bytes(&self) -> usize {
-        let one = std::mem::size_of::<(K, u64)>();
         let two = std::mem::size_of::<(EntryKey<K>, u64)>();
         self.shards
             .iter()
             .map(|s| {
                 let t = Self::read_shard(s);
                 std::mem::size_of::<Shard<K>>()
-                    + table_bytes(t.first.capacity(), one)
+                    + t.first.capacity() * Table::<K>::slot_size()
                     + table_bytes(t.more.capacity(), two)
             })
             .sum()
     }
+}
+
+/// Ask the CPU to bring the line holding `at` in, without waiting for it.
+#[inline]
+fn prefetch_line(at: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: a prefetch is a hint: it never faults, whatever the address, and neither
+        // reads into the program nor writes; SSE is part of the x86_64 baseline.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.cast::<i8>()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
 }
 
 /// What a hashbrown table (std's `HashMap`) of `capacity` entries of `size` bytes takes:

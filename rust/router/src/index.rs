@@ -112,11 +112,14 @@ impl<K: BlockKey> RouterIndex<K> {
         }
     }
 
-    /// The engine's cell, created if it has none.
-    fn cell(&self, engine: &EngineKey) -> Arc<EngineCell<K>> {
+    /// The engine's cell, created if it has none and `create`; and whether this call made it.
+    fn cell(&self, engine: &EngineKey, create: bool) -> Option<(Arc<EngineCell<K>>, bool)> {
         let mut engines = lock(&self.engines);
         if let Some(c) = engines.get(engine) {
-            return Arc::clone(c);
+            return Some((Arc::clone(c), false));
+        }
+        if !create {
+            return None;
         }
         // Relaxed: the counter only hands out distinct numbers (under `engines` anyway).
         let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
@@ -130,23 +133,41 @@ impl<K: BlockKey> RouterIndex<K> {
         });
         self.names.pin().insert(handle, engine.clone());
         engines.insert(engine.clone(), Arc::clone(&cell));
-        cell
+        Some((cell, true))
     }
 
     /// Run `f` on the engine's state, locked, with its handle; never on a removed engine's
     /// (a cell found just before its engine's removal is dead by the time it is locked: the
-    /// engine is looked up again, and created anew).
-    fn with_engine<R>(
+    /// engine is looked up again). An unknown engine is created if `create`, else `f` does
+    /// not run (None). An engine this call created and `f` refused (`Err`) with nothing held
+    /// is forgotten again: a refused call leaves no engine behind.
+    fn with_engine<R, E>(
         &self,
         engine: &EngineKey,
-        f: impl FnOnce(u32, &mut EngineState<K>) -> R,
-    ) -> R {
+        create: bool,
+        f: impl FnOnce(u32, &mut EngineState<K>) -> Result<R, E>,
+    ) -> Option<Result<R, E>> {
         loop {
-            let cell = self.cell(engine);
+            let (cell, created) = self.cell(engine, create)?;
             let mut st = lock(&cell.state);
-            if !st.dead {
-                return f(cell.handle, &mut st);
+            if st.dead {
+                continue;
             }
+            let r = f(cell.handle, &mut st);
+            let empty = st.live.is_empty() && st.staged.is_none();
+            drop(st);
+            if r.is_err() && created && empty {
+                let mut engines = lock(&self.engines);
+                if engines.get(engine).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                    let mut st = lock(&cell.state);
+                    if st.live.is_empty() && st.staged.is_none() {
+                        st.dead = true;
+                        engines.remove(engine);
+                        self.names.pin().remove(&cell.handle);
+                    }
+                }
+            }
+            return Some(r);
         }
     }
 
@@ -225,105 +246,114 @@ impl<K: BlockKey> RouterIndex<K> {
             };
             ids.push(holder_id(m, group));
         }
-        let (a, cleared_members) = self.with_engine(
-            engine,
-            |handle, st| -> Result<(Applied, u64), RouterError> {
-                let holders = match target {
-                    Target::Live => &mut st.live,
-                    Target::Staged => st.staged.as_mut().ok_or_else(|| {
-                        RouterError::Snapshot(format!("no snapshot begun for engine {engine}"))
-                    })?,
-                };
-                // Every holder the events store into, before any change: a refusal changes nothing.
-                let mut fresh: Vec<HolderId> = Vec::new();
-                for (e, &id) in events.iter().zip(&ids) {
-                    if matches!(e, Event::Stored { .. })
-                        && !holders.contains_key(&id)
-                        && !fresh.contains(&id)
-                    {
-                        fresh.push(id);
-                    }
-                }
-                let mut slots = Vec::with_capacity(fresh.len());
-                for &id in &fresh {
-                    match self
-                        .slots
-                        .alloc(pack_meta(handle, (id >> 16) as u16, id as u16))
-                    {
-                        Ok(s) => slots.push(s),
-                        Err(err) => {
-                            for s in slots {
-                                self.slots.free(s);
-                            }
-                            self.counters
-                                .rejected_payloads
-                                .fetch_add(1, Ordering::Relaxed);
-                            return Err(err);
+        let no_snapshot =
+            || RouterError::Snapshot(format!("no snapshot begun for engine {engine}"));
+        let (a, cleared_members) = self
+            .with_engine(
+                engine,
+                target == Target::Live,
+                |handle, st| -> Result<(Applied, u64), RouterError> {
+                    let holders = match target {
+                        Target::Live => &mut st.live,
+                        Target::Staged => st.staged.as_mut().ok_or_else(no_snapshot)?,
+                    };
+                    // Every holder the events store into, before any change: a refusal changes nothing.
+                    let mut fresh: Vec<HolderId> = Vec::new();
+                    for (e, &id) in events.iter().zip(&ids) {
+                        if matches!(e, Event::Stored { .. })
+                            && !holders.contains_key(&id)
+                            && !fresh.contains(&id)
+                        {
+                            fresh.push(id);
                         }
                     }
-                }
-                for (&id, &slot) in fresh.iter().zip(&slots) {
-                    if target == Target::Live {
-                        self.slots.set_live(slot);
-                    }
-                    holders.insert(id, Holder::new(slot));
-                }
-                let live = target == Target::Live;
-                let mut a = Applied::default();
-                let mut cleared_members = 0u64;
-                // The last block stored, and by which holder: a snapshot sends one block an
-                // event, each the child of the one before, whose parent needs no probe.
-                let mut tail: Option<(HolderId, K)> = None;
-                for (e, id) in events.iter().zip(&ids) {
-                    match e {
-                        Event::Stored { hashes, parent, .. } => {
-                            let h = holders.get_mut(id).expect("allocated above");
-                            if let Some(p) = parent {
-                                let known =
-                                    tail == Some((*id, *p)) || self.blocks.holds(*p, h.slot);
-                                if !known {
-                                    a.orphans += 1;
+                    let mut slots = Vec::with_capacity(fresh.len());
+                    for &id in &fresh {
+                        match self
+                            .slots
+                            .alloc(pack_meta(handle, (id >> 16) as u16, id as u16))
+                        {
+                            Ok(s) => slots.push(s),
+                            Err(err) => {
+                                for s in slots {
+                                    self.slots.free(s);
                                 }
+                                self.counters
+                                    .rejected_payloads
+                                    .fetch_add(1, Ordering::Relaxed);
+                                return Err(err);
                             }
-                            for k in hashes {
-                                if self.blocks.set(*k, h.slot) {
-                                    h.log.push(*k);
-                                    h.count += 1;
-                                    a.stored += 1;
-                                } else {
-                                    a.duplicates += 1;
-                                }
-                            }
-                            tail = hashes.last().map(|k| (*id, *k));
                         }
-                        Event::Removed { hashes, .. } => match holders.get_mut(id) {
-                            None => a.unknown_removals += hashes.len() as u64,
-                            Some(h) => {
-                                for k in hashes {
-                                    if self.blocks.unset(*k, h.slot) {
-                                        h.count -= 1;
-                                        a.removed += 1;
-                                    } else {
-                                        a.unknown_removals += 1;
+                    }
+                    for (&id, &slot) in fresh.iter().zip(&slots) {
+                        if target == Target::Live {
+                            self.slots.set_live(slot);
+                        }
+                        holders.insert(id, Holder::new(slot));
+                    }
+                    let live = target == Target::Live;
+                    let mut a = Applied::default();
+                    let mut cleared_members = 0u64;
+                    // The last block stored, and by which holder: a snapshot sends one block an
+                    // event, each the child of the one before, whose parent needs no probe.
+                    let mut tail: Option<(HolderId, K)> = None;
+                    for (e, id) in events.iter().zip(&ids) {
+                        match e {
+                            Event::Stored { hashes, parent, .. } => {
+                                let h = holders.get_mut(id).expect("allocated above");
+                                if let Some(p) = parent {
+                                    let known =
+                                        tail == Some((*id, *p)) || self.blocks.holds(*p, h.slot);
+                                    if !known {
+                                        a.orphans += 1;
                                     }
                                 }
-                                if h.log_is_long(self.log_slack) {
-                                    self.compact(h);
+                                let prefetch = h.slot < 64; // word 0's tables
+                                for (i, k) in hashes.iter().enumerate() {
+                                    if prefetch {
+                                        if let Some(next) = hashes.get(i + 4) {
+                                            self.blocks.prefetch(self.blocks.hash(next));
+                                        }
+                                    }
+                                    if self.blocks.set(*k, h.slot) {
+                                        h.log.push(*k);
+                                        h.count += 1;
+                                        a.stored += 1;
+                                    } else {
+                                        a.duplicates += 1;
+                                    }
                                 }
+                                tail = hashes.last().map(|k| (*id, *k));
                             }
-                        },
-                        Event::Cleared => {
-                            for h in holders.values_mut() {
-                                cleared_members += h.count as u64;
-                                self.reset(h, live);
+                            Event::Removed { hashes, .. } => match holders.get_mut(id) {
+                                None => a.unknown_removals += hashes.len() as u64,
+                                Some(h) => {
+                                    for k in hashes {
+                                        if self.blocks.unset(*k, h.slot) {
+                                            h.count -= 1;
+                                            a.removed += 1;
+                                        } else {
+                                            a.unknown_removals += 1;
+                                        }
+                                    }
+                                    if h.log_is_long(self.log_slack) {
+                                        self.compact(h);
+                                    }
+                                }
+                            },
+                            Event::Cleared => {
+                                for h in holders.values_mut() {
+                                    cleared_members += h.count as u64;
+                                    self.reset(h, live);
+                                }
+                                a.cleared += 1;
                             }
-                            a.cleared += 1;
                         }
                     }
-                }
-                Ok((a, cleared_members))
-            },
-        )?;
+                    Ok((a, cleared_members))
+                },
+            )
+            .unwrap_or_else(|| Err(no_snapshot()))?;
         if target == Target::Live {
             let c = &self.counters;
             c.memberships.fetch_add(
@@ -380,7 +410,12 @@ impl<K: BlockKey> RouterIndex<K> {
     /// staged payloads go to holders lookups do not see until `commit_snapshot` swaps them
     /// for the engine's current ones. A snapshot already begun is dropped.
     pub fn begin_snapshot(&self, engine: &EngineKey) {
-        let old = self.with_engine(engine, |_, st| st.staged.replace(HashMap::new()));
+        let old = self
+            .with_engine(engine, true, |_, st| {
+                Ok::<_, RouterError>(st.staged.replace(HashMap::new()))
+            })
+            .and_then(Result::ok)
+            .flatten();
         if let Some(old) = old {
             self.discard(old, false);
         }
@@ -408,21 +443,23 @@ impl<K: BlockKey> RouterIndex<K> {
     /// old holders until the new ones go live, then the new ones (a lookup never adds the two:
     /// see `lookup.rs`).
     pub fn commit_snapshot(&self, engine: &EngineKey) -> Result<(), RouterError> {
-        let (old, gained) = self.with_engine(engine, |_, st| {
-            let staged = st.staged.take().ok_or_else(|| {
-                RouterError::Snapshot(format!("no snapshot begun for engine {engine}"))
-            })?;
-            let old = std::mem::replace(&mut st.live, staged);
-            // Old out of `live` before new in: a lookup that reads a word once sees one of them.
-            for h in old.values() {
-                self.slots.retire(h.slot);
-            }
-            for h in st.live.values() {
-                self.slots.set_live(h.slot);
-            }
-            let gained: usize = st.live.values().map(|h| h.count).sum();
-            Ok::<_, RouterError>((old, gained))
-        })?;
+        let no_snapshot =
+            || RouterError::Snapshot(format!("no snapshot begun for engine {engine}"));
+        let (old, gained) = self
+            .with_engine(engine, false, |_, st| {
+                let staged = st.staged.take().ok_or_else(no_snapshot)?;
+                let old = std::mem::replace(&mut st.live, staged);
+                // Old out of `live` before new in: a lookup that reads a word once sees one of them.
+                for h in old.values() {
+                    self.slots.retire(h.slot);
+                }
+                for h in st.live.values() {
+                    self.slots.set_live(h.slot);
+                }
+                let gained: usize = st.live.values().map(|h| h.count).sum();
+                Ok::<_, RouterError>((old, gained))
+            })
+            .unwrap_or_else(|| Err(no_snapshot()))?;
         let lost: usize = old.values().map(|h| h.count).sum();
         // The old slots are out of `live` already; `discard` retires them again (harmless: one
         // more generation) and clears their bits.

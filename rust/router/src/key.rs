@@ -11,7 +11,7 @@ use std::fmt::Debug;
 use std::hash::{BuildHasher, Hash, Hasher};
 
 /// A block hash as the index stores it.
-pub trait BlockKey: Copy + Eq + Hash + Send + Sync + Debug + 'static {
+pub trait BlockKey: Copy + Eq + Hash + Default + Send + Sync + Debug + 'static {
     /// Bytes per key on the wire: 0 for the integer form.
     const WIDTH: usize;
 

@@ -9,7 +9,7 @@
 //!
 //! The parts, one file each: `key` (block keys and the maps' hasher), `msgpack` and `wire`
 //! (vLLM's payloads decoded), `event`, `slots` (holder slots: bits, liveness, generations),
-//! `blocks` (the block map), `engine` (engines and their holders), `media` (medium names),
+//! `blocks` (the block map) and `table` (its hash table), `engine` (engines and their holders), `media` (medium names),
 //! `index` (applying events, snapshots, removal), `lookup` (prefix matches), `stats`.
 //!
 //! Memory: an entry of the block map per (block, word of 64 holders): 16 bytes and a control
@@ -28,6 +28,7 @@ mod media;
 mod msgpack;
 mod slots;
 mod stats;
+mod table;
 pub mod wire;
 
 pub use engine::EngineKey;

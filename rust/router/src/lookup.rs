@@ -15,6 +15,10 @@ use crate::index::RouterIndex;
 use crate::key::BlockKey;
 use crate::slots::unpack_meta;
 
+/// How many blocks ahead of the probe a walk prefetches: enough misses in flight to cover a
+/// memory latency at the probe's pace.
+const AHEAD: usize = 8;
+
 /// One holder's answer, with the engine as its handle (`RouterIndex::with_engine_key` names it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct RawHit {
@@ -57,10 +61,26 @@ impl<K: BlockKey> RouterIndex<K> {
                 let start = out.len();
                 let mut alive = active;
                 let mut depth = keys.len();
+                // The hashes of the next AHEAD blocks, their slots prefetched (word 0).
+                let mut ahead = [0u64; AHEAD];
+                for (j, k) in keys.iter().take(AHEAD).enumerate() {
+                    ahead[j] = self.blocks.hash(k);
+                    if w == 0 {
+                        self.blocks.prefetch(ahead[j]);
+                    }
+                }
                 for (i, k) in keys.iter().enumerate() {
                     #[cfg(test)]
                     tests::hook(w, Some(i));
-                    let still = alive & self.blocks.bits(*k, w);
+                    let hash = ahead[i % AHEAD];
+                    if let Some(next) = keys.get(i + AHEAD) {
+                        let h = self.blocks.hash(next);
+                        ahead[i % AHEAD] = h;
+                        if w == 0 {
+                            self.blocks.prefetch(h);
+                        }
+                    }
+                    let still = alive & self.blocks.bits(*k, hash, w);
                     if i > 0 {
                         push_bits(out, w, alive & !still, i);
                     }

@@ -193,6 +193,9 @@ fn too_many_holders_is_refused_and_changes_nothing() {
         .unwrap_err();
     assert_eq!(err, RouterError::TooManyHolders(2));
     assert_eq!(ix.stats().memberships, 1);
+    assert_eq!(ix.engines(), vec![e("a")]); // the refused call left no engine "b" behind
+    assert!(ix.commit_snapshot(&e("c")).is_err() && ix.apply_staged(&e("c"), &[]).is_err());
+    assert_eq!(ix.stats().engines, 1);
     assert_eq!(ix.stats().rejected_payloads, 1);
     ix.check_invariants().unwrap();
     // Slots come back with their engine.

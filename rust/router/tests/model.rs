@@ -72,13 +72,13 @@ fn key(e: u8) -> EngineKey {
 }
 
 impl Model {
+    /// An engine's live sets (it is created if unknown), or its staged ones (None without a
+    /// snapshot begun; an unknown engine is not created by a refused call).
     fn sets(&mut self, e: u8, staged: bool) -> Option<&mut Sets> {
-        let eng = self.engines.entry(e).or_default();
         if staged {
-            eng.staged.as_mut()
-        } else {
-            Some(&mut eng.live)
+            return self.engines.get_mut(&e)?.staged.as_mut();
         }
+        Some(&mut self.engines.entry(e).or_default().live)
     }
 
     fn answer(&self, keys: &[u64]) -> BTreeSet<(u64, usize, u16, u32)> {
@@ -199,10 +199,13 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Commit(e) => {
                 let r = ix.commit_snapshot(&key(e));
-                let eng = m.engines.entry(e).or_default();
-                match eng.staged.take() {
+                match m
+                    .engines
+                    .get_mut(&e)
+                    .and_then(|eng| eng.staged.take().map(|s| (eng, s)))
+                {
                     None => prop_assert!(r.is_err()),
-                    Some(s) => {
+                    Some((eng, s)) => {
                         r.unwrap();
                         eng.live = s;
                     }
