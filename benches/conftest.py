@@ -71,6 +71,7 @@ def _fmt(seconds: float) -> str:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    _router_summary(terminalreporter)
     _vllm_summary(terminalreporter)
     _events_summary(terminalreporter)
     _eviction_summary(terminalreporter)
@@ -85,6 +86,18 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             f"{group:<{width}}  rust {_fmt(m['rust'])}  reference {_fmt(m['reference'])}"
             f"  speedup {m['reference'] / m['rust']:8.1f}x"
         )
+
+
+def _router_summary(tr: Any) -> None:
+    """pagedkv's and Dynamo's router indexes on the same stream (test_bench_router)."""
+    import sys
+
+    mod = sys.modules.get("test_bench_router")
+    lines = mod.summary() if mod is not None else []
+    if lines:
+        tr.section("router indexes: pagedkv.router and Dynamo's RadixTree, the same stream")
+        for line in lines:
+            tr.write_line(line)
 
 
 def _events_summary(tr: Any) -> None:

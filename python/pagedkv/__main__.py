@@ -1,4 +1,5 @@
-"""Command-line tool: `pagedkv simulate [options]`, also `python -m pagedkv` (see `pagedkv.sim`)."""
+"""Command-line tool: `pagedkv simulate [options]` (see `pagedkv.sim`), `pagedkv events`
+(`pagedkv.kv_events`), `pagedkv router` (`pagedkv.router`); also `python -m pagedkv`."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from pagedkv import __version__
 from pagedkv.sim.cli import add_arguments, simulate
@@ -57,6 +59,15 @@ def _build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "(docs/events.md). Needs pyzmq and msgspec.",
     )
     _events_arguments(ev)
+    rt = sub.add_parser(
+        "router",
+        help="follow engines' KV-event streams into a router index; print blocks and lookups",
+        description="Follow engines' KV-event streams (pagedkv.kv_events.Publisher, or vLLM's "
+        "own) into one router index (pagedkv.router, docs/router.md) and print, every "
+        "--interval seconds, each engine's blocks per medium and its stream's counters, and "
+        "the ranked engines for each request of --lookup. Needs pyzmq and msgspec.",
+    )
+    _router_arguments(rt)
     return parser
 
 
@@ -66,6 +77,31 @@ def _events_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topic", default="", help="topic prefix to follow (default: every topic)")
     p.add_argument("--form", choices=["map", "array"], default="map", help="the events' form")
     p.add_argument("--count", type=int, default=0, help="stop after this many batches (0: never)")
+    p.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds")
+
+
+def _router_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--connect", action="append", required=True, help="an engine's PUB endpoint (repeat)"
+    )
+    p.add_argument(
+        "--replay", action="append", help="the replay endpoint of the Nth --connect (repeat)"
+    )
+    p.add_argument("--engine", action="append", help="the Nth engine's id (default: endpoint)")
+    p.add_argument("--topic", default="", help="topic prefix to follow (default: every topic)")
+    p.add_argument("--block-size", type=int, default=16, help="the engines' block size")
+    p.add_argument("--hash-algo", choices=["sha256", "xxh3_128"], default="sha256")
+    p.add_argument("--hash-seed", type=int, default=0)
+    p.add_argument(
+        "--hash-form", choices=["int", "bytes"], default="int", help="the events' block hashes"
+    )
+    p.add_argument(
+        "--lookup",
+        type=Path,
+        help='JSON lines of requests, {"token_ids": [...]} or {"block_hashes": [...]}',
+    )
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between reports")
+    p.add_argument("--count", type=int, default=0, help="stop after this many reports (0: never)")
     p.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds")
 
 
@@ -90,6 +126,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 return follow(args, sys.stdout, sys.stderr)
             except FollowError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+        if args.command == "router":
+            from pagedkv.router.cli import RouterCliError, run  # pyzmq, msgspec if asked
+
+            try:
+                return run(args, sys.stdout, sys.stderr)
+            except (RouterCliError, ValueError) as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
         raise AssertionError(f"unknown command {args.command!r}")  # argparse prevents this

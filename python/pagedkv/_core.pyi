@@ -32,6 +32,7 @@ _Keys: TypeAlias = list[bytes] | tuple[bytes, ...]
 __all__ = [
     "BlockManager",
     "MrcStream",
+    "RouterIndex",
     "RunningBatch",
     "__version__",
     "hash_blocks",
@@ -354,6 +355,56 @@ class MrcStream:
     def swap_in(self, seq_id: int) -> None: ...
     def curve(self, sample_rate: float) -> tuple[npt.NDArray[np.float64], int, int]:
         """`(thresholds, touches, distinct)`, the thresholds ascending."""
+
+# A router index's engine ids, block hashes (ints in [0, 2**64), or digest bytes) and one
+# holder's answer: (engine_id, medium, group, leading blocks held).
+_EngineId: TypeAlias = int | str
+_BlockHashes: TypeAlias = _Ints | list[bytes] | tuple[bytes, ...]
+_Holder: TypeAlias = tuple[int | str, str | None, int, int]
+_Applied: TypeAlias = tuple[int, int, int, int, int, int, int]
+
+@disjoint_base
+class RouterIndex:
+    """An exact index of which engine holds which KV blocks (docs/router.md)."""
+
+    def __new__(
+        cls,
+        *,
+        block_size: int = 16,
+        hash_algo: _HashAlgo = "sha256",
+        hash_seed: int = 0,
+        hash_form: Literal["int", "bytes"] = "int",
+        max_holders: int = 4096,
+    ) -> Self: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def hash_algo(self) -> str: ...
+    @property
+    def hash_form(self) -> str: ...
+    def apply(self, engine_id: _EngineId, payload: bytes) -> _Applied:
+        """Apply one vLLM `KVEventBatch` payload to `engine_id`; (stored, removed,
+        duplicates, unknown_removals, orphans, cleared, unknown_events)."""
+    def begin_snapshot(self, engine_id: _EngineId) -> None: ...
+    def apply_staged(self, engine_id: _EngineId, payload: bytes) -> _Applied: ...
+    def commit_snapshot(self, engine_id: _EngineId) -> None: ...
+    def abort_snapshot(self, engine_id: _EngineId) -> None: ...
+    def remove_engine(self, engine_id: _EngineId) -> bool: ...
+    def match_hashes(self, block_hashes: _BlockHashes) -> list[_Holder]:
+        """Every holder of at least the first block, with its leading blocks held."""
+    def match_tokens(
+        self, token_ids: _TokenIds, *, cache_salt: _Salt = None, lora_id: _Int | None = None
+    ) -> list[_Holder]: ...
+    def block_hashes(
+        self, token_ids: _TokenIds, *, cache_salt: _Salt = None, lora_id: _Int | None = None
+    ) -> list[int] | list[bytes]: ...
+    def engines(self) -> list[_EngineId]: ...
+    def holder_sizes(self, engine_id: _EngineId) -> list[tuple[str | None, int, int]]: ...
+    def blocks(
+        self, engine_id: _EngineId, medium: str | None = "GPU", group: int = 0
+    ) -> set[int] | set[bytes]: ...
+    def stats(self) -> dict[str, int]: ...
+    def check_invariants(self) -> None: ...
 
 def trace_tokens(hash_ids: _Ints, length: int, block_tokens: int) -> npt.NDArray[np.uint32]:
     """The first `length` pseudo-tokens of a trace prompt given as hash ids, `block_tokens`

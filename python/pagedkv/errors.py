@@ -66,6 +66,11 @@ class EvictionsNotDeliveredError(PagedKVError, RuntimeError):
     error: BaseException | None
 
 
+class KVEventPayloadError(InvalidArgumentError):
+    """A KV event payload a router index cannot apply (`pagedkv.router`): not vLLM's
+    msgpack `KVEventBatch`, or block hashes of another form or width than the index holds."""
+
+
 class InvariantError(PagedKVError, AssertionError):
     """`check_invariants` found the lifecycle contract broken."""
 
@@ -76,6 +81,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "InvariantError",
+    "KVEventPayloadError",
     "KVEventsOverflowError",
     "ManagerBrokenError",
     "PagedKVError",

@@ -57,3 +57,47 @@ def test_follows_vllms_publisher_and_its_replay() -> None:
     finally:
         sub.close()
         pub.shutdown()
+
+
+def test_a_restarted_vllm_publisher_is_followed_from_its_first_batch() -> None:
+    """vLLM's publisher has no epoch: a new one on the same ports numbers from 0 again. The
+    subscriber tells it by its numbers (at or below the last one received) and follows it
+    from an empty set (a restarted engine's cache is empty); it ignored it before."""
+    pub_port, replay_port = _free_port(), _free_port()
+    endpoints = {"endpoint": f"tcp://*:{pub_port}", "replay_endpoint": f"tcp://*:{replay_port}"}
+    pub = v.ZmqEventPublisher(0, topic="kv", **endpoints)
+    sub = Subscriber(f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}", topic="kv")
+    deadline = time.monotonic() + 20
+
+    def until(seq: int) -> None:
+        while sub.next_seq != seq:
+            assert time.monotonic() < deadline, sub.next_seq
+            sub.poll(0.05)
+
+    try:
+        time.sleep(0.3)
+        for h in (1, 2, 3):
+            pub.publish(v.KVEventBatch(ts=time.time(), events=[_stored(h, h - 1 or None)]))
+        until(3)
+        pub.shutdown()
+        time.sleep(0.5)  # rebound at once, in one process, the old port confuses ZMQ
+        while True:  # the ports are free once ZMQ's I/O thread has let go of them
+            try:
+                pub = v.ZmqEventPublisher(0, topic="kv", **endpoints)
+                break
+            except zmq.ZMQError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        # The subscriber reconnects meanwhile: the batches it misses come from the new
+        # publisher's replay buffer.
+        for h in range(7, 12):
+            pub.publish(
+                v.KVEventBatch(ts=time.time(), events=[_stored(h, h - 1 if h > 7 else None)])
+            )
+            sub.poll(0.1)
+        until(5)
+        assert {k[2] for k in sub.blocks.key_set()} == set(range(7, 12))
+        assert sub.restarts == 1
+    finally:
+        sub.close()
+        pub.shutdown()

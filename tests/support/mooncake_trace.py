@@ -12,6 +12,7 @@ on the real trace.
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -50,7 +51,11 @@ def write_synthetic_trace(path: Path, requests: int = 400, seed: int = 0) -> Pat
 
 
 def trace_path(tmp_dir: Path) -> Path:
-    """The shared trace if present, else a synthetic one written into `tmp_dir`."""
+    """The shared trace if present (or the file `PAGEDKV_MOONCAKE_TRACE` names: a checkout
+    elsewhere than beside `shared/`), else a synthetic one written into `tmp_dir`."""
+    named = os.environ.get("PAGEDKV_MOONCAKE_TRACE")
+    if named:
+        return Path(named)
     if SHARED_TRACE.exists():
         return SHARED_TRACE
     return write_synthetic_trace(tmp_dir / "synthetic_mooncake_trace.jsonl")

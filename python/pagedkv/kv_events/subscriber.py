@@ -52,10 +52,13 @@ class Subscriber:
     ) -> None:
         ctx = context or zmq.Context.instance()
         self.blocks = BlockSet()
+        self._fresh = self.blocks
         self.next_seq: int | None = None  # None: not in step with the stream yet
         self.epoch: int | None = None
         self.gaps = 0
         self.lost = 0  # gaps that neither a replay nor a snapshot could fill
+        self.restarts = 0  # new publishers told apart by their sequence numbers alone (vLLM's)
+        self._last_seq: int | None = None  # of the last message on the PUB socket
         self.replays = 0
         self.snapshots = 0
         self._decode = wire.decoder(event_form).decode
@@ -110,15 +113,38 @@ class Subscriber:
             raise NoSnapshots("the publisher does not serve snapshots")
         if len(head) != 3 or head[0] != SNAPSHOT:
             raise RecoveryError(f"bad snapshot header: {head!r}")
-        fresh = BlockSet()
-        while True:
-            _, seq, payload = self._recv()
-            if _int(seq) == -1:
-                break
-            fresh.apply(self._decode(payload).events)
-        self.blocks = fresh
+        self._snapshot_begin()
+        try:
+            while True:
+                _, seq, payload = self._recv()
+                if _int(seq) == -1:
+                    break
+                self._snapshot_part(payload)
+        except BaseException:
+            self._snapshot_abort()
+            raise
+        self._snapshot_commit()
         self.epoch, self.next_seq = _int(head[1]), _int(head[2])
         self.snapshots += 1
+
+    # Where batches go: the block set here; a subclass may keep them elsewhere (the router
+    # index of pagedkv.router.follow keeps them in Rust, undecoded in Python).
+
+    def _snapshot_begin(self) -> None:
+        self._fresh = BlockSet()
+
+    def _snapshot_part(self, payload: bytes) -> None:
+        self._fresh.apply(self._decode(payload).events)
+
+    def _snapshot_commit(self) -> None:
+        self.blocks = self._fresh
+
+    def _snapshot_abort(self) -> None:
+        self._fresh = BlockSet()
+
+    def _clear(self) -> None:
+        """The publisher's engine restarted with an empty cache."""
+        self.blocks = BlockSet()
 
     def _replay(self, start: int) -> bool:
         """Apply the buffered batches from `start`; False if the buffer no longer has it."""
@@ -158,6 +184,7 @@ class Subscriber:
 
     def handle(self, seq: int, payload: bytes) -> None:
         """One message from the PUB socket."""
+        last, self._last_seq = self._last_seq, seq
         if self.next_seq is None:
             if self._req is None or not self.snapshots_supported:
                 self._apply(seq, payload)  # no snapshot to start from: follow from here
@@ -186,6 +213,18 @@ class Subscriber:
                 self._apply(seq, payload)
         elif self._epoch_changed():  # behind us: a new publisher, or one already applied
             self.snapshot()
+        elif (self._req is None or not self.snapshots_supported) and (
+            last is not None and seq <= last
+        ):
+            # No epoch to ask (vLLM's publisher, or no replay socket). A PUB socket never
+            # repeats nor reorders what it sends (a number behind ours is otherwise a batch
+            # a replay already applied), so a number at or below the last one received is a
+            # new publisher: a restarted engine, whose cache starts empty. Follow it from
+            # its first batch (replayed from its buffer when this is not that batch).
+            self.restarts += 1
+            self._clear()
+            self.next_seq, self._last_seq = 0, None
+            self.handle(seq, payload)
 
     def poll(self, timeout: float = 0.1) -> int:
         """Handle the messages that arrive within `timeout` seconds; returns how many."""

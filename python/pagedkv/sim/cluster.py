@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pagedkv.config import BlockManagerConfig
+from pagedkv.sim.cluster_index import ClusterIndex, index_routing_available
 from pagedkv.sim.cluster_tier import MAX_NODES, TieredNode, entry_bytes
 from pagedkv.sim.factory import make_manager
 from pagedkv.sim.requests import Request, Workload
@@ -198,6 +199,7 @@ class ClusterRun:
     routed_ids: list[set[int]] = field(default_factory=list)
     stores: list[dict[str, Any]] = field(default_factory=list)
     clock_steps: int = 0
+    index: dict[str, Any] | None = None  # the router index's figures (`--routing prefix`)
 
 
 def run_cluster(
@@ -215,11 +217,18 @@ def run_cluster(
     if config.num_cpu_blocks < 0:
         raise ValueError("num_cpu_blocks must be >= 0")
     stores = build_stores(options, config.block_size)
+    index = None
+    node_config = config
+    if options.routing == "prefix" and index_routing_available(config):
+        # The router reads the nodes' KV events (sim.cluster_index); recording them changes
+        # nothing else a manager does.
+        node_config = replace(config, enable_kv_events=True)
+        index = ClusterIndex(config, options.nodes)
     try:
         nodes = [
             ClusterNode(
                 i,
-                config,
+                node_config,
                 stores[i] if stores else None,
                 schedule,
                 seed=workload.seed,
@@ -229,8 +238,13 @@ def run_cluster(
         ]
         if check and stores:
             _share_records(nodes)
-        router = Router(options.routing, options.nodes, options.prefix_balance)
-        clock = _replay(workload, config, nodes, router, progress)
+        router = Router(
+            options.routing,
+            options.nodes,
+            options.prefix_balance,
+            prefix_hits=None if index is None else index.hits,
+        )
+        clock = _replay(workload, config, nodes, router, progress, index)
         store_stats = []
         for s in {id(s): s for s in stores}.values():
             st = s.stats()
@@ -265,6 +279,7 @@ def run_cluster(
         routed_ids=[n.routed_ids for n in nodes],
         stores=store_stats,
         clock_steps=clock,
+        index=None if index is None else index.figures(),
     )
 
 
@@ -298,8 +313,10 @@ def _replay(
     nodes: list[ClusterNode],
     router: Router,
     progress: Callable[[int, int], None] | None,
+    index: ClusterIndex | None = None,
 ) -> int:
-    """The lock-step loop; returns the clock after the last step."""
+    """The lock-step loop; returns the clock after the last step. With `index`, each
+    node's KV events go to the router index after each of its steps."""
     by_id = {r.request_id: r for r in workload.requests}
     arrivals: list[tuple[int, int]] = []
     dependents: dict[int, list[Request]] = {}
@@ -322,6 +339,8 @@ def _replay(
         for n in nodes:
             if n.sched.busy:
                 n.sched.step(clock)
+                if index is not None:
+                    index.feed(n.index, n.manager)
         for n in nodes:
             for rid in n.sched.take_ended():
                 ended += 1

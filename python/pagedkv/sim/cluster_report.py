@@ -135,6 +135,7 @@ def cluster_figures(run: ClusterRun) -> dict[str, Any]:
             "balanced": r.balanced,
         },
         "stores": run.stores,
+        **({} if run.index is None else {"index": run.index}),
     }
 
 
@@ -182,6 +183,13 @@ def cluster_table(doc: dict[str, Any]) -> str:
             f"({_pct(r['prefix_routed'] / total)}) went to a node holding part of their "
             f"prompt ({r['prefix_tokens']} tokens); {r['balanced']} sent elsewhere by the "
             "balance guard"
+        )
+        ix = doc.get("index")
+        lines.append(
+            "            by each node's own lookup (a hybrid model, or msgspec missing)"
+            if ix is None
+            else f"            by the router index of the nodes' KV events (pagedkv.router): "
+            f"{ix['events']} events, {ix['memberships']} blocks held at the end"
         )
     lines.extend(
         f"store       {s['name']} ({s['medium']}): {s['puts']} puts, {s['dropped_puts']} "

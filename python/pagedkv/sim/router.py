@@ -13,12 +13,14 @@ Three policies (`--routing`):
   the mean load (plus the request's own prompt) is not a candidate, so that one shared
   prefix cannot pile every request onto one node; 0 (the default) turns the guard off.
 
-A router sees nodes through `NodeView`: their load and their cached prefix of a prompt.
+A router sees nodes through `NodeView`: their load and their cached prefix of a prompt; or,
+with `prefix_hits` (the cluster's router index, `sim.cluster_index`), every node's cached
+prefix of a prompt from one lookup.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -59,6 +61,8 @@ class Router:
     policy: str
     nodes: int
     balance: float = 0.0
+    # (prompt, cache salt) -> each node's cached prefix in tokens; None: ask each node.
+    prefix_hits: Callable[[npt.NDArray[np.uint32], str | None], list[int]] | None = None
     stats: RouterStats = field(init=False)
     _next: int = field(default=0, init=False)
 
@@ -101,7 +105,10 @@ class Router:
         tokens: npt.NDArray[np.uint32],
         cache_salt: str | None,
     ) -> int:
-        hits = [n.cached_prefix(tokens, cache_salt) for n in nodes]
+        if self.prefix_hits is not None:
+            hits = self.prefix_hits(tokens, cache_salt)
+        else:
+            hits = [n.cached_prefix(tokens, cache_salt) for n in nodes]
         candidates = list(range(self.nodes))
         if self.balance:
             mean = sum(t for t, _ in loads) / self.nodes

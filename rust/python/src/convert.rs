@@ -537,6 +537,11 @@ pub fn seq_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
     ints(obj, "seq_ids", 0, ID_MAX, "[0, 2**64)")
 }
 
+/// 64-bit values (the router's integer block hashes): each in `[0, 2**64)`.
+pub fn u64s(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+    ints(obj, what, 0, ID_MAX, "[0, 2**64)")
+}
+
 /// GPU block ids (`evict_blocks`): each in `[0, 2**31)` (whether it names a block of the
 /// pool is the core's check).
 pub fn block_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {

@@ -8,6 +8,7 @@ mod mrc;
 mod numpy_api;
 mod objects;
 mod retention;
+mod router;
 mod running;
 
 use pyo3::prelude::*;
@@ -28,6 +29,9 @@ mod _core {
 
     #[pymodule_export]
     use crate::mrc::PyMrcStream;
+
+    #[pymodule_export]
+    use crate::router::PyRouterIndex;
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

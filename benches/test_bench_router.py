@@ -1,0 +1,299 @@
+"""Router indexes side by side: pagedkv's (`pagedkv.router.RouterIndex`) and Dynamo's
+(`dynamo._core.RadixTree`, from `ai-dynamo-runtime`), on the same event stream: the shared
+Mooncake trace replayed as N engines' KV events (tests/support/router_stream.py), 1 M
+memberships at 8 and 64 engines (10 M with `-m manual`).
+
+Each index applies its own wire form of the same events: pagedkv a vLLM `KVEventBatch`
+payload per request (msgpack, 16 token ids a block, decoded in Rust), Dynamo one serialized
+event per store or removal (its `apply_event`). Figures (printed at the end of the session,
+docs/router.md, benches/results/issue34-router.md):
+
+- apply: block operations (blocks stored + removed) per second over the whole stream, from
+  a fresh index (Dynamo's queue drained: a lookup after the last event);
+- lookup: one request's hashes (a list of ints) to each engine's matched blocks as a dict,
+  timed one by one from Python (p50, p99);
+- memory: resident memory the index adds, per membership, each measured alone in a process
+  of its own (benches/router_memory.py);
+- decode: pagedkv's payloads decoded in Python (msgspec, pagedkv.kv_events.wire) against
+  decoded and applied in Rust;
+- snapshot: 1 M blocks as pagedkv's publisher sends them (BlockStored batches of 256),
+  encoded and applied (staged, then committed).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mooncake_trace import trace_path
+from pagedkv.router import RouterIndex
+from router_stream import Stream, dynamo_stream, generate, mix64, read_trace, vllm_payload
+
+ROOT = Path(__file__).resolve().parents[1]
+IMPLS = ("pagedkv", "dynamo")
+CI = 1_000_000
+MANUAL = 10_000_000
+# (engines, memberships): the CI-sized points, and the 10 M one by hand.
+POINTS = [
+    pytest.param((8, CI), id="8e-1M"),
+    pytest.param((64, CI), id="64e-1M"),
+    pytest.param((64, MANUAL), id="64e-10M", marks=[pytest.mark.slow, pytest.mark.manual]),
+]
+
+# Figures for the summary: point -> impl -> name -> value.
+FIGURES: dict[str, dict[str, dict[str, float]]] = {}
+_STREAMS: dict[tuple[int, int], Stream] = {}
+_BUILT: dict[tuple[str, int, int], Any] = {}
+
+
+def _trace(tmp: Path) -> Path:
+    return trace_path(tmp)
+
+
+def _stream(point: tuple[int, int], tmp: Path) -> Stream:
+    if point not in _STREAMS:
+        _STREAMS.clear()  # one point's stream in memory at a time
+        _BUILT.clear()
+        engines, members = point
+        _STREAMS[point] = generate(
+            read_trace(_trace(tmp)), engines=engines, memberships=members, lookups=5000
+        )
+    return _STREAMS[point]
+
+
+def _label(point: tuple[int, int]) -> str:
+    return f"{point[0]} engines, {point[1] / 1e6:g} M memberships"
+
+
+def _fig(point: tuple[int, int], impl: str, name: str, value: float) -> None:
+    FIGURES.setdefault(_label(point), {}).setdefault(impl, {})[name] = value
+
+
+class _Impl:
+    """One index kind: how to build it, feed it the stream, and look up."""
+
+    def __init__(self, name: str, stream: Stream) -> None:
+        self.name = name
+        if name == "dynamo":
+            self.dynamo = pytest.importorskip("dynamo._core", reason="ai-dynamo-runtime")
+            self.events = list(dynamo_stream(stream))
+        else:
+            self.payloads = [(b.engine, vllm_payload(b)) for b in stream.batches]
+
+    def fresh(self) -> Any:
+        return self.dynamo.RadixTree() if self.name == "dynamo" else RouterIndex()
+
+    def apply_all(self, ix: Any) -> None:
+        if self.name == "dynamo":
+            for e, ev in self.events:
+                ix.apply_event(e, ev)
+            ix.find_matches([1])  # answered after every event queued before it
+        else:
+            for e, pl in self.payloads:
+                ix.apply(e, pl)
+
+    def lookup(self, ix: Any) -> Callable[[list[int]], dict[Any, int]]:
+        if self.name == "dynamo":
+            return lambda q: ix.find_matches(q).scores
+        return ix.scores  # type: ignore[no-any-return]
+
+
+@pytest.fixture(params=IMPLS)
+def impl(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def _built(name: str, point: tuple[int, int], tmp: Path) -> tuple[_Impl, Any]:
+    key = (name, *point)
+    if key not in _BUILT:
+        im = _Impl(name, _stream(point, tmp))
+        ix = im.fresh()
+        im.apply_all(ix)
+        _BUILT[key] = (im, ix)
+    return _BUILT[key]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_apply(benchmark: Any, impl: str, point: tuple[int, int], tmp_path: Path) -> None:
+    stream = _stream(point, tmp_path)
+    im = _Impl(impl, stream)
+    benchmark.group = f"router apply: {_label(point)}, {stream.block_ops} block ops"
+    holder: dict[str, Any] = {}
+
+    def setup() -> tuple[tuple[Any], dict[str, Any]]:
+        holder.pop("ix", None)
+        gc.collect()
+        holder["ix"] = im.fresh()
+        return (holder["ix"],), {}
+
+    benchmark.pedantic(im.apply_all, setup=setup, rounds=3, iterations=1)
+    stats = getattr(getattr(benchmark, "stats", None), "stats", None)
+    if stats is not None:
+        _fig(point, impl, "ops/s", stream.block_ops / stats.median)
+    if impl == "pagedkv":
+        s = holder["ix"].stats()
+        assert s.memberships == stream.memberships
+        assert (s.orphans, s.unknown_removals, s.rejected_payloads) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_lookup(benchmark: Any, impl: str, point: tuple[int, int], tmp_path: Path) -> None:
+    im, ix = _built(impl, point, tmp_path)
+    queries = _stream(point, tmp_path).lookups
+    find = im.lookup(ix)
+    benchmark.group = f"router lookup: {_label(point)}, {len(queries)} requests"
+
+    def run() -> None:
+        for q in queries:
+            find(q)
+
+    benchmark.pedantic(run, rounds=3, iterations=1)
+    # Each lookup on its own (the timer's own cost, about 0.1 us, included).
+    lat = []
+    clock = time.perf_counter_ns
+    for _ in range(3):
+        for q in queries:
+            t0 = clock()
+            find(q)
+            lat.append(clock() - t0)
+    lat.sort()
+    _fig(point, impl, "lookup p50 us", lat[len(lat) // 2] / 1000)
+    _fig(point, impl, "lookup p99 us", lat[len(lat) * 99 // 100] / 1000)
+    if impl == "pagedkv":  # the hashes as a numpy array: no per-int conversion
+        import numpy as np
+
+        arrays = [np.array(q, dtype=np.uint64) for q in queries]
+        lat = []
+        for _ in range(3):
+            for a in arrays:
+                t0 = clock()
+                ix.scores(a)
+                lat.append(clock() - t0)
+        lat.sort()
+        _fig(point, impl, "lookup p50 us (ndarray)", lat[len(lat) // 2] / 1000)
+        _fig(point, impl, "lookup p99 us (ndarray)", lat[len(lat) * 99 // 100] / 1000)
+    if impl == "dynamo":  # the same answers, every lookup
+        _, ours = _built("pagedkv", point, tmp_path)
+        for q in queries:
+            got = {w: n for (w, _r), n in find(q).items()}
+            assert got == ours.scores(q)
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_memory(impl: str, point: tuple[int, int], tmp_path: Path) -> None:
+    if impl == "dynamo":
+        pytest.importorskip("dynamo._core", reason="ai-dynamo-runtime")
+    engines, members = point
+    cmd = [sys.executable, str(ROOT / "benches" / "router_memory.py"), "--impl", impl]
+    cmd += ["--engines", str(engines), "--memberships", str(members)]
+    cmd += ["--trace", str(_trace(tmp_path))]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=os.environ).stdout
+    r = json.loads(out.strip().splitlines()[-1])
+    _fig(point, impl, "RSS bytes/membership", r["rss"] / r["memberships"])
+    if r["own"] is not None:
+        _fig(point, impl, "own bytes/membership", r["own"] / r["memberships"])
+        # The index's accounting is within a factor of the resident memory it added.
+        assert 0.5 < r["own"] / r["rss"] < 2.0, r
+
+
+@pytest.mark.parametrize("how", ["python msgspec decode", "rust decode+apply"])
+def test_decode(benchmark: Any, how: str, tmp_path: Path) -> None:
+    """Where a payload is best decoded: msgspec into Python structs (what decoding in Python
+    would cost before any applying) against the whole apply in Rust."""
+    from pagedkv.kv_events import wire
+
+    stream = _stream((64, CI), tmp_path)
+    payloads = [(b.engine, vllm_payload(b)) for b in stream.batches[:5000]]
+    benchmark.group = f"router: decoding {len(payloads)} payloads"
+    if how.startswith("python"):
+        decode = wire.decoder().decode
+        benchmark.pedantic(lambda: [decode(p) for _, p in payloads], rounds=3, iterations=1)
+    else:
+
+        def apply(ix: RouterIndex) -> None:
+            for e, p in payloads:
+                ix.apply(e, p)
+
+        benchmark.pedantic(apply, setup=lambda: ((RouterIndex(),), {}), rounds=3, iterations=1)
+
+
+def _snapshot_payloads(n: int) -> list[bytes]:
+    """`n` cached blocks as pagedkv's publisher sends a snapshot: one BlockStored per block
+    (its parent, 16 token ids), 256 to a batch, through its encoder (integer hashes)."""
+    from pagedkv.events import BlockStored
+    from pagedkv.kv_events import WireEncoder
+
+    enc = WireEncoder()
+    out, batch = [], []
+    parent = None
+    for i in range(n):
+        d = mix64(i).to_bytes(8, "big")  # an 8-byte digest: its integer hash is itself
+        batch.append(BlockStored([d], parent, [7] * 16, 16, None))
+        parent = None if i % 64 == 63 else d  # chains of 64 blocks
+        if len(batch) == 256:
+            out.append(enc.batch(batch, ts=0.0))
+            batch = []
+    if batch:
+        out.append(enc.batch(batch, ts=0.0))
+    return out
+
+
+@pytest.mark.parametrize(
+    "blocks",
+    [
+        pytest.param(1_000_000, id="1M"),
+    ],
+)
+def test_snapshot(benchmark: Any, blocks: int) -> None:
+    """A snapshot of 1 M blocks: encoded as the publisher sends it (Python, msgspec), and
+    applied (staged beside the engine's blocks, then committed)."""
+    t0 = time.perf_counter()
+    payloads = _snapshot_payloads(blocks)
+    encode_s = time.perf_counter() - t0
+    benchmark.group = f"router snapshot: {blocks} blocks"
+
+    def apply(ix: RouterIndex) -> None:
+        ix.begin_snapshot("e")
+        for p in payloads:
+            ix.apply_staged("e", p)
+        ix.commit_snapshot("e")
+
+    benchmark.pedantic(apply, setup=lambda: ((RouterIndex(),), {}), rounds=3, iterations=1)
+    stats = getattr(getattr(benchmark, "stats", None), "stats", None)
+    label = f"snapshot of {blocks / 1e6:g} M blocks"
+    FIGURES.setdefault(label, {}).setdefault("pagedkv", {})["encode s"] = encode_s
+    if stats is not None:
+        FIGURES[label]["pagedkv"]["apply s"] = stats.median
+    ix = RouterIndex()
+    apply(ix)
+    assert ix.stats().memberships == blocks
+
+
+def summary() -> list[str]:
+    """The figures as lines (printed by benches/conftest.py at the end of the session)."""
+    lines = []
+    for label, by_impl in FIGURES.items():
+        lines.append(label)
+        names = sorted({n for f in by_impl.values() for n in f})
+        for name in names:
+            cells = []
+            for impl in IMPLS:
+                v = by_impl.get(impl, {}).get(name)
+                if v is not None:
+                    cells.append(f"{impl} {v:,.3g}" if v < 1000 else f"{impl} {v:,.0f}")
+            ratio = ""
+            p, d = (by_impl.get(i, {}).get(name) for i in IMPLS)
+            if p and d:
+                better = p / d if name == "ops/s" else d / p  # ops/s: higher is better
+                ratio = f"  (pagedkv {better:.2f}x {'better' if better >= 1 else 'worse'})"
+            lines.append(f"  {name:<22} " + "   ".join(cells) + ratio)
+    return lines

@@ -1,0 +1,247 @@
+//! Prefix matches: for a request's block hashes, how many leading blocks each holder holds.
+//!
+//! For each word of 64 holders, the live mask is the set of holders still matching; each
+//! block's bits narrow it; a holder that drops out at block i holds exactly i leading blocks.
+//! The walk stops when no holder of the word is left. It takes no lock but one shard's read
+//! lock per probe (`blocks.rs`); each word is read under its generation (`slots.rs`) and
+//! read again if a holder of it was retired meanwhile, so no answer mixes the bits of two
+//! holders that shared a slot one after the other.
+//!
+//! A lookup that runs while an engine applies a batch may see part of that batch (each bit it
+//! reads is one the engine held at some moment during the lookup).
+
+use crate::engine::EngineKey;
+use crate::index::RouterIndex;
+use crate::key::BlockKey;
+use crate::slots::unpack_meta;
+
+/// How many blocks ahead of the probe a walk prefetches: enough misses in flight to cover a
+/// memory latency at the probe's pace.
+const AHEAD: usize = 8;
+
+/// One holder's answer, with the engine as its handle (`RouterIndex::with_engine_key` names it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RawHit {
+    pub engine: u32,
+    pub medium: u16,
+    pub group: u16,
+    /// Leading blocks of the request the holder holds (at least 1).
+    pub blocks: u32,
+}
+
+/// One holder's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hit {
+    pub engine: EngineKey,
+    /// The medium's id (`RouterIndex::medium_name`).
+    pub medium: u16,
+    pub group: u16,
+    pub blocks: u32,
+}
+
+impl<K: BlockKey> RouterIndex<K> {
+    /// Every holder that holds at least the first of `keys`, with the number of leading
+    /// `keys` it holds; in no particular order. `out` is cleared first (reuse it across calls
+    /// to save the allocation).
+    pub fn match_raw(&self, keys: &[K], out: &mut Vec<RawHit>) {
+        out.clear();
+        if keys.is_empty() {
+            return;
+        }
+        let mut words_hit = 0;
+        for w in 0..self.slots.words() {
+            loop {
+                #[cfg(test)]
+                tests::hook(w, None);
+                let g0 = self.slots.gen(w);
+                let active = self.slots.live(w);
+                if active == 0 {
+                    break;
+                }
+                let start = out.len();
+                let mut alive = active;
+                let mut depth = keys.len();
+                // The hashes of the next AHEAD blocks, their slots prefetched (word 0).
+                let mut ahead = [0u64; AHEAD];
+                for (j, k) in keys.iter().take(AHEAD).enumerate() {
+                    ahead[j] = self.blocks.hash(k);
+                    if w == 0 {
+                        self.blocks.prefetch(ahead[j]);
+                    }
+                }
+                for (i, k) in keys.iter().enumerate() {
+                    #[cfg(test)]
+                    tests::hook(w, Some(i));
+                    let hash = ahead[i % AHEAD];
+                    if let Some(next) = keys.get(i + AHEAD) {
+                        let h = self.blocks.hash(next);
+                        ahead[i % AHEAD] = h;
+                        if w == 0 {
+                            self.blocks.prefetch(h);
+                        }
+                    }
+                    let still = alive & self.blocks.bits(*k, hash, w);
+                    if i > 0 {
+                        push_bits(out, w, alive & !still, i);
+                    }
+                    alive = still;
+                    if alive == 0 {
+                        depth = i;
+                        break;
+                    }
+                }
+                push_bits(out, w, alive, depth);
+                for h in &mut out[start..] {
+                    let (engine, medium, group) = unpack_meta(self.slots.meta(h.engine));
+                    *h = RawHit {
+                        engine,
+                        medium,
+                        group,
+                        blocks: h.blocks,
+                    };
+                }
+                if self.slots.gen(w) == g0 {
+                    words_hit += usize::from(out.len() > start);
+                    break;
+                }
+                out.truncate(start);
+            }
+        }
+        if words_hit > 1 {
+            // A snapshot committed during the lookup can show an engine's old holder in one
+            // word and its new one in another: keep the larger answer of each.
+            out.sort_unstable_by(|a, b| {
+                (a.engine, a.medium, a.group, b.blocks)
+                    .cmp(&(b.engine, b.medium, b.group, a.blocks))
+            });
+            out.dedup_by(|b, a| (a.engine, a.medium, a.group) == (b.engine, b.medium, b.group));
+        }
+    }
+
+    /// `match_raw` with each engine named; holders of engines removed meanwhile are left out.
+    pub fn match_prefix(&self, keys: &[K]) -> Vec<Hit> {
+        let mut raw = Vec::new();
+        self.match_raw(keys, &mut raw);
+        let names = self.names.pin();
+        raw.iter()
+            .filter_map(|h| {
+                names.get(&h.engine).map(|e| Hit {
+                    engine: e.clone(),
+                    medium: h.medium,
+                    group: h.group,
+                    blocks: h.blocks,
+                })
+            })
+            .collect()
+    }
+
+    /// Run `f` on the key of engine handle `engine`, if it is still known (no clone, no lock).
+    pub fn with_engine_key<R>(&self, engine: u32, f: impl FnOnce(&EngineKey) -> R) -> Option<R> {
+        self.names.pin().get(&engine).map(f)
+    }
+}
+
+/// Records the holders of `bits` (in word `w`) as holding `depth` blocks; the slot goes in
+/// `engine` until the caller reads its meta.
+#[inline]
+fn push_bits(out: &mut Vec<RawHit>, w: usize, mut bits: u64, depth: usize) {
+    while bits != 0 {
+        let b = bits.trailing_zeros();
+        bits &= bits - 1;
+        out.push(RawHit {
+            engine: (w as u32) * 64 + b,
+            medium: 0,
+            group: 0,
+            blocks: depth as u32,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Event;
+    use std::cell::RefCell;
+    use std::sync::Arc;
+
+    type Hook = Box<dyn FnMut(usize, Option<usize>)>;
+
+    thread_local! {
+        static HOOK: RefCell<Option<Hook>> = RefCell::new(None);
+    }
+
+    /// Runs the test's hook, if any, before the lookup reads word `w` (`None`) or key `i` of
+    /// it.
+    pub(super) fn hook(w: usize, i: Option<usize>) {
+        let hook = HOOK.with(|h| h.borrow_mut().take());
+        if let Some(mut f) = hook {
+            f(w, i);
+            HOOK.with(|h| *h.borrow_mut() = Some(f));
+        }
+    }
+
+    fn stored(hashes: &[u64]) -> Event<'static, u64> {
+        Event::Stored {
+            hashes: hashes.to_vec(),
+            parent: None,
+            medium: Some("GPU"),
+            group: 0,
+        }
+    }
+
+    /// A lookup is half-way through the chain when the engine it is reading is removed and its
+    /// slot goes to another engine that holds only 3 blocks: the lookup reads the word again
+    /// and answers 3 for the new engine, not the old engine's depth under the new one's name.
+    #[test]
+    fn a_slot_reused_mid_lookup_is_read_again() {
+        let ix = Arc::new(RouterIndex::<u64>::default());
+        let chain: Vec<u64> = (0..20).collect();
+        ix.apply(&EngineKey::Int(0), &[stored(&chain)]).unwrap();
+        ix.apply(&EngineKey::Int(1), &[stored(&chain[..10])])
+            .unwrap();
+        let ix2 = Arc::clone(&ix);
+        HOOK.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move |_, i| {
+                if i == Some(5) && ix2.remove_engine(&EngineKey::Int(1)) {
+                    ix2.apply(&EngineKey::Int(2), &[stored(&chain[..3])])
+                        .unwrap();
+                }
+            }))
+        });
+        let mut hits = ix.match_prefix(&(0..20).collect::<Vec<u64>>());
+        HOOK.with(|h| h.borrow_mut().take());
+        hits.sort_by_key(|h| h.engine.clone());
+        let got: Vec<_> = hits.iter().map(|h| (h.engine.clone(), h.blocks)).collect();
+        assert_eq!(got, vec![(EngineKey::Int(0), 20), (EngineKey::Int(2), 3)]);
+    }
+
+    /// A snapshot committed between two words of a lookup: the engine's old holder was read
+    /// in word 0, its new one in word 1; the lookup answers once for it, the larger count.
+    #[test]
+    fn a_snapshot_committed_between_words_answers_once() {
+        let ix = Arc::new(RouterIndex::<u64>::default());
+        let chain: Vec<u64> = (0..20).collect();
+        let x = EngineKey::from("x");
+        ix.apply(&x, &[stored(&chain[..10])]).unwrap();
+        for e in 0..63 {
+            ix.apply(&EngineKey::Int(e), &[stored(&[99])]).unwrap();
+        }
+        ix.begin_snapshot(&x);
+        ix.apply_staged(&x, &[stored(&chain[..6])]).unwrap();
+        let ix2 = Arc::clone(&ix);
+        let mut done = false;
+        HOOK.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move |w, i| {
+                if w == 1 && i.is_none() && !done {
+                    ix2.commit_snapshot(&EngineKey::from("x")).unwrap();
+                    done = true;
+                }
+            }))
+        });
+        let hits = ix.match_prefix(&chain);
+        HOOK.with(|h| h.borrow_mut().take());
+        let got: Vec<_> = hits.iter().map(|h| (h.engine.clone(), h.blocks)).collect();
+        assert_eq!(got, vec![(x.clone(), 10)]);
+        assert_eq!(ix.match_prefix(&chain)[0].blocks, 6);
+    }
+}
