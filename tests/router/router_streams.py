@@ -97,11 +97,13 @@ def follow(ix: RouterIndex, engine: Any, pub: Publisher) -> Follower:
 
 
 def caught_up(f: Follower, pub: Publisher, timeout: float = 20.0) -> None:
-    """Wait until the follower has applied every batch the publisher sent."""
+    """Wait until the follower has applied every batch the publisher sent, in the
+    publisher's epoch: a restarted publisher numbers from 0 again, and its sequence number
+    can equal the one the follower reached before the restart."""
     pub.flush()
     deadline = time.monotonic() + timeout
-    while f.next_seq != pub.next_seq:
-        assert time.monotonic() < deadline, (f.next_seq, pub.next_seq)
+    while f.next_seq != pub.next_seq or f.epoch != pub.epoch:
+        assert time.monotonic() < deadline, (f.next_seq, pub.next_seq, f.epoch, pub.epoch)
         time.sleep(0.02)
 
 

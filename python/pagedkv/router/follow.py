@@ -132,6 +132,13 @@ class Follower:
     def next_seq(self) -> int | None:
         return None if self._sub is None else self._sub.next_seq
 
+    @property
+    def epoch(self) -> int | None:
+        """The publisher's epoch the follower last took a snapshot in (None before one, and
+        for publishers without epochs): a restarted publisher numbers from 0 again, so the
+        sequence number alone cannot say the follower caught up with it."""
+        return None if self._sub is None else self._sub.epoch
+
     batches = property(lambda self: self._count("batches"))
     gaps = property(lambda self: self._count("gaps"))
     replays = property(lambda self: self._count("replays"))
