@@ -156,12 +156,18 @@ def test_tenant_caps_are_never_exceeded_under_threads(eviction: str) -> None:
     m.set_tenant_quota(b"a", max_cached=6)
     m.set_tenant_quota(b"b", max_cached=10, reserved=4)
 
-    def watch() -> None:
+    def watch(slack: int = 0) -> None:
         for t in m.tenant_stats():
             if t.max_cached is not None:
-                assert t.cached_blocks <= t.max_cached, f"tenant {t.cache_salt!r} over its cap"
+                assert t.cached_blocks <= t.max_cached + slack, (
+                    f"tenant {t.cache_salt!r} over its cap"
+                )
 
-    looks = _storm(m, 300, watch)
+    # While calls run, a tenant's count is read without the policy's lock (tenant_stats
+    # never stalls the hot path; docs: exact when no call runs): a release that cached its
+    # block and has not yet trimmed the tenant back under its cap shows as one over, so at
+    # most one a thread. At quiescence the cap is checked exactly (and by the audit).
+    looks = _storm(m, 300, lambda: watch(slack=THREADS))
     watch()
     assert looks >= MIN_LOOKS, "the watcher must look while the threads run"
     # Quiet now: tenant a alone fills its cache, and stops at its cap.
