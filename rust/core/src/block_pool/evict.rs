@@ -50,23 +50,29 @@ impl BlockPool {
     /// Claim the CACHED block of record `e` (setting its rc to `rc`), remove its index entry
     /// and queue `BlockRemoved` when `removed_event`, all under the digest's stripe.
     pub(super) fn claim_record(&self, e: &Entry, rc: u32, removed_event: bool) -> bool {
-        {
-            let _stripe = lock(&self.stripes[stripe_of(&e.digest)]);
-            if !self.state(e.block).claim_cached(e.generation, rc) {
-                return false;
-            }
-            self.index.remove(&e.digest, e.block);
-            if let (true, Some(log)) = (removed_event, &self.events) {
-                let group = self.group_of(e.block);
-                log.push(KvEvent::BlockRemoved {
-                    block_hash: e.digest.keyed(group),
-                    medium: Medium::Gpu,
-                    group,
-                });
-            }
+        if !self.claim_record_uncounted(e, rc, removed_event) {
+            return false;
         }
         // After the stripe: the count may take the registry's lock (its tenant's last block).
         self.count_cached(e.block, false);
+        true
+    }
+
+    /// `claim_record` whose caller counts the block's tenant itself (`drop_trimmed`).
+    pub(super) fn claim_record_uncounted(&self, e: &Entry, rc: u32, removed_event: bool) -> bool {
+        let _stripe = lock(&self.stripes[stripe_of(&e.digest)]);
+        if !self.state(e.block).claim_cached(e.generation, rc) {
+            return false;
+        }
+        self.index.remove(&e.digest, e.block);
+        if let (true, Some(log)) = (removed_event, &self.events) {
+            let group = self.group_of(e.block);
+            log.push(KvEvent::BlockRemoved {
+                block_hash: e.digest.keyed(group),
+                medium: Medium::Gpu,
+                group,
+            });
+        }
         true
     }
 

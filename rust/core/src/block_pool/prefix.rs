@@ -45,9 +45,13 @@ impl BlockPool {
                     if let (true, Some(policy)) = (unit, policy.as_mut()) {
                         policy.hit(b);
                     }
+                    if revived {
+                        // Under the policy's lock when it took a unit, in the order of the
+                        // releases and trims that count this tenant (`cache_by_tenants`).
+                        self.count_cached(b, false);
+                    }
                     drop(policy.take());
                     if revived {
-                        self.count_cached(b, false);
                         self.cached.fetch_sub(1, Ordering::Relaxed);
                         if !unit {
                             // Relaxed: a tally (see the field).
@@ -229,9 +233,12 @@ impl BlockPool {
                     policy.removed(block);
                 }
             }
+            if outcome == Withdrawal::Freed {
+                // Under the policy's lock, in order with the tenant's other counts.
+                self.count_cached(block, false);
+            }
             drop(policy);
             if outcome == Withdrawal::Freed {
-                self.count_cached(block, false);
                 // Relaxed: tallies (see the fields), moved before the block can be taken
                 // (its taker names its own group). `available` already counts it: CACHED
                 // before, FREE now. A taker holding a unit meanwhile finds it once pushed.

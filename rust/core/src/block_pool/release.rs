@@ -2,6 +2,7 @@
 //! eviction order), and a failed call's hits are given back (`unpin`).
 
 use super::groups::{down, up};
+use super::tenants::TenantDeltas;
 use super::BlockPool;
 use crate::block_state::Released;
 use crate::error::{Error, Result};
@@ -109,7 +110,9 @@ impl BlockPool {
         for (i, &block) in blocks.iter().enumerate().rev() {
             let released = self.state(block).release();
             self.count_released(block, released);
-            if matches!(released, Some(Released::ToCached { .. })) {
+            // A pinned block is counted now (no cap trims it); the others with the trims
+            // their caching brings (`cache_by_tenants`), in one step.
+            if matches!(released, Some(Released::ToCached { pinned: true, .. })) {
                 self.count_cached(block, true);
             }
             match released {
@@ -214,7 +217,6 @@ impl BlockPool {
                 Ok(())
             }
             Some(Released::ToCached { generation, .. }) => {
-                self.count_cached(block, true);
                 // Relaxed: a tally (see the field).
                 self.cached.fetch_add(1, Ordering::Relaxed);
                 if let Some(t) = self.tally_of(block) {
@@ -229,12 +231,15 @@ impl BlockPool {
                 // Blocks a tenant's cap evicted at once: other releases of its tenant may
                 // have come between the hit and this restore (`drop_trimmed`).
                 let mut trims = Ok(Vec::new());
+                // Counted with its trims, in one step (`cache_by_tenants`).
+                let mut deltas = TenantDeltas::default();
+                self.count_cached_later(&mut deltas, block);
                 match (&self.order, policy.as_mut()) {
                     // Only quotas trim; every other policy's `restore_by` is its `restore`.
                     (_, Some(policy)) => {
                         let mut trimmed = Vec::new();
                         policy.restore_by(entry, &mut trimmed);
-                        trims = self.drop_trimmed(&trimmed);
+                        trims = self.drop_trimmed(&trimmed, &mut deltas);
                     }
                     (EvictionOrder::Lru(lru), None) => {
                         let bound = 2 * self.states.len() + 64;
@@ -242,6 +247,7 @@ impl BlockPool {
                     }
                     (EvictionOrder::Locked(_), None) => unreachable!("guard() is Some when locked"),
                 }
+                self.apply_counts(&deltas);
                 drop(policy);
                 // Already counted in `available` (as CACHED): only their place changes.
                 self.free.push_all(&trims?);

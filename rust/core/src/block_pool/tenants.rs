@@ -84,7 +84,10 @@ impl BlockPool {
         };
         let mut trimmed = Vec::new();
         policy.set_quota(tenant, quota, &mut spare, &mut trimmed)?;
-        let freed = self.drop_trimmed(&trimmed)?;
+        let mut deltas = TenantDeltas::default();
+        let freed = self.drop_trimmed(&trimmed, &mut deltas);
+        self.apply_counts(&deltas);
+        let freed = freed?;
         drop(policy);
         drop(spare);
         self.free.push_all(&freed);
@@ -97,16 +100,24 @@ impl BlockPool {
     }
 
     /// Claim the blocks a quota trimmed (under the policy lock): each goes FREE with its
-    /// index entry and a `BlockRemoved`, counted as an eviction. Returns them for the free
-    /// stack; their units stay in `available` (CACHED and FREE both count). A trim is not
-    /// a device duty: the block goes FREE at once, so nobody may copy it out (a copy could
-    /// race its next owner's writes); its KV is dropped.
-    pub(super) fn drop_trimmed(&self, trimmed: &[Entry]) -> Result<Vec<u32>> {
+    /// index entry and a `BlockRemoved`, counted as an eviction and in `deltas` (applied by
+    /// the caller, under the same lock). Returns them for the free stack; their units stay
+    /// in `available` (CACHED and FREE both count). A trim is not a device duty: the block
+    /// goes FREE at once, so nobody may copy it out (a copy could race its next owner's
+    /// writes); its KV is dropped.
+    pub(super) fn drop_trimmed(
+        &self,
+        trimmed: &[Entry],
+        deltas: &mut TenantDeltas,
+    ) -> Result<Vec<u32>> {
         let mut freed = Vec::with_capacity(trimmed.len());
         for e in trimmed {
-            if !self.claim_record(e, 0, true) {
+            // Its tenant before it goes FREE (a next owner rewrites it only after the push).
+            let tenant = self.tenant_of(e.block);
+            if !self.claim_record_uncounted(e, 0, true) {
                 return Err(out_of_step("trimmed", e.block));
             }
+            deltas.add(tenant, -1);
             // Relaxed: tallies (see the fields).
             self.cached.fetch_sub(1, Ordering::Relaxed);
             self.evictions.fetch_add(1, Ordering::Relaxed);
@@ -117,6 +128,20 @@ impl BlockPool {
             freed.push(e.block);
         }
         Ok(freed)
+    }
+
+    /// Count, for its tenant, `block` that just became CACHED in the policy (in `deltas`).
+    pub(super) fn count_cached_later(&self, deltas: &mut TenantDeltas, block: u32) {
+        if self.registry.is_some() {
+            deltas.add(self.tenant_of(block), 1);
+        }
+    }
+
+    /// Apply one locked step's count changes, one per tenant (`TenantDeltas`).
+    pub(super) fn apply_counts(&self, deltas: &TenantDeltas) {
+        if let Some(r) = &self.registry {
+            deltas.for_each(|tenant, d| r.cached_by(tenant, d));
+        }
     }
 
     /// Whether the pool keeps each block's tenant (`tenants=True`).
@@ -132,9 +157,53 @@ impl BlockPool {
         cached: &[Entry],
     ) -> Result<Vec<u32>> {
         let mut trimmed = Vec::new();
+        let mut deltas = TenantDeltas::default();
         for &e in cached {
-            policy.cached_by(e, self.tenant_of(e.block), &mut trimmed);
+            let tenant = self.tenant_of(e.block);
+            deltas.add(tenant, 1);
+            policy.cached_by(e, tenant, &mut trimmed);
         }
-        self.drop_trimmed(&trimmed)
+        // The blocks cached and those trimmed are counted in one step per tenant: a reader
+        // of the counts (`tenant_stats`, without the lock) never sees a tenant over its cap.
+        let freed = self.drop_trimmed(&trimmed, &mut deltas);
+        self.apply_counts(&deltas);
+        freed
+    }
+}
+
+/// How many CACHED blocks each tenant gained or lost in one step under the policy's lock,
+/// netted, so that each tenant's count changes once (`Registry::cached_by`). A step's
+/// blocks are almost always one tenant's (a sequence's blocks are its own tenant's, and a cap
+/// trims its own group), so the first few tenants live inline: nothing allocates under the
+/// lock then.
+#[derive(Default)]
+pub(super) struct TenantDeltas {
+    /// The first `len` entries are (tenant, change), each tenant once.
+    inline: [(u32, isize); 4],
+    len: usize,
+    /// Tenants past the inline ones, each once and in none of `inline`.
+    more: Vec<(u32, isize)>,
+}
+
+impl TenantDeltas {
+    pub(super) fn add(&mut self, tenant: u32, change: isize) {
+        if let Some(slot) = self.inline[..self.len].iter_mut().find(|s| s.0 == tenant) {
+            slot.1 += change;
+        } else if self.len < self.inline.len() {
+            self.inline[self.len] = (tenant, change);
+            self.len += 1;
+        } else if let Some(slot) = self.more.iter_mut().find(|s| s.0 == tenant) {
+            slot.1 += change;
+        } else {
+            self.more.push((tenant, change));
+        }
+    }
+
+    fn for_each(&self, mut f: impl FnMut(u32, isize)) {
+        self.inline[..self.len]
+            .iter()
+            .chain(&self.more)
+            .filter(|s| s.1 != 0)
+            .for_each(|&(t, d)| f(t, d));
     }
 }

@@ -214,12 +214,22 @@ impl Registry {
 
     /// `id`'s CACHED blocks went up or down by one (the pool's transitions).
     pub fn cached(&self, id: u32, up: bool) {
+        self.cached_by(id, if up { 1 } else { -1 });
+    }
+
+    /// `id`'s CACHED blocks changed by `delta` in one step: a call that caches blocks and
+    /// trims its tenant back under its cap counts both at once, under the policy's lock, so
+    /// that a reader never sees the count between the two (over the cap).
+    pub fn cached_by(&self, id: u32, delta: isize) {
         let c = &self.slots.get(id).cached;
         // Relaxed: see `Slot::cached`.
-        if up {
-            c.fetch_add(1, Ordering::Relaxed);
-        } else if c.fetch_sub(1, Ordering::Relaxed) == 1 && id != UNSALTED {
-            self.try_remove(id);
+        if delta > 0 {
+            c.fetch_add(delta.unsigned_abs(), Ordering::Relaxed);
+        } else if delta < 0 {
+            let down = delta.unsigned_abs();
+            if c.fetch_sub(down, Ordering::Relaxed) == down && id != UNSALTED {
+                self.try_remove(id);
+            }
         }
     }
 
