@@ -41,8 +41,8 @@ fi
 
 # The sdist (sha256-pinned) and the fake Hugging Face cache go to the git-ignored
 # .vllm-tests/VERSION/, removed when the lane is done.
-PYTHONPATH="$ROOT/testing" python -m vllm_suite.fetch --version "$VERSION"
-PYTHONPATH="$ROOT/testing" python -m vllm_suite.run --version "$VERSION" \
+PYTHONPATH="$ROOT/testing${PYTHONPATH:+:$PYTHONPATH}" python -m vllm_suite.fetch --version "$VERSION"
+PYTHONPATH="$ROOT/testing${PYTHONPATH:+:$PYTHONPATH}" python -m vllm_suite.run --version "$VERSION" \
     --manager pagedkv.vllm:KVCacheManager \
     --json "$ROOT/.vllm-tests/scheduler-pagedkv-$VERSION.json" --timeout 1800 --gate
 
