@@ -10,7 +10,7 @@
 # extras and .ci/vllm-requirements.txt (as .ci/run installs them). vLLM itself is installed
 # here with --no-deps: VERSION replaces whatever vLLM the environment holds (0.34.0's torch
 # pin is 2.14.0, the one .ci/vllm-requirements.txt holds, so no second torch is installed),
-# plus the few modules that release imports beyond the requirements file. Run the lanes
+# plus the dependency floors that release raised beyond the requirements file. Run the lanes
 # oldest release first: a lane leaves its vLLM installed. Fails, never skips, when vLLM
 # cannot be imported or is not VERSION.
 set -euo pipefail
