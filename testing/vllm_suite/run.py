@@ -1,11 +1,13 @@
 """Run vLLM's scheduler tests with a chosen KV-cache manager and count the outcomes.
 
-    python -m vllm_suite.run [--manager module:Class] [--tests PATH::name ...]
-                             [--json out.json] [--gate]
+    python -m vllm_suite.run [--version 0.34.0] [--manager module:Class]
+                             [--tests PATH::name ...] [--json out.json] [--gate]
 
-Needs `python -m vllm_suite.fetch` first. pytest runs in a subprocess, rooted in the
-extracted vLLM tree with vLLM's own pytest configuration (not this project's), with
-vllm_suite.swap_manager loaded; its full output goes to a log file beside the JSON.
+Needs `python -m vllm_suite.fetch --version ...` first, and that release of vLLM installed
+(checked: the run fails when the installed vLLM is another). pytest runs in a subprocess,
+rooted in the extracted vLLM tree with vLLM's own pytest configuration (not this
+project's), with vllm_suite.swap_manager loaded; its full output goes to a log file beside
+the JSON.
 """
 
 from __future__ import annotations
@@ -21,21 +23,27 @@ from pathlib import Path
 
 from vllm_suite import pins
 from vllm_suite.results import Outcomes, read_junit
-from vllm_suite.swap_manager import ENV_VAR
+from vllm_suite.swap_manager import ENV_VAR, VERSION_ENV_VAR
 
-# CI's gate (--gate): the fewest scheduler tests that must pass. vLLM's own manager passes
-# all 281; pagedkv.vllm.KVCacheManager passes 275 (docs/vllm.md lists the six and why).
+# CI's gate (--gate): the fewest scheduler tests that must pass. vLLM 0.33.0's own manager
+# passes all 281; pagedkv.vllm.KVCacheManager passes 275 (docs/vllm.md lists the six and why).
 MIN_PASSED = 275
+# The gate per pinned release (docs/vllm.md lists, per release, each test that fails and why):
+# vLLM 0.34.0's own manager passes all 303; pagedkv's 297 (the same six as under 0.33.0).
+MIN_PASSED_BY_VERSION = {
+    "0.33.0": MIN_PASSED,
+    "0.34.0": 297,
+}
 
 _SHOWN_PROBLEMS = 20
 
 
-def test_environment(manager: str | None) -> dict[str, str]:
+def test_environment(release: pins.Pin, manager: str | None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         VLLM_TARGET_DEVICE="cpu",  # otherwise vLLM fails to infer a device type
         CUDA_VISIBLE_DEVICES="",
-        HF_HOME=str(pins.HF_HOME),
+        HF_HOME=str(release.hf_home),
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         PYTHONDONTWRITEBYTECODE="1",
@@ -43,6 +51,7 @@ def test_environment(manager: str | None) -> dict[str, str]:
     # vllm_suite (the plugin) must be importable in the subprocess.
     testing = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (testing, env.get("PYTHONPATH")) if p)
+    env[VERSION_ENV_VAR] = release.version  # the plugin refuses another installed vLLM
     env.pop(ENV_VAR, None)
     if manager is not None:
         env[ENV_VAR] = manager
@@ -50,9 +59,8 @@ def test_environment(manager: str | None) -> dict[str, str]:
 
 
 def run_pytest(
-    tests: list[str], env: dict[str, str], junit: Path, log: Path, timeout: float
+    tree: Path, tests: list[str], env: dict[str, str], junit: Path, log: Path, timeout: float
 ) -> int:
-    tree = pins.TREE_DIR
     command = [
         sys.executable, "-m", "pytest",
         "-c", str(tree / "pyproject.toml"), "--rootdir", str(tree),
@@ -72,7 +80,7 @@ def run_pytest(
     return done.returncode
 
 
-def summarize(outcomes: Outcomes, manager: str | None, wall: float) -> None:
+def summarize(version: str, outcomes: Outcomes, manager: str | None, wall: float) -> None:
     for test_id, line in list(outcomes.problems.items())[:_SHOWN_PROBLEMS]:
         print(f"  {test_id.split('::', 1)[-1]}: {line[:140]}")
     if len(outcomes.problems) > _SHOWN_PROBLEMS:
@@ -82,13 +90,17 @@ def summarize(outcomes: Outcomes, manager: str | None, wall: float) -> None:
     # as the project's own test results.
     who = manager or "vLLM's own"
     print(
-        f"vLLM {pins.VLLM_VERSION} scheduler tests with {who}: passed {c['passed']}, "
+        f"vLLM {version} scheduler tests with {who}: passed {c['passed']}, "
         f"failed {c['failed']}, errors {c['error']}, skipped {c['skipped']} ({wall:.0f} s)"
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vllm_suite.run", description=__doc__)
+    parser.add_argument(
+        "--version", default=pins.DEFAULT_VERSION,
+        help=f"the vLLM release, installed and fetched (pinned: {', '.join(pins.SDIST_SHA256)})",
+    )  # fmt: skip
     parser.add_argument("--manager", help="module:Class to build schedulers' KV-cache managers")
     parser.add_argument(
         "--tests", nargs="+", default=[pins.SCHEDULER_TESTS],
@@ -96,18 +108,27 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="write counts and failing tests here")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for pytest")
-    parser.add_argument("--gate", action="store_true", help=f"exit 1 unless >= {MIN_PASSED} pass")
+    parser.add_argument(
+        "--gate", action="store_true",
+        help="exit 1 unless the release's MIN_PASSED_BY_VERSION pass",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    release = pins.pin(args.version)
+    min_passed = MIN_PASSED_BY_VERSION[release.version]
 
-    if not (pins.TREE_DIR / pins.SCHEDULER_TESTS).is_file():
-        parser.error(f"no vLLM tests in {pins.TREE_DIR}: run `python -m vllm_suite.fetch`")
+    if not (release.tree_dir / pins.SCHEDULER_TESTS).is_file():
+        parser.error(
+            f"no vLLM tests in {release.tree_dir}: run "
+            f"`python -m vllm_suite.fetch --version {release.version}`"
+        )
     out_dir = args.json.resolve().parent if args.json else Path(tempfile.mkdtemp())
     out_dir.mkdir(parents=True, exist_ok=True)
     junit, log = out_dir / "vllm-scheduler-junit.xml", out_dir / "vllm-scheduler-pytest.log"
     junit.unlink(missing_ok=True)  # never count an earlier run's report
 
     start = time.monotonic()
-    code = run_pytest(args.tests, test_environment(args.manager), junit, log, args.timeout)
+    env = test_environment(release, args.manager)
+    code = run_pytest(release.tree_dir, args.tests, env, junit, log, args.timeout)
     wall = time.monotonic() - start
     if not junit.exists():
         print(log.read_text()[-3000:], file=sys.stderr)
@@ -115,16 +136,19 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     outcomes = read_junit(junit)
     if args.json:
-        report = {"vllm": pins.VLLM_VERSION, "manager": args.manager, "wall_s": round(wall, 1),
+        report = {"vllm": release.version, "manager": args.manager, "wall_s": round(wall, 1),
                   "pytest_exit": code, **outcomes.to_json()}  # fmt: skip
         args.json.write_text(json.dumps(report, indent=1) + "\n")
-    summarize(outcomes, args.manager, wall)
+    summarize(release.version, outcomes, args.manager, wall)
     print(f"pytest log: {log}")
     if code not in (0, 1):  # 1 = some tests failed; anything else = pytest itself went wrong
         print(f"pytest exited {code}: see the log", file=sys.stderr)
         return 1
-    if args.gate and outcomes.counts["passed"] < MIN_PASSED:
-        print(f"fewer than {MIN_PASSED} passed (vllm_suite.run.MIN_PASSED)", file=sys.stderr)
+    if args.gate and outcomes.counts["passed"] < min_passed:
+        print(
+            f"fewer than {min_passed} passed (vllm_suite.run.MIN_PASSED_BY_VERSION)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

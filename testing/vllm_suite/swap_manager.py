@@ -6,7 +6,11 @@ test runs. `Scheduler.__init__` is vLLM 0.33.0's only construction site of the m
 reads that module-level name; every other import of `KVCacheManager` in vLLM is for typing
 only, and the scheduler tests construct none themselves, so the rebinding reaches every
 scheduler the tests build (AsyncScheduler and the others inherit that `__init__`). The class
-receives the keywords vLLM's manager does. Unset: vLLM's own manager, untouched.
+receives the keywords vLLM's manager does. Unset: vLLM's own manager, untouched. vLLM 0.34.0
+builds its manager the same way.
+
+When PAGEDKV_VLLM_SUITE_VERSION is set (`vllm_suite.run` sets it), the installed vLLM must be
+that release: the tests fetched for one release are never run against another.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import pytest
 
 ENV_VAR = "PAGEDKV_VLLM_MANAGER"
+VERSION_ENV_VAR = "PAGEDKV_VLLM_SUITE_VERSION"
 _SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 _NAME = "KVCacheManager"  # the name Scheduler.__init__ calls
 # The class swapped in, or None for vLLM's own.
@@ -44,7 +49,21 @@ def _swap(spec: str) -> type:
     return cls
 
 
+def check_installed_version(expected: str) -> None:
+    import vllm
+
+    installed = str(vllm.__version__).split("+", 1)[0]  # "+cpu" and the like: same release
+    if installed != expected:
+        raise pytest.UsageError(
+            f"{VERSION_ENV_VAR}={expected} but vLLM {vllm.__version__} is installed: "
+            f"these are vLLM {expected}'s tests"
+        )
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    expected = os.environ.get(VERSION_ENV_VAR)
+    if expected:
+        check_installed_version(expected)
     spec = os.environ.get(ENV_VAR)
     config.stash[_swapped] = _swap(spec) if spec else None
 

@@ -1,4 +1,4 @@
-"""The environment vLLM 0.33 needs on a CPU-only machine without a network, for the tests
+"""The environment vLLM (0.32 to 0.34) needs on a CPU-only machine without a network, for the tests
 and benchmarks that import it: no device inference, an offline hub, and a fake Hugging Face
 cache with the model configs the schedulers are built from (testing/vllm_suite)."""
 
@@ -23,6 +23,15 @@ def prepare() -> None:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if "CUDA_VISIBLE_DEVICES" not in os.environ:
+        import torch
+
+        # vLLM 0.34 refuses an x86 CPU whose Triton has no active driver ("vLLM on x86
+        # CPUs requires Triton (triton-cpu)") unless CUDA_VISIBLE_DEVICES is empty, its
+        # case of a distributed worker; vllm_suite.run sets it so too. Only where torch
+        # sees no CUDA device: GPU tests in the same process keep theirs.
+        if not torch.cuda.is_available():
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.environ["PAGEDKV_VLLM_ENV_READY"] = "1"
 
 

@@ -1,5 +1,5 @@
-"""vLLM 0.33 objects for the `tests/vllm` room: KV-cache configs, requests with vLLM's own
-block hasher, and both managers built the way vLLM's scheduler builds them."""
+"""vLLM objects (0.32 to 0.34) for the `tests/vllm` room: KV-cache configs, requests with
+vLLM's own block hasher, and both managers built the way vLLM's scheduler builds them."""
 
 from __future__ import annotations
 

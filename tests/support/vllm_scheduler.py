@@ -22,11 +22,12 @@ from vllm.v1.kv_cache_interface import (
     KVCacheGroupSpec,
     KVCacheSpec,
 )
-from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.structured_output import StructuredOutputManager
 
 from pagedkv.vllm import AsyncScheduler as PagedAsyncScheduler
 from pagedkv.vllm import Scheduler as PagedScheduler
+from vllm_runner_output import runner_output
 
 SCHEDULERS: dict[str, type[VllmScheduler]] = {"vllm": VllmScheduler, "pagedkv": PagedScheduler}
 ASYNC_SCHEDULERS: dict[str, type[VllmScheduler]] = {
@@ -128,14 +129,7 @@ def run_step(
         spec = out.scheduled_spec_decode_tokens.get(rid, [])
         n = min(accepted.get(rid, 0), len(spec))
         sampled.append([*spec[:n], token])
-    output = ModelRunnerOutput(
-        req_ids=ids,
-        req_id_to_index={r: i for i, r in enumerate(ids)},
-        sampled_token_ids=sampled,
-        logprobs=None,
-        prompt_logprobs_dict={},
-        pooler_output=[],
-    )
+    output = runner_output(ids, sampled)
     return out, scheduler.update_from_output(out, output)
 
 

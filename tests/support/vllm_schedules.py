@@ -104,7 +104,7 @@ def run_async(which: str, program: Program) -> list[tuple[Any, ...]]:
     previous step's output is processed (one step in flight). Prompts must fit one step
     (each scheduled request samples one token). Records, per step, what it scheduled and the
     free blocks after the schedule and after the update."""
-    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm_runner_output import runner_output
 
     bs = program.config.get("block_size", 16)
     scheduler = build_scheduler(which, async_scheduling=True, **program.config)
@@ -129,14 +129,7 @@ def run_async(which: str, program: Program) -> list[tuple[Any, ...]]:
         after_schedule = pool.get_num_free_blocks()
         if pending is not None:
             ids = list(pending.num_scheduled_tokens)
-            output = ModelRunnerOutput(
-                req_ids=ids,
-                req_id_to_index={r: j for j, r in enumerate(ids)},
-                sampled_token_ids=[[7 + i % 5] for _ in ids],
-                logprobs=None,
-                prompt_logprobs_dict={},
-                pooler_output=[],
-            )
+            output = runner_output(ids, [[7 + i % 5] for _ in ids])
             scheduler.update_from_output(pending, output)
         pending = out
         trace.append((i, scheduled, after_schedule, pool.get_num_free_blocks()))

@@ -158,7 +158,11 @@ class Node:
         """Empty vLLM's CPU tier (reset_cache drains the tiers first), so what follows is
         served by the secondary tier."""
         self.call(self.m.reset_cache)
-        self.call(self.m.on_reset_flushed)
+        # vLLM 0.33 and 0.34 hold promotions after a reset until `on_reset_flushed`; 0.32 has
+        # no such hold (nor the method).
+        flushed = getattr(self.m, "on_reset_flushed", None)
+        if flushed is not None:
+            self.call(flushed)
 
     def close(self) -> None:
         self.rows = np.empty((0, 0), dtype=np.uint8)  # let go of the shared mapping

@@ -1,4 +1,4 @@
-"""tests/vllm: pagedkv inside vLLM 0.33 (pagedkv.vllm), with vLLM's own code installed."""
+"""tests/vllm: pagedkv.vllm inside vLLM 0.32, 0.33 or 0.34, with vLLM's own code installed."""
 
 from __future__ import annotations
 

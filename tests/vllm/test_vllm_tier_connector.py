@@ -30,12 +30,13 @@ from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
 from pagedkv.vllm import PagedKVTier
 from redis_fixtures import ServerProcess, running_server, server_binary
+from vllm_runner_output import runner_output
 
 BLOCK = 16
 BLOCKS = 64
@@ -116,14 +117,8 @@ def step(s: Scheduler, on_store: Any = None) -> Any:
     sampled = [
         [7] if s.requests[r].num_computed_tokens >= s.requests[r].num_tokens else [] for r in ids
     ]
-    result = ModelRunnerOutput(
-        req_ids=ids,
-        req_id_to_index={r: i for i, r in enumerate(ids)},
-        sampled_token_ids=sampled,
-        logprobs=None,
-        prompt_logprobs_dict={},
-        pooler_output=[],
-        kv_connector_output=KVConnectorOutput(kv_connector_worker_meta=done),
+    result = runner_output(
+        ids, sampled, kv_connector_output=KVConnectorOutput(kv_connector_worker_meta=done)
     )
     s.update_from_output(out, result)
     return out

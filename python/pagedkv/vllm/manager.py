@@ -1,4 +1,5 @@
-"""`KVCacheManager`: vLLM 0.33's KV-cache manager interface over one pagedkv `BlockManager`.
+"""`KVCacheManager`: vLLM's KV-cache manager interface over one pagedkv `BlockManager`
+(vLLM 0.32 to 0.34; what differs between them is in `compat`).
 
 vLLM's scheduler keeps a request's progress (`num_computed_tokens`) and asks the manager for
 slots; pagedkv keeps a sequence's known and scheduled tokens. Each call maps one onto the
@@ -36,6 +37,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from pagedkv import _core
 from pagedkv.vllm.blocks import PagedKVCacheBlocks, ids_of
+from pagedkv.vllm.compat import RELEASE
 from pagedkv.vllm.events import EventTranslator
 from pagedkv.vllm.layout import Layout
 from pagedkv.vllm.views import BlockPoolView, CoordinatorView
@@ -164,7 +166,7 @@ class KVCacheManager:
         return stats
 
     def prefix_cache_lookup_enabled(self, request: Request) -> bool:
-        return self.enable_caching and not request.skip_reading_prefix_cache
+        return self.enable_caching and RELEASE.lookup_enabled(request)
 
     def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
         if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
@@ -195,21 +197,12 @@ class KVCacheManager:
     ) -> tuple[KVCacheBlocks, int, int]:
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
-        if max_cache_hit_length is None:
-            max_cache_hit_length = request.num_tokens - 1
-        n = request.num_tokens
-        keys = self._keys(request, 0, min(self._num_keys(request), n // self.block_size))
-        hit, ids = self.core.lookup_blocks(
-            range(n), block_hashes=keys, max_hit_tokens=max(max_cache_hit_length, 0)
+        hit, ids, keys = self._longest_hit(
+            request, RELEASE.max_hit_length(request, max_cache_hit_length)
         )
-        if self.use_eagle and hit:
-            # EAGLE drafts from the last block's hidden states: recompute that block.
-            hit -= self.block_size
-            ids = [g[:-1] for g in ids]
         if not hit:
             return self.empty_kv_cache_blocks, 0, 0
         off = self.offset
-        keys = keys[: hit // self.block_size]
         per_group = self._per_group([[b + off for b in g] for g in ids], [])
         blocks = PagedKVCacheBlocks(per_group, lambda: self._views(per_group, keys, 0))
         return blocks, hit, 0
@@ -218,6 +211,30 @@ class KVCacheManager:
         self, request: Request, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int, int, bool]:
         return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+
+    def get_num_cached_tokens(self, request: Request) -> int:
+        """vLLM 0.34's probe (its cache-aware ordering of waiting requests): the request's
+        tokens in the prefix cache, read-only, capped at all but its last token as vLLM's
+        probe is (not by the request's hit limit, which `get_computed_blocks` applies)."""
+        if not self.prefix_cache_lookup_enabled(request):
+            return 0
+        return self._longest_hit(request, request.num_tokens - 1)[0]
+
+    def _longest_hit(
+        self, request: Request, max_hit: int
+    ) -> tuple[int, list[list[int]], list[bytes]]:
+        """The longest hit of at most `max_hit` tokens, read-only: its tokens, pagedkv's
+        block ids per group and its blocks' keys."""
+        n = request.num_tokens
+        keys = self._keys(request, 0, min(self._num_keys(request), n // self.block_size))
+        hit, ids = self.core.lookup_blocks(
+            range(n), block_hashes=keys, max_hit_tokens=max(max_hit, 0)
+        )
+        if self.use_eagle and hit:
+            # EAGLE drafts from the last block's hidden states: recompute that block.
+            hit -= self.block_size
+            ids = [g[:-1] for g in ids]
+        return hit, ids, keys[: hit // self.block_size]
 
     # -- allocation -------------------------------------------------------------------------
     def allocate_slots(

@@ -1,9 +1,13 @@
-"""`SchedulerKVCacheManager`: what vLLM 0.33.0's scheduler calls on its KV-cache manager.
+"""What each supported vLLM release's scheduler calls on its KV-cache manager, pinned.
 
-Read from vLLM 0.33.0's `vllm/v1/core/sched/scheduler.py` and `kv_cache_manager.py`; pinned
-here so that drift is caught: tests/vllm/test_protocol.py compares every method's parameters
-(names, kinds, defaults) with the installed vLLM's `KVCacheManager` and with
-`pagedkv.vllm.KVCacheManager`.
+`SchedulerKVCacheManager` is vLLM 0.33.0's interface, read from its
+`vllm/v1/core/sched/scheduler.py` and `kv_cache_manager.py`; `Interface032` and
+`Interface034` are 0.32.0's and 0.34.0's, written as their differences from it (`REMOVED`:
+methods a release dropped). tests/vllm/test_protocol.py compares every method's parameters
+(names, kinds, defaults) of the installed release's pin with the installed vLLM's
+`KVCacheManager` (equal, or drift) and with `pagedkv.vllm.KVCacheManager` (callable the same
+way), so a release that changes one fails there first. A new release is one more class here
+and an entry in `PINNED`.
 """
 
 from __future__ import annotations
@@ -18,8 +22,6 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.metrics.stats import PrefixCacheStats
     from vllm.v1.request import Request
-
-VLLM_VERSION = "0.33.0"
 
 # Attributes the scheduler (and vLLM's scheduler tests) read on the manager.
 ATTRIBUTES = (
@@ -123,4 +125,60 @@ class SchedulerKVCacheManager(Protocol):
     def new_step_starts(self) -> None: ...
 
 
-__all__ = ["ATTRIBUTES", "VLLM_VERSION", "SchedulerKVCacheManager"]
+class Interface032(SchedulerKVCacheManager, Protocol):
+    """vLLM 0.32.0: no `num_hash_lookahead_tokens`, no `max_cache_hit_length` bound. (An older
+    release's methods take fewer parameters: as types they narrow 0.33.0's, hence the
+    `override` ignores; as pins they are what 0.32.0 declares.)"""
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_in_flight_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        num_prefill_lookahead: int = 0,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: Any | None = None,
+        watermark: float = 0.0,
+        enable_mamba_shared_prefix_checkpoint: bool = False,
+    ) -> None: ...
+    def get_computed_blocks(  # type: ignore[override]
+        self, request: Request
+    ) -> tuple[KVCacheBlocks, int, int]: ...
+    def get_computed_blocks_for_connector(  # type: ignore[override]
+        self, request: Request
+    ) -> tuple[KVCacheBlocks, int, int, bool]: ...
+
+
+class Interface034(SchedulerKVCacheManager, Protocol):
+    """vLLM 0.34.0: `get_num_cached_tokens` added (the cache-aware ordering of waiting
+    requests probes it), `get_num_common_prefix_blocks` removed (`REMOVED`)."""
+
+    def get_num_cached_tokens(self, request: Request) -> int: ...
+
+
+# The pinned interface of each release tested, and the methods it removed from 0.33.0's.
+PINNED: dict[str, type[Any]] = {
+    "0.32.0": Interface032,
+    "0.33.0": SchedulerKVCacheManager,
+    "0.34.0": Interface034,
+}
+REMOVED: dict[str, frozenset[str]] = {
+    "0.34.0": frozenset({"get_num_common_prefix_blocks"}),
+}
+
+
+__all__ = [
+    "ATTRIBUTES",
+    "PINNED",
+    "REMOVED",
+    "Interface032",
+    "Interface034",
+    "SchedulerKVCacheManager",
+]
