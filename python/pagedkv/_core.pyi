@@ -31,6 +31,7 @@ _Keys: TypeAlias = list[bytes] | tuple[bytes, ...]
 
 __all__ = [
     "BlockManager",
+    "EngineRecord",
     "MrcStream",
     "RouterIndex",
     "RunningBatch",
@@ -328,6 +329,60 @@ class RunningBatch:
     def seq_ids(self) -> list[int]:
         """The members' ids in batch order."""
     def __len__(self) -> int: ...
+
+@final
+class EngineRecord:
+    """An engine adapter's record of one request (`pagedkv.vllm`): its sequence, known and
+    scheduled tokens, keys handed over, table entries given out, held registration; and
+    `decode`, the per-step call, which reads the engine's request object itself."""
+
+    def __new__(
+        cls,
+        manager: BlockManager,
+        request: Any,
+        seq_id: int,
+        have: int,
+        scheduled: int,
+        nkeys: int,
+        table_len: int,
+        held: bool,
+        *,
+        unchanged: Any,
+        offset: int,
+        max_len: int,
+        hash_ratio: int,
+    ) -> EngineRecord: ...
+    def decode(self, request: Any, num_new_tokens: int, num_lookahead_tokens: int) -> Any:
+        """A decode step's `allocate_slots`: False (not a decode step for this record), None
+        (does not fit), `unchanged`, or `(first_entry, ids, pairs, keys_from)`."""
+    @property
+    def request(self) -> Any: ...
+    @property
+    def sid(self) -> int: ...
+    @property
+    def cross(self) -> int | None: ...
+    @cross.setter
+    def cross(self, value: int | None) -> None: ...
+    @property
+    def have(self) -> int: ...
+    @have.setter
+    def have(self, value: int) -> None: ...
+    @property
+    def scheduled(self) -> int: ...
+    @scheduled.setter
+    def scheduled(self, value: int) -> None: ...
+    @property
+    def nkeys(self) -> int: ...
+    @nkeys.setter
+    def nkeys(self, value: int) -> None: ...
+    @property
+    def table_len(self) -> int: ...
+    @table_len.setter
+    def table_len(self, value: int) -> None: ...
+    @property
+    def held(self) -> bool: ...
+    @held.setter
+    def held(self, value: bool) -> None: ...
 
 @final
 class MrcStream:

@@ -47,29 +47,10 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class _Seq:
-    """What pagedkv holds for one request, mirrored here so that a step needs one call."""
-
-    __slots__ = ("cross", "have", "held", "nkeys", "request", "scheduled", "sid", "table_len")
-
-    def __init__(
-        self,
-        request: Request,
-        sid: int,
-        have: int,
-        scheduled: int,
-        nkeys: int,
-        table_len: int,
-        held: bool,
-    ) -> None:
-        self.request = request  # the vLLM request (its block hashes key the blocks)
-        self.cross: int | None = None  # the companion sequence of a cross-attention group
-        self.sid = sid  # pagedkv's sequence id
-        self.have = have  # tokens pagedkv knows (num_tokens)
-        self.scheduled = scheduled  # of them scheduled (num_scheduled_tokens)
-        self.nkeys = nkeys  # vLLM block hashes handed over as keys
-        self.table_len = table_len  # entries of each group's block table
-        self.held = held  # registration held (delay_cache_blocks) until cache_blocks
+# What pagedkv holds for one request (its sequence, known and scheduled tokens, keys handed
+# over, table entries given out, held registration), kept in Rust so that a decode step is
+# one call (`EngineRecord.decode`).
+_Seq = _core.EngineRecord
 
 
 class KVCacheManager:
@@ -255,15 +236,19 @@ class KVCacheManager:
         rec = self._seqs.get(request.request_id)
         if (
             rec is not None
-            and num_new_tokens
-            and not (num_new_computed_tokens or num_external_computed_tokens or reserved_blocks)
-            and not (delay_cache_blocks or rec.held)
-            and rec.scheduled == rec.have
-            and request.num_computed_tokens + num_new_tokens >= rec.have
+            and not (
+                num_new_computed_tokens
+                or num_external_computed_tokens
+                or reserved_blocks
+                or delay_cache_blocks
+                or full_sequence_must_fit
+            )
             and (not self.watermark_blocks or request.status == RequestStatus.RUNNING)
-            and not full_sequence_must_fit
         ):
-            return self._decode(request, rec, num_new_tokens, num_lookahead_tokens)
+            # A decode step (the record decides: False when it is not one), in one call.
+            out = rec.decode(request, num_new_tokens, num_lookahead_tokens)
+            if out is not False:
+                return out if out.__class__ is not tuple else self._decoded(rec, *out)
         if (
             num_new_tokens == 0
             and num_external_computed_tokens == 0
@@ -318,20 +303,24 @@ class KVCacheManager:
             rec.held = False
         return self._grown(rec, slots)
 
-    def _decode(
-        self, request: Request, rec: _Seq, num_new_tokens: int, num_lookahead_tokens: int
-    ) -> KVCacheBlocks | None:
-        """`allocate_slots` of a running request whose known tokens are all scheduled and
-        that schedules past them (a decode step, with drafts or placeholders): one `append`,
-        with no watermark, reservation, hold or hit to consider (the per-step path)."""
-        computed = request.num_computed_tokens
-        self._release(request, rec, min(computed, self.max_model_len))
-        target = computed + num_new_tokens
-        need = min(target + num_lookahead_tokens, self.max_model_len)
-        slots = self._append(request, rec, min(target, request.num_tokens), need)
-        if slots is None:
-            return None
-        return self._grown(rec, slots)
+    def _decoded(
+        self,
+        rec: _Seq,
+        first: int | None,
+        ids: list[list[int]] | None,
+        pairs: list[tuple[int, int]],
+        keys_from: int | None,
+    ) -> KVCacheBlocks:
+        """The rest of a decode step that `EngineRecord.decode` hands back (vLLM ids): its
+        copy-on-write pairs, the keys it handed over (for events), the entries it added."""
+        for src, dst in pairs:
+            self._pending_copies.append(KVCacheBlockCopy(src, dst))
+        if keys_from is not None and self.events.enabled:
+            self.events.note_keys(rec.sid, self._keys(rec.request, keys_from, rec.nkeys), keys_from)
+        if first is None or ids is None:
+            return self.empty_kv_cache_blocks
+        per_group = self._per_group(ids, [])
+        return PagedKVCacheBlocks(per_group, lambda: self._request_views(rec, per_group, first))
 
     def _release(self, request: Request, rec: _Seq, computed: int) -> None:
         """Release what the request's window and chunk groups no longer need, where and when
@@ -422,7 +411,20 @@ class KVCacheManager:
                 f"counted {hit} (a hit evicted between get_computed_blocks and allocate_slots)"
             )
         length = _cdiv(need, bs)
-        rec = _Seq(request, sid, n, upto, nkeys, length, delay)
+        rec = _Seq(
+            self.core,
+            request,
+            sid,
+            n,
+            upto,
+            nkeys,
+            length,
+            delay,
+            unchanged=self.empty_kv_cache_blocks,
+            offset=self.offset,
+            max_len=self.max_model_len,
+            hash_ratio=self.layout.hash_ratio,
+        )
         rec.cross = cross
         self._seqs[rid] = rec
         self.events.note_keys(sid, keys, 0)

@@ -14,7 +14,8 @@
 //!   `allocate`, `schedule` (append, extend), `keys` (caller keys, held registration),
 //!   `truncate`, `lifecycle` (fork, free, reset), `swap`, `admission` (lookup, can_allocate),
 //!   `queries`, `batch` (with `lookahead`: the draft slots per sequence of a step's queries),
-//!   `decode` (the one-token step), `running` (persistent running batches), `audit`.
+//!   `decode` (the one-token step), `running` (persistent running batches), `audit`,
+//!   `engine_record` (an engine adapter's per-request counters and its decode step).
 //! - KV-cache groups: `policy` (what each kind of group keeps; the hybrid hit), `grouped`
 //!   (the operations on every layout but one full-attention group).
 //! - Pool-level calls: `pool_calls` (`evict_blocks`, `allocation_cost`, `lookup_blocks`).
@@ -42,6 +43,7 @@ mod decode;
 pub mod duties;
 #[cfg(all(test, not(loom)))]
 mod duties_tests;
+mod engine_record;
 mod error;
 mod event_calls;
 mod event_set;
@@ -90,6 +92,7 @@ pub use admission::PromptLen;
 pub use allocate::AllocateOpts;
 pub use block_state::RC_MAX;
 pub use config::{Config, MAX_BLOCKS};
+pub use engine_record::{DecodeCall, DecodeOut, DecodePlan, EngineRecord, SeqHandle};
 pub use error::{Error, Result};
 pub use events::{EventQueueStats, EventSnapshot, KvEvent, Medium, DEFAULT_EVENT_CAPACITY};
 pub use eviction::{EvictionKind, Retention, DEFAULT_PRIORITY, MAX_PRIORITY};

@@ -302,7 +302,7 @@ impl BlockManager {
     }
 
     /// `append_with` on the locked sequence `id`, its keys reduced.
-    fn append_one(
+    pub(crate) fn append_one(
         &self,
         id: u64,
         seq: &mut Sequence,

@@ -164,7 +164,7 @@ fn int_in<T: TryFrom<i128>>(
     what: Name<'_>,
     lo: i128,
     hi: i128,
-    range: &str,
+    range: impl std::fmt::Display,
 ) -> PyResult<T> {
     let py = obj.py();
     match scalar(obj) {
@@ -185,8 +185,18 @@ fn int_in<T: TryFrom<i128>>(
 
 /// A required int argument in `lo..=hi`.
 pub fn int_arg(obj: &Bound<'_, PyAny>, what: &str, lo: i64, hi: i64) -> PyResult<i64> {
-    let range = format!("[{lo}, {hi}]");
-    int_in(obj, Name(what, None), lo.into(), hi.into(), &range)
+    int_in(obj, Name(what, None), lo.into(), hi.into(), Bounds(lo, hi))
+}
+
+/// An accepted range `[lo, hi]` in messages, formatted only when a message is written (an
+/// eager `format!` cost every int argument an allocation on the per-step calls).
+#[derive(Clone, Copy)]
+struct Bounds(i64, i64);
+
+impl std::fmt::Display for Bounds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "[{}, {}]", self.0, self.1)
+    }
 }
 
 /// An optional int argument in `lo..=hi`; left out, it is `default` (`None` is refused).

@@ -1,6 +1,7 @@
 //! The Python binding of pagedkv-core: `pagedkv._core`.
 
 mod convert;
+mod engine_record;
 mod errors;
 mod evicted;
 mod manager;
@@ -26,6 +27,9 @@ mod _core {
 
     #[pymodule_export]
     use crate::running::PyRunningBatch;
+
+    #[pymodule_export]
+    use crate::engine_record::PyEngineRecord;
 
     #[pymodule_export]
     use crate::mrc::PyMrcStream;

@@ -1,0 +1,323 @@
+//! `pagedkv._core.EngineRecord`: an engine adapter's record of one request (the core's
+//! `EngineRecord`) and its decode step, read straight from the engine's request object so
+//! that a step costs one call. Argument and result conversion only; the plan and the step
+//! are the core's (`engine_record.rs`).
+
+use crate::convert::{batch_tokens, id_arg, int_arg, keys_arg};
+use crate::errors::IntoPy;
+use crate::manager::PyBlockManager;
+use pagedkv_core::{nonblocking, DecodeCall, EngineRecord, Error, SeqHandle};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyList, PySlice, PyTuple};
+use std::sync::{Mutex, MutexGuard};
+
+/// What a request's record holds besides the core's counters.
+struct State {
+    rec: EngineRecord,
+    /// The sequence's cell, resolved on the first step.
+    handle: Option<SeqHandle>,
+    /// The companion sequence of a cross-attention group, if any.
+    cross: Option<u64>,
+}
+
+/// One request of an engine adapter (pagedkv.vllm): its sequence, how far the sequence
+/// has come (`have` known tokens, `scheduled` of them scheduled, `nkeys` keys handed over,
+/// `table_len` table entries given out, `held` registration), and `decode`, the per-step
+/// call. The fields are read and set by the adapter's general paths; `decode` reads and
+/// updates them under the record's lock, together with the sequence.
+#[pyclass(frozen, module = "pagedkv._core", name = "EngineRecord")]
+pub struct PyEngineRecord {
+    mgr: Py<PyBlockManager>,
+    /// The engine's request object (the adapter reads it back for block views).
+    request: Py<PyAny>,
+    /// What `decode` returns when a step added no table entry and nothing else is due.
+    unchanged: Py<PyAny>,
+    /// vLLM ids are the core's plus this (vLLM reserves block 0).
+    offset: u32,
+    max_len: usize,
+    /// Engine hash blocks per block: the key of block `i` is hash `(i + 1) * ratio - 1`.
+    hash_ratio: usize,
+    state: Mutex<State>,
+}
+
+fn count(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    Ok(int_arg(obj, what, 0, i64::MAX)? as usize)
+}
+
+/// One token id, in `[0, 2**32)`.
+fn token(obj: &Bound<'_, PyAny>) -> PyResult<u32> {
+    Ok(int_arg(obj, "token id", 0, i64::from(u32::MAX))? as u32)
+}
+
+fn attr_count(obj: &Bound<'_, PyAny>, name: &Bound<'_, pyo3::types::PyString>) -> PyResult<usize> {
+    let v = obj.getattr(name)?;
+    // The message's name is formatted only when there is a message to write.
+    count(&v, "request attribute").or_else(|_| count(&v, &format!("request.{name}")))
+}
+
+impl PyEngineRecord {
+    /// The record's state, locked. Never waits for the lock while holding the GIL: a holder
+    /// may be waiting for the GIL itself (a core call that detached).
+    fn state(&self, py: Python<'_>) -> MutexGuard<'_, State> {
+        loop {
+            match self.state.try_lock() {
+                Ok(g) => return g,
+                Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    py.detach(|| drop(self.state.lock()));
+                }
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl PyEngineRecord {
+    #[new]
+    #[pyo3(signature = (manager, request, seq_id, have, scheduled, nkeys, table_len, held, *, unchanged, offset, max_len, hash_ratio))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        manager: Py<PyBlockManager>,
+        request: Py<PyAny>,
+        seq_id: &Bound<'_, PyAny>,
+        have: &Bound<'_, PyAny>,
+        scheduled: &Bound<'_, PyAny>,
+        nkeys: &Bound<'_, PyAny>,
+        table_len: &Bound<'_, PyAny>,
+        held: bool,
+        unchanged: Py<PyAny>,
+        offset: &Bound<'_, PyAny>,
+        max_len: &Bound<'_, PyAny>,
+        hash_ratio: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let rec = EngineRecord {
+            seq: id_arg(seq_id, "seq_id")?,
+            known: count(have, "have")?,
+            scheduled: count(scheduled, "scheduled")?,
+            keys: count(nkeys, "nkeys")?,
+            table_len: count(table_len, "table_len")?,
+            held,
+        };
+        Ok(Self {
+            mgr: manager,
+            request,
+            unchanged,
+            offset: int_arg(offset, "offset", 0, 1)? as u32,
+            max_len: count(max_len, "max_len")?,
+            hash_ratio: int_arg(hash_ratio, "hash_ratio", 1, i64::from(u32::MAX))? as usize,
+            state: Mutex::new(State {
+                rec,
+                handle: None,
+                cross: None,
+            }),
+        })
+    }
+
+    /// `allocate_slots` of a decode step: the request's new known tokens appended with the
+    /// keys of its newly full blocks and `num_lookahead_tokens` slots past them, the
+    /// skipping groups' entries released first. Returns False when the call is not a
+    /// decode step for this record (the caller's general path then runs), None when the
+    /// blocks do not fit (nothing changed but the release), `unchanged` when no table
+    /// entry was added and nothing else is due, else `(first_entry, ids, pairs, keys_from)`:
+    /// the new entries' vLLM ids per core group (None if none), the copy-on-write pairs
+    /// (vLLM ids) and the first key handed over (None if none).
+    fn decode<'py>(
+        &self,
+        py: Python<'py>,
+        request: &Bound<'py, PyAny>,
+        num_new_tokens: &Bound<'py, PyAny>,
+        num_lookahead_tokens: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mgr = &self.mgr.get().inner;
+        let computed = attr_count(request, intern!(py, "num_computed_tokens"))?;
+        let new_tokens = count(num_new_tokens, "num_new_tokens")?;
+        let lookahead = count(num_lookahead_tokens, "num_lookahead_tokens")?;
+        // vLLM's token list itself (its `all_token_ids` is a read-only wrapper whose
+        // slicing runs Python); the wrapper where the list is not there.
+        let all = match request.getattr(intern!(py, "_all_token_ids")) {
+            Ok(l) => l,
+            Err(_) => request.getattr(intern!(py, "all_token_ids"))?,
+        };
+        let num_tokens = all.len()?;
+        let caching = mgr.config().enable_prefix_caching;
+        let releases = mgr.releases_entries();
+        let in_flight = if releases {
+            attr_count(request, intern!(py, "num_in_flight_tokens"))?
+        } else {
+            0
+        };
+        let call = DecodeCall {
+            computed,
+            new_tokens,
+            lookahead,
+            num_tokens,
+            // Read below only when the plan wants keys (once a block).
+            num_keys: usize::MAX,
+            max_len: self.max_len,
+            in_flight,
+        };
+        let mut st = self.state(py);
+        let Some(mut plan) = st
+            .rec
+            .plan_decode(&call, mgr.block_size(), caching, releases)
+        else {
+            return Ok(PyBool::new(py, false).to_owned().into_any());
+        };
+        let keys = if plan.keys.is_empty() {
+            None
+        } else {
+            let hashes = request.getattr(intern!(py, "block_hashes"))?;
+            plan.limit_keys(hashes.len()? / self.hash_ratio);
+            let r = self.hash_ratio;
+            let picked = PyList::empty(py);
+            for i in plan.keys.clone() {
+                picked.append(hashes.get_item((i + 1) * r - 1)?)?;
+            }
+            if plan.keys.is_empty() {
+                None
+            } else {
+                keys_arg(Some(picked.as_any()))?
+            }
+        };
+        let tokens = if plan.tokens.is_empty() {
+            Vec::new()
+        } else if let Ok(list) = all.cast::<PyList>() {
+            let mut out = Vec::with_capacity(plan.tokens.len());
+            for i in plan.tokens.clone() {
+                out.push(token(&list.get_item(i)?)?);
+            }
+            out
+        } else {
+            let slice = PySlice::new(py, plan.tokens.start as isize, plan.tokens.end as isize, 1);
+            batch_tokens(&all.get_item(slice)?)?
+        };
+        let State { rec, handle, .. } = &mut *st;
+        let handle = &*match handle.take() {
+            Some(h) => handle.insert(h),
+            None => handle.insert(mgr.seq_handle(rec.seq).py(py)?),
+        };
+        let mut step = || mgr.decode_record(rec, handle, &plan, &tokens, keys.as_deref());
+        let out = match nonblocking(&mut step) {
+            Err(Error::WouldBlock) => py.detach(&mut step),
+            other => other,
+        }
+        .py(py)?;
+        drop(st);
+        let Some(out) = out else {
+            return Ok(py.None().into_bound(py));
+        };
+        if out.grown.is_none() && out.pairs.is_empty() && out.keys_from.is_none() {
+            return Ok(self.unchanged.bind(py).clone());
+        }
+        let off = self.offset;
+        let (first, ids) = match out.grown {
+            Some((first, ids)) => {
+                let ids: Vec<Vec<u32>> = ids
+                    .into_iter()
+                    .map(|g| g.into_iter().map(|b| b + off).collect())
+                    .collect();
+                (Some(first), Some(ids))
+            }
+            None => (None, None),
+        };
+        let pairs: Vec<(u32, u32)> = out
+            .pairs
+            .into_iter()
+            .map(|(s, d)| (s + off, d + off))
+            .collect();
+        Ok(PyTuple::new(
+            py,
+            [
+                first.into_pyobject(py)?.into_any(),
+                ids.into_pyobject(py)?.into_any(),
+                pairs.into_pyobject(py)?.into_any(),
+                out.keys_from.into_pyobject(py)?.into_any(),
+            ],
+        )?
+        .into_any())
+    }
+
+    #[getter]
+    fn request(&self, py: Python<'_>) -> Py<PyAny> {
+        self.request.clone_ref(py)
+    }
+
+    #[getter]
+    fn sid(&self, py: Python<'_>) -> u64 {
+        self.state(py).rec.seq
+    }
+
+    #[getter]
+    fn cross(&self, py: Python<'_>) -> Option<u64> {
+        self.state(py).cross
+    }
+
+    #[setter]
+    fn set_cross(&self, py: Python<'_>, value: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let v = match value {
+            Some(v) if !v.is_none() => Some(id_arg(v, "cross")?),
+            _ => None,
+        };
+        self.state(py).cross = v;
+        Ok(())
+    }
+
+    #[getter]
+    fn have(&self, py: Python<'_>) -> usize {
+        self.state(py).rec.known
+    }
+
+    #[setter]
+    fn set_have(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let v = count(value, "have")?;
+        self.state(py).rec.known = v;
+        Ok(())
+    }
+
+    #[getter]
+    fn scheduled(&self, py: Python<'_>) -> usize {
+        self.state(py).rec.scheduled
+    }
+
+    #[setter]
+    fn set_scheduled(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let v = count(value, "scheduled")?;
+        self.state(py).rec.scheduled = v;
+        Ok(())
+    }
+
+    #[getter]
+    fn nkeys(&self, py: Python<'_>) -> usize {
+        self.state(py).rec.keys
+    }
+
+    #[setter]
+    fn set_nkeys(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let v = count(value, "nkeys")?;
+        self.state(py).rec.keys = v;
+        Ok(())
+    }
+
+    #[getter]
+    fn table_len(&self, py: Python<'_>) -> usize {
+        self.state(py).rec.table_len
+    }
+
+    #[setter]
+    fn set_table_len(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let v = count(value, "table_len")?;
+        self.state(py).rec.table_len = v;
+        Ok(())
+    }
+
+    #[getter]
+    fn held(&self, py: Python<'_>) -> bool {
+        self.state(py).rec.held
+    }
+
+    #[setter]
+    fn set_held(&self, py: Python<'_>, value: bool) {
+        self.state(py).rec.held = value;
+    }
+}
