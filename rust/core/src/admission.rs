@@ -119,6 +119,7 @@ impl BlockManager {
         k: Option<usize>,
     ) -> Result<(usize, Option<AllocStatus>)> {
         q.check()?;
+        q.check_loaded(n, k.unwrap_or(n))?;
         let keys = match q.block_hashes {
             Some(keys) => {
                 let keys = self.reduce_keys(keys)?;
@@ -135,7 +136,7 @@ impl BlockManager {
                 (None, Some(tokens)) => self.prompt_chain(tokens, &extras),
                 (None, None) => (Vec::new(), Vec::new()),
             };
-            return self.grouped_prefix(n, &digests, &tags, cap, k);
+            return self.grouped_prefix(n, &digests, &tags, (cap, q.resume(n)), k);
         }
         let peeks = match (&keys, tokens) {
             (Some(keys), _) => self.cached_prefix(Prompt::Keys(keys), cap)?,
