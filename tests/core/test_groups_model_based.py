@@ -229,7 +229,9 @@ def test_rust_matches_the_reference(config: str, seed: int) -> None:
     # The KV is the oracle: each manager drives its own shadow pool (block 0 is the null
     # block exactly when some group is not full attention).
     null = has_null_block(groups)
-    oracles = [(KVOracle(block_size, n_groups, null_block=null), m) for m in (rust, ref)]
+    oracles = [
+        (KVOracle(block_size, n_groups, null_block=null, groups=groups), m) for m in (rust, ref)
+    ]
     evictions = 0
     for step in range(250):
         name, args, kwargs = _call(rng, n_groups, block_size, ref, num_blocks)
