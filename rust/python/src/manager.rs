@@ -291,7 +291,7 @@ impl PyBlockManager {
     /// from outside the cache (a connector's load), not computed: a group that skips leading
     /// tokens (a state or window group) then needs only the hit blocks it reads past them, so
     /// a state group whose state arrives with the load takes none of the hit and the hit may
-    /// run as deep as the full-attention groups' (docs/groups.md).
+    /// run as deep as the full-attention groups' (docs/semantics.md, "Loaded tokens").
     #[pyo3(
         signature = (seq_id, token_ids, *, num_new_tokens=None, cache_salt=None, lora_id=None,
             lookahead=Given::Absent, evicted=None, block_hashes=None, max_hit_tokens=None,
