@@ -4,12 +4,12 @@ Seeded random call sequences drive both managers, built with the same groups, th
 operation on tiny pools (few blocks, block size 2 or 4, a three-token vocabulary, so that
 hybrid hits, window releases, evictions, copy-on-write, swaps and refusals happen all the
 time), with caller-keyed sequences (`block_hashes=`, keys arriving with `append` and
-`register`), hit caps, held registration, empty appends with lookahead, and steps that leave
-the skipped entries to `release_skipped`. Every return value and exception class, every
-group's table, slot mapping and page table, the stats with their per-group figures and every
-event must be equal, and both managers must pass `check_invariants()` after every call
-(docs/semantics.md, "KV-cache groups"). Table digests differ between the implementations by
-design.
+`register`), hit caps, loaded tokens and each group's own hit, held registration, empty
+appends with lookahead, and steps that leave the skipped entries to `release_skipped`.
+Every return value and exception class, every group's table, slot mapping and page table,
+the stats with their per-group figures and every event must be equal, and both managers
+must pass `check_invariants()` after every call (docs/semantics.md, "KV-cache groups").
+Table digests differ between the implementations by design.
 """
 
 from __future__ import annotations
@@ -120,6 +120,10 @@ def _pool_call(rng: random.Random, num_blocks: int) -> tuple[str, tuple[Any, ...
             kw["lookahead"] = rng.randint(0, 3)
         arg: Any = _tokens(rng) if rng.random() < 0.8 else rng.randint(1, 20)
         return "allocation_cost", (arg,), kw
+    if rng.random() < 0.3:
+        return "lookup_blocks_per_group", (_tokens(rng),), kw
+    if rng.random() < 0.3:
+        kw["loaded_tokens"] = rng.randint(0, 4)
     return "lookup_blocks", (_tokens(rng),), kw
 
 
@@ -143,7 +147,11 @@ def _call(
             kw["lookahead"] = rng.randint(0, 3)
         if rng.random() < 0.1:
             kw["cache_salt"] = "s"
-        return "allocate", (sid, _tokens(rng)), kw
+        toks = _tokens(rng)
+        if rng.random() < 0.3:
+            # KV loaded past the hit (a connector's): now and then more than is scheduled.
+            kw["loaded_tokens"] = rng.randint(0, (kw.get("num_new_tokens") or len(toks)) + 1)
+        return "allocate", (sid, toks), kw
     release = {"release": False} if rng.random() < 0.3 else {}
     if op == 4:
         return "extend", (sid, rng.randint(0, 4)), {"lookahead": rng.randint(0, 2), **release}
