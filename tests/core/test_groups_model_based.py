@@ -102,10 +102,18 @@ def _keyed_call(
     return rng.choice(["lookup", "can_allocate"]), (toks,), kw
 
 
-def _pool_call(rng: random.Random, num_blocks: int) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
-    """`evict_blocks` (mostly real ids, now and then the null block or one past the pool),
+def _pool_call(
+    rng: random.Random, num_blocks: int, ref: Any
+) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    """`evict_blocks` (mostly real ids, now and then the null block or one past the pool, or
+    one group's blocks of a cached prefix, so that the groups' hits diverge),
     `allocation_cost` and `lookup_blocks` (with `max_hit_tokens` now and then)."""
     op = rng.randrange(3)
+    if op == 0 and rng.random() < 0.5:
+        _, tables = ref.lookup_blocks(_tokens(rng, 4, 9))
+        group = [b for b in tables[rng.randrange(len(tables))] if b]
+        if group:
+            return "evict_blocks", (rng.sample(group, rng.randint(1, len(group))),), {}
     if op == 0:
         hi = num_blocks + (1 if rng.random() < 0.1 else 0)
         lo = 0 if rng.random() < 0.1 else 1
@@ -136,7 +144,7 @@ def _call(
         # A caller releasing on its own schedule (steps with release=False).
         return "release_skipped", (sid, rng.randint(0, 12)), {}
     if op >= 21:
-        return _pool_call(rng, num_blocks)
+        return _pool_call(rng, num_blocks, ref)
     if op >= 17:
         return _keyed_call(rng, sid, bs, ref)
     if op < 4:
@@ -148,7 +156,7 @@ def _call(
         if rng.random() < 0.1:
             kw["cache_salt"] = "s"
         toks = _tokens(rng)
-        if rng.random() < 0.3:
+        if rng.random() < 0.5:
             # KV loaded past the hit (a connector's): now and then more than is scheduled.
             kw["loaded_tokens"] = rng.randint(0, (kw.get("num_new_tokens") or len(toks)) + 1)
         return "allocate", (sid, toks), kw
