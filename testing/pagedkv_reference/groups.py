@@ -561,8 +561,11 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         lora: int | None,
         keys: list[bytes] | None = None,
         cap: int | None = None,
+        loaded: int = 0,
     ) -> int:
-        return self._hit(self._prompt(toks, salt, lora, keys, cap)) * self._block_size
+        probe = self._prompt(toks, salt, lora, keys, cap)
+        probe.loaded = loaded
+        return self._hit(probe) * self._block_size
 
     def _status(self, total: int, need: int) -> AllocStatus:
         wm = self._watermark_blocks
@@ -581,6 +584,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         lora: int | None,
         keys: list[bytes] | None = None,
         cap: int | None = None,
+        loaded: int = 0,
     ) -> AllocStatus:
         bs = self._block_size
         ng = len(self._groups)
@@ -588,6 +592,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
             total = ng * _cdiv(k, bs)
             return self._status(total, total)
         probe = self._prompt(n if toks is None else toks, salt, lora, keys, cap)
+        probe.loaded = loaded
         h = self._hit(probe)
         pinned = [b for t in self._hit_tables(probe, h) for b in t if b != self._null]
         width = _cdiv(min(h * bs + k, n), bs)

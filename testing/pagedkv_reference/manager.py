@@ -1544,6 +1544,7 @@ class ReferenceBlockManager:
         lora_id: int | None = None,
         block_hashes: list[bytes] | tuple[bytes, ...] | None = None,
         max_hit_tokens: int | None = None,
+        loaded_tokens: int = 0,
     ) -> int:
         """The prompt tokens `allocate` would serve from the cache now; touches nothing."""
         toks = _tokens(token_ids)
@@ -1552,9 +1553,10 @@ class ReferenceBlockManager:
         keys = _keys(block_hashes)
         cap = _max_hit(max_hit_tokens)
         _no_extras_with_keys(keys, salt, lora)
+        loaded = _loaded(loaded_tokens, len(toks), len(toks))
         if keys is not None:
             _key_count(len(keys), len(toks), self._block_size)
-        return self._hit_tokens(toks, salt, lora, keys, cap)
+        return self._hit_tokens(toks, salt, lora, keys, cap, loaded)
 
     def _hit_tokens(
         self,
@@ -1563,6 +1565,7 @@ class ReferenceBlockManager:
         lora: int | None,
         keys: list[bytes] | None = None,
         cap: int | None = None,
+        loaded: int = 0,
     ) -> int:
         return len(self._probe(toks, salt, lora, keys, cap)) * self._block_size
 
@@ -1643,6 +1646,7 @@ class ReferenceBlockManager:
         block_hashes: Sequence[bytes] | None = None,
         max_hit_tokens: int | None = None,
         lookahead: int = 0,
+        loaded_tokens: int = 0,
     ) -> tuple[int, int, int]:
         """`(hit_tokens, new_blocks, revived_blocks)`: what `allocate` would take now (the
         hit, the blocks from the free pool, the hit's CACHED blocks), over every group."""
@@ -1667,11 +1671,12 @@ class ReferenceBlockManager:
                 "block_hashes= needs the prompt's token ids (a length has no hit)"
             )
         k = _fits_prompt(k, n)
+        loaded = _loaded(loaded_tokens, n, k)
         bs = self._block_size
         if toks is None:  # a length: no hit
             return 0, min(self.num_groups * _cdiv(k + la, bs), _U64 - 1), 0
         keys = self._query_keys(n, salt, lora, keys)
-        h, tables = self._hit_blocks(toks, salt, lora, max_hit, keys)
+        h, tables = self._hit_blocks(toks, salt, lora, max_hit, keys, loaded)
         total = _cdiv(min(h * bs + k, n) + la, bs)
         held = [b for t in tables for b in t if not self._is_null(b)]
         new = min(self.num_groups * (total - h), _U64 - 1)
@@ -1737,6 +1742,7 @@ class ReferenceBlockManager:
         lora_id: int | None = None,
         block_hashes: list[bytes] | tuple[bytes, ...] | None = None,
         max_hit_tokens: int | None = None,
+        loaded_tokens: int = 0,
     ) -> AllocStatus:
         """Would this prompt (a token count, or its token ids: then its cache hit counts;
         with `block_hashes` a count's hit counts too) fit now (OK), later (LATER) or never
@@ -1758,9 +1764,10 @@ class ReferenceBlockManager:
         cap = _max_hit(max_hit_tokens)
         k = _fits_prompt(k, n)
         _no_extras_with_keys(keys, salt, lora)
+        loaded = _loaded(loaded_tokens, n, k)
         if keys is not None:
             _key_count(len(keys), n, self._block_size)
-        return self._alloc_status(toks, n, k, salt, lora, keys, cap)
+        return self._alloc_status(toks, n, k, salt, lora, keys, cap, loaded)
 
     def _alloc_status(
         self,
@@ -1771,6 +1778,7 @@ class ReferenceBlockManager:
         lora: int | None,
         keys: list[bytes] | None = None,
         cap: int | None = None,
+        loaded: int = 0,
     ) -> AllocStatus:
         """`can_allocate` once its checks passed (`toks` None: a count, no hit credited
         unless keys are given)."""

@@ -194,7 +194,16 @@ impl BlockManager {
                             if let Some(keys) = q.block_hashes {
                                 crate::keys::check_key_lengths(keys)?;
                             }
-                            return self.can_allocate_count(count, num_new_tokens);
+                            let status = self.can_allocate_count(count, num_new_tokens)?;
+                            let k = num_new_tokens.unwrap_or(count).min(count);
+                            let l = q.loaded_tokens;
+                            if l as u64 > k {
+                                return Err(invalid(format!(
+                                    "loaded_tokens {l} exceeds the {k} tokens scheduled past \
+                                     the hit (loaded tokens are among them)"
+                                )));
+                            }
+                            return Ok(status);
                         }
                     }
                 }
@@ -202,6 +211,8 @@ impl BlockManager {
             let k = self.check_new_tokens_of(num_new_tokens, n)?;
             if tokens.is_none() && q.block_hashes.is_none() {
                 q.check()?;
+                // A length has no hit, but its loaded tokens are checked as a prompt's are.
+                q.check_loaded(n, k)?;
                 let need = cdiv(k, self.block_size()).saturating_mul(self.kinds.len());
                 return Ok(self.admission_of(need, need));
             }

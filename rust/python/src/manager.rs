@@ -745,6 +745,7 @@ impl PyBlockManager {
         let keys = keys_arg(block_hashes)?;
         let max_hit = max_hit_arg(max_hit_tokens)?;
         let lookahead = lookahead_arg(&lookahead)?;
+        let loaded = loaded_arg(loaded_tokens)?;
         if let Some(n) = count {
             if keys.is_some() {
                 return Err(invalid(
@@ -752,14 +753,26 @@ impl PyBlockManager {
                     "block_hashes= needs the prompt's token ids (a length has no hit)",
                 ));
             }
-            return self.inner.allocation_cost_count(n, new, lookahead).py(py);
+            let cost = self.inner.allocation_cost_count(n, new, lookahead).py(py)?;
+            // A length has no hit, but its loaded tokens are checked as a prompt's are.
+            let k = new.unwrap_or(n).min(n);
+            if loaded as u64 > k {
+                return Err(invalid(
+                    py,
+                    format!(
+                        "loaded_tokens {loaded} exceeds the {k} tokens scheduled past the hit \
+                         (loaded tokens are among them)"
+                    ),
+                ));
+            }
+            return Ok(cost);
         }
         let q = PromptKeys {
             cache_salt: salt.as_deref(),
             lora_id: lora,
             block_hashes: keys.as_deref(),
             max_hit_tokens: max_hit,
-            loaded_tokens: loaded_arg(loaded_tokens)?,
+            loaded_tokens: loaded,
         };
         run(py, toks.len() >= DETACH_MIN_TOKENS, || {
             self.inner.allocation_cost(&toks, new, &q, lookahead)
