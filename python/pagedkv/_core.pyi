@@ -90,6 +90,7 @@ class BlockManager:
         register: bool = True,
         retention: Sequence[_RetentionRange] | None = None,
         decode_retention: tuple[_Int, float | None] | None = None,
+        loaded_tokens: _Int = 0,
     ) -> int | None:
         """Give a new sequence its blocks for the hit plus `num_new_tokens` prompt tokens
         (default all); returns the prefix-hit tokens, or None if full. `evicted` (with
@@ -97,7 +98,9 @@ class BlockManager:
         call evicted, appended before it returns or raises. `block_hashes`: the caller's
         keys of the full blocks (the sequence is keyed by them, not its tokens);
         `max_hit_tokens` caps the hit; `register=False` holds registration until
-        `register`."""
+        `register`; `loaded_tokens`: of the tokens scheduled past the hit, how many have KV
+        loaded from outside (a group that skips leading tokens then needs only the hit
+        blocks it reads past them)."""
     def extend(
         self,
         seq_id: _Int,
@@ -156,6 +159,7 @@ class BlockManager:
         lora_id: _Int | None = None,
         block_hashes: _Keys | None = None,
         max_hit_tokens: _Int | None = None,
+        loaded_tokens: _Int = 0,
     ) -> int:
         """Prompt tokens `allocate` would serve from the cache now; changes nothing."""
     def swap_out(self, seq_id: _Int) -> list[tuple[int, int]] | None:
@@ -173,6 +177,7 @@ class BlockManager:
         lora_id: _Int | None = None,
         block_hashes: _Keys | None = None,
         max_hit_tokens: _Int | None = None,
+        loaded_tokens: _Int = 0,
     ) -> AllocStatus:
         """OK / LATER / NEVER for a prompt (a length, or its token ids: then its cached
         prefix counts), keeping the watermark."""
@@ -193,6 +198,7 @@ class BlockManager:
         block_hashes: Sequence[bytes] | None = None,
         max_hit_tokens: _Int | None = None,
         lookahead: _Int = 0,
+        loaded_tokens: _Int = 0,
     ) -> tuple[int, int, int]:
         """(hit_tokens, new_blocks, revived_blocks) `allocate` would take now; changes
         nothing."""
@@ -204,8 +210,18 @@ class BlockManager:
         lora_id: _Int | None = None,
         block_hashes: Sequence[bytes] | None = None,
         max_hit_tokens: _Int | None = None,
+        loaded_tokens: _Int = 0,
     ) -> tuple[int, list[list[int]]]:
         """(hit_tokens, blocks per group) `allocate` would pin now; changes nothing."""
+    def lookup_blocks_per_group(
+        self,
+        token_ids: _TokenIds,
+        *,
+        block_hashes: Sequence[bytes] | None = None,
+        max_hit_tokens: _Int | None = None,
+    ) -> list[tuple[int, list[int]]]:
+        """Each group's own hit, looked up independently: [(hit_tokens, blocks), ...];
+        changes nothing."""
 
     # -- batch operations -------------------------------------------------------------------
     def append_batch(

@@ -191,6 +191,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
             self._block_size,
             cap,
             lambda g, i: _key(g, seq.digests[i]) in self._index,
+            (seq.loaded, seq.num_tokens),
         )
 
     def _hit_tables(self, seq: _Seq, h: int) -> list[list[int]]:
@@ -198,7 +199,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         skips them at `h * B`, the cached block otherwise."""
         out = []
         for g, group in enumerate(self._groups):
-            a = first_needed(group, h, self._block_size)
+            a = first_needed(group, h, self._block_size, seq.loaded, seq.num_tokens)
             out.append([self._null] * a + [self._index[_key(g, d)] for d in seq.digests[a:h]])
         return out
 
@@ -212,10 +213,31 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         lora: int | None,
         max_hit: int | None,
         keys: list[bytes] | None = None,
+        loaded: int = 0,
     ) -> tuple[int, list[list[int]]]:
         probe = self._prompt(toks, salt, lora, keys, max_hit)
+        probe.loaded = loaded
         h = self._hit(probe)
         return h, self._hit_tables(probe, h)
+
+    def _per_group(
+        self, toks: list[int], max_hit: int | None, keys: list[bytes] | None
+    ) -> list[tuple[int, list[int]]]:
+        """Each group's own hit, resuming right after it, and its first table entries."""
+        probe = self._prompt(toks, None, None, keys, max_hit)
+        bs = self._block_size
+        cap = self._hit_cap(probe) if self._caching else 0
+        out = []
+        for g, group in enumerate(self._groups):
+
+            def cached(_: int, i: int, g: int = g) -> bool:
+                return _key(g, probe.digests[i]) in self._index
+
+            h = hybrid_hit([group], bs, cap, cached)
+            a = first_needed(group, h, bs)
+            table = [self._null] * a + [self._index[_key(g, d)] for d in probe.digests[a:h]]
+            out.append((h * bs, table))
+        return out
 
     # ------------------------------------------------------------ skipped entries, writes
 
@@ -539,8 +561,11 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         lora: int | None,
         keys: list[bytes] | None = None,
         cap: int | None = None,
+        loaded: int = 0,
     ) -> int:
-        return self._hit(self._prompt(toks, salt, lora, keys, cap)) * self._block_size
+        probe = self._prompt(toks, salt, lora, keys, cap)
+        probe.loaded = loaded
+        return self._hit(probe) * self._block_size
 
     def _status(self, total: int, need: int) -> AllocStatus:
         wm = self._watermark_blocks
@@ -559,6 +584,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
         lora: int | None,
         keys: list[bytes] | None = None,
         cap: int | None = None,
+        loaded: int = 0,
     ) -> AllocStatus:
         bs = self._block_size
         ng = len(self._groups)
@@ -566,6 +592,7 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
             total = ng * _cdiv(k, bs)
             return self._status(total, total)
         probe = self._prompt(n if toks is None else toks, salt, lora, keys, cap)
+        probe.loaded = loaded
         h = self._hit(probe)
         pinned = [b for t in self._hit_tables(probe, h) for b in t if b != self._null]
         width = _cdiv(min(h * bs + k, n), bs)

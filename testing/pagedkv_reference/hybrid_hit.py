@@ -16,11 +16,16 @@ from collections.abc import Callable, Sequence
 from pagedkv.groups import KVCacheGroup
 
 
-def first_needed(group: KVCacheGroup, length: int, block_size: int) -> int:
+def first_needed(
+    group: KVCacheGroup, length: int, block_size: int, loaded: int = 0, limit: int | None = None
+) -> int:
     """`a_g(L)`: the first block a hit of `length` blocks needs in this group. The blocks
-    before it are skipped at position `length * block_size`; their entries are the null
-    block."""
-    return group.skipped_tokens(length * block_size) // block_size
+    before it are skipped where the sequence resumes: at `length * block_size`, or past
+    `loaded` tokens whose KV a load brings (at most `limit`, the prompt's length); their
+    entries are the null block."""
+    at = length * block_size
+    position = at + loaded if limit is None else max(at, min(at + loaded, limit))
+    return min(group.skipped_tokens(position) // block_size, length)
 
 
 def _runs(cached: Sequence[bool]) -> list[int]:
@@ -31,17 +36,30 @@ def _runs(cached: Sequence[bool]) -> list[int]:
     return runs
 
 
-def _servable(group: KVCacheGroup, runs: list[int], length: int, block_size: int) -> bool:
+def _servable(
+    group: KVCacheGroup,
+    runs: list[int],
+    length: int,
+    block_size: int,
+    resume: tuple[int, int | None],
+) -> bool:
     """Are blocks `first_needed .. length - 1` all cached? (Always so for length 0, and for
     a length where the group needs no block, such as a chunk boundary.)"""
-    needed = length - first_needed(group, length, block_size)
+    needed = length - first_needed(group, length, block_size, *resume)
     return needed == 0 or runs[length - 1] >= needed
 
 
-def largest_servable(group: KVCacheGroup, runs: list[int], upto: int, block_size: int) -> int:
-    """The largest length `<= upto` this group can serve (0 at worst)."""
+def largest_servable(
+    group: KVCacheGroup,
+    runs: list[int],
+    upto: int,
+    block_size: int,
+    resume: tuple[int, int | None] = (0, None),
+) -> int:
+    """The largest length `<= upto` this group can serve (0 at worst); `resume`: the
+    loaded tokens and the prompt's length (`first_needed`)."""
     for length in range(upto, 0, -1):
-        if _servable(group, runs, length, block_size):
+        if _servable(group, runs, length, block_size, resume):
             return length
     return 0
 
@@ -51,6 +69,7 @@ def hybrid_hit(
     block_size: int,
     cap: int,
     cached: Callable[[int, int], bool],
+    resume: tuple[int, int | None] = (0, None),
 ) -> int:
     """The hit in blocks: the largest `L <= cap` every group can serve, where
     `cached(g, i)` says whether block `i` of the prompt is in the index for group `g`.
@@ -63,7 +82,7 @@ def hybrid_hit(
     while True:
         before = length
         for g, group in enumerate(groups):
-            length = largest_servable(group, runs[g], length, block_size)
+            length = largest_servable(group, runs[g], length, block_size, resume)
         if length == before:
             return length
 

@@ -232,6 +232,18 @@ def _keys(block_hashes: object) -> list[bytes] | None:
     return out
 
 
+def _loaded(loaded_tokens: object, n: int, k: int) -> int:
+    """`loaded_tokens`: an int in `[0, 2**63)`, at most the `k` tokens (of `n`) scheduled
+    past the hit."""
+    loaded = _check_int(loaded_tokens, "loaded_tokens", 0, _I64_MAX + 1)
+    if loaded > min(k, n):
+        raise InvalidArgumentError(
+            f"loaded_tokens {loaded} exceeds the {min(k, n)} tokens scheduled past the hit "
+            "(loaded tokens are among them)"
+        )
+    return loaded
+
+
 def _max_hit(max_hit_tokens: object) -> int | None:
     """`max_hit_tokens`: None (no cap but the prompt's) or an int in `[0, 2**63)`."""
     if max_hit_tokens is None:
@@ -398,6 +410,7 @@ class _Seq:
         "hold",
         "keyed",
         "keys",
+        "loaded",
         "lora_id",
         "max_hit",
         "retention",
@@ -419,6 +432,7 @@ class _Seq:
         self.keys: list[bytes] = []  # the caller's keys (a caller-keyed sequence's)
         self.hold: int | None = None  # held registration: only blocks below `hold` register
         self.max_hit: int | None = None  # `max_hit_tokens` of the allocation in progress
+        self.loaded = 0  # `loaded_tokens` of the allocation in progress
         self.salt = salt
         self.lora_id = lora_id
         self.extras = _extras(salt, lora_id)
@@ -1034,11 +1048,14 @@ class ReferenceBlockManager:
         register: bool = True,
         retention: Sequence[tuple[int, int | None, int, float | None]] | None = None,
         decode_retention: tuple[int, float | None] | None = None,
+        loaded_tokens: int = 0,
     ) -> int | None:
         """Give a new sequence the blocks of its cache hit plus `num_new_tokens` prompt
         tokens (all by default); return the cached prompt tokens. `evicted`: see `_duties`.
         `block_hashes`: the caller's keys (the sequence is keyed by them, not its tokens);
-        `max_hit_tokens` caps the hit; `register=False` holds registration."""
+        `max_hit_tokens` caps the hit; `register=False` holds registration;
+        `loaded_tokens`: of the tokens scheduled past the hit, those a load brings (groups
+        then need only the hit blocks they read past them)."""
         with self._duties(evicted) as out:
             return out(
                 self._allocate(
@@ -1053,6 +1070,7 @@ class ReferenceBlockManager:
                     register,
                     retention,
                     decode_retention,
+                    loaded_tokens,
                 )
             )
 
@@ -1069,6 +1087,7 @@ class ReferenceBlockManager:
         register: object = True,
         retention: object = None,
         decode_retention: object = None,
+        loaded_tokens: object = 0,
     ) -> int | None:
         sid = _seq_id(seq_id)
         toks = _tokens(token_ids)
@@ -1083,12 +1102,14 @@ class ReferenceBlockManager:
         n = len(toks)
         k = _fits_prompt(k, n)
         _no_extras_with_keys(keys, salt, lora)
+        loaded = _loaded(loaded_tokens, n, k)
         self._check_retention_allowed(spec)
         if keys is not None:
             _key_count(len(keys), n, self._block_size)
         if sid in self._seqs:
             raise DuplicateSequenceError(f"sequence id {sid} already exists")
         seq = self._prompt(toks, salt, lora, keys, cap)
+        seq.loaded = loaded
         if spec is not None:
             seq.retention = (spec, n)
         if not reg:
@@ -1523,6 +1544,7 @@ class ReferenceBlockManager:
         lora_id: int | None = None,
         block_hashes: list[bytes] | tuple[bytes, ...] | None = None,
         max_hit_tokens: int | None = None,
+        loaded_tokens: int = 0,
     ) -> int:
         """The prompt tokens `allocate` would serve from the cache now; touches nothing."""
         toks = _tokens(token_ids)
@@ -1531,9 +1553,10 @@ class ReferenceBlockManager:
         keys = _keys(block_hashes)
         cap = _max_hit(max_hit_tokens)
         _no_extras_with_keys(keys, salt, lora)
+        loaded = _loaded(loaded_tokens, len(toks), len(toks))
         if keys is not None:
             _key_count(len(keys), len(toks), self._block_size)
-        return self._hit_tokens(toks, salt, lora, keys, cap)
+        return self._hit_tokens(toks, salt, lora, keys, cap, loaded)
 
     def _hit_tokens(
         self,
@@ -1542,6 +1565,7 @@ class ReferenceBlockManager:
         lora: int | None,
         keys: list[bytes] | None = None,
         cap: int | None = None,
+        loaded: int = 0,
     ) -> int:
         return len(self._probe(toks, salt, lora, keys, cap)) * self._block_size
 
@@ -1595,8 +1619,10 @@ class ReferenceBlockManager:
         lora: int | None,
         max_hit: int | None,
         keys: list[bytes] | None = None,
+        loaded: int = 0,
     ) -> tuple[int, list[list[int]]]:
-        """`h` and each group's first `h` table entries `allocate` would install now."""
+        """`h` and each group's first `h` table entries `allocate` would install now (one
+        full-attention group reads every block: `loaded` changes nothing)."""
         hits = self._probe(toks, salt, lora, keys, max_hit)
         return len(hits), [hits]
 
@@ -1620,6 +1646,7 @@ class ReferenceBlockManager:
         block_hashes: Sequence[bytes] | None = None,
         max_hit_tokens: int | None = None,
         lookahead: int = 0,
+        loaded_tokens: int = 0,
     ) -> tuple[int, int, int]:
         """`(hit_tokens, new_blocks, revived_blocks)`: what `allocate` would take now (the
         hit, the blocks from the free pool, the hit's CACHED blocks), over every group."""
@@ -1644,11 +1671,12 @@ class ReferenceBlockManager:
                 "block_hashes= needs the prompt's token ids (a length has no hit)"
             )
         k = _fits_prompt(k, n)
+        loaded = _loaded(loaded_tokens, n, k)
         bs = self._block_size
         if toks is None:  # a length: no hit
             return 0, min(self.num_groups * _cdiv(k + la, bs), _U64 - 1), 0
         keys = self._query_keys(n, salt, lora, keys)
-        h, tables = self._hit_blocks(toks, salt, lora, max_hit, keys)
+        h, tables = self._hit_blocks(toks, salt, lora, max_hit, keys, loaded)
         total = _cdiv(min(h * bs + k, n) + la, bs)
         held = [b for t in tables for b in t if not self._is_null(b)]
         new = min(self.num_groups * (total - h), _U64 - 1)
@@ -1662,6 +1690,7 @@ class ReferenceBlockManager:
         lora_id: int | None = None,
         block_hashes: Sequence[bytes] | None = None,
         max_hit_tokens: int | None = None,
+        loaded_tokens: int = 0,
     ) -> tuple[int, list[list[int]]]:
         """`(hit_tokens, blocks)`: the hit `allocate` would pin now, `blocks[g]` group `g`'s
         first table entries (the null block where it needs none); touches nothing."""
@@ -1671,8 +1700,30 @@ class ReferenceBlockManager:
         keys = _keys(block_hashes)
         max_hit = _max_hit(max_hit_tokens)
         keys = self._query_keys(len(toks), salt, lora, keys)
-        h, tables = self._hit_blocks(toks, salt, lora, max_hit, keys)
+        loaded = _loaded(loaded_tokens, len(toks), len(toks))
+        h, tables = self._hit_blocks(toks, salt, lora, max_hit, keys, loaded)
         return h * self._block_size, tables
+
+    def lookup_blocks_per_group(
+        self,
+        token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        *,
+        block_hashes: Sequence[bytes] | None = None,
+        max_hit_tokens: int | None = None,
+    ) -> list[tuple[int, list[int]]]:
+        """Each group's own hit (one full-attention group here: the hit) with its first
+        table entries; touches nothing."""
+        toks = _tokens(token_ids)
+        keys = _keys(block_hashes)
+        max_hit = _max_hit(max_hit_tokens)
+        keys = self._query_keys(len(toks), None, None, keys)
+        return self._per_group(toks, max_hit, keys)
+
+    def _per_group(
+        self, toks: list[int], max_hit: int | None, keys: list[bytes] | None
+    ) -> list[tuple[int, list[int]]]:
+        h, tables = self._hit_blocks(toks, None, None, max_hit, keys)
+        return [(h * self._block_size, tables[0])]
 
     def _status(self, total: int, need: int) -> AllocStatus:
         wm = self._watermark_blocks
@@ -1691,6 +1742,7 @@ class ReferenceBlockManager:
         lora_id: int | None = None,
         block_hashes: list[bytes] | tuple[bytes, ...] | None = None,
         max_hit_tokens: int | None = None,
+        loaded_tokens: int = 0,
     ) -> AllocStatus:
         """Would this prompt (a token count, or its token ids: then its cache hit counts;
         with `block_hashes` a count's hit counts too) fit now (OK), later (LATER) or never
@@ -1712,9 +1764,10 @@ class ReferenceBlockManager:
         cap = _max_hit(max_hit_tokens)
         k = _fits_prompt(k, n)
         _no_extras_with_keys(keys, salt, lora)
+        loaded = _loaded(loaded_tokens, n, k)
         if keys is not None:
             _key_count(len(keys), n, self._block_size)
-        return self._alloc_status(toks, n, k, salt, lora, keys, cap)
+        return self._alloc_status(toks, n, k, salt, lora, keys, cap, loaded)
 
     def _alloc_status(
         self,
@@ -1725,6 +1778,7 @@ class ReferenceBlockManager:
         lora: int | None,
         keys: list[bytes] | None = None,
         cap: int | None = None,
+        loaded: int = 0,
     ) -> AllocStatus:
         """`can_allocate` once its checks passed (`toks` None: a count, no hit credited
         unless keys are given)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 
 import pytest
 
@@ -70,8 +71,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     cls = config.stash.get(_swapped, None)
-    where = "vLLM's own" if cls is None else f"{cls.__module__}.{cls.__qualname__}"
-    return f"KV-cache manager: {where}"
+    if cls is None:
+        return "KV-cache manager: vLLM's own"
+    # Where it was imported from: the checkout or wheel the run really tested.
+    path = getattr(sys.modules.get(cls.__module__), "__file__", None)
+    return f"KV-cache manager: {cls.__module__}.{cls.__qualname__} ({path})"
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

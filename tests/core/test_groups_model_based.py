@@ -4,12 +4,12 @@ Seeded random call sequences drive both managers, built with the same groups, th
 operation on tiny pools (few blocks, block size 2 or 4, a three-token vocabulary, so that
 hybrid hits, window releases, evictions, copy-on-write, swaps and refusals happen all the
 time), with caller-keyed sequences (`block_hashes=`, keys arriving with `append` and
-`register`), hit caps, held registration, empty appends with lookahead, and steps that leave
-the skipped entries to `release_skipped`. Every return value and exception class, every
-group's table, slot mapping and page table, the stats with their per-group figures and every
-event must be equal, and both managers must pass `check_invariants()` after every call
-(docs/semantics.md, "KV-cache groups"). Table digests differ between the implementations by
-design.
+`register`), hit caps, loaded tokens and each group's own hit, held registration, empty
+appends with lookahead, and steps that leave the skipped entries to `release_skipped`.
+Every return value and exception class, every group's table, slot mapping and page table,
+the stats with their per-group figures and every event must be equal, and both managers
+must pass `check_invariants()` after every call (docs/semantics.md, "KV-cache groups").
+Table digests differ between the implementations by design.
 """
 
 from __future__ import annotations
@@ -102,10 +102,18 @@ def _keyed_call(
     return rng.choice(["lookup", "can_allocate"]), (toks,), kw
 
 
-def _pool_call(rng: random.Random, num_blocks: int) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
-    """`evict_blocks` (mostly real ids, now and then the null block or one past the pool),
+def _pool_call(
+    rng: random.Random, num_blocks: int, ref: Any
+) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    """`evict_blocks` (mostly real ids, now and then the null block or one past the pool, or
+    one group's blocks of a cached prefix, so that the groups' hits diverge),
     `allocation_cost` and `lookup_blocks` (with `max_hit_tokens` now and then)."""
     op = rng.randrange(3)
+    if op == 0 and rng.random() < 0.5:
+        _, tables = ref.lookup_blocks(_tokens(rng, 4, 9))
+        group = [b for b in tables[rng.randrange(len(tables))] if b]
+        if group:
+            return "evict_blocks", (rng.sample(group, rng.randint(1, len(group))),), {}
     if op == 0:
         hi = num_blocks + (1 if rng.random() < 0.1 else 0)
         lo = 0 if rng.random() < 0.1 else 1
@@ -120,6 +128,10 @@ def _pool_call(rng: random.Random, num_blocks: int) -> tuple[str, tuple[Any, ...
             kw["lookahead"] = rng.randint(0, 3)
         arg: Any = _tokens(rng) if rng.random() < 0.8 else rng.randint(1, 20)
         return "allocation_cost", (arg,), kw
+    if rng.random() < 0.3:
+        return "lookup_blocks_per_group", (_tokens(rng),), kw
+    if rng.random() < 0.3:
+        kw["loaded_tokens"] = rng.randint(0, 4)
     return "lookup_blocks", (_tokens(rng),), kw
 
 
@@ -132,7 +144,7 @@ def _call(
         # A caller releasing on its own schedule (steps with release=False).
         return "release_skipped", (sid, rng.randint(0, 12)), {}
     if op >= 21:
-        return _pool_call(rng, num_blocks)
+        return _pool_call(rng, num_blocks, ref)
     if op >= 17:
         return _keyed_call(rng, sid, bs, ref)
     if op < 4:
@@ -143,7 +155,11 @@ def _call(
             kw["lookahead"] = rng.randint(0, 3)
         if rng.random() < 0.1:
             kw["cache_salt"] = "s"
-        return "allocate", (sid, _tokens(rng)), kw
+        toks = _tokens(rng)
+        if rng.random() < 0.5:
+            # KV loaded past the hit (a connector's): now and then more than is scheduled.
+            kw["loaded_tokens"] = rng.randint(0, (kw.get("num_new_tokens") or len(toks)) + 1)
+        return "allocate", (sid, toks), kw
     release = {"release": False} if rng.random() < 0.3 else {}
     if op == 4:
         return "extend", (sid, rng.randint(0, 4)), {"lookahead": rng.randint(0, 2), **release}
@@ -229,7 +245,9 @@ def test_rust_matches_the_reference(config: str, seed: int) -> None:
     # The KV is the oracle: each manager drives its own shadow pool (block 0 is the null
     # block exactly when some group is not full attention).
     null = has_null_block(groups)
-    oracles = [(KVOracle(block_size, n_groups, null_block=null), m) for m in (rust, ref)]
+    oracles = [
+        (KVOracle(block_size, n_groups, null_block=null, groups=groups), m) for m in (rust, ref)
+    ]
     evictions = 0
     for step in range(250):
         name, args, kwargs = _call(rng, n_groups, block_size, ref, num_blocks)

@@ -142,3 +142,49 @@ def test_a_free_that_forgets_the_computed_tokens_is_caught(impl: Any) -> None:
     d = Driven(Liar(impl(8, 2), "free", twist), 2)
     with pytest.raises(KVContentError, match="uncomputed"):
         _uncomputed_program(d)
+
+
+STATE_HYBRID = [pagedkv.KVCacheGroup("full"), pagedkv.KVCacheGroup("state")]
+
+
+def _divergent_program(d: Driven) -> None:
+    """Seed 4 blocks one per step, evict the states at boundaries 8..16 (blocks holding a
+    state group entry that the cache still has), then take the full-attention hit of 16
+    tokens with 2 tokens loaded past it (the state at 18 arrives with them)."""
+    prompt = list(range(16))
+    replay = [*prompt, 7, 7]
+    d("allocate", 1, prompt, num_new_tokens=4)
+    for _ in range(3):
+        d("extend", 1, 4)
+    d("free", 1)
+    per_group = d.m.lookup_blocks_per_group(replay)
+    states = per_group[1][1]
+    # The state group's own hit reaches 16; keep only block 0's state.
+    for i in (1, 2, 3):
+        _, tables = d.m.lookup_blocks(replay, max_hit_tokens=(i + 1) * 4)
+        d.m.evict_blocks([tables[1][i]])
+    assert states[3] != 0 and d.m.lookup(replay) == 4
+    hit = d("allocate", 2, replay, num_new_tokens=2, max_hit_tokens=16, loaded_tokens=2)
+    assert hit == 16
+
+
+def test_a_hit_deeper_than_a_state_group_with_its_state_loaded_passes() -> None:
+    d = Driven(pagedkv.BlockManager(32, 4, groups=STATE_HYBRID), 4, num_groups=2,
+               null_block=True, groups=STATE_HYBRID)  # fmt: skip
+    _divergent_program(d)
+    assert d.m.block_table(2, group=1)[:4] == [0, 0, 0, 0]
+    assert d.kv.checked > 0
+
+
+def test_a_hit_deeper_than_a_state_group_without_its_state_is_caught() -> None:
+    """As if the manager served the 16-token hit with the loaded tokens left out: the state
+    group has no state at 16 (its entry 3 is null) and the engine would resume from none."""
+
+    def twist(f: Callable[..., Any], sid: int) -> Any:
+        return min(f(sid), 16) if sid == 2 else f(sid)
+
+    m = pagedkv.BlockManager(32, 4, groups=STATE_HYBRID)
+    d = Driven(Liar(m, "num_scheduled_tokens", twist), 4, num_groups=2, null_block=True,
+               groups=STATE_HYBRID)  # fmt: skip
+    with pytest.raises(KVContentError, match=r"group 1 \(state\): entry 3 is the null block"):
+        _divergent_program(d)

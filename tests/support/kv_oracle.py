@@ -17,7 +17,13 @@ the engine's part on a shadow pool, one value per slot:
   a block another sequence shares or the cache still offers, a missing or wrong copy pair,
   a swap that moves the wrong block, all show up as a slot holding someone else's KV;
 - every block a call reports as evicted (`evicted=`, the copy-out to the tiers) must still
-  hold the KV of the digest it is reported under, at the moment of the call.
+  hold the KV of the digest it is reported under, at the moment of the call;
+- given the groups' kinds (`groups=`), every group must hold (not the null block) each entry
+  it reads at the sequence's scheduled position (a state group its last state, a window its
+  window): a hit whose groups diverged (a deeper full-attention hit taken for a state group
+  that lacks its state there) shows up as a needed entry left null. Tokens loaded past the
+  hit (`allocate(loaded_tokens=)`, a connector's load) hold their own KV like computed ones:
+  the load writes them.
 
 It never looks at the manager's private state: only return values, `num_scheduled_tokens`,
 `block_table(group=)`, `block_hashes` and `is_swapped`. `checked` counts the positions and
@@ -111,12 +117,23 @@ class KVOracle:
     """The shadow pool of one manager (see the module docstring).
 
     `null_block`: whether block 0 is the manager's null block (then 0 in a table is a null
-    entry and holds no KV)."""
+    entry and holds no KV). `groups`: the groups' `KVCacheGroup`s, to check that each holds
+    the entries it reads (without them, null entries are only skipped)."""
 
-    def __init__(self, block_size: int, num_groups: int = 1, *, null_block: bool = False) -> None:
+    def __init__(
+        self,
+        block_size: int,
+        num_groups: int = 1,
+        *,
+        null_block: bool = False,
+        groups: Sequence[Any] | None = None,
+    ) -> None:
         self.bs = block_size
         self.groups = num_groups
         self.null_block = null_block
+        self.kinds = list(groups) if groups is not None else None
+        if self.kinds is not None and len(self.kinds) != num_groups:
+            raise ValueError(f"groups: {len(self.kinds)} kinds for {num_groups} groups")
         self.gpu: dict[tuple[int, int], Any] = {}
         self.cpu: dict[tuple[int, int], Any] = {}
         self.seqs: dict[int, _Seq] = {}
@@ -329,6 +346,8 @@ class KVOracle:
         self, m: Any, sid: int, tables: list[list[int]], everyone: dict[int, list[list[int]]]
     ) -> None:
         seq = self.seqs[sid]
+        if self.kinds is not None and self.null_block:
+            self._check_needed(sid, seq.written, tables)
         for g, table in enumerate(tables):
             for p in range(seq.written):
                 b = table[p // self.bs]
@@ -350,6 +369,19 @@ class KVOracle:
             ident = tuple(seq.identity(p) for p in range(i * self.bs, end))
             self.digests[bytes(d)] = (ident, end)
 
+    def _check_needed(self, sid: int, written: int, tables: list[list[int]]) -> None:
+        """Each group holds the entries it reads when the next token is at `written`."""
+        assert self.kinds is not None
+        for g, (kind, table) in enumerate(zip(self.kinds, tables, strict=True)):
+            first = skipped_tokens(kind, written) // self.bs
+            for i in range(first, -(-written // self.bs)):
+                if table[i] == 0:
+                    raise KVContentError(
+                        f"sequence {sid}, group {g} ({kind.kind}): entry {i} is the null "
+                        f"block, but the group reads it at position {written} (tokens "
+                        f"{i * self.bs}..{(i + 1) * self.bs}): its KV or state is missing"
+                    )
+
     def _describe(self, got: Any) -> str:
         if got is None:
             return "nothing (never written)"
@@ -362,6 +394,22 @@ class KVOracle:
             if (got[0], q.identity(p)) == got
         ]
         return f"group {got[0]}'s KV of {owners or 'a prefix no live sequence has'}"
+
+
+def skipped_tokens(group: Any, position: int) -> int:
+    """Leading tokens a group no longer reads when the next token is at `position`
+    (docs/semantics.md, "What each kind keeps"), written out independently of the
+    managers."""
+    kind = group.kind
+    if kind == "full":
+        return 0
+    if kind == "sliding_window":
+        return max(0, position - (group.window - 1))
+    if kind == "chunked_local":
+        return position // group.chunk * group.chunk
+    if kind == "state":
+        return max(0, position - 1)
+    raise ValueError(f"unknown group kind {kind!r}")
 
 
 def _holders(tables: dict[int, list[list[int]]], block: int) -> list[str]:

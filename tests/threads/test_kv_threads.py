@@ -157,7 +157,7 @@ def test_threads_never_see_wrong_kv(layout: str, seed: int) -> None:
     m = pagedkv.BlockManager(
         700, B, num_cpu_blocks=96, record_evictions=True, enable_kv_events=True, **kw
     )
-    kv = KVOracle(B, len(groups), null_block=has_null_block(groups))
+    kv = KVOracle(B, len(groups), null_block=has_null_block(groups), groups=groups)
     rng = random.Random(seed)
     prompts = [[rng.randrange(5) for _ in range(rng.randint(20, 90))] for _ in range(4)]
     workers = [_Thread(m, t, seed, prompts) for t in range(NUM_THREADS)]

@@ -38,9 +38,10 @@ from vllm.v1.request import Request, RequestStatus
 from pagedkv import _core
 from pagedkv.vllm.blocks import PagedKVCacheBlocks, ids_of
 from pagedkv.vllm.compat import RELEASE
+from pagedkv.vllm.divergent import computed_blocks_for_connector
 from pagedkv.vllm.events import EventTranslator
 from pagedkv.vllm.layout import Layout
-from pagedkv.vllm.views import BlockPoolView, CoordinatorView
+from pagedkv.vllm.views import BlockPoolView, coordinator_view
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -131,7 +132,7 @@ class KVCacheManager:
         self.events = EventTranslator(self, enable_kv_cache_events)
         self.block_pool = BlockPoolView(self)
         self._block_objs[0] = self.block_pool.null_block  # vLLM's one null block object
-        self.coordinator = CoordinatorView(self)
+        self.coordinator = coordinator_view(self)
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(layout.num_groups)))
 
     # -- statistics ---------------------------------------------------------------------------
@@ -191,7 +192,8 @@ class KVCacheManager:
     def get_computed_blocks_for_connector(
         self, request: Request, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int, int, bool]:
-        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        # A Mamba hybrid's hit may run deeper than a lagging group's (`divergent`).
+        return computed_blocks_for_connector(self, request, max_cache_hit_length)
 
     def get_num_cached_tokens(self, request: Request) -> int:
         """vLLM 0.34's probe (its cache-aware ordering of waiting requests): the request's
@@ -274,7 +276,7 @@ class KVCacheManager:
         if rec is None:
             return self._allocate_new(
                 request,
-                local,
+                (local, max(min(total_computed, upto) - local, 0)),
                 upto,
                 need,
                 delay_cache_blocks,
@@ -343,7 +345,7 @@ class KVCacheManager:
     def _allocate_new(
         self,
         request: Request,
-        hit: int,
+        hit_and_loaded: tuple[int, int],
         upto: int,
         need: int,
         delay: bool,
@@ -352,7 +354,10 @@ class KVCacheManager:
         num_encoder_tokens: int,
     ) -> KVCacheBlocks | None:
         """A request pagedkv does not hold yet: one `allocate` taking exactly the `hit`
-        tokens the scheduler took from `get_computed_blocks` (it may have capped them).
+        tokens the scheduler took from `get_computed_blocks` (it may have capped them), the
+        `loaded` tokens past it (the connector's) among those scheduled: groups that skip
+        leading tokens hold only the hit blocks they read past them, which lets a
+        full-attention hit deeper than a Mamba group's be taken (`divergent`).
 
         Admission as vLLM's: with `full_sequence_must_fit` (`whole_floor` is then the
         watermark) the whole prompt must fit above the watermark, each sliding window or
@@ -363,17 +368,18 @@ class KVCacheManager:
         bs = self.block_size
         rid = request.request_id
         n = request.num_tokens
+        hit, loaded = hit_and_loaded
         nkeys = min(self._num_keys(request), n // bs) if self.enable_caching else 0
         # Caller-keyed from the start, even with no full block yet (keys arrive later).
         keys = self._keys(request, 0, nkeys) if self.enable_caching else None
         encoder = _cdiv(num_encoder_tokens, bs)
         if whole_floor is not None:
             whole = min(n, self.max_model_len)
-            cost = self._admission_cost(keys, n, hit, whole, self.admission_caps)
+            cost = self._admission_cost(keys, n, (hit, loaded), whole, self.admission_caps)
             if cost + encoder + whole_floor > self.block_pool.get_num_free_blocks():
                 return None
         if floor:
-            cost = self._admission_cost(keys, n, hit, need, None)
+            cost = self._admission_cost(keys, n, (hit, loaded), need, None)
             if cost + encoder + floor > self.block_pool.get_num_free_blocks():
                 return None
         cross = None
@@ -394,6 +400,7 @@ class KVCacheManager:
             max_hit_tokens=hit,
             lookahead=need - upto,
             register=not delay,
+            loaded_tokens=loaded,
         )
         if got is None:
             if cross is not None:
@@ -434,21 +441,24 @@ class KVCacheManager:
         self,
         keys: list[bytes] | None,
         n: int,
-        hit: int,
+        hit_and_loaded: tuple[int, int],
         slots: int,
         caps: list[int | None] | None,
     ) -> int:
         """The blocks a new request of `n` tokens with a `hit` takes for `slots` slots: per
         group its fresh blocks (at most `caps[g]` less the hit, with caps), plus the hit's
         blocks that are cached but unreferenced (vLLM counts both against its free
-        blocks)."""
+        blocks); `loaded` tokens past the hit as `allocate`'s."""
         bs = self.block_size
+        hit, loaded = hit_and_loaded
+        new = max(min(slots, n) - hit, 1)
         got, fresh, revived = self.core.allocation_cost(
             range(n),
-            num_new_tokens=max(min(slots, n) - hit, 1),
+            num_new_tokens=new,
             block_hashes=keys,
             max_hit_tokens=hit,
             lookahead=max(slots - n, 0),
+            loaded_tokens=min(loaded, new),
         )
         if caps is None:
             return int(fresh + revived)

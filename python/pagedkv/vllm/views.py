@@ -11,8 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.core.single_type_kv_cache_manager import CrossAttentionManager
+
+from pagedkv.vllm.divergent import hits_per_group
 
 if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheSpec
@@ -213,3 +216,29 @@ class CoordinatorView:
             if not ids[cross]:
                 need += -(-num_encoder_tokens // bs)
         return need
+
+
+class HybridCoordinatorView(CoordinatorView, HybridKVCacheCoordinator):
+    """The coordinator of a layout of several groups with prefix caching: vLLM builds a
+    `HybridKVCacheCoordinator` there, and its manager and tests check for that type. None
+    of vLLM's coordinator state is built (its `__init__` is not called); only the view's
+    attributes and methods are read."""
+
+    def __init__(self, manager: KVCacheManager) -> None:
+        CoordinatorView.__init__(self, manager)
+
+    def find_longest_cache_hit_per_group(
+        self, block_hashes: Sequence[bytes], max_cache_hit_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], tuple[int, ...]]:
+        """Each group's own longest hit, looked up independently: its blocks and its hit in
+        tokens (they diverge under eviction; the hybrid hit is where all agree)."""
+        m = self._m
+        ids, hits, keys = hits_per_group(m, block_hashes, max_cache_hit_length)
+        return m._views(ids, keys, 0), hits
+
+
+def coordinator_view(manager: KVCacheManager) -> CoordinatorView:
+    """The view of the coordinator vLLM would build for the manager's layout."""
+    if manager.enable_caching and manager.layout.num_groups > 1:
+        return HybridCoordinatorView(manager)
+    return CoordinatorView(manager)

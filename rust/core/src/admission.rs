@@ -119,6 +119,7 @@ impl BlockManager {
         k: Option<usize>,
     ) -> Result<(usize, Option<AllocStatus>)> {
         q.check()?;
+        q.check_loaded(n, k.unwrap_or(n))?;
         let keys = match q.block_hashes {
             Some(keys) => {
                 let keys = self.reduce_keys(keys)?;
@@ -135,7 +136,7 @@ impl BlockManager {
                 (None, Some(tokens)) => self.prompt_chain(tokens, &extras),
                 (None, None) => (Vec::new(), Vec::new()),
             };
-            return self.grouped_prefix(n, &digests, &tags, cap, k);
+            return self.grouped_prefix(n, &digests, &tags, (cap, q.resume(n)), k);
         }
         let peeks = match (&keys, tokens) {
             (Some(keys), _) => self.cached_prefix(Prompt::Keys(keys), cap)?,
@@ -193,7 +194,16 @@ impl BlockManager {
                             if let Some(keys) = q.block_hashes {
                                 crate::keys::check_key_lengths(keys)?;
                             }
-                            return self.can_allocate_count(count, num_new_tokens);
+                            let status = self.can_allocate_count(count, num_new_tokens)?;
+                            let k = num_new_tokens.unwrap_or(count).min(count);
+                            let l = q.loaded_tokens;
+                            if l as u64 > k {
+                                return Err(invalid(format!(
+                                    "loaded_tokens {l} exceeds the {k} tokens scheduled past \
+                                     the hit (loaded tokens are among them)"
+                                )));
+                            }
+                            return Ok(status);
                         }
                     }
                 }
@@ -201,6 +211,8 @@ impl BlockManager {
             let k = self.check_new_tokens_of(num_new_tokens, n)?;
             if tokens.is_none() && q.block_hashes.is_none() {
                 q.check()?;
+                // A length has no hit, but its loaded tokens are checked as a prompt's are.
+                q.check_loaded(n, k)?;
                 let need = cdiv(k, self.block_size()).saturating_mul(self.kinds.len());
                 return Ok(self.admission_of(need, need));
             }

@@ -122,6 +122,7 @@ impl BlockManager {
             let k = check_new_tokens(opts.num_new_tokens, n)?;
             let q = &opts.keys;
             q.check()?;
+            q.check_loaded(n, k)?;
             self.check_retention_allowed(opts.retention)?;
             let lookahead = opts.lookahead;
             let bs = self.block_size();
@@ -165,7 +166,7 @@ impl BlockManager {
                 };
                 if !self.plain() {
                     let Some((tables, hits)) =
-                        self.take_grouped_prompt(&total, max_hits, &digests, &tags)?
+                        self.take_grouped_prompt(&total, max_hits, q.resume(n), &digests, &tags)?
                     else {
                         return Ok(None);
                     };

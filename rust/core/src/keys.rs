@@ -29,9 +29,35 @@ pub struct PromptKeys<'a> {
     pub block_hashes: Option<&'a [Vec<u8>]>,
     /// The hit takes at most `max_hit_tokens / block_size` blocks.
     pub max_hit_tokens: Option<usize>,
+    /// Tokens right after the hit whose KV is loaded from outside the cache (a connector's
+    /// load), not computed: the groups that skip leading tokens (a state group, a window)
+    /// need only the hit blocks they read past them (`Resume`). 0: none.
+    pub loaded_tokens: usize,
 }
 
 impl PromptKeys<'_> {
+    /// Where a prompt of `n` tokens resumes past its hit (`Resume`).
+    pub(crate) fn resume(&self, n: usize) -> crate::policy::Resume {
+        crate::policy::Resume {
+            loaded: self.loaded_tokens,
+            limit: n,
+        }
+    }
+
+    /// The loaded tokens of a prompt of `n` tokens, `k` of them scheduled past the hit: they
+    /// are among the scheduled ones (the KV arrives in their blocks).
+    pub(crate) fn check_loaded(&self, n: usize, k: usize) -> Result<()> {
+        let l = self.loaded_tokens;
+        if l > k.min(n) {
+            return Err(invalid(format!(
+                "loaded_tokens {l} exceeds the {} tokens scheduled past the hit (loaded tokens \
+                 are among them)",
+                k.min(n)
+            )));
+        }
+        Ok(())
+    }
+
     /// The extra keys of a caller-keyed prompt are in its keys: giving both is an error.
     pub(crate) fn check(&self) -> Result<()> {
         if self.block_hashes.is_some() && (self.cache_salt.is_some() || self.lora_id.is_some()) {

@@ -14,7 +14,7 @@ use crate::grouped::NULL;
 use crate::hashing::{encode_extras, Digest, Tag};
 use crate::keys::{check_key_count, PromptKeys};
 use crate::manager::{cdiv, chain_lock, check_tokens, BlockManager};
-use crate::policy::hybrid_hit;
+use crate::policy::{hybrid_hit, Resume};
 use std::collections::HashMap;
 
 /// What `allocate` would take now: `(hit_tokens, new_blocks, revived_blocks)`.
@@ -55,15 +55,17 @@ impl BlockManager {
         })
     }
 
-    /// The hit of a chain of at most `cap` blocks, as read-only looks under the chain's
-    /// prefix lock (so a registration or withdrawal of this prefix is seen whole): `h` and
-    /// what each group's first `h` table entries would be, with the look at each held one.
-    /// `None` entries are the null blocks a group no longer needs at `h`.
+    /// The hit of a chain of at most `cap` blocks for a sequence resuming at `resume`, as
+    /// read-only looks under the chain's prefix lock (so a registration or withdrawal of
+    /// this prefix is seen whole): `h` and what each group's first `h` table entries would
+    /// be, with the look at each held one. `None` entries are the null blocks a group no
+    /// longer needs at `h`.
     fn chain_hit(
         &self,
         digests: &[Digest],
         tags: &[Tag],
         cap: usize,
+        resume: Resume,
     ) -> Result<(usize, Vec<Vec<Option<Peek>>>)> {
         let bs = self.block_size();
         let cap = cap.min(digests.len());
@@ -73,7 +75,7 @@ impl BlockManager {
         // Each (group, block) is looked at once; the hit is decided from those looks only,
         // so the blocks reported are the ones that made it.
         let mut seen: HashMap<(usize, usize), Peek> = HashMap::new();
-        let h = hybrid_hit(&self.kinds, bs, cap, |g, i| {
+        let h = hybrid_hit(&self.kinds, bs, cap, resume, |g, i| {
             let key = digests[i].keyed(g as u8);
             match self.gpu.peek(&key) {
                 Some(p) if self.gpu.index_tag_is(p.block, tags.get(i).copied()) => {
@@ -85,7 +87,7 @@ impl BlockManager {
         });
         let tables = (0..self.num_groups())
             .map(|g| {
-                let lo = self.first_needed(g, h * bs).min(h);
+                let lo = self.first_needed_of_hit(g, h, resume);
                 let held = (lo..h).map(|i| {
                     seen.get(&(g, i)).copied().map(Some).ok_or_else(|| {
                         Error::Broken(format!("hit block {i} of group {g} was never looked at"))
@@ -103,13 +105,13 @@ impl BlockManager {
         &self,
         digests: &[Digest],
         tags: &[Tag],
-        n: usize,
-        k: usize,
-        max_hit_tokens: Option<usize>,
+        (n, k): (usize, usize),
+        q: &PromptKeys<'_>,
         lookahead: usize,
     ) -> Result<Cost> {
         let bs = self.block_size();
-        let (h, tables) = self.chain_hit(digests, tags, self.hit_cap(n, max_hit_tokens))?;
+        let cap = self.hit_cap(n, q.max_hit_tokens);
+        let (h, tables) = self.chain_hit(digests, tags, cap, q.resume(n))?;
         let total = cdiv((h * bs + k).min(n).saturating_add(lookahead), bs);
         let new = (total - h).saturating_mul(self.num_groups());
         let revived = tables
@@ -127,9 +129,10 @@ impl BlockManager {
         digests: &[Digest],
         tags: &[Tag],
         n: usize,
-        max_hit_tokens: Option<usize>,
+        q: &PromptKeys<'_>,
     ) -> Result<(usize, Vec<Vec<u32>>)> {
-        let (h, tables) = self.chain_hit(digests, tags, self.hit_cap(n, max_hit_tokens))?;
+        let cap = self.hit_cap(n, q.max_hit_tokens);
+        let (h, tables) = self.chain_hit(digests, tags, cap, q.resume(n))?;
         let blocks = tables
             .into_iter()
             .map(|t| t.into_iter().map(|p| p.map_or(NULL, |p| p.block)).collect())
@@ -153,14 +156,19 @@ impl BlockManager {
             check_tokens(tokens, "token_ids")?;
             let n = tokens.len();
             let k = self.check_new_tokens_of(num_new_tokens, n)?;
+            q.check_loaded(n, k)?;
             let (digests, tags) = self.query_chain(tokens, q)?;
-            self.chain_cost(&digests, &tags, n, k, q.max_hit_tokens, lookahead)
+            self.chain_cost(&digests, &tags, (n, k), q, lookahead)
         })
     }
 
     /// The chain a query looks up: the caller's keys reduced (`block_hashes`, at most one
     /// per full block), or the prompt's tokens hashed with its extra keys.
-    fn query_chain(&self, tokens: &[u32], q: &PromptKeys<'_>) -> Result<(Vec<Digest>, Vec<Tag>)> {
+    pub(crate) fn query_chain(
+        &self,
+        tokens: &[u32],
+        q: &PromptKeys<'_>,
+    ) -> Result<(Vec<Digest>, Vec<Tag>)> {
         q.check()?;
         match q.block_hashes {
             Some(keys) => {
@@ -209,8 +217,9 @@ impl BlockManager {
     ) -> Result<(usize, Vec<Vec<u32>>)> {
         self.guarded(false, || {
             check_tokens(tokens, "token_ids")?;
+            q.check_loaded(tokens.len(), tokens.len())?;
             let (digests, tags) = self.query_chain(tokens, q)?;
-            self.chain_blocks(&digests, &tags, tokens.len(), q.max_hit_tokens)
+            self.chain_blocks(&digests, &tags, tokens.len(), q)
         })
     }
 }

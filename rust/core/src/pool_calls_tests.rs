@@ -15,6 +15,7 @@ fn q<'a>(
         lora_id,
         block_hashes: None,
         max_hit_tokens,
+        loaded_tokens: 0,
     }
 }
 use crate::hashing::sample_digests;

@@ -656,6 +656,13 @@ pub fn max_hit_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
         .transpose()
 }
 
+/// `loaded_tokens`: None (0) or an int `>= 0`.
+pub fn loaded_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+    obj.filter(|o| !o.is_none()).map_or(Ok(0), |o| {
+        int_arg(o, "loaded_tokens", 0, i64::MAX).map(|v| v as usize)
+    })
+}
+
 /// A batch query's `lookahead` as given: one count for every sequence, or one per sequence.
 pub enum Lookaheads {
     All(usize),

@@ -2,9 +2,9 @@
 //! conversion and result conversion only; every decision is the core's.
 
 use crate::convert::{
-    batch_tokens, block_ids, counts, flag, id_arg, int_arg, is_count, keys_arg, lookaheads,
-    lora_arg, max_hit_arg, maybe_seq_id, opt_int_arg, opt_u64_arg, seq_id, seq_ids, text,
-    token_count, tokens, wrong_type, Given,
+    batch_tokens, block_ids, counts, flag, id_arg, int_arg, is_count, keys_arg, loaded_arg,
+    lookaheads, lora_arg, max_hit_arg, maybe_seq_id, opt_int_arg, opt_u64_arg, seq_id, seq_ids,
+    text, token_count, tokens, wrong_type, Given,
 };
 use crate::errors::{invalid, IntoPy};
 use crate::numpy_api::numpy_api;
@@ -287,13 +287,18 @@ impl PyBlockManager {
     /// `retention` (eviction="priority"): `[(start_token, end_token or None, priority,
     /// duration_s or None), ...]`, TensorRT-LLM's token-range retention; `decode_retention`:
     /// `(priority, duration_s or None)` for the blocks past the prompt (docs/eviction.md).
+    /// `loaded_tokens`: how many of the tokens scheduled right after the hit have KV loaded
+    /// from outside the cache (a connector's load), not computed: a group that skips leading
+    /// tokens (a state or window group) then needs only the hit blocks it reads past them, so
+    /// a state group whose state arrives with the load takes none of the hit and the hit may
+    /// run as deep as the full-attention groups' (docs/semantics.md, "Loaded tokens").
     #[pyo3(
         signature = (seq_id, token_ids, *, num_new_tokens=None, cache_salt=None, lora_id=None,
             lookahead=Given::Absent, evicted=None, block_hashes=None, max_hit_tokens=None,
-            register=Given::Absent, retention=None, decode_retention=None),
+            register=Given::Absent, retention=None, decode_retention=None, loaded_tokens=None),
         text_signature = "($self, seq_id, token_ids, *, num_new_tokens=None, cache_salt=None, \
             lora_id=None, lookahead=0, evicted=None, block_hashes=None, max_hit_tokens=None, \
-            register=True, retention=None, decode_retention=None)"
+            register=True, retention=None, decode_retention=None, loaded_tokens=0)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn allocate(
@@ -311,6 +316,7 @@ impl PyBlockManager {
         register: Given<'_>,
         retention: Option<&Bound<'_, PyAny>>,
         decode_retention: Option<&Bound<'_, PyAny>>,
+        loaded_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<usize>> {
         let evicted = evicted_arg(evicted, self.records())?;
         let id = self::seq_id(seq_id)?;
@@ -331,6 +337,7 @@ impl PyBlockManager {
                 lora_id: lora,
                 block_hashes: keys.as_deref(),
                 max_hit_tokens: cap,
+                loaded_tokens: loaded_arg(loaded_tokens)?,
             },
             num_new_tokens: new,
             lookahead,
@@ -483,10 +490,11 @@ impl PyBlockManager {
     /// `max_hit_tokens`: as `allocate`'s.
     #[pyo3(
         signature = (token_ids, *, cache_salt=None, lora_id=None, block_hashes=None,
-            max_hit_tokens=None),
+            max_hit_tokens=None, loaded_tokens=None),
         text_signature = "($self, token_ids, *, cache_salt=None, lora_id=None, \
-            block_hashes=None, max_hit_tokens=None)"
+            block_hashes=None, max_hit_tokens=None, loaded_tokens=0)"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn lookup(
         &self,
         py: Python<'_>,
@@ -495,6 +503,7 @@ impl PyBlockManager {
         lora_id: Option<&Bound<'_, PyAny>>,
         block_hashes: Option<&Bound<'_, PyAny>>,
         max_hit_tokens: Option<&Bound<'_, PyAny>>,
+        loaded_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let toks = tokens(token_ids)?;
         let salt = salt_arg(cache_salt)?;
@@ -506,6 +515,7 @@ impl PyBlockManager {
             lora_id: lora,
             block_hashes: keys.as_deref(),
             max_hit_tokens: cap,
+            loaded_tokens: loaded_arg(loaded_tokens)?,
         };
         run(py, toks.len() >= DETACH_MIN_TOKENS, || {
             self.inner.lookup_with(&toks, &q)
@@ -626,9 +636,9 @@ impl PyBlockManager {
     /// `allocate`'s. Changes nothing.
     #[pyo3(
         signature = (num_tokens, *, num_new_tokens=None, cache_salt=None, lora_id=None,
-            block_hashes=None, max_hit_tokens=None),
+            block_hashes=None, max_hit_tokens=None, loaded_tokens=None),
         text_signature = "($self, num_tokens, *, num_new_tokens=None, cache_salt=None, \
-            lora_id=None, block_hashes=None, max_hit_tokens=None)"
+            lora_id=None, block_hashes=None, max_hit_tokens=None, loaded_tokens=0)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn can_allocate<'py>(
@@ -640,6 +650,7 @@ impl PyBlockManager {
         lora_id: Option<&Bound<'py, PyAny>>,
         block_hashes: Option<&Bound<'py, PyAny>>,
         max_hit_tokens: Option<&Bound<'py, PyAny>>,
+        loaded_tokens: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         // A count (an int), or the prompt itself (token ids): then its cached prefix counts.
         let (count, toks) = if is_count(num_tokens) {
@@ -657,6 +668,7 @@ impl PyBlockManager {
             lora_id: lora,
             block_hashes: keys.as_deref(),
             max_hit_tokens: cap,
+            loaded_tokens: loaded_arg(loaded_tokens)?,
         };
         let prompt = match &toks {
             Some(t) => PromptLen::Tokens(t),
@@ -701,9 +713,11 @@ impl PyBlockManager {
     /// hit) or the prompt's token ids. Changes nothing.
     #[pyo3(
         signature = (num_tokens_or_token_ids, *, num_new_tokens=None, cache_salt=None,
-            lora_id=None, block_hashes=None, max_hit_tokens=None, lookahead=Given::Absent),
+            lora_id=None, block_hashes=None, max_hit_tokens=None, lookahead=Given::Absent,
+            loaded_tokens=None),
         text_signature = "($self, num_tokens_or_token_ids, *, num_new_tokens=None, \
-            cache_salt=None, lora_id=None, block_hashes=None, max_hit_tokens=None, lookahead=0)"
+            cache_salt=None, lora_id=None, block_hashes=None, max_hit_tokens=None, lookahead=0, \
+            loaded_tokens=0)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn allocation_cost(
@@ -716,6 +730,7 @@ impl PyBlockManager {
         block_hashes: Option<&Bound<'_, PyAny>>,
         max_hit_tokens: Option<&Bound<'_, PyAny>>,
         lookahead: Given<'_>,
+        loaded_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(usize, usize, usize)> {
         let arg = num_tokens_or_token_ids;
         // A count (an int), or the prompt itself (token ids), as for `can_allocate`.
@@ -730,6 +745,7 @@ impl PyBlockManager {
         let keys = keys_arg(block_hashes)?;
         let max_hit = max_hit_arg(max_hit_tokens)?;
         let lookahead = lookahead_arg(&lookahead)?;
+        let loaded = loaded_arg(loaded_tokens)?;
         if let Some(n) = count {
             if keys.is_some() {
                 return Err(invalid(
@@ -737,13 +753,26 @@ impl PyBlockManager {
                     "block_hashes= needs the prompt's token ids (a length has no hit)",
                 ));
             }
-            return self.inner.allocation_cost_count(n, new, lookahead).py(py);
+            let cost = self.inner.allocation_cost_count(n, new, lookahead).py(py)?;
+            // A length has no hit, but its loaded tokens are checked as a prompt's are.
+            let k = new.unwrap_or(n).min(n);
+            if loaded as u64 > k {
+                return Err(invalid(
+                    py,
+                    format!(
+                        "loaded_tokens {loaded} exceeds the {k} tokens scheduled past the hit \
+                         (loaded tokens are among them)"
+                    ),
+                ));
+            }
+            return Ok(cost);
         }
         let q = PromptKeys {
             cache_salt: salt.as_deref(),
             lora_id: lora,
             block_hashes: keys.as_deref(),
             max_hit_tokens: max_hit,
+            loaded_tokens: loaded,
         };
         run(py, toks.len() >= DETACH_MIN_TOKENS, || {
             self.inner.allocation_cost(&toks, new, &q, lookahead)
@@ -752,13 +781,14 @@ impl PyBlockManager {
 
     /// The hit `allocate` would pin now: `(hit_tokens, blocks)`, `blocks[g]` the first
     /// table entries of group `g` (the null block 0 where the group no longer needs one;
-    /// one list without `groups=`). Changes nothing.
+    /// one list without `groups=`). `loaded_tokens`: as `allocate`'s. Changes nothing.
     #[pyo3(
         signature = (token_ids, *, cache_salt=None, lora_id=None, block_hashes=None,
-            max_hit_tokens=None),
+            max_hit_tokens=None, loaded_tokens=None),
         text_signature = "($self, token_ids, *, cache_salt=None, lora_id=None, \
-            block_hashes=None, max_hit_tokens=None)"
+            block_hashes=None, max_hit_tokens=None, loaded_tokens=0)"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn lookup_blocks(
         &self,
         py: Python<'_>,
@@ -767,6 +797,7 @@ impl PyBlockManager {
         lora_id: Option<&Bound<'_, PyAny>>,
         block_hashes: Option<&Bound<'_, PyAny>>,
         max_hit_tokens: Option<&Bound<'_, PyAny>>,
+        loaded_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(usize, Vec<Vec<u32>>)> {
         let toks = tokens(token_ids)?;
         let salt = salt_arg(cache_salt)?;
@@ -776,9 +807,38 @@ impl PyBlockManager {
             lora_id: lora_arg(lora_id)?,
             block_hashes: keys.as_deref(),
             max_hit_tokens: max_hit_arg(max_hit_tokens)?,
+            loaded_tokens: loaded_arg(loaded_tokens)?,
         };
         run(py, toks.len() >= DETACH_MIN_TOKENS, || {
             self.inner.lookup_blocks(&toks, &q)
+        })
+    }
+
+    /// Each group's own hit, looked up independently (vLLM's per-group hits, which diverge
+    /// under eviction): `[(hit_tokens, blocks), ...]`, one per group (one without
+    /// `groups=`), `blocks` that group's first table entries for its hit (the null block 0
+    /// where it needs none). Each hit is at most the one `allocate` may take (one token is
+    /// computed; `max_hit_tokens`). Changes nothing.
+    #[pyo3(
+        signature = (token_ids, *, block_hashes=None, max_hit_tokens=None),
+        text_signature = "($self, token_ids, *, block_hashes=None, max_hit_tokens=None)"
+    )]
+    fn lookup_blocks_per_group(
+        &self,
+        py: Python<'_>,
+        token_ids: &Bound<'_, PyAny>,
+        block_hashes: Option<&Bound<'_, PyAny>>,
+        max_hit_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<(usize, Vec<u32>)>> {
+        let toks = tokens(token_ids)?;
+        let keys = keys_arg(block_hashes)?;
+        let q = PromptKeys {
+            block_hashes: keys.as_deref(),
+            max_hit_tokens: max_hit_arg(max_hit_tokens)?,
+            ..PromptKeys::default()
+        };
+        run(py, toks.len() >= DETACH_MIN_TOKENS, || {
+            self.inner.lookup_blocks_per_group(&toks, &q)
         })
     }
 

@@ -6,7 +6,7 @@ use crate::counters;
 use crate::error::Result;
 use crate::hashing::{Digest, Tag};
 use crate::manager::{cdiv, BlockManager};
-use crate::policy::hybrid_hit;
+use crate::policy::{hybrid_hit, Resume};
 
 use super::NULL;
 
@@ -19,20 +19,22 @@ impl BlockManager {
             .is_some_and(|p| self.gpu.index_tag_is(p.block, tags.get(i).copied()))
     }
 
-    /// The hybrid hit of a chain in blocks (at most `cap`), from read-only looks; `absent`
-    /// entries count as missing (pins that lost a race).
+    /// The hybrid hit of a chain in blocks (at most `cap`) for a sequence resuming at
+    /// `resume`, from read-only looks; `absent` entries count as missing (pins that lost a
+    /// race).
     pub(crate) fn hybrid_hit_of(
         &self,
         digests: &[Digest],
         tags: &[Tag],
         cap: usize,
+        resume: Resume,
         absent: &[(usize, usize)],
     ) -> usize {
         if !self.config.enable_prefix_caching {
             return 0;
         }
         let cap = cap.min(digests.len());
-        hybrid_hit(&self.kinds, self.block_size(), cap, |g, i| {
+        hybrid_hit(&self.kinds, self.block_size(), cap, resume, |g, i| {
             !absent.contains(&(g, i)) && self.present(g, digests, tags, i)
         })
     }
@@ -42,26 +44,32 @@ impl BlockManager {
         self.kinds[g].first_needed(p, self.block_size())
     }
 
+    /// First entry group `g` needs of a hit of `h` blocks resuming at `resume` (at most `h`).
+    pub(crate) fn first_needed_of_hit(&self, g: usize, h: usize, resume: Resume) -> usize {
+        resume.first_needed(self.kinds[g], h, self.block_size())
+    }
+
     /// The blocks of a new prompt with a hybrid hit: per group, nulls below what it needs,
-    /// the pinned hits, then `total(h)` new entries. Returns the tables and `h`, or `None`
-    /// when they do not fit; then, and on an error, nothing is held.
+    /// the pinned hits, then `total(h)` new entries (the nulls are those of a sequence
+    /// resuming at `resume`). Returns the tables and `h`, or `None` when they do not fit;
+    /// then, and on an error, nothing is held.
     pub(crate) fn take_grouped_prompt(
         &self,
         total: &dyn Fn(usize) -> usize,
         cap: usize,
+        resume: Resume,
         digests: &[Digest],
         tags: &[Tag],
     ) -> Result<Option<(Vec<Vec<u32>>, usize)>> {
-        let bs = self.block_size();
         let groups = self.num_groups();
         let mut absent: Vec<(usize, usize)> = Vec::new();
         loop {
-            let h = self.hybrid_hit_of(digests, tags, cap, &absent);
+            let h = self.hybrid_hit_of(digests, tags, cap, resume, &absent);
             let t = total(h);
             // Every group holds `t` entries less its nulls: beyond the pool nothing fits
             // (`t` has no bound but the lookahead's, so the sum saturates).
             let held = (0..groups)
-                .map(|g| t - self.first_needed(g, h * bs).min(h))
+                .map(|g| t - self.first_needed_of_hit(g, h, resume))
                 .fold(0usize, usize::saturating_add);
             if held > self.gpu.num_usable() {
                 return Ok(None);
@@ -69,7 +77,7 @@ impl BlockManager {
             let mut wanted = Vec::new();
             let mut revivals = 0;
             for g in 0..groups {
-                let lo = self.first_needed(g, h * bs).min(h);
+                let lo = self.first_needed_of_hit(g, h, resume);
                 for (i, d) in digests.iter().enumerate().take(h).skip(lo) {
                     match self.gpu.peek(&d.keyed(g as u8)) {
                         Some(p) if p.full => return Err(refcount_overflow(p.block)),
@@ -134,7 +142,7 @@ impl BlockManager {
             let mut tables: Vec<Vec<u32>> = (0..groups)
                 .map(|g| {
                     crate::alloc::try_with_capacity(t, "a block table").map(|mut v: Vec<u32>| {
-                        v.resize(self.first_needed(g, h * bs).min(h), NULL);
+                        v.resize(self.first_needed_of_hit(g, h, resume), NULL);
                         v
                     })
                 })
@@ -156,27 +164,27 @@ impl BlockManager {
     }
 
     /// The hybrid hit of a prompt of `n` tokens with these digests in blocks (at most `cap`),
-    /// under its prefix lock (read-only looks), and with `k` scheduled prompt tokens its
-    /// admission (`can_allocate`).
+    /// resuming at `resume`, under its prefix lock (read-only looks), and with `k` scheduled
+    /// prompt tokens its admission (`can_allocate`).
     pub(crate) fn grouped_prefix(
         &self,
         n: usize,
         digests: &[Digest],
         tags: &[Tag],
-        cap: usize,
+        (cap, resume): (usize, Resume),
         k: Option<usize>,
     ) -> Result<(usize, Option<crate::stats::AllocStatus>)> {
         let bs = self.block_size();
         // Inside the gate: a reset is all before or all after.
         let _gate = self.enter()?;
         let _prefix = self.lock_prefixes(crate::manager::chain_lock(digests))?;
-        let h = self.hybrid_hit_of(digests, tags, cap, &[]);
+        let h = self.hybrid_hit_of(digests, tags, cap, resume, &[]);
         let Some(k) = k else { return Ok((h, None)) };
         let groups = self.num_groups();
         let len = cdiv((h * bs + k).min(n), bs);
         let (mut held, mut cached) = (0, 0);
         for g in 0..groups {
-            let lo = self.first_needed(g, h * bs).min(h);
+            let lo = self.first_needed_of_hit(g, h, resume);
             for d in digests.iter().take(h).skip(lo) {
                 held += 1;
                 let p = self.gpu.peek(&d.keyed(g as u8));

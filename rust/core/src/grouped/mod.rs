@@ -13,7 +13,7 @@
 //! them in between. A refused step changes nothing.
 //!
 //! Files: `mod.rs` (shared helpers: releases, registration, takes), `hit` (the hybrid hit and
-//! a new prompt's tables), `step` (append, extend, batch steps, `release_skipped`),
+//! a new prompt's tables), `per_group` (each group's own hit), `step` (append, extend, batch steps, `release_skipped`),
 //! `truncate`, `swap`, `lifecycle` (fork, free).
 
 use crate::counters;
@@ -45,6 +45,7 @@ pub(crate) struct StepReq<'a> {
 
 mod hit;
 mod lifecycle;
+mod per_group;
 mod step;
 mod swap;
 mod truncate;

@@ -2,10 +2,37 @@
 
 use super::kind::GroupKind;
 
+/// Where a sequence's next token to compute sits for a hit of `h` blocks: right after the
+/// hit, or past tokens whose KV arrives from outside the cache (a connector's load). A
+/// group that skips leading tokens needs only the hit blocks it reads from there: a state
+/// group whose state at the loaded boundary arrives with the load needs none of the hit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resume {
+    /// Tokens past the hit whose KV is loaded, not computed.
+    pub loaded: usize,
+    /// The position never passes the prompt's length.
+    pub limit: usize,
+}
+
+impl Resume {
+    /// The position for a hit of `h` blocks of `block_size` tokens.
+    pub fn position(self, h: usize, block_size: usize) -> usize {
+        let at = h * block_size;
+        at.saturating_add(self.loaded).min(self.limit).max(at)
+    }
+
+    /// The first table entry group `kind` needs for a hit of `h` blocks (at most `h`).
+    pub fn first_needed(self, kind: GroupKind, h: usize, block_size: usize) -> usize {
+        kind.first_needed(self.position(h, block_size), block_size)
+            .min(h)
+    }
+}
+
 /// The largest `l <= cap` (in blocks) that every group can serve. `present(g, i)` says
 /// whether group `g` has block `i` cached; it is asked at most once per (group, block).
 ///
-/// Group `g` serves `l` when blocks `first_needed(l * B) .. l` are all present. Full groups
+/// Group `g` serves `l` when blocks `first_needed(p) .. l` are all present, `p` the position
+/// the sequence resumes at (`resume`: `l * B`, or past loaded tokens). Full groups
 /// need the whole prefix, so they are looked up once, left to right; every other group
 /// then lowers `l` to the largest value it serves, in turn, until none lowers it (at most
 /// `cap` rounds, since `l` only falls). Each group's answer depends only on `l`, so the
@@ -14,6 +41,7 @@ pub fn hybrid_hit(
     kinds: &[GroupKind],
     block_size: usize,
     cap: usize,
+    resume: Resume,
     mut present: impl FnMut(usize, usize) -> bool,
 ) -> usize {
     let mut l = cap;
@@ -44,7 +72,7 @@ pub fn hybrid_hit(
                 l = (0..=l)
                     .rev()
                     .find(|&len| {
-                        let need = len - kind.first_needed(len * block_size, block_size).min(len);
+                        let need = len - resume.first_needed(*kind, len, block_size);
                         need == 0 || run[len - 1] >= need
                     })
                     .unwrap_or(0);
@@ -61,7 +89,11 @@ mod tests {
     use super::*;
 
     fn hit(kinds: &[GroupKind], bs: usize, cap: usize, cached: &[&[bool]]) -> usize {
-        hybrid_hit(kinds, bs, cap, |g, i| {
+        let resume = Resume {
+            loaded: 0,
+            limit: usize::MAX,
+        };
+        hybrid_hit(kinds, bs, cap, resume, |g, i| {
             cached[g].get(i).copied().unwrap_or(false)
         })
     }
@@ -111,5 +143,30 @@ mod tests {
             hit(&[GroupKind::Full, cl], 4, 4, &[&[t, t, t, f], &[f; 4]]),
             2
         );
+    }
+
+    #[test]
+    fn a_load_past_the_hit_lowers_what_each_group_needs() {
+        let t = true;
+        let f = false;
+        let st = GroupKind::State;
+        let full = GroupKind::Full;
+        let at = |loaded| Resume { loaded, limit: 24 };
+        // Only block 0's state is cached: right after the hit both groups agree on 1 block.
+        let cached: &[&[bool]] = &[&[t; 5], &[t, f, f, f, f]];
+        let look = |g: usize, i: usize| cached[g][i];
+        assert_eq!(hybrid_hit(&[full, st], 4, 5, at(0), look), 1);
+        // Four tokens loaded past the hit bring the state at the end of the load: full
+        // attention's 5 blocks serve.
+        assert_eq!(hybrid_hit(&[full, st], 4, 5, at(4), look), 5);
+        assert_eq!(at(4).first_needed(st, 5, 4), 5);
+        // Fewer than a block loaded still resumes past the boundary: the state arrives.
+        assert_eq!(hybrid_hit(&[full, st], 4, 5, at(1), look), 5);
+        // The position never passes the prompt: 5 blocks + 8 loaded stop at 24.
+        assert_eq!(at(8).position(5, 4), 24);
+        // A window reads its last `window - 1` tokens before the position.
+        let sw = GroupKind::SlidingWindow { window: 8 };
+        assert_eq!(at(4).first_needed(sw, 4, 4), 3);
+        assert_eq!(at(0).first_needed(sw, 4, 4), 2);
     }
 }

@@ -6,7 +6,7 @@
 mod hit;
 mod kind;
 
-pub use hit::hybrid_hit;
+pub use hit::{hybrid_hit, Resume};
 pub use kind::GroupKind;
 
 /// The most groups one manager takes (a block's group and an event's index fit a byte).
