@@ -121,6 +121,30 @@ def shared_prefixes(llm: Any) -> dict[str, Any]:
     return {"outputs": first + again}
 
 
+def spec_decode(llm: Any) -> dict[str, Any]:
+    """Prompts that repeat themselves, so that the ngram proposer finds its drafts (it
+    proposes what followed the prompt's last tokens where they appeared before), with
+    shared prefixes; then the shared-prefix batch."""
+    rng = __import__("random").Random(8)
+    head = prompts.tokens(rng, 2 * BLOCK)
+    batch = []
+    for _ in range(8):
+        body = head + prompts.tokens(rng, rng.randrange(16, 48))
+        batch.append(body + body[: rng.randrange(8, 24)])
+    return {"outputs": _generate(llm, batch, _greedy(24)) + shared_prefixes(llm)["outputs"]}
+
+
+def control(llm: Any) -> dict[str, Any]:
+    """The model's outputs depend on the KV: the same prompts with only their first block
+    replaced (the tokens right before generation unchanged)."""
+    import random
+
+    batch = prompts.distinct(seed=6, count=8, lo=3 * BLOCK, hi=4 * BLOCK)
+    rng = random.Random(7)
+    changed = [prompts.tokens(rng, BLOCK) + p[BLOCK:] for p in batch]
+    return {"outputs": _generate(llm, batch, _greedy(8)), "changed": _generate(llm, changed, _greedy(8))}
+
+
 def preemption(llm: Any) -> dict[str, Any]:
     batch = prompts.distinct(seed=2, count=40, lo=80, hi=120)
     return {"outputs": _generate(llm, batch, _greedy(32))}
@@ -187,6 +211,7 @@ def duplicate_probe(llm: Any) -> dict[str, Any]:
 
 
 MAIN = {
+    "control": control,
     "shared_prefixes": shared_prefixes,
     "preemption": preemption,
     "chunked_prefill": chunked_prefill,
@@ -252,9 +277,14 @@ def main(argv: list[str] | None = None) -> int:
         chosen = {k: v for k, v in MAIN.items() if only is None or k in only.split(",")}
         result["engine"] = _engine(ns.model, ns.kind, chosen)
     elif ns.engine == "ngram":
-        spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+        spec = {
+            "method": "ngram",
+            "num_speculative_tokens": 3,
+            "prompt_lookup_min": 1,  # one token suffices: drafts are proposed often
+            "prompt_lookup_max": 3,
+        }
         result["engine"] = _engine(
-            ns.model, ns.kind, {"spec_decode": shared_prefixes}, speculative_config=spec
+            ns.model, ns.kind, {"spec_decode": spec_decode}, speculative_config=spec
         )
     else:
         result["engine"] = _engine(
