@@ -7,7 +7,7 @@ Needs vLLM's CPU build (docs/vllm.md, "On a machine without a GPU"). Each measur
 fresh process (one engine per process; vLLM loads its plugins once per process) running the
 engine core in-process with one OpenMP thread, so both kinds get the same machine; kinds
 alternate round by round, and each process times `LLM.generate` of all sequences at once
-(max_num_seqs = the sequence count, prompts of 64–128 tokens with a 64-token shared prefix
+(max_num_seqs = the sequence count, prompts of 64 to 128 tokens with a 64-token shared prefix
 among groups of 8, 64 generated tokens each, greedy), after a warm-up generate.
 """
 
@@ -33,9 +33,18 @@ def _child(model: str, seqs: int) -> None:
     from vllm import LLM, SamplingParams
     from vllm_engine import prompts
 
-    llm = LLM(model=model, skip_tokenizer_init=True, block_size=32, enable_prefix_caching=True,
-              dtype="float32", max_model_len=512, seed=0, enforce_eager=True,
-              max_num_seqs=seqs, max_num_batched_tokens=max(8192, 2 * seqs))
+    llm = LLM(
+        model=model,
+        skip_tokenizer_init=True,
+        block_size=32,
+        enable_prefix_caching=True,
+        dtype="float32",
+        max_model_len=512,
+        seed=0,
+        enforce_eager=True,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=max(8192, 2 * seqs),
+    )
     batch = prompts.shared_prefixes(seed=seqs, groups=seqs // 8, per_group=8, prefix=64)
     params = SamplingParams(max_tokens=GEN_TOKENS, temperature=0.0, ignore_eos=True)
     llm.generate([{"prompt_token_ids": p} for p in batch[:8]], params, use_tqdm=False)
@@ -44,8 +53,16 @@ def _child(model: str, seqs: int) -> None:
     elapsed = time.perf_counter() - start
     generated = sum(len(o.outputs[0].token_ids) for o in out)
     sched = type(llm.llm_engine.engine_core.engine_core.scheduler).__module__
-    print(json.dumps({"tokens_per_s": generated / elapsed, "generated": generated,
-                      "seconds": elapsed, "scheduler_module": sched}))
+    print(
+        json.dumps(
+            {
+                "tokens_per_s": generated / elapsed,
+                "generated": generated,
+                "seconds": elapsed,
+                "scheduler_module": sched,
+            }
+        )
+    )
 
 
 def _measure(model: str, seqs: int, kind: str) -> dict[str, float]:
@@ -53,11 +70,18 @@ def _measure(model: str, seqs: int, kind: str) -> dict[str, float]:
     env.pop("PAGEDKV_VLLM_SCHEDULER", None)
     if kind == "pagedkv":
         env["PAGEDKV_VLLM_SCHEDULER"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "testing"),
-                                                    env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT / "testing"), env.get("PYTHONPATH", "")) if p
+    )
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    proc = subprocess.run([sys.executable, __file__, "--child", model, str(seqs)], env=env,
-                          capture_output=True, text=True, timeout=900, check=False)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", model, str(seqs)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{kind} at {seqs}: {proc.stderr[-3000:]}")
     result: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -88,9 +112,12 @@ def main() -> int:
                     runs[kind].append(_measure(model_dir, seqs, kind)["tokens_per_s"])
             med = {k: statistics.median(v) for k, v in runs.items()}
             table[seqs] = {"runs": runs, "median": med, "ratio": med["pagedkv"] / med["stock"]}
-            print(f"{seqs:5d} seqs: stock {med['stock']:8.1f} tok/s, pagedkv "
-                  f"{med['pagedkv']:8.1f} tok/s, pagedkv/stock {table[seqs]['ratio']:.3f} "
-                  f"(runs: {runs})", flush=True)
+            print(
+                f"{seqs:5d} seqs: stock {med['stock']:8.1f} tok/s, pagedkv "
+                f"{med['pagedkv']:8.1f} tok/s, pagedkv/stock {table[seqs]['ratio']:.3f} "
+                f"(runs: {runs})",
+                flush=True,
+            )
     if ns.out:
         ns.out.write_text(json.dumps(table, indent=1))
     return 0

@@ -70,7 +70,7 @@ def register() -> None:
 
     setattr(get_scheduler_cls, _WRAPPED_ATTR, True)
     get_scheduler_cls.__doc__ = original.__doc__
-    SchedulerConfig.get_scheduler_cls = get_scheduler_cls  # type: ignore[method-assign]
+    SchedulerConfig.get_scheduler_cls = get_scheduler_cls
 
 
 __all__ = ["ENV", "enabled", "register"]

@@ -27,8 +27,8 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 # 40 prompts x 32 tokens).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from vllm_engine import probe, prompts  # noqa: E402
-from vllm_engine.prompts import BLOCK  # noqa: E402
+from vllm_engine import probe, prompts
+from vllm_engine.prompts import BLOCK
 
 # The main engine: a pool small enough to preempt, a step budget small enough to chunk.
 NUM_BLOCKS = 48  # vLLM's block 0 is its null block: 47 usable
@@ -142,7 +142,10 @@ def control(llm: Any) -> dict[str, Any]:
     batch = prompts.distinct(seed=6, count=8, lo=3 * BLOCK, hi=4 * BLOCK)
     rng = random.Random(7)
     changed = [prompts.tokens(rng, BLOCK) + p[BLOCK:] for p in batch]
-    return {"outputs": _generate(llm, batch, _greedy(8)), "changed": _generate(llm, changed, _greedy(8))}
+    return {
+        "outputs": _generate(llm, batch, _greedy(8)),
+        "changed": _generate(llm, changed, _greedy(8)),
+    }
 
 
 def preemption(llm: Any) -> dict[str, Any]:
@@ -154,7 +157,7 @@ def chunked_prefill(llm: Any) -> dict[str, Any]:
     # Prompts longer than the step budget: each is prefilled in several chunks.
     batch = prompts.distinct(seed=3, count=3, lo=2 * MAX_BATCHED_TOKENS, hi=3 * MAX_BATCHED_TOKENS)
     shared = batch[0][: 8 * BLOCK]
-    batch.append(shared + batch[1][: MAX_BATCHED_TOKENS])  # a chunked prompt with a hit
+    batch.append(shared + batch[1][:MAX_BATCHED_TOKENS])  # a chunked prompt with a hit
     return {"outputs": _generate(llm, batch, _greedy(8)), "prompt_lengths": [len(p) for p in batch]}
 
 

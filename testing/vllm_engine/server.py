@@ -33,12 +33,29 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.model = str(model)
         cmd = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", self.model, "--port", str(self.port), "--host", "127.0.0.1",
-            "--skip-tokenizer-init", "--block-size", str(BLOCK), "--dtype", "float32",
-            "--enforce-eager", "--enable-prefix-caching", "--enable-prompt-tokens-details",
-            "--num-gpu-blocks-override", str(NUM_BLOCKS), "--max-model-len", str(MAX_MODEL_LEN),
-            "--seed", "0",
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.model,
+            "--port",
+            str(self.port),
+            "--host",
+            "127.0.0.1",
+            "--skip-tokenizer-init",
+            "--block-size",
+            str(BLOCK),
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--enable-prefix-caching",
+            "--enable-prompt-tokens-details",
+            "--num-gpu-blocks-override",
+            str(NUM_BLOCKS),
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--seed",
+            "0",
         ]
         self.log = log
         self._fh = log.open("w")
@@ -48,8 +65,9 @@ class Server:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited ({self.proc.returncode}):\n"
-                                   + self.log.read_text()[-4000:])
+                raise RuntimeError(
+                    f"server exited ({self.proc.returncode}):\n" + self.log.read_text()[-4000:]
+                )
             try:
                 if requests.get(self.url + "/health", timeout=2).status_code == 200:
                     return
@@ -59,22 +77,35 @@ class Server:
         raise TimeoutError(f"server not ready in {timeout_s} s:\n" + self.log.read_text()[-4000:])
 
     def complete(self, prompt: list[int], max_tokens: int) -> dict[str, Any]:
-        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
-                "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
         r = requests.post(self.url + "/v1/completions", json=body, timeout=300)
         r.raise_for_status()
         data = r.json()
         details = data["usage"].get("prompt_tokens_details") or {}
-        return {"tokens": data["choices"][0]["token_ids"],
-                "cached": details.get("cached_tokens", 0)}
+        return {
+            "tokens": data["choices"][0]["token_ids"],
+            "cached": details.get("cached_tokens", 0),
+        }
 
     def stream_then_disconnect(self, prompt: list[int], max_tokens: int, chunks: int) -> int:
         """A streamed request the client drops after `chunks` chunks: vLLM aborts it."""
-        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
-                "temperature": 0.0, "ignore_eos": True, "stream": True}
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "stream": True,
+        }
         seen = 0
-        with requests.post(self.url + "/v1/completions", json=body, stream=True,
-                           timeout=300) as r:
+        with requests.post(self.url + "/v1/completions", json=body, stream=True, timeout=300) as r:
             r.raise_for_status()
             for line in r.iter_lines():
                 if line.startswith(b"data: ") and line != b"data: [DONE]":
@@ -88,7 +119,7 @@ class Server:
         text = requests.get(self.url + "/metrics", timeout=10).text
         total = 0.0
         for line in text.splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
+            if line.startswith((name + "{", name + " ")):
                 total += float(line.rsplit(" ", 1)[1])
         return total
 

@@ -76,12 +76,29 @@ def models(cpu_engine: str, tmp_path_factory: pytest.TempPathFactory) -> dict[st
 def _run_offline(engine: str, kind: str, model_dir: Path, out: Path) -> dict[str, Any]:
     import json
 
-    cmd = [sys.executable, "-m", "vllm_engine.offline", "--kind", kind, "--engine", engine,
-           "--model", str(model_dir), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm_engine.offline",
+        "--kind",
+        kind,
+        "--engine",
+        engine,
+        "--model",
+        str(model_dir),
+        "--out",
+        str(out),
+    ]
     log = out.with_suffix(".log")
     with log.open("w") as fh:
-        proc = subprocess.run(cmd, env=subprocess_env(kind), stdout=fh, stderr=subprocess.STDOUT,
-                              timeout=600, check=False)
+        proc = subprocess.run(
+            cmd,
+            env=subprocess_env(kind),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            timeout=600,
+            check=False,
+        )
     if proc.returncode != 0 or not out.exists():
         tail = log.read_text()[-4000:]
         raise AssertionError(f"{engine}/{kind} engine process failed ({proc.returncode}):\n{tail}")
@@ -95,11 +112,17 @@ def offline(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -
     One process per engine and kind (vLLM loads plugins once per process, and a second CPU
     engine in one process fails), two at a time."""
     out = tmp_path_factory.mktemp("offline")
-    jobs = {(e, k): (models["window" if e == "window" else "plain"], out / f"{e}-{k}.json")
-            for e in ENGINES for k in KINDS}
+    jobs = {
+        (e, k): (models["window" if e == "window" else "plain"], out / f"{e}-{k}.json")
+        for e in ENGINES
+        for k in KINDS
+    }
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {key: pool.submit(_run_offline, key[0], key[1], *args)
-                   for key, args in jobs.items()}
+        futures = {
+            key: pool.submit(_run_offline, key[0], key[1], *args) for key, args in jobs.items()
+        }
         done = {key: f.result() for key, f in futures.items()}
-    return {e: {k: done[(e, k)]["engine"] | {"env": done[(e, k)]["env"]} for k in KINDS}
-            for e in ENGINES}
+    return {
+        e: {k: done[(e, k)]["engine"] | {"env": done[(e, k)]["env"]} for k in KINDS}
+        for e in ENGINES
+    }

@@ -7,16 +7,27 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from vllm_engine import offline as scen
 from vllm_engine import probe
 
 pytestmark = pytest.mark.engine
 
-MAIN = ("control", "shared_prefixes", "preemption", "chunked_prefill", "parallel_sampling",
-        "aborts", "duplicate_probe")
+MAIN = (
+    "control",
+    "shared_prefixes",
+    "preemption",
+    "chunked_prefill",
+    "parallel_sampling",
+    "aborts",
+    "duplicate_probe",
+)
 # (engine, scenario) pairs compared token for token and hit for hit.
 COMPARED = [("main", s) for s in MAIN if s != "duplicate_probe"] + [
-    ("ngram", "spec_decode"), ("window", "window_shared"), ("window", "window_preempt")]
+    ("ngram", "spec_decode"),
+    ("window", "window_shared"),
+    ("window", "window_preempt"),
+]
 USABLE_BLOCKS = scen.NUM_BLOCKS - 1
 
 
@@ -32,8 +43,9 @@ def test_the_model_depends_on_the_kv(offline):
     """Replacing only a prompt's first block changes its greedy output: a wrong KV block
     would show in the token ids these tests compare."""
     rec = record(offline, "main", "stock", "control")
-    changed = sum(a["tokens"] != b["tokens"] for a, b in zip(rec["outputs"], rec["changed"],
-                                                             strict=True))
+    changed = sum(
+        a["tokens"] != b["tokens"] for a, b in zip(rec["outputs"], rec["changed"], strict=True)
+    )
     assert changed >= 7, f"only {changed} of 8 outputs changed with their first block"
 
 
@@ -68,7 +80,8 @@ def test_same_tokens_same_hits(offline, engine, scenario):
         # per request (docs/vllm-engine.md, "Sliding-window hits"); the tokens above agree.
         return
     assert [o["num_cached_tokens"] for o in ours["outputs"]] == [
-        o["num_cached_tokens"] for o in stock["outputs"]]
+        o["num_cached_tokens"] for o in stock["outputs"]
+    ]
     assert ours["metrics"] == stock["metrics"]
     if scenario == "aborts":
         assert ours["finished"] == stock["finished"]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from conftest import KINDS, subprocess_env
 from vllm_engine import probe, prompts
 from vllm_engine.server import NUM_BLOCKS, Server
@@ -21,16 +22,17 @@ pytestmark = pytest.mark.engine
 def _session(server: Server) -> dict[str, Any]:
     out: dict[str, Any] = {}
     # The probe first: it needs an empty cache.
-    out["probe"] = {name: server.complete(p, 1)["cached"]
-                    for name, p in probe.requests(NUM_BLOCKS - 1)}
+    out["probe"] = {
+        name: server.complete(p, 1)["cached"] for name, p in probe.requests(NUM_BLOCKS - 1)
+    }
     batch = prompts.shared_prefixes(seed=11, groups=3, per_group=8, prefix=2 * prompts.BLOCK)
     with ThreadPoolExecutor(max_workers=24) as pool:
-        out["concurrent"] = [r["tokens"] for r in pool.map(lambda p: server.complete(p, 16),
-                                                           batch)]
+        out["concurrent"] = [r["tokens"] for r in pool.map(lambda p: server.complete(p, 16), batch)]
     cut = prompts.distinct(seed=12, count=8, lo=40, hi=90)
     with ThreadPoolExecutor(max_workers=8) as pool:
-        out["streamed_chunks"] = list(pool.map(
-            lambda p: server.stream_then_disconnect(p, 200, 3), cut))
+        out["streamed_chunks"] = list(
+            pool.map(lambda p: server.stream_then_disconnect(p, 200, 3), cut)
+        )
     # vLLM frees an aborted request's blocks once it sees the disconnect.
     deadline = time.monotonic() + 30
     while server.metric("vllm:kv_cache_usage_perc") > 0 and time.monotonic() < deadline:
