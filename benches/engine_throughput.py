@@ -7,7 +7,7 @@ Needs vLLM's CPU build (docs/vllm.md, "On a machine without a GPU"). Each measur
 fresh process (one engine per process; vLLM loads its plugins once per process) running the
 engine core in-process with one OpenMP thread, so both kinds get the same machine; kinds
 alternate round by round, and each process times `LLM.generate` of all sequences at once
-(max_num_seqs = the sequence count, prompts of 64 to 128 tokens with a 64-token shared prefix
+(max_num_seqs = the sequence count, prompts of 72 to 159 tokens with a 64-token shared prefix
 among groups of 8, 64 generated tokens each, greedy), after a warm-up generate: three timed
 passes over an emptied prefix cache, the fastest kept; the median over rounds is reported.
 """
