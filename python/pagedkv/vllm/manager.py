@@ -664,6 +664,8 @@ class KVCacheManager:
     ) -> None:
         rec = self._seqs.get(request_id)
         if rec is not None and self._releases:
+            if not RELEASE.caches_after_output:
+                self._take_in_processed(rec.request, rec, processed_computed_tokens)
             self.core.release_skipped(rec.sid, processed_computed_tokens)
 
     def reset_prefix_cache(self) -> bool:
