@@ -65,6 +65,18 @@ def test_the_installed_vllm_is_served_by_its_own_entry() -> None:
     assert RELEASE.tested == str(vllm.__version__).split("+", 1)[0]
 
 
+def test_caches_after_output_says_whether_the_scheduler_calls_cache_blocks() -> None:
+    """The entry's `caches_after_output` is what the installed scheduler does: 0.33 and 0.34
+    call `kv_cache_manager.cache_blocks` in `update_from_output` (where pagedkv takes in
+    accepted drafts), 0.32 does not (the manager takes them in before releasing)."""
+    import inspect
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    source = inspect.getsource(Scheduler.update_from_output)
+    assert RELEASE.caches_after_output == ("self.kv_cache_manager.cache_blocks(" in source)
+
+
 def _request(rid: str, **params: Any) -> Request:
     return Request(
         request_id=rid,

@@ -32,6 +32,11 @@ class Release:
     lookup_enabled: Callable[[Request], bool]
     # The longest prefix hit the request allows, given the caller's bound (None: no bound).
     max_hit_length: Callable[[Request, int | None], int]
+    # Whether the scheduler's `update_from_output` calls `cache_blocks` at a running
+    # request's processed tokens after a step with drafts or output placeholders (0.33 on).
+    # That call is where pagedkv learns the tokens computed in draft or placeholder slots;
+    # without it (0.32) the manager takes them in before releasing a window's blocks.
+    caches_after_output: bool
 
 
 # -- 0.32 and 0.33 --------------------------------------------------------------------------
@@ -60,9 +65,9 @@ def _max_hit_length_hit_limit(request: Request, bound: int | None) -> int:
 
 
 RELEASES = {
-    "0.32": Release("0.32", "0.32.0", _lookup_enabled_skip_flag, _max_hit_length_last_token),
-    "0.33": Release("0.33", "0.33.0", _lookup_enabled_skip_flag, _max_hit_length_last_token),
-    "0.34": Release("0.34", "0.34.0", _lookup_enabled_hit_limit, _max_hit_length_hit_limit),
+    "0.32": Release("0.32", "0.32.0", _lookup_enabled_skip_flag, _max_hit_length_last_token, False),
+    "0.33": Release("0.33", "0.33.0", _lookup_enabled_skip_flag, _max_hit_length_last_token, True),
+    "0.34": Release("0.34", "0.34.0", _lookup_enabled_hit_limit, _max_hit_length_hit_limit, True),
 }
 
 

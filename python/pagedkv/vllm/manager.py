@@ -331,7 +331,25 @@ class KVCacheManager:
         leave it to this (`release=False`): a step would release at its scheduled tokens,
         which run ahead of those with drafts accepted late or steps in flight."""
         if self._releases:
-            self.core.release_skipped(rec.sid, max(0, computed - request.num_in_flight_tokens))
+            processed = max(0, computed - request.num_in_flight_tokens)
+            if not RELEASE.caches_after_output:
+                self._take_in_processed(request, rec, processed)
+            self.core.release_skipped(rec.sid, processed)
+
+    def _take_in_processed(self, request: Request, rec: _Seq, processed: int) -> None:
+        """Append the processed tokens pagedkv has not been told of (computed in draft or
+        placeholder slots), as `cache_blocks` does after each step where vLLM calls it
+        there (compat: `caches_after_output`): `release_skipped` counts only the tokens
+        pagedkv holds, so without this it frees a window's blocks a step late. No keys:
+        the blocks are registered where vLLM registers them, later in `allocate_slots`."""
+        n = min(processed, request.num_tokens)
+        if n <= rec.have or rec.scheduled != rec.have:
+            return
+        pairs = self.core.append(rec.sid, request.all_token_ids[rec.have : n], release=False)
+        if pairs is None:
+            return  # no room for a copy-on-write: the step's own append takes them in
+        self._note_copies(pairs)
+        rec.have = rec.scheduled = n
 
     def _grown(self, rec: _Seq, slots: int) -> KVCacheBlocks:
         """The blocks a call added to the request's tables to give it `slots` slots."""
@@ -658,6 +676,8 @@ class KVCacheManager:
     ) -> None:
         rec = self._seqs.get(request_id)
         if rec is not None and self._releases:
+            if not RELEASE.caches_after_output:
+                self._take_in_processed(rec.request, rec, processed_computed_tokens)
             self.core.release_skipped(rec.sid, processed_computed_tokens)
 
     def reset_prefix_cache(self) -> bool:
