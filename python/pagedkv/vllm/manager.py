@@ -121,6 +121,10 @@ class KVCacheManager:
         self.offset = layout.offset
         # Whether some group releases entries a request no longer needs (not full attention).
         self._releases = any(g.kind != "full" for g in layout.groups)
+        # A window's release counts the tokens pagedkv holds: where vLLM's scheduler never
+        # hands over the tokens a step computed in draft or placeholder slots (0.32: compat
+        # `caches_after_output`), each step takes them in first (`_take_in_processed`).
+        self._takes_in_processed = self._releases and not RELEASE.caches_after_output
         # request id -> what pagedkv holds for it (`_Seq`)
         self._seqs: dict[str, _Seq] = {}
         # Sequences popped by `pop_blocks_for_free`, freed when their blocks come back.
@@ -247,6 +251,10 @@ class KVCacheManager:
             )
             and (not self.watermark_blocks or request.status == RequestStatus.RUNNING)
         ):
+            if self._takes_in_processed:
+                computed = min(request.num_computed_tokens, self.max_model_len)
+                processed = max(0, computed - request.num_in_flight_tokens)
+                self._take_in_processed(request, rec, processed)
             # A decode step (the record decides: False when it is not one), in one call.
             out = rec.decode(request, num_new_tokens, num_lookahead_tokens)
             if out is not False:
