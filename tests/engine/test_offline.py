@@ -76,8 +76,7 @@ def test_same_tokens_same_hits(offline, engine, scenario):
     for i, (a, b) in enumerate(zip(stock["outputs"], ours["outputs"], strict=True)):
         assert a["tokens"] == b["tokens"], f"request {i}: token ids differ"
     if engine == "window":
-        # Not compared: with the sliding-window hybrid model the two managers' hits differ
-        # per request (docs/vllm-engine.md, "Sliding-window hits"); the tokens above agree.
+        # Compared in test_window_hits_differ_exactly_as_explained.
         return
     assert [o["num_cached_tokens"] for o in ours["outputs"]] == [
         o["num_cached_tokens"] for o in stock["outputs"]
@@ -85,6 +84,34 @@ def test_same_tokens_same_hits(offline, engine, scenario):
     assert ours["metrics"] == stock["metrics"]
     if scenario == "aborts":
         assert ours["finished"] == stock["finished"]
+
+
+@pytest.mark.parametrize("scenario", ["window_shared", "window_preempt"])
+def test_window_hits_differ_exactly_as_explained(offline, scenario):
+    """With the sliding-window model the managers' hits differ (docs/vllm-engine.md,
+    "Sliding-window hits"), by two things and nothing else: the stock engine's hits are
+    those of vLLM's manager under vLLM's scheduler with the engine's sparse prefix-cache
+    retention (`prefix_cache_retention_interval` 0), and pagedkv's are those of vLLM's
+    manager with dense retention and pagedkv's duplicate rule grafted on, each replayed on
+    the same request stream without the engine (tests/support/vllm_window_streams.py)."""
+    stock = record(offline, "window", "stock", scenario)
+    ours = record(offline, "window", "pagedkv", scenario)
+    import vllm_env
+
+    vllm_env.prepare()  # the scheduler replays build vLLM configs: an offline hub
+    from vllm_window_streams import DENSE, ENGINE_DEFAULT, hits
+
+    assert [o["num_cached_tokens"] for o in stock["outputs"]] == hits(
+        "vllm", scenario, ENGINE_DEFAULT
+    ).hits
+    assert [o["num_cached_tokens"] for o in ours["outputs"]] == hits(
+        "vllm", scenario, DENSE, dedup=True
+    ).hits
+    same = [k for k in scen.METRICS if k != "vllm:prefix_cache_hits"]
+    assert {k: ours["metrics"][k] for k in same} == {k: stock["metrics"][k] for k in same}
+    assert ours["metrics"]["vllm:prefix_cache_hits"] == sum(
+        o["num_cached_tokens"] for o in ours["outputs"]
+    )
 
 
 @pytest.mark.parametrize(("engine", "scenario"), [*COMPARED, ("main", "duplicate_probe")])

@@ -49,12 +49,16 @@ def build_scheduler(
     specs: list[KVCacheSpec] | None = None,
     num_speculative_tokens: int | None = None,
     async_scheduling: bool = False,
+    retention_interval: int | None = None,
 ) -> VllmScheduler:
     """`which`: "vllm" (vLLM's own manager) or "pagedkv" (`pagedkv.vllm.Scheduler`).
     `specs`: the KV-cache groups (default one full-attention group); with
     `num_speculative_tokens` the scheduler runs speculative decoding (drafts come from
     `give_drafts`, their acceptance from `run_step`); `async_scheduling`: vLLM's
-    asynchronous scheduler (the next step is scheduled before the last one's output)."""
+    asynchronous scheduler (the next step is scheduled before the last one's output);
+    `retention_interval`: the `KVCacheConfig`'s `prefix_cache_retention_interval` (None, its
+    own default: window groups cache every full block; 0, what vLLM's engine passes from
+    `CacheConfig`: they cache only the blocks a later hit can reach)."""
     model_config = ModelConfig(model=model, dtype="float16", seed=0, max_model_len=max_model_len)
     scheduler_config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
@@ -93,6 +97,7 @@ def build_scheduler(
         num_blocks=num_blocks,
         kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec([f"layer.{i}"], s) for i, s in enumerate(specs)],
+        prefix_cache_retention_interval=retention_interval,
     )
     classes = ASYNC_SCHEDULERS if async_scheduling else SCHEDULERS
     return classes[which](
