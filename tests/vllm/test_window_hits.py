@@ -10,7 +10,8 @@ per request in both directions. Two causes, each shown here without the engine:
   blocks a later hit can reach (the window's tail before each request's replay boundary,
   its prompt less one token, and before a shared-prefix junction its lookup found). pagedkv
   ignores the setting and hashes every full block, as vLLM does with the setting None. Not
-  implemented yet: the strict xfail below turns into a failure once it is.
+  implemented yet (docs/vllm-engine.md): tests/engine compares the engines' hits with these
+  replays, stock with the setting 0, pagedkv with None and the rule.
 - pagedkv's deliberate rule that a block computed twice is cached once (docs/vllm.md). With
   dense retention it is the whole difference: vLLM's manager with the rule grafted on
   (`vllm_engine.duplicate_rule`) schedules every step as pagedkv does, free blocks
@@ -23,7 +24,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from vllm_window_streams import DENSE, ENGINE_DEFAULT, SCENARIOS, hits
+from vllm_window_streams import DENSE, SCENARIOS, hits
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -42,15 +43,3 @@ def test_window_shared_with_dense_retention_differs_by_the_duplicate_rule() -> N
     ours = hits("pagedkv", "window_shared", DENSE).hits
     apart = {i: (a, b) for i, (a, b) in enumerate(zip(stock, ours, strict=True)) if a != b}
     assert apart == {11: (96, 64), 12: (96, 0)}
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 33: pagedkv does not implement vLLM's sparse prefix-cache retention "
-    "(prefix_cache_retention_interval) for window groups",
-)
-def test_with_the_engines_retention_pagedkv_is_vllm_with_its_duplicate_rule() -> None:
-    ours = hits("pagedkv", "window_shared", ENGINE_DEFAULT)
-    emulated = hits("vllm", "window_shared", ENGINE_DEFAULT, dedup=True)
-    assert ours.hits == emulated.hits
-    assert ours.schedule == emulated.schedule
