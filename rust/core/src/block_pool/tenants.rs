@@ -207,3 +207,40 @@ impl TenantDeltas {
             .for_each(|&(t, d)| f(t, d));
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::TenantDeltas;
+
+    fn collected(d: &TenantDeltas) -> Vec<(u32, isize)> {
+        let mut out = Vec::new();
+        d.for_each(|t, c| out.push((t, c)));
+        out.sort_unstable();
+        out
+    }
+
+    #[test]
+    fn nets_each_tenant_once_at_and_past_the_inline_entries() {
+        let mut d = TenantDeltas::default();
+        // Four tenants fill the inline entries exactly; the fifth and sixth spill over.
+        for t in 0..6u32 {
+            d.add(t, 1);
+        }
+        assert_eq!(d.len, 4);
+        assert_eq!(d.more.len(), 2);
+        // Changes to inline and spilled tenants net in place, never as a second entry.
+        d.add(1, -1);
+        d.add(5, 2);
+        d.add(5, -1);
+        d.add(3, -3);
+        assert_eq!(d.len, 4);
+        assert_eq!(d.more.len(), 2);
+        // Tenant 1 netted to zero: no change to apply.
+        assert_eq!(collected(&d), vec![(0, 1), (2, 1), (3, -2), (4, 1), (5, 2)]);
+    }
+
+    #[test]
+    fn an_empty_step_applies_nothing() {
+        assert!(collected(&TenantDeltas::default()).is_empty());
+    }
+}

@@ -366,3 +366,26 @@ impl Registry {
             + self.slots.bytes()
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::Registry;
+
+    #[test]
+    fn a_netted_change_counts_at_once_and_the_last_one_removes_the_tenant() {
+        let r = Registry::default();
+        let id = r.acquire(Some(b"a"));
+        r.cached_by(id, 3);
+        assert_eq!(r.counts(id).cached, 3);
+        r.release(id); // its last ref: the cached blocks keep it
+        assert_eq!(r.len(), 2);
+        r.cached_by(id, 0); // a step that netted to nothing changes nothing
+        assert_eq!(r.counts(id).cached, 3);
+        r.cached_by(id, -2);
+        assert_eq!((r.counts(id).cached, r.len()), (1, 2));
+        // Down by more than one to zero in one step: the tenant leaves then.
+        r.cached_by(id, 1);
+        r.cached_by(id, -2);
+        assert_eq!(r.len(), 1, "a tenant with nothing left is removed");
+    }
+}
