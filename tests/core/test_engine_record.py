@@ -104,7 +104,18 @@ def test_a_step_that_does_not_fit_and_bad_input_change_nothing() -> None:
     tokens[8] = -5
     with pytest.raises(InvalidArgumentError, match="token"):
         rec.decode(req, 0 + 1, 0)
+    # Past the limits: a token id of 2**32, a count of 2**63.
+    tokens[8] = 2**32
+    with pytest.raises(InvalidArgumentError, match="token"):
+        rec.decode(req, 1, 0)
+    tokens[8] = 8
+    req.num_computed_tokens = 2**63
+    with pytest.raises(InvalidArgumentError, match="num_computed_tokens"):
+        rec.decode(req, 1, 0)
+    req.num_computed_tokens = 8
     assert (rec.have, rec.scheduled, rec.nkeys, rec.table_len) == before
     assert m.num_tokens(1) == 8
     with pytest.raises(InvalidArgumentError, match="have"):
         rec.have = -1
+    with pytest.raises(InvalidArgumentError, match="have"):
+        rec.have = 2**63
