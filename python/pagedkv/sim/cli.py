@@ -17,6 +17,7 @@ size for a target hit rate. Output options are checked before any run (`sim.outp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import sys
 import warnings
@@ -44,6 +45,8 @@ from pagedkv.sim.tier_cli import add_tier_arguments, simulate_tiers, wants_tiers
 from pagedkv.sim.tier_run import TierDriver, TierOptions
 from pagedkv.sim.trace import FORMAT_FIELDS, TRACE_FORMATS, TraceWarning, read_trace
 from pagedkv.sim.units import count
+from pagedkv.sim.why import MissWhy, misses_doc
+from pagedkv.sim.why_report import misses_table
 from pagedkv.sim.workloads import WORKLOADS, build_workload
 
 DEFAULT_NUM_BLOCKS = 4096  # built-in workloads: 64 K tokens of 16, constant eviction
@@ -265,6 +268,14 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
         help="run the pure-Python ReferenceBlockManager instead (to compare)",
     )
     o.add_argument(
+        "--why",
+        action="store_true",
+        help="say why each prompt-token miss happened, per tenant (never stored, evicted and "
+        "how long before, stored under another salt, cut by a hybrid group's window, the "
+        "partial last block, lost to preemption), in the summary and --json ('misses'); "
+        "a plain replay only (costs replay time: benches/results/issue35-why.md)",
+    )
+    o.add_argument(
         "--check",
         action="store_true",
         help="check_invariants() after every step, and check that no prefix hit covers a "
@@ -459,6 +470,10 @@ class _Runner:
         tiers: TierOptions | None = None,
     ) -> dict[str, Any]:
         args = self.args
+        why = None
+        if getattr(args, "why", False) and watch is None and tiers is None:
+            why = MissWhy(self.workload.ms_per_step)
+            config = dataclasses.replace(config, enable_kv_events=True)
         manager = make_manager(config, reference=args.reference)
         driver = None
         if tiers is not None:
@@ -472,13 +487,14 @@ class _Runner:
         bar = self.make_bar(label)
         try:
             result = run_workload(
-                manager,
+                manager if why is None else why.watch(manager),
                 self.workload,
                 **self.schedule,
                 check=args.check,
                 progress=bar,
-                watch=watch,
+                watch=watch if why is None else why,
                 tiers=driver,
+                before_step=None if why is None else why.before_step,
             )
         finally:
             tier_figures = driver.close() if driver is not None else None
@@ -494,6 +510,8 @@ class _Runner:
             ms_per_step=self.workload.ms_per_step,
         )
         add_memory(f, self.kv)
+        if why is not None:
+            f["misses"] = misses_doc(why)
         if tier_figures is not None:
             f.update(tier_figures)
             below = sum(tier_figures["tier_hit_tokens"].values())
@@ -519,6 +537,10 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
         return simulate_cluster(args, out, err, _workload, _schedule, _configs)
     mrc = wants_mrc(args)
     tiers = wants_tiers(args)
+    if args.why and (mrc or tiers or args.model is not None):
+        raise ValueError(
+            "--why explains the misses of a plain replay: not with --mrc, tiers or --model"
+        )
     if tiers and mrc:
         raise ValueError("give either tiers (--host-tier-bytes, --remote) or --mrc, not both")
     if args.equal_hits and (args.model is None or mrc or tiers):
@@ -558,6 +580,11 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
     ]
     print(file=out)
     print(summary_table(runs[0]) if len(runs) == 1 else sweep_table(runs), file=out)
+    for f in runs if args.why else ():
+        print(file=out)
+        if len(runs) > 1:
+            print(f"B={f['block_size']} blocks={f['num_blocks']} {f['hash_algo']}", file=out)
+        print(misses_table(f["misses"]), file=out)
     if args.check:
         print(
             "invariants  OK (checked after every step; no prefix hit on unscheduled tokens)",

@@ -331,10 +331,12 @@ class _Scheduler:
         fork_copies: bool = False,
         after_step: Callable[[int, list[int]], None] | None = None,
         until: Callable[[SimResult], bool] | None = None,
+        before_step: Callable[[int], None] | None = None,
     ) -> None:
         self.m = manager
         self.fork_copies = fork_copies
         self.after_step = after_step
+        self.before_step = before_step
         self.until = until
         self.tiers = tiers
         self.observe = observe
@@ -912,6 +914,8 @@ class _Scheduler:
         tokens0 = res.scheduled_tokens
         preempted0 = res.preemptions
         self.preempted = False
+        if self.before_step is not None:
+            self.before_step(self.clock)
         if record is not None:
             record.begin_step()
         self._schedule()
@@ -990,6 +994,7 @@ def run_workload(
     fork_copies: bool = False,
     after_step: Callable[[int, list[int]], None] | None = None,
     until: Callable[[SimResult], bool] | None = None,
+    before_step: Callable[[int], None] | None = None,
 ) -> SimResult:
     """Replay `workload` through `manager` (see the module docstring for one step).
 
@@ -1014,7 +1019,8 @@ def run_workload(
     tokens) instead of sharing the parent's blocks; `after_step(clock, resident seq ids)` is
     called at the end of every executed step, outside the timed calls. `until(result so far)`
     is asked after every step; True ends the run there (`stopped_early`; the sizing checks
-    stop a run that can no longer pass).
+    stop a run that can no longer pass). `before_step(clock)` is called as each executed step
+    starts, outside the timed calls (`sim.why` stamps what it learns with the clock).
     """
     _check_options(
         max_batch=max_batch,
@@ -1046,6 +1052,7 @@ def run_workload(
         fork_copies=fork_copies,
         after_step=after_step,
         until=until,
+        before_step=before_step,
     ).run()
 
 
