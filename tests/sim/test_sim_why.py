@@ -6,13 +6,16 @@ hand; the built-in mixed workload checks the sums per tenant against the replay'
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from pagedkv import BlockManager, KVCacheGroup
+from pagedkv.__main__ import main
 from pagedkv.sim.requests import Request, Workload
 from pagedkv.sim.scheduler import SimResult, run_workload
 from pagedkv.sim.why import CAUSES, MissWhy
@@ -133,3 +136,30 @@ def test_sums_on_the_mixed_workload_per_tenant() -> None:
         assert sum(t.causes.values()) == t.misses
         assert t.causes["unexplained"] == 0
     assert set(CAUSES) >= set(why.tenants["(none)"].causes)
+
+
+def test_the_command_prints_and_writes_the_causes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "why.json"
+    argv = ["simulate", "--requests", "80", "--num-blocks", "512", "--no-progress"]
+    assert main([*argv, "--why", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "why misses" in out and "evicted (none):" in out
+    doc = json.loads(path.read_text())
+    tenants = doc["misses"]["tenants"]
+    assert sum(t["miss_tokens"] for t in tenants.values()) == (
+        doc["prompt_tokens"] - doc["prefix_hit_tokens"]
+    )
+    for t in tenants.values():
+        assert sum(t["causes"].values()) == t["miss_tokens"]
+    assert tenants["(none)"]["causes"]["evicted"] > 0
+    # the replay is the same with and without the attribution
+    assert main([*argv, "--json", str(tmp_path / "plain.json")]) == 0
+    plain = json.loads((tmp_path / "plain.json").read_text())
+    assert plain["prefix_hit_tokens"] == doc["prefix_hit_tokens"] and "misses" not in plain
+
+
+def test_why_is_refused_where_it_cannot_explain(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--why", "--mrc", "--requests", "10"]) == 2
+    assert "--why explains the misses of a plain replay" in capsys.readouterr().err

@@ -32,6 +32,7 @@ from pagedkv.sim.kv_bytes import KVBytes, kv_bytes
 from pagedkv.sim.model_report import comparison_table
 from pagedkv.sim.model_run import compare
 from pagedkv.sim.models import GIB, MODELS, full_layout, get_model, model_layout
+from pagedkv.sim.noisy import add_noisy_arguments, simulate_noisy
 from pagedkv.sim.observer import ScheduleObserver
 from pagedkv.sim.outputs import check_outputs
 from pagedkv.sim.policies_cli import add_policy_arguments, simulate_policies, wants_policies
@@ -250,6 +251,7 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     add_ablate_arguments(sim)
     add_cluster_arguments(sim)
     add_policy_arguments(sim)
+    add_noisy_arguments(sim)
 
     o = sim.add_argument_group("output")
     o.add_argument(
@@ -529,6 +531,8 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
     if args.list_models:
         list_models(out)
         return 0
+    if args.noisy_neighbour:
+        return simulate_noisy(args, out)
     if wants_policies(args):
         return simulate_policies(args, out, err, _workload, _schedule, _configs)
     if wants_ablate(args):
