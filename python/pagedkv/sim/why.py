@@ -26,12 +26,12 @@ drained before every `allocate` and after every step, so the causes are judged o
 as it was when the hit was computed; `MissWhy.watch(manager)` wraps the manager to do that
 (and to note how many tokens a preempted sequence held). The digests of the missed blocks
 are the manager's own (`hash_blocks`), with its hash and seed; "the same tokens under
-another salt" is judged by a salt-free BLAKE2b chain over the stored blocks' tokens.
+another salt" is judged by the salt-free digests of the blocks every allocation asked for
+(they are hit or stored as it is scheduled).
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,13 +50,7 @@ CAUSES = (
     "preemption",
     "unexplained",
 )
-_ROOT = hashlib.blake2b(b"pagedkv-sim-why|salt-free").digest()[:16]
-
-
-def _content(parent: bytes, block: npt.NDArray[np.uint32]) -> bytes:
-    """The salt-free key of a block: its tokens, chained to its parent's key."""
-    return hashlib.blake2b(parent + block.tobytes(), digest_size=16).digest()
-
+_SEVERAL = -1  # `_asked`: more than one tenant asked for these tokens
 
 def tenant_name(salt: str | bytes | None) -> str:
     """A tenant's name in the output: its cache salt, or "(none)"."""
@@ -136,8 +130,11 @@ class MissWhy:
         self.clock = 0
         self._full: frozenset[int] = frozenset({0})  # groups whose blocks make a hit
         self._present: dict[bytes, int] = {}  # digest -> full groups caching it now
-        self._content: dict[bytes, bytes] = {}  # digest ever stored -> salt-free key
-        self._contents: set[bytes] = set()  # salt-free keys ever stored
+        self._ever: set[bytes] = set()  # digests ever stored
+        # The salt-free digest of every full prompt block allocated -> the tenant (salt and
+        # LoRA id) that asked for it, or _SEVERAL: its blocks were stored under that salt.
+        self._asked: dict[bytes, int] = {}
+        self._tenant_ids: dict[tuple[str | bytes | None, int | None], int] = {}
         self._removed: dict[bytes, int] = {}  # digest -> clock of its last eviction
 
     # ---------------------------------------------------------------- the manager
@@ -169,7 +166,7 @@ class MissWhy:
             if isinstance(e, BlockStored):
                 if e.group_idx not in self._full:
                     continue
-                self._stored(e)
+                self._ever.update(e.block_hashes)
                 for d in e.block_hashes:
                     present[d] = present.get(d, 0) + 1
             elif isinstance(e, BlockRemoved):
@@ -186,16 +183,6 @@ class MissWhy:
                 for d in present:
                     removed[d] = self.clock
                 present.clear()
-
-    def _stored(self, e: BlockStored) -> None:
-        parent = e.parent_block_hash
-        key = _ROOT if parent is None else self._content.get(parent, _ROOT)
-        bs = e.block_size
-        tokens = np.asarray(e.token_ids, dtype=np.uint32)
-        for i, d in enumerate(e.block_hashes):
-            key = _content(key, tokens[i * bs : (i + 1) * bs])
-            self._content[d] = key
-            self._contents.add(key)
 
     # ---------------------------------------------------------------- the observer
 
@@ -224,33 +211,45 @@ class MissWhy:
             end = min(-(-held // bs) * bs, n)
             causes["preemption"] += end - hit_tokens
         cap = (n - 1) // bs * bs  # a hit never covers more
-        if end >= cap:
-            causes["last_block"] += n - end
-            return
-        causes["last_block"] += n - cap
-        digests = hash_blocks(
-            token_ids[:cap],
-            bs,
-            cache_salt=cache_salt,
-            lora_id=lora_id,
-            hash_algo=self.hash_algo,
-            seed=self.hash_seed,
-        )
-        broke = "preemption" if end > hit_tokens else None
-        self._blocks(t, token_ids, digests, end // bs, broke)
+        causes["last_block"] += n - max(end, cap)
+        tenant = self._tenant_ids.setdefault((cache_salt, lora_id), len(self._tenant_ids))
+        salted = cache_salt is not None or lora_id is not None
+        algo, seed = self.hash_algo, self.hash_seed
+        plain = hash_blocks(token_ids[:cap], bs, hash_algo=algo, seed=seed)
+        if end < cap:
+            digests = (
+                hash_blocks(
+                    token_ids[:cap],
+                    bs,
+                    cache_salt=cache_salt,
+                    lora_id=lora_id,
+                    hash_algo=algo,
+                    seed=seed,
+                )
+                if salted
+                else plain
+            )
+            broke = "preemption" if end > hit_tokens else None
+            self._blocks(t, tenant, digests, plain, end // bs, broke)
+        asked = self._asked
+        for c in plain:
+            was = asked.setdefault(c, tenant)
+            if was != tenant and was != _SEVERAL:
+                asked[c] = _SEVERAL
 
     def _blocks(
         self,
         t: TenantMisses,
-        token_ids: npt.NDArray[np.uint32],
+        tenant: int,
         digests: list[bytes],
+        plain: list[bytes],
         first: int,
         broke: str | None,
     ) -> None:
-        """Blocks `first..len(digests)` missed; `broke`: the cause of the miss before them."""
+        """Blocks `first..len(digests)` missed (`plain`: their salt-free digests); `broke`:
+        the cause of the miss before them."""
         bs, need, causes = self.block_size, len(self._full), t.causes
-        present, content, removed = self._present, self._content, self._removed
-        key, done = _ROOT, 0  # the salt-free chain, computed up to block `done` when needed
+        present, ever, removed, asked = self._present, self._ever, self._removed, self._asked
         for i in range(first, len(digests)):
             d = digests[i]
             if present.get(d, 0) >= need:
@@ -258,17 +257,15 @@ class MissWhy:
                 # tokens are lost to that miss's cause; as the first miss, a hybrid group's
                 # window cut the hit (with one group this cannot happen: "unexplained").
                 cause = broke or ("window" if self.hybrid else "unexplained")
-            elif d in content:
+            elif d in ever:
                 cause = "evicted"
                 age = self.clock - removed.get(d, self.clock)
                 t.evicted_blocks += 1
                 t.evicted_age_steps += age
                 t.evicted_max_age_steps = max(t.evicted_max_age_steps, age)
             else:
-                while done <= i:
-                    key = _content(key, token_ids[done * bs : (done + 1) * bs])
-                    done += 1
-                cause = "other_salt" if key in self._contents else "never_stored"
+                who = asked.get(plain[i])
+                cause = "never_stored" if who is None or who == tenant else "other_salt"
             causes[cause] += bs
             broke = cause
 
