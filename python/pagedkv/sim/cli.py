@@ -29,6 +29,7 @@ from pagedkv.sim.ablate_cli import add_ablate_arguments, simulate_ablate, wants_
 from pagedkv.sim.cluster_cli import add_cluster_arguments, simulate_cluster, wants_cluster
 from pagedkv.sim.factory import make_manager
 from pagedkv.sim.kv_bytes import KVBytes, kv_bytes
+from pagedkv.sim.live_cli import add_live_arguments, simulate_live
 from pagedkv.sim.model_report import comparison_table
 from pagedkv.sim.model_run import compare
 from pagedkv.sim.models import GIB, MODELS, full_layout, get_model, model_layout
@@ -252,6 +253,7 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     add_cluster_arguments(sim)
     add_policy_arguments(sim)
     add_noisy_arguments(sim)
+    add_live_arguments(sim)
 
     o = sim.add_argument_group("output")
     o.add_argument(
@@ -533,6 +535,8 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
         return 0
     if args.noisy_neighbour:
         return simulate_noisy(args, out)
+    if args.record is not None:
+        return simulate_live(args, out)
     if wants_policies(args):
         return simulate_policies(args, out, err, _workload, _schedule, _configs)
     if wants_ablate(args):

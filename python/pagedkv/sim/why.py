@@ -52,6 +52,7 @@ CAUSES = (
 )
 _SEVERAL = -1  # `_asked`: more than one tenant asked for these tokens
 
+
 def tenant_name(salt: str | bytes | None) -> str:
     """A tenant's name in the output: its cache salt, or "(none)"."""
     if salt is None:
