@@ -154,12 +154,14 @@ class NoisyRow:
     quotas: dict[str, dict[str, int | None]]
 
 
-def _run(
+def noisy_run(
     setup: NoisySetup,
     workload: Workload,
     label: str,
     quotas: dict[str, dict[str, int | None]],
 ) -> NoisyRow:
+    """One replay of `workload` on the setup's pool, with `quotas` per cache salt
+    (`max_cached`, `reserved`), telling each tenant's hit rate."""
     m = BlockManager(setup.num_blocks, setup.block_size, tenants=True)
     for salt, q in quotas.items():
         m.set_tenant_quota(salt, max_cached=q.get("max_cached"), reserved=q.get("reserved") or 0)
@@ -177,10 +179,12 @@ def noisy_rows(setup: NoisySetup) -> list[NoisyRow]:
     )
     reserve, cap = setup.reserve, setup.cap
     return [
-        _run(setup, alone, "quiet tenant alone", {}),
-        _run(setup, both, "both, no quotas", {}),
-        _run(setup, both, f"both, quiet reserve {reserve} blocks", {QUIET: {"reserved": reserve}}),
-        _run(setup, both, f"both, loud cap {cap} blocks", {LOUD: {"max_cached": cap}}),
+        noisy_run(setup, alone, "quiet tenant alone", {}),
+        noisy_run(setup, both, "both, no quotas", {}),
+        noisy_run(
+            setup, both, f"both, quiet reserve {reserve} blocks", {QUIET: {"reserved": reserve}}
+        ),
+        noisy_run(setup, both, f"both, loud cap {cap} blocks", {LOUD: {"max_cached": cap}}),
     ]
 
 
@@ -236,6 +240,7 @@ __all__ = [
     "TenantHits",
     "add_noisy_arguments",
     "noisy_rows",
+    "noisy_run",
     "noisy_table",
     "noisy_workload",
     "simulate_noisy",
