@@ -162,4 +162,25 @@ def test_the_command_prints_and_writes_the_causes(
 
 def test_why_is_refused_where_it_cannot_explain(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--why", "--mrc", "--requests", "10"]) == 2
-    assert "--why explains the misses of a plain replay" in capsys.readouterr().err
+    assert "--why explains the misses of a replay" in capsys.readouterr().err
+
+
+def test_a_hybrid_model_run_says_what_its_window_cut(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "model.json"
+    argv = ["simulate", "--model", "gpt-oss-20b", "--requests", "300", "--no-progress"]
+    assert main([*argv, "--why", "--json", str(path)]) == 0
+    assert "model run\nwhy misses" in capsys.readouterr().out
+    hybrid, full = json.loads(path.read_text())["runs"]
+    for run in (hybrid, full):
+        tenants = run["misses"]["tenants"]
+        assert sum(t["miss_tokens"] for t in tenants.values()) == (
+            run["prompt_tokens"] - run["prefix_hit_tokens"]
+        )
+        for t in tenants.values():
+            assert sum(t["causes"].values()) == t["miss_tokens"]
+            assert t["causes"]["unexplained"] == 0
+    window = sum(t["causes"]["window"] for t in hybrid["misses"]["tenants"].values())
+    assert window > 0  # the sliding-window group cut hits the full group could serve
+    assert all(t["causes"]["window"] == 0 for t in full["misses"]["tenants"].values())

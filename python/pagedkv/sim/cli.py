@@ -277,7 +277,8 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
         help="say why each prompt-token miss happened, per tenant (never stored, evicted and "
         "how long before, stored under another salt, cut by a hybrid group's window, the "
         "partial last block, lost to preemption), in the summary and --json ('misses'); "
-        "a plain replay only (costs replay time: benches/results/issue35-why.md)",
+        "not with --mrc or tiers; with --model it replaces the hit-limit probe (costs "
+        "replay time: benches/results/issue35-why.md)",
     )
     o.add_argument(
         "--check",
@@ -433,9 +434,13 @@ def _simulate_model(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         make=make_manager,
         progress=_bar(args, err),
         search=args.equal_hits,
+        why=args.why,
     )
     print(file=out)
     print(comparison_table(section, runs), file=out)
+    for f in runs if args.why else ():
+        print(f"\n{f['label']} run", file=out)
+        print(misses_table(f["misses"]), file=out)
     if args.check:
         print("invariants  OK (both runs, checked after every step)", file=out)
     if args.json:
@@ -545,10 +550,8 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
         return simulate_cluster(args, out, err, _workload, _schedule, _configs)
     mrc = wants_mrc(args)
     tiers = wants_tiers(args)
-    if args.why and (mrc or tiers or args.model is not None):
-        raise ValueError(
-            "--why explains the misses of a plain replay: not with --mrc, tiers or --model"
-        )
+    if args.why and (mrc or tiers):
+        raise ValueError("--why explains the misses of a replay: not with --mrc or tiers")
     if tiers and mrc:
         raise ValueError("give either tiers (--host-tier-bytes, --remote) or --mrc, not both")
     if args.equal_hits and (args.model is None or mrc or tiers):

@@ -42,6 +42,7 @@ from pagedkv.sim.report import figures
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.saving import equal_hits, saving_figures, search_equal_hits
 from pagedkv.sim.scheduler import ManagerLike, SimResult, run_workload
+from pagedkv.sim.why import MissWhy, misses_doc
 from pagedkv.stats import GroupStats, Stats
 
 RUNS = ("model", "all_full")
@@ -152,7 +153,9 @@ class Replay:
         check: bool = False,
         make: Callable[..., ManagerLike] = make_manager,
         progress: Callable[[str], ProgressBar | None] = lambda label: None,
+        why: bool = False,
     ) -> None:
+        self.why = why
         self.model = model
         self.workload = workload
         self.config = config
@@ -169,20 +172,30 @@ class Replay:
         """The run's `report.figures` and its part of the `model` section (pool, per-group
         figures and, with `probe` on a hybrid layout, `hit_limits`)."""
         self.count += 1
-        probe = probe and any(g.kind != "full" for g in layout.groups)
+        # `why` (the cause of each miss) and the hit-limit probe both read the manager's
+        # events: `why` replaces the probe.
+        probe = probe and not self.why and any(g.kind != "full" for g in layout.groups)
         run_config = dataclasses.replace(
             self.config,
             num_blocks=num_blocks,
             block_size=layout.block_size,
-            enable_kv_events=self.config.enable_kv_events or probe,
+            enable_kv_events=self.config.enable_kv_events or probe or self.why,
         )
         manager = self.make(run_config, reference=self.reference, groups=layout.manager_groups)
         prober = HitLimitProbe(manager, layout.groups) if probe else None
+        why = MissWhy(self.workload.ms_per_step) if self.why else None
         driven: Any = prober if prober is not None else manager
         sampler = GroupSampler(manager)
         bar = self.progress(f"{self.model.name} {label}")
         result = run_workload(
-            driven, self.workload, **self.schedule, check=self.check, observe=sampler, progress=bar
+            driven if why is None else why.watch(manager),
+            self.workload,
+            **self.schedule,
+            check=self.check,
+            observe=sampler,
+            progress=bar,
+            watch=why,
+            before_step=None if why is None else why.before_step,
         )
         if bar is not None:
             bar.close()
@@ -196,6 +209,8 @@ class Replay:
             ms_per_step=self.workload.ms_per_step,
         )
         f["label"] = label
+        if why is not None:
+            f["misses"] = misses_doc(why)
         part = {
             "num_blocks": num_blocks,
             "pool_gib": layout.gib(num_blocks),
@@ -217,6 +232,7 @@ def compare(
     make: Callable[..., ManagerLike] = make_manager,
     progress: Callable[[str], ProgressBar | None] = lambda label: None,
     search: bool = False,
+    why: bool = False,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run `workload` with the model's groups and as all-full attention on the same bytes.
 
@@ -225,7 +241,8 @@ def compare(
     run, the `saving`) and the two runs' `report.figures`, each with its `label`. A model
     whose layout is one full group replays once (`replays` says how many replays were
     made); `search` looks for the memory at which each layout reaches the all-full run's hit
-    rate (`saving.search_equal_hits`), for the memory saved at equal hits.
+    rate (`saving.search_equal_hits`), for the memory saved at equal hits. `why` adds each
+    run's causes of misses (`sim.why`, its `misses`) in place of the hit-limit probe.
     """
     full = full_layout(model, config.block_size)
     layouts = {"model": model_layout(model, config.block_size), "all_full": full}
@@ -260,6 +277,7 @@ def compare(
         check=check,
         make=make,
         progress=progress,
+        why=why,
     )
     # One full group is the all-full layout itself: the same pool, the same manager.
     same = layouts["model"] == full and sizes["model"] == sizes["all_full"]
