@@ -130,8 +130,10 @@ class MissWhy:
         self.policy = "lru"
         self.clock = 0
         self._full: frozenset[int] = frozenset({0})  # groups whose blocks make a hit
-        self._present: dict[bytes, int] = {}  # digest -> full groups caching it now
-        self._ever: set[bytes] = set()  # digests ever stored
+        # Cached now: with one full group a set; with several, digest -> full groups caching
+        # it. A digest ever stored is cached now or was evicted (`_removed`).
+        self._present_set: set[bytes] = set()
+        self._present: dict[bytes, int] = {}
         # The salt-free digest of every full prompt block allocated -> the tenant (salt and
         # LoRA id) that asked for it, or _SEVERAL: its blocks were stored under that salt.
         self._asked: dict[bytes, int] = {}
@@ -162,27 +164,49 @@ class MissWhy:
 
     def drain(self) -> None:
         """Apply the manager's events since the last drain, stamped with the current clock."""
-        present, removed = self._present, self._removed
-        for e in self._m.drain_events():
-            if isinstance(e, BlockStored):
-                if e.group_idx not in self._full:
-                    continue
-                self._ever.update(e.block_hashes)
-                for d in e.block_hashes:
-                    present[d] = present.get(d, 0) + 1
-            elif isinstance(e, BlockRemoved):
-                if e.group_idx not in self._full:
-                    continue
-                for d in e.block_hashes:
-                    left = present.get(d, 0) - 1
-                    if left > 0:
-                        present[d] = left
-                    else:
-                        present.pop(d, None)
-                    removed[d] = self.clock
-            elif isinstance(e, AllBlocksCleared):
-                for d in present:
-                    removed[d] = self.clock
+        events = self._m.drain_events()
+        if len(self._full) == 1:
+            self._drain_one(events)
+        else:
+            self._drain_many(events)
+
+    def _drain_one(self, events: list[Any]) -> None:
+        """One full group (the common case): set operations per event, no loop per block."""
+        (group,) = self._full
+        present, removed, clock = self._present_set, self._removed, self.clock
+        for e in events:
+            kind = type(e)
+            if kind is BlockStored:
+                if e.group_idx == group:
+                    present.update(e.block_hashes)
+            elif kind is BlockRemoved:
+                if e.group_idx == group:
+                    present.difference_update(e.block_hashes)
+                    removed.update(dict.fromkeys(e.block_hashes, clock))
+            elif kind is AllBlocksCleared:
+                removed.update(dict.fromkeys(present, clock))
+                present.clear()
+
+    def _drain_many(self, events: list[Any]) -> None:
+        """Several full groups: a block is cached when every one of them caches it."""
+        present, removed, full = self._present, self._removed, self._full
+        for e in events:
+            kind = type(e)
+            if kind is BlockStored:
+                if e.group_idx in full:
+                    for d in e.block_hashes:
+                        present[d] = present.get(d, 0) + 1
+            elif kind is BlockRemoved:
+                if e.group_idx in full:
+                    for d in e.block_hashes:
+                        left = present.get(d, 0) - 1
+                        if left > 0:
+                            present[d] = left
+                        else:
+                            present.pop(d, None)
+                        removed[d] = self.clock
+            elif kind is AllBlocksCleared:
+                removed.update(dict.fromkeys(present, self.clock))
                 present.clear()
 
     # ---------------------------------------------------------------- the observer
@@ -250,17 +274,18 @@ class MissWhy:
         """Blocks `first..len(digests)` missed (`plain`: their salt-free digests); `broke`:
         the cause of the miss before them."""
         bs, need, causes = self.block_size, len(self._full), t.causes
-        present, ever, removed, asked = self._present, self._ever, self._removed, self._asked
+        present, pset, removed, asked = self._present, self._present_set, self._removed, self._asked
+        one = need == 1
         for i in range(first, len(digests)):
             d = digests[i]
-            if present.get(d, 0) >= need:
+            if d in pset if one else present.get(d, 0) >= need:
                 # Cached, yet missed: the hit ended before it. Behind an earlier miss the
                 # tokens are lost to that miss's cause; as the first miss, a hybrid group's
                 # window cut the hit (with one group this cannot happen: "unexplained").
                 cause = broke or ("window" if self.hybrid else "unexplained")
-            elif d in ever:
+            elif d in removed:
                 cause = "evicted"
-                age = self.clock - removed.get(d, self.clock)
+                age = self.clock - removed[d]
                 t.evicted_blocks += 1
                 t.evicted_age_steps += age
                 t.evicted_max_age_steps = max(t.evicted_max_age_steps, age)
