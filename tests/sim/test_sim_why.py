@@ -184,3 +184,11 @@ def test_a_hybrid_model_run_says_what_its_window_cut(
     window = sum(t["causes"]["window"] for t in hybrid["misses"]["tenants"].values())
     assert window > 0  # the sliding-window group cut hits the full group could serve
     assert all(t["causes"]["window"] == 0 for t in full["misses"]["tenants"].values())
+
+
+def test_a_manager_it_cannot_read_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    why = MissWhy()
+    with pytest.raises(ValueError, match="enable_kv_events=True"):
+        why.watch(BlockManager(8, BS))
+    assert main(["simulate", "--why", "--reference", "--requests", "5", "--no-progress"]) == 2
+    assert "--why needs pagedkv's BlockManager" in capsys.readouterr().err

@@ -143,8 +143,15 @@ class MissWhy:
     # ---------------------------------------------------------------- the manager
 
     def watch(self, manager: Any) -> Any:
-        """Wrap `manager` (built with `enable_kv_events=True`) for `run_workload`."""
-        manager.set_kv_event_capacity(None)  # drained every step: never overflows
+        """Wrap `manager` (built with `enable_kv_events=True`) for `run_workload`. Raises
+        ValueError for a manager without events, or one that is not pagedkv's Rust
+        `BlockManager` (the digests must be its own)."""
+        if not hasattr(manager, "hash_algo") or not hasattr(manager, "drain_events"):
+            raise ValueError(
+                f"--why needs pagedkv's BlockManager (the Rust core), not {type(manager).__name__}"
+            )
+        manager.set_kv_event_capacity(None)  # drained every step: never overflows; raises
+        # InvalidArgumentError (a ValueError) when the manager's events are off
         self._m = manager
         self.policy = str(getattr(manager, "eviction", "lru"))
         self.block_size = manager.block_size
