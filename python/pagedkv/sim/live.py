@@ -18,10 +18,13 @@ keeps a block only with its parent, only when every block before it in its chain
 (the running maximum of the distances along each event's chain). That gives the hit rate of
 every size at once, in blocks of the engine's block size.
 
-Limits, stated in the output: a request whose prompt was all cached and that stored no block
-(a short answer) leaves no event, so its hits are not seen; a request that hits exactly the
-last block another request just stored, with nothing stored after it, looks like that
-request continuing (its hits are missed); blocks cached before the recording are known from
+Limits, stated in the output (measured per workload in
+`benches/results/issue35-record.md`): a request whose prompt was all cached and that stored no
+block (a short answer) leaves no event, so its hits are not seen; a request that extends the
+last block another request stored (a chat's next turn) looks like that request continuing
+(its hits are missed); a fork (parallel samples, beams) decoding into a block of its own
+looks like a new request hitting the whole prompt (hits counted that the engine shared by
+forking); blocks cached before the recording are known from
 a snapshot (pagedkv's publisher, with its replay socket), else only as the parent of a block
 stored after it starts, without their ancestors (a chain of one block: a lower bound; and a
 sequence already running when the recording starts looks like such a hit once); only the

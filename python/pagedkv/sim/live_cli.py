@@ -100,9 +100,11 @@ def live_table(endpoint: str, seconds: float, doc: dict[str, Any]) -> str:
         )
     lines.append(
         "limits      hits are inferred from the parents of stored blocks: a request that "
-        "stored nothing\n            (all cached, a short answer) is not seen; a chain cached "
-        "before the recording\n            counts one block unless a snapshot showed it "
-        "(--record-replay to pagedkv's publisher)"
+        "stored nothing\n            (all cached, a short answer) is not seen; a chat's next "
+        "turn reads as its last turn\n            going on (hits missed), a forked sample "
+        "or beam as a new request (hits\n            counted); a chain cached before the "
+        "recording counts one block unless a\n            snapshot showed it (--record-replay "
+        "to pagedkv's publisher)"
     )
     return "\n".join(lines)
 
