@@ -161,3 +161,8 @@ def test_the_command_sizes_a_live_engine(
 def test_bad_record_seconds_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--record", "tcp://127.0.0.1:1", "--record-seconds", "0"]) == 2
     assert "--record-seconds must be > 0" in capsys.readouterr().err
+
+
+def test_options_it_would_ignore_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--record", "tcp://127.0.0.1:1", "--workload", "chat"]) == 2
+    assert "--record sizes from a live engine's events" in capsys.readouterr().err

@@ -56,3 +56,8 @@ def test_the_command_prints_the_table_and_json(
     assert [r["label"].split(",")[0] for r in rows] == ["quiet tenant alone", *["both"] * 3]
     assert rows[2]["quiet_of_alone"] >= 0.9
     assert doc["setup"]["ratio"] == 10
+
+
+def test_options_it_would_ignore_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--noisy-neighbour", "--workload", "chat"]) == 2
+    assert "--noisy-neighbour builds its own" in capsys.readouterr().err

@@ -111,6 +111,10 @@ def live_table(endpoint: str, seconds: float, doc: dict[str, Any]) -> str:
 
 def simulate_live(args: argparse.Namespace, out: TextIO) -> int:
     """`simulate --record`: follow, then print (and with --json write) the sizing."""
+    if args.trace is not None or args.workload is not None or args.why:
+        raise ValueError(
+            "--record sizes from a live engine's events: not with --trace, --workload or --why"
+        )
     trace, counts = record(
         args.record,
         args.record_seconds,

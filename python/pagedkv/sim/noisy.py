@@ -217,6 +217,11 @@ def add_noisy_arguments(sim: argparse.ArgumentParser) -> None:
 
 def simulate_noisy(args: argparse.Namespace, out: TextIO) -> int:
     """`simulate --noisy-neighbour`: the table at the command's sizes."""
+    if args.trace is not None or args.workload is not None or args.why:
+        raise ValueError(
+            "--noisy-neighbour builds its own two-tenant workload and pool: not with --trace, "
+            "--workload or --why"
+        )
     setup = NoisySetup(seed=args.seed)
     rows = noisy_rows(setup)
     print(noisy_table(setup, rows), file=out)
