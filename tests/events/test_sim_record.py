@@ -5,7 +5,11 @@ pagedkv's own publisher (with its snapshot of the blocks cached before) and from
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,6 +24,7 @@ from pagedkv.__main__ import main
 from pagedkv.kv_events import Publisher
 from pagedkv.sim.live import LiveCurve, LiveTrace, record
 from pagedkv.sim.live_cli import live_doc
+from sigint import sigint_default_in_children
 
 B = 4
 LOOP = "tcp://127.0.0.1:0"
@@ -166,3 +171,32 @@ def test_bad_record_seconds_are_refused(capsys: pytest.CaptureFixture[str]) -> N
 def test_options_it_would_ignore_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--record", "tcp://127.0.0.1:1", "--workload", "chat"]) == 2
     assert "--record sizes from a live engine's events" in capsys.readouterr().err
+
+
+def test_ctrl_c_ends_the_recording_and_sizes_what_it_saw(tmp_path: Path) -> None:
+    """A recording meant to last a minute, stopped with Ctrl-C: the command says so and
+    answers (here: nothing was published, so nothing to size), with status 0."""
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"  # nobody publishes there
+    path = tmp_path / "live.json"
+    argv = ["simulate", "--record", endpoint, "--record-seconds", "60", "--json", str(path)]
+    with sigint_default_in_children():  # CI may have started pytest ignoring SIGINT
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pagedkv", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ),
+        )
+    try:
+        time.sleep(3.0)  # imports done, following
+        assert proc.poll() is None, "the recording ended before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out + err
+    assert "(stopped by Ctrl-C)" in out and "nothing to size" in out
+    doc = json.loads(path.read_text())
+    assert doc["stream"]["interrupted"] == 1 and doc["stream"]["elapsed_ms"] < 30_000

@@ -214,9 +214,10 @@ def record(
     until: Callable[[LiveTrace], bool] | None = None,
     trace: LiveTrace | None = None,
 ) -> tuple[LiveTrace, dict[str, int]]:
-    """Follow `endpoint` for `seconds` (or until `until(trace)` is true) and return what it
-    implied (into `trace` when given, which another thread may watch), with the
-    subscriber's counts (gaps, lost batches, snapshots, restarts)."""
+    """Follow `endpoint` for `seconds` (or until `until(trace)` is true, or Ctrl-C) and
+    return what it implied (into `trace` when given, which another thread may watch), with
+    the subscriber's counts (gaps, lost batches, snapshots, restarts), whether Ctrl-C ended
+    it (`interrupted`) and the milliseconds it followed (`elapsed_ms`)."""
     from pagedkv.kv_events.subscriber import Subscriber  # pyzmq, msgspec
 
     if not seconds > 0:
@@ -240,14 +241,24 @@ def record(
     sub = _Recording(
         endpoint, replay_endpoint, topic=topic, on_batch=lambda _seq, ev: live.apply(ev)
     )
+    started = time.monotonic()
+    interrupted = False
     try:
-        deadline = time.monotonic() + seconds
+        deadline = started + seconds
         while time.monotonic() < deadline and not (until is not None and until(trace)):
             sub.poll(0.05)
+    except KeyboardInterrupt:  # Ctrl-C ends the recording early: size what it saw
+        interrupted = True
     finally:
         sub.close()
     counts = {"gaps": sub.gaps, "lost": sub.lost, "snapshots": sub.snapshots}
-    return trace, {**counts, "restarts": sub.restarts}
+    elapsed_ms = int(1000 * (time.monotonic() - started))
+    return trace, {
+        **counts,
+        "restarts": sub.restarts,
+        "interrupted": int(interrupted),
+        "elapsed_ms": elapsed_ms,
+    }
 
 
 __all__ = ["LiveCurve", "LiveTrace", "record"]

@@ -61,15 +61,16 @@ def live_doc(trace: LiveTrace, curve: LiveCurve, counts: dict[str, int]) -> dict
     }
 
 
-def live_table(endpoint: str, seconds: float, doc: dict[str, Any]) -> str:
+def live_table(endpoint: str, doc: dict[str, Any]) -> str:
     bs = doc["block_size"]
 
     def tokens(blocks: int) -> str:
         return f"{blocks * bs} tokens" if bs else "? tokens"
 
     s = doc["stream"]
+    took = f"{s['elapsed_ms'] / 1000:.1f} s" + (" (stopped by Ctrl-C)" if s["interrupted"] else "")
     lines = [
-        f"record      {endpoint} for {seconds:g} s: {doc['batches']} batches; "
+        f"record      {endpoint} for {took}: {doc['batches']} batches; "
         f"{doc['stored_blocks']} blocks stored ({doc['restored_blocks']} again after they "
         f"were evicted), {doc['hit_blocks']} hit (inferred), {doc['removed_blocks']} "
         f"evicted; block size {bs}; gaps {s['gaps']} ({s['lost']} lost), snapshots "
@@ -122,7 +123,7 @@ def simulate_live(args: argparse.Namespace, out: TextIO) -> int:
         topic=args.record_topic,
     )
     doc = live_doc(trace, LiveCurve.of(trace), counts)
-    print(live_table(args.record, args.record_seconds, doc), file=out)
+    print(live_table(args.record, doc), file=out)
     if args.json:
         write_doc(args.json, {"record": args.record, **doc})
         print(f"json        {args.json}", file=out)
