@@ -51,10 +51,13 @@ class Step:
     finished: tuple[str, ...]
 
 
-def run(which: str, program: Program) -> list[Step]:
-    """The schedule of `program` under `which` ("vllm" or "pagedkv")."""
+def run(which: str, program: Program, *, built: list[Any] | None = None) -> list[Step]:
+    """The schedule of `program` under `which` ("vllm" or "pagedkv"); the scheduler is
+    appended to `built` when given (to read its manager afterwards)."""
     bs = program.config.get("block_size", 16)
     scheduler = build_scheduler(which, **program.config)
+    if built is not None:
+        built.append(scheduler)
     hasher = get_request_block_hasher(bs, sha256)
     rng = random.Random(program.seed)
     finished: set[str] = set()

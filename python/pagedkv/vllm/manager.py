@@ -38,6 +38,7 @@ from vllm.v1.request import Request, RequestStatus
 from pagedkv import _core
 from pagedkv.vllm.blocks import PagedKVCacheBlocks, ids_of
 from pagedkv.vllm.compat import RELEASE
+from pagedkv.vllm.deferred import settled_first
 from pagedkv.vllm.divergent import computed_blocks_for_connector
 from pagedkv.vllm.events import EventTranslator
 from pagedkv.vllm.layout import Layout
@@ -54,8 +55,12 @@ def _cdiv(a: int, b: int) -> int:
 _Seq = _core.EngineRecord
 
 
+@settled_first
 class KVCacheManager:
-    """vLLM's `KVCacheManager`, same constructor, backed by `pagedkv._core.BlockManager`."""
+    """vLLM's `KVCacheManager`, same constructor, backed by `pagedkv._core.BlockManager`.
+
+    Every public method and property settles the deferred decode steps first (`deferred`).
+    """
 
     def __init__(
         self,
@@ -109,7 +114,7 @@ class KVCacheManager:
         )
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
-        self.core = _core.BlockManager(
+        self._core_mgr = _core.BlockManager(
             layout.core_num_blocks,
             layout.block_size,
             enable_prefix_caching=enable_caching,
@@ -125,8 +130,15 @@ class KVCacheManager:
         # hands over the tokens a step computed in draft or placeholder slots (0.32: compat
         # `caches_after_output`), each step takes them in first (`_take_in_processed`).
         self._takes_in_processed = self._releases and not RELEASE.caches_after_output
-        # request id -> what pagedkv holds for it (`_Seq`)
+        # request id -> what pagedkv holds for it (`_Seq`); never rebound (`_deferred` holds it)
         self._seqs: dict[str, _Seq] = {}
+        # One-token decode steps answered at once and applied in a batch (`deferred`): planned
+        # at each step's start where no watermark applies to a running request's step and no
+        # group releases entries (the core plans only single full-attention groups).
+        self._deferred = _core.DeferredDecodes(self._seqs)
+        self._planned: dict[str, int] = self._deferred.planned
+        self._taken: list[str] = self._deferred.taken
+        self._primes = self.watermark_blocks == 0 and not self._releases
         # Sequences popped by `pop_blocks_for_free`, freed when their blocks come back.
         self._next_id = 0
         self._pending_copies: list[KVCacheBlockCopy] = []
@@ -138,6 +150,11 @@ class KVCacheManager:
         self._block_objs[0] = self.block_pool.null_block  # vLLM's one null block object
         self.coordinator = coordinator_view(self)
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(layout.num_groups)))
+
+    @property
+    def core(self) -> _core.BlockManager:
+        """The pagedkv manager underneath (the deferred steps applied first)."""
+        return self._core_mgr
 
     # -- statistics ---------------------------------------------------------------------------
     @property
@@ -239,7 +256,25 @@ class KVCacheManager:
         has_scheduled_reqs: bool = True,
         skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> KVCacheBlocks | None:
-        rec = self._seqs.get(request.request_id)
+        # The decode step planned at the step's start (`deferred`): queued, no new block.
+        rid = request.request_id
+        if (
+            self._planned.pop(rid, None) == request.num_computed_tokens
+            and num_new_tokens == 1
+            and not (
+                num_lookahead_tokens
+                or num_new_computed_tokens
+                or num_external_computed_tokens
+                or reserved_blocks
+                or delay_cache_blocks
+                or full_sequence_must_fit
+            )
+        ):
+            self._taken.append(rid)
+            return self.empty_kv_cache_blocks
+        # Steps answered before this call (of other requests, or this one's) applied first.
+        self._deferred.apply()
+        rec = self._seqs.get(rid)
         if (
             rec is not None
             and not (
@@ -764,7 +799,10 @@ class KVCacheManager:
         return []
 
     def new_step_starts(self) -> None:
-        return None
+        if self._primes:
+            self._deferred.prime()
+        else:
+            self._deferred.settle()
 
     def create_kv_cache_blocks(self, blocks: tuple[Sequence[Any], ...]) -> KVCacheBlocks:
         return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks

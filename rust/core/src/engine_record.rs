@@ -140,9 +140,9 @@ impl EngineRecord {
 /// map of live sequences (as a running batch's members). Made by `BlockManager::seq_handle`.
 pub struct SeqHandle {
     /// The manager whose cell this is (`BlockManager::instance`).
-    owner: u64,
-    id: u64,
-    cell: Arc<SeqCell>,
+    pub(crate) owner: u64,
+    pub(crate) id: u64,
+    pub(crate) cell: Arc<SeqCell>,
 }
 
 impl BlockManager {

@@ -40,6 +40,7 @@ mod counters;
 mod cpu_copies;
 mod cpu_pool;
 mod decode;
+mod decode_in_place;
 pub mod duties;
 #[cfg(all(test, not(loom)))]
 mod duties_tests;

@@ -6,19 +6,23 @@
 use crate::convert::{batch_tokens, id_arg, int_arg, keys_arg};
 use crate::errors::IntoPy;
 use crate::manager::PyBlockManager;
-use pagedkv_core::{nonblocking, DecodeCall, EngineRecord, Error, SeqHandle};
+use pagedkv_core::{nonblocking, DecodeCall, DecodePlan, EngineRecord, Error, SeqHandle};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyList, PySlice, PyTuple};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// What a request's record holds besides the core's counters.
-struct State {
-    rec: EngineRecord,
+pub(crate) struct State {
+    pub(crate) rec: EngineRecord,
     /// The sequence's cell, resolved on the first step.
-    handle: Option<SeqHandle>,
+    pub(crate) handle: Option<SeqHandle>,
     /// The companion sequence of a cross-attention group, if any.
     cross: Option<u64>,
+    /// A one-token step planned ahead (`prime`), waiting for the engine's call and then
+    /// its application (`apply_primed`); cleared by every other change of the record.
+    pub(crate) primed: Option<DecodePlan>,
 }
 
 /// One request of an engine adapter (pagedkv.vllm): its sequence, how far the sequence
@@ -28,38 +32,57 @@ struct State {
 /// updates them under the record's lock, together with the sequence.
 #[pyclass(frozen, module = "pagedkv._core", name = "EngineRecord")]
 pub struct PyEngineRecord {
-    mgr: Py<PyBlockManager>,
+    pub(crate) mgr: Py<PyBlockManager>,
     /// The engine's request object (the adapter reads it back for block views).
-    request: Py<PyAny>,
+    pub(crate) request: Py<PyAny>,
     /// What `decode` returns when a step added no table entry and nothing else is due.
     unchanged: Py<PyAny>,
+    /// vLLM's token list of the request (`_all_token_ids`, one list for the request's life),
+    /// read by the deferred steps without a lookup on the request; None for a request
+    /// without one, or once `decode` found the request holding another list.
+    pub(crate) tokens: Option<Py<PyList>>,
+    /// Set when `decode` found `tokens` replaced (then nothing is planned for the record).
+    pub(crate) tokens_replaced: AtomicBool,
     /// vLLM ids are the core's plus this (vLLM reserves block 0).
     offset: u32,
-    max_len: usize,
+    pub(crate) max_len: usize,
     /// Engine hash blocks per block: the key of block `i` is hash `(i + 1) * ratio - 1`.
-    hash_ratio: usize,
+    pub(crate) hash_ratio: usize,
     state: Mutex<State>,
 }
 
-fn count(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+pub(crate) fn count(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
     Ok(int_arg(obj, what, 0, i64::MAX)? as usize)
 }
 
 /// One token id, in `[0, 2**32)`.
-fn token(obj: &Bound<'_, PyAny>) -> PyResult<u32> {
+pub(crate) fn token(obj: &Bound<'_, PyAny>) -> PyResult<u32> {
     Ok(int_arg(obj, "token id", 0, i64::from(u32::MAX))? as u32)
 }
 
-fn attr_count(obj: &Bound<'_, PyAny>, name: &Bound<'_, pyo3::types::PyString>) -> PyResult<usize> {
+pub(crate) fn attr_count(
+    obj: &Bound<'_, PyAny>,
+    name: &Bound<'_, pyo3::types::PyString>,
+) -> PyResult<usize> {
     let v = obj.getattr(name)?;
     // The message's name is formatted only when there is a message to write.
     count(&v, "request attribute").or_else(|_| count(&v, &format!("request.{name}")))
 }
 
+/// The request's token list: vLLM's list itself (its `all_token_ids` is a read-only
+/// wrapper whose slicing runs Python); the wrapper where the list is not there.
+pub(crate) fn token_list<'py>(request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let py = request.py();
+    match request.getattr(intern!(py, "_all_token_ids")) {
+        Ok(l) => Ok(l),
+        Err(_) => request.getattr(intern!(py, "all_token_ids")),
+    }
+}
+
 impl PyEngineRecord {
     /// The record's state, locked. Never waits for the lock while holding the GIL: a holder
     /// may be waiting for the GIL itself (a core call that detached).
-    fn state(&self, py: Python<'_>) -> MutexGuard<'_, State> {
+    pub(crate) fn state(&self, py: Python<'_>) -> MutexGuard<'_, State> {
         loop {
             match self.state.try_lock() {
                 Ok(g) => return g,
@@ -99,10 +122,19 @@ impl PyEngineRecord {
             table_len: count(table_len, "table_len")?,
             held,
         };
+        let py = seq_id.py();
+        let tokens = request
+            .bind(py)
+            .getattr(intern!(py, "_all_token_ids"))
+            .ok()
+            .and_then(|l| l.cast_into::<PyList>().ok())
+            .map(Bound::unbind);
         Ok(Self {
             mgr: manager,
             request,
             unchanged,
+            tokens,
+            tokens_replaced: AtomicBool::new(false),
             offset: int_arg(offset, "offset", 0, 1)? as u32,
             max_len: count(max_len, "max_len")?,
             hash_ratio: int_arg(hash_ratio, "hash_ratio", 1, i64::from(u32::MAX))? as usize,
@@ -110,6 +142,7 @@ impl PyEngineRecord {
                 rec,
                 handle: None,
                 cross: None,
+                primed: None,
             }),
         })
     }
@@ -133,12 +166,13 @@ impl PyEngineRecord {
         let computed = attr_count(request, intern!(py, "num_computed_tokens"))?;
         let new_tokens = count(num_new_tokens, "num_new_tokens")?;
         let lookahead = count(num_lookahead_tokens, "num_lookahead_tokens")?;
-        // vLLM's token list itself (its `all_token_ids` is a read-only wrapper whose
-        // slicing runs Python); the wrapper where the list is not there.
-        let all = match request.getattr(intern!(py, "_all_token_ids")) {
-            Ok(l) => l,
-            Err(_) => request.getattr(intern!(py, "all_token_ids"))?,
-        };
+        let all = token_list(request)?;
+        if let Some(t) = &self.tokens {
+            if !all.is(t) {
+                // Relaxed: a flag this thread and later calls read under the GIL.
+                self.tokens_replaced.store(true, Ordering::Relaxed);
+            }
+        }
         let num_tokens = all.len()?;
         let caching = mgr.config().enable_prefix_caching;
         let releases = mgr.releases_entries();
@@ -158,6 +192,7 @@ impl PyEngineRecord {
             in_flight,
         };
         let mut st = self.state(py);
+        st.primed = None;
         let Some(mut plan) = st
             .rec
             .plan_decode(&call, mgr.block_size(), caching, releases)
@@ -259,7 +294,9 @@ impl PyEngineRecord {
             Some(v) if !v.is_none() => Some(id_arg(v, "cross")?),
             _ => None,
         };
-        self.state(py).cross = v;
+        let mut st = self.state(py);
+        st.primed = None;
+        st.cross = v;
         Ok(())
     }
 
@@ -271,7 +308,9 @@ impl PyEngineRecord {
     #[setter]
     fn set_have(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let v = count(value, "have")?;
-        self.state(py).rec.known = v;
+        let mut st = self.state(py);
+        st.primed = None;
+        st.rec.known = v;
         Ok(())
     }
 
@@ -283,7 +322,9 @@ impl PyEngineRecord {
     #[setter]
     fn set_scheduled(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let v = count(value, "scheduled")?;
-        self.state(py).rec.scheduled = v;
+        let mut st = self.state(py);
+        st.primed = None;
+        st.rec.scheduled = v;
         Ok(())
     }
 
@@ -295,7 +336,9 @@ impl PyEngineRecord {
     #[setter]
     fn set_nkeys(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let v = count(value, "nkeys")?;
-        self.state(py).rec.keys = v;
+        let mut st = self.state(py);
+        st.primed = None;
+        st.rec.keys = v;
         Ok(())
     }
 
@@ -307,7 +350,9 @@ impl PyEngineRecord {
     #[setter]
     fn set_table_len(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let v = count(value, "table_len")?;
-        self.state(py).rec.table_len = v;
+        let mut st = self.state(py);
+        st.primed = None;
+        st.rec.table_len = v;
         Ok(())
     }
 
@@ -318,6 +363,8 @@ impl PyEngineRecord {
 
     #[setter]
     fn set_held(&self, py: Python<'_>, value: bool) {
-        self.state(py).rec.held = value;
+        let mut st = self.state(py);
+        st.primed = None;
+        st.rec.held = value;
     }
 }

@@ -1,6 +1,7 @@
 //! The Python binding of pagedkv-core: `pagedkv._core`.
 
 mod convert;
+mod deferred_decode;
 mod engine_record;
 mod errors;
 mod evicted;
@@ -30,6 +31,9 @@ mod _core {
 
     #[pymodule_export]
     use crate::engine_record::PyEngineRecord;
+
+    #[pymodule_export]
+    use crate::deferred_decode::PyDeferredDecodes;
 
     #[pymodule_export]
     use crate::mrc::PyMrcStream;

@@ -1,0 +1,223 @@
+//! A decode step that writes its one token into a slot the sequence already holds.
+//!
+//! Most decode steps of a running request add one known token inside the last block of
+//! its table: no new block, no copy, no key to hand over, nothing to release. Such a step's
+//! answer to the engine does not depend on the step running first (the slot is there), so
+//! an engine adapter may answer it at once and apply it to the sequence later, in a batch
+//! with the step's other such requests (pagedkv.vllm's deferred decodes). This module
+//! decides, ahead of the step, whether a planned step is one of them.
+
+use crate::alloc::try_with_capacity;
+use crate::batch::lock_all;
+use crate::engine_record::{DecodePlan, EngineRecord, SeqHandle};
+use crate::error::{invalid, Error, Result};
+use crate::manager::BlockManager;
+use crate::seq_map::{lock_cell, SeqCell};
+
+impl DecodePlan {
+    /// Whether the plan appends exactly one known token and nothing else (no key, no
+    /// lookahead slot, no release) into the table entries the engine already has
+    /// (`table_len` entries of `block_size` slots): then the step adds no entry.
+    pub fn is_one_token(&self, table_len: usize, block_size: usize) -> bool {
+        self.tokens.len() == 1
+            && self.keys.is_empty()
+            && self.lookahead == 0
+            && self.release_at.is_none()
+            && self.end <= table_len.saturating_mul(block_size)
+    }
+}
+
+impl BlockManager {
+    /// Whether `plan`, a one-token step of `rec` (`DecodePlan::is_one_token`), writes into a
+    /// slot `rec`'s sequence already holds: a manager of one full-attention group without a
+    /// null block, the sequence live and resident, knowing `rec.known` tokens, all of them
+    /// scheduled, and the slot's block its own (no copy and no new block needed). Then
+    /// `decode_record` of the plan adds nothing to the table, copies nothing and cannot run
+    /// out of blocks, until the sequence changes or is forked (a fork shares the block).
+    /// Reads only; false, not an error, for a sequence that is gone.
+    pub fn decode_in_place(
+        &self,
+        rec: &EngineRecord,
+        handle: &SeqHandle,
+        plan: &DecodePlan,
+    ) -> Result<bool> {
+        if !self.plain() || !plan.is_one_token(rec.table_len, self.block_size()) {
+            return Ok(false);
+        }
+        if handle.owner != self.instance || handle.id != rec.seq {
+            return Err(invalid("the sequence handle is another sequence's"));
+        }
+        let seq = lock_cell(&handle.cell)?;
+        if !handle.cell.is_live() || seq.is_swapped() {
+            return Ok(false);
+        }
+        let known = seq.tokens.len();
+        Ok(known == rec.known
+            && seq.scheduled == known
+            && plan.tokens.start == known
+            && self.append_need(&seq, 1, 0) == 0)
+    }
+}
+
+impl BlockManager {
+    /// Apply planned one-token steps together: `tokens[i]` appended to the sequence of
+    /// `handles[i]`, which must know exactly `known[i]` tokens, all scheduled; distinct
+    /// sequences, all or nothing, as `append_batch` (its prefetching and one lock of each
+    /// cell). A plain manager only (one full-attention group, no null block). Returns the
+    /// copy-on-write pairs, or None when the blocks do not fit (nothing changed): planned
+    /// steps (`decode_in_place`) give `Some(vec![])`.
+    pub fn append_planned(
+        &self,
+        handles: &[&SeqHandle],
+        known: &[usize],
+        tokens: &[u32],
+    ) -> Result<Option<Vec<(u32, u32)>>> {
+        if handles.len() != tokens.len() || known.len() != tokens.len() {
+            return Err(invalid(format!(
+                "{} handles, {} token counts and {} tokens",
+                handles.len(),
+                known.len(),
+                tokens.len()
+            )));
+        }
+        if !self.plain() {
+            return Err(invalid("planned steps are for one full-attention group"));
+        }
+        if handles.iter().any(|h| h.owner != self.instance) {
+            return Err(invalid("a sequence handle belongs to another manager"));
+        }
+        self.guarded(true, || {
+            let _gate = self.enter()?;
+            let mut ids = try_with_capacity(handles.len(), "the planned steps' ids")?;
+            ids.extend(handles.iter().map(|h| h.id));
+            let mut cells: Vec<Option<&SeqCell>> =
+                try_with_capacity(handles.len(), "the planned steps' cells")?;
+            cells.extend(handles.iter().map(|h| Some(&*h.cell)));
+            let mut locked = lock_all(&ids, &cells, true)?;
+            // Every sequence where its plan left it, before anything changes.
+            for (i, &id) in ids.iter().enumerate() {
+                let live = locked.cells[locked.at[i]].is_some_and(|c| c.is_live());
+                match locked.guards[locked.at[i]].as_deref() {
+                    Some(seq) if live && seq.tokens.len() == known[i] => {}
+                    Some(_) if live => {
+                        return Err(Error::Invariant(format!(
+                            "sequence {id} is not where its planned step starts"
+                        )))
+                    }
+                    _ => return Err(Error::UnknownSequence(id)),
+                }
+            }
+            self.append_one_each(&ids, tokens, &mut locked, None)
+        })
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use crate::config::Config;
+    use crate::engine_record::{DecodeCall, DecodeOut, EngineRecord};
+    use crate::manager::BlockManager;
+
+    fn call(computed: usize) -> DecodeCall {
+        DecodeCall {
+            computed,
+            new_tokens: 1,
+            lookahead: 0,
+            num_tokens: computed + 1,
+            num_keys: usize::MAX,
+            max_len: 1 << 20,
+            in_flight: 0,
+        }
+    }
+
+    fn record(known: usize) -> EngineRecord {
+        EngineRecord {
+            seq: 1,
+            known,
+            scheduled: known,
+            keys: 0,
+            table_len: known.div_ceil(4),
+            held: false,
+        }
+    }
+
+    #[test]
+    fn in_place_until_the_block_fills_and_then_the_step_applies_as_planned() {
+        let m = BlockManager::new(Config::new(8, 4)).unwrap();
+        m.allocate(1, &[1, 2, 3, 4, 5], None, None, 0)
+            .unwrap()
+            .unwrap();
+        let h = m.seq_handle(1).unwrap();
+        let mut rec = record(5);
+        // Tokens 6 and 7 go into block 1's free slots; token 8 fills it (in place too, no
+        // caching: no key is due); token 9 needs a new block.
+        for (token, in_place) in [(6, true), (7, true), (8, true), (9, false)] {
+            let plan = rec.plan_decode(&call(rec.known), 4, false, false).unwrap();
+            assert_eq!(m.decode_in_place(&rec, &h, &plan).unwrap(), in_place);
+            let out = m
+                .decode_record(&mut rec, &h, &plan, &[token], None)
+                .unwrap()
+                .unwrap();
+            assert_eq!(out == DecodeOut::default(), in_place, "token {token}");
+            if !in_place {
+                rec.table_len = 3;
+            }
+        }
+        assert_eq!(m.num_tokens(1).unwrap(), 9);
+    }
+
+    #[test]
+    fn a_shared_last_block_a_stale_record_or_a_freed_sequence_is_not_in_place() {
+        let m = BlockManager::new(Config::new(8, 4)).unwrap();
+        m.allocate(1, &[1, 2, 3, 4, 5], None, None, 0)
+            .unwrap()
+            .unwrap();
+        let h = m.seq_handle(1).unwrap();
+        let rec = record(5);
+        let plan = rec.plan_decode(&call(5), 4, false, false).unwrap();
+        assert!(m.decode_in_place(&rec, &h, &plan).unwrap());
+        // A record that lags the sequence.
+        let stale = EngineRecord {
+            known: 4,
+            scheduled: 4,
+            ..rec
+        };
+        let p = stale.plan_decode(&call(4), 4, false, false).unwrap();
+        assert!(!m.decode_in_place(&stale, &h, &p).unwrap());
+        // A fork shares the partial last block: the next token must copy it.
+        m.fork(1, 2).unwrap();
+        assert!(!m.decode_in_place(&rec, &h, &plan).unwrap());
+        m.free(2).unwrap();
+        assert!(m.decode_in_place(&rec, &h, &plan).unwrap());
+        m.free(1).unwrap();
+        assert!(!m.decode_in_place(&rec, &h, &plan).unwrap());
+    }
+
+    #[test]
+    fn planned_steps_apply_together_or_not_at_all() {
+        let m = BlockManager::new(Config::new(8, 4)).unwrap();
+        m.allocate(1, &[1, 2, 3], None, None, 0).unwrap().unwrap();
+        m.allocate(2, &[1, 2], None, None, 0).unwrap().unwrap();
+        let (h1, h2) = (m.seq_handle(1).unwrap(), m.seq_handle(2).unwrap());
+        // A count that is not the sequence's: nothing changes.
+        assert!(m.append_planned(&[&h1, &h2], &[3, 3], &[4, 3]).is_err());
+        assert_eq!((m.num_tokens(1).unwrap(), m.num_tokens(2).unwrap()), (3, 2));
+        // The same sequence twice: refused, nothing changes.
+        assert!(m.append_planned(&[&h1, &h1], &[3, 3], &[4, 4]).is_err());
+        assert_eq!(m.num_tokens(1).unwrap(), 3);
+        let out = m.append_planned(&[&h1, &h2], &[3, 2], &[4, 3]).unwrap();
+        assert_eq!(out, Some(vec![]));
+        assert_eq!((m.num_tokens(1).unwrap(), m.num_tokens(2).unwrap()), (4, 3));
+        assert_eq!(m.num_scheduled_tokens(1).unwrap(), 4);
+        // A freed sequence, or another manager's handle, is refused.
+        m.free(2).unwrap();
+        assert!(matches!(
+            m.append_planned(&[&h2], &[3], &[4]),
+            Err(crate::error::Error::UnknownSequence(2))
+        ));
+        let other = BlockManager::new(Config::new(8, 4)).unwrap();
+        other.allocate(1, &[1], None, None, 0).unwrap().unwrap();
+        let theirs = other.seq_handle(1).unwrap();
+        assert!(m.append_planned(&[&theirs], &[1], &[2]).is_err());
+    }
+}
