@@ -262,7 +262,7 @@ class _Pool:
 # ---------------------------------------------------------------------- the driver
 
 
-def _cpu_seconds() -> float:
+def cpu_seconds() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # those ended and waited for
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
@@ -270,7 +270,7 @@ def _cpu_seconds() -> float:
 
 def clock_now() -> tuple[float, float]:
     """(wall, CPU) seconds now: where the time line starts counting."""
-    return time.perf_counter(), _cpu_seconds()
+    return time.perf_counter(), cpu_seconds()
 
 
 class Sizing:
@@ -618,7 +618,7 @@ class Sizing:
 
     def _time_line(self) -> str:
         wall = time.perf_counter() - self.t0
-        cpu = _cpu_seconds() - self.cpu0
+        cpu = cpu_seconds() - self.cpu0
         where = f"{self.jobs} processes" if self.jobs > 1 else "in this process"
         return (
             f"time        wall {wall:.1f} s ({clock(wall)}), CPU {cpu:.1f} s ({clock(cpu)}): "
@@ -685,7 +685,11 @@ def size(
 ) -> int:
     """`simulate --mrc` after the header lines: the runs, the curves, the answer. `started`:
     `clock_now()` when the command began (the time line counts from there)."""
+    from pagedkv.sim.sizing_blocks import replay_kind, size_from_ids
+
+    if replay_kind(args, configs, workload) == "cache":
+        return size_from_ids(args, configs, workload, kv, out, started or clock_now())
     return Sizing(args, configs, workload, kv, out, err, started).run()
 
 
-__all__ = ["INTERRUPTED", "Sizing", "Task", "clock_now", "perform", "size"]
+__all__ = ["INTERRUPTED", "Sizing", "Task", "clock_now", "cpu_seconds", "perform", "size"]
