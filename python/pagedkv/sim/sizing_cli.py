@@ -159,6 +159,8 @@ def wants_mrc(args: argparse.Namespace) -> bool:
         or args.bracket
         or args.mrc_sample is not None
         or args.target_hit_rate is not None
+        or args.mrc_replay != "auto"
+        or args.mrc_warmup > 0
     )
 
 
