@@ -165,10 +165,23 @@ def test_mrc_only_on_a_trace_says_it_is_a_pure_cache_replay(
     w = read_trace(mooncake_trace, limit=300, ms_per_step=20.0, trace_format="auto")
     curve = block_curve(w, 512)
     assert c["mrc_info"]["unbounded_hit_rate"] == curve.unbounded_hit_rate
-    # The scheduled replay, asked for: the path --mrc-only took before, with its own words.
-    rc, out, _ = _cli(capsys, *base, "--mrc-only", "--mrc-replay", "scheduled", "--no-progress")
+    # The scheduled replay, asked for: the path --mrc-only took before, with its own words,
+    # and a line comparing it with the pure cache replay (kept in --json either way).
+    doc_path = tmp_path / "scheduled.json"
+    rc, out, _ = _cli(
+        capsys, *base, "--mrc-only", "--mrc-replay", "scheduled", "--no-progress", "--jobs", "1",
+        "--json", str(doc_path),
+    )
     assert rc == 0, out
-    assert "pure cache replay" not in out and "exact LRU stack distances" in out
+    assert "miss-ratio curve, block size 512 (exact LRU stack distances" in out
+    (line,) = [x for x in out.splitlines() if x.startswith("fidelity    B=512: a pure cache")]
+    (f,) = json.loads(doc_path.read_text())["sizing"]["fidelity"]
+    worst = max(abs(cache - sched) for _, sched, cache in f["sizes"])
+    assert abs(f["largest_difference"]) == pytest.approx(worst)
+    assert f["large"] == (worst >= 0.01)
+    assert ("differs by up to" in line) == f["large"]
+    for n, _, cache in f["sizes"]:
+        assert cache == curve.hit_rate(n)
 
 
 @pytest.mark.parametrize(

@@ -49,6 +49,7 @@ from pagedkv.sim.report import json_doc, summary_table, sweep_table, write_doc
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.sizing import ROUND, Recommendation, Search, Trial
 from pagedkv.sim.sizing_cli import DEFAULT_TARGET_FRACTION, recorder, target_for
+from pagedkv.sim.sizing_fidelity import compare, fidelity_line
 from pagedkv.sim.sizing_report import (
     curve_json,
     mrc_table,
@@ -315,6 +316,7 @@ class Sizing:
         self.status = "curve runs"
         self.t0, self.cpu0 = started or clock_now()
         self.printed_curves = False
+        self.fidelity: dict[int, dict[str, Any]] = {}  # block size -> `sizing_fidelity.compare`
 
     # ------------------------------------------------------------------ what is known
 
@@ -379,6 +381,7 @@ class Sizing:
             "default_target_fraction": DEFAULT_TARGET_FRACTION,
             "recommendations": [recommendation_json(r, self.kv) for r in self.recommendations()],
             **self.replay_json(),
+            "fidelity": [self.fidelity[bs] for bs in sorted(self.fidelity)],
             "jobs": self.jobs,
             "wall_s": time.perf_counter() - self.t0,
         }
@@ -470,6 +473,11 @@ class Sizing:
                 curve, self.kv, rows=self.args.mrc_points, targets=(target,), source=source
             )
             print(table, file=self.out)
+            sizes = table_sizes(curve, self.args.mrc_points, (target,))
+            f = compare(curve, self.workload, sizes)
+            if f is not None:
+                self.fidelity[bs] = f
+                print(fidelity_line(f), file=self.out)
         self.out.flush()
 
     def _submit_round(self, bs: int, submit: Callable[[Task], None]) -> None:
