@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pagedkv.config import BlockManagerConfig
+from pagedkv.config import BlockManagerConfig, Eviction
 from pagedkv.sim.bound_report import bound_rates, bound_sizes
 from pagedkv.sim.mrc_blocks import block_curve, block_replay
 from pagedkv.sim.policies import run_policies
@@ -26,7 +26,7 @@ from pagedkv.sim.policies_bound import gap_closed
 from pagedkv.sim.trace import read_trace
 from pagedkv.sim.workloads import WORKLOADS, build_workload
 
-POLICIES = ["lru", "s3fifo", "arc", "lfu", "slru"]
+POLICIES: list[Eviction] = ["lru", "s3fifo", "arc", "lfu", "slru"]
 SCHEDULE: dict[str, Any] = {"max_num_batched_tokens": 2048}
 TRACE = Path("/work/shared/traces/mooncake_synthetic_trace.jsonl")
 

@@ -90,18 +90,23 @@ def commands(kvsim: Path, trace: Path, tmp: Path) -> dict[str, list[str]]:
     py = [sys.executable, "-m", "pagedkv", "simulate", "--trace", str(trace)]
     mrc = ["--block-size", "512", "--mrc-only", "--no-progress"]
     return {
-        "kvsim": [str(kvsim), "run", "--trace", str(trace), *KVSIM_ARGS, "--no-progress"]
-        + ["--format", "json", "-o", str(tmp / "kvsim.json")],
+        "kvsim": [
+            *(str(kvsim), "run", "--trace", str(trace), *KVSIM_ARGS, "--no-progress"),
+            *("--format", "json", "-o", str(tmp / "kvsim.json")),
+        ],
         "pagedkv cache": [*py, *mrc, "--mrc-warmup", "0.5", "--json", str(tmp / "cache.json")],
-        "pagedkv scheduled": [*py, *mrc, "--mrc-replay", "scheduled"]
-        + ["--json", str(tmp / "scheduled.json")],
+        "pagedkv scheduled": [
+            *(*py, *mrc, "--mrc-replay", "scheduled"),
+            *("--json", str(tmp / "scheduled.json")),
+        ],
     }
 
 
 def timing_table(runs: dict[str, list[dict[str, float]]]) -> list[str]:
     base = statistics.median(r["cpu_s"] for r in runs["kvsim"])
     lines = [
-        "| command | rounds | CPU s median (range) | vs kvsim | peak RSS MB median | wall s median |",
+        "| command | rounds | CPU s median (range) | vs kvsim | peak RSS MB median "
+        "| wall s median |",
         "|---|---|---|---|---|---|",
     ]
     for name, rs in runs.items():
@@ -153,7 +158,9 @@ def curve_table(kv: dict[str, Any], trace: Path) -> list[str]:
             f"{ours['all']['optimal'][i]:.2%} |"
         )
     lines.append("")
-    lines.append(f"kvsim's hit-rate ceiling (every block ever seen kept): {kv['hitRateCeiling']:.2%}")
+    lines.append(
+        f"kvsim's hit-rate ceiling (every block ever seen kept): {kv['hitRateCeiling']:.2%}"
+    )
     return lines
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from pagedkv.__main__ import main
-from pagedkv.errors import InvalidArgumentError
 from pagedkv._core import BlockReplay
+from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim.mrc_blocks import block_curve, block_replay, first_counted
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.trace import read_trace
@@ -60,7 +60,9 @@ def _blocks(ids: list[int], n: int, bs: int) -> list[tuple[int, ...]]:
     return out
 
 
-def _plain(prompts: list[tuple[list[int], int]], bs: int, size: int, policy: str, first: int) -> int:
+def _plain(
+    prompts: list[tuple[list[int], int]], bs: int, size: int, policy: str, first: int
+) -> int:
     """Hit blocks of a plain replay: each prompt's capped lookup (the longest cached run from
     the first block), then its full blocks touched tail first; LRU moves a touched block to
     the newest end, FIFO leaves a cached one where it is."""
@@ -169,8 +171,16 @@ def test_mrc_only_on_a_trace_says_it_is_a_pure_cache_replay(
     # and a line comparing it with the pure cache replay (kept in --json either way).
     doc_path = tmp_path / "scheduled.json"
     rc, out, _ = _cli(
-        capsys, *base, "--mrc-only", "--mrc-replay", "scheduled", "--no-progress", "--jobs", "1",
-        "--json", str(doc_path),
+        capsys,
+        *base,
+        "--mrc-only",
+        "--mrc-replay",
+        "scheduled",
+        "--no-progress",
+        "--jobs",
+        "1",
+        "--json",
+        str(doc_path),
     )
     assert rc == 0, out
     assert "miss-ratio curve, block size 512 (exact LRU stack distances" in out
@@ -195,17 +205,13 @@ def test_mrc_only_on_a_trace_says_it_is_a_pure_cache_replay(
 def test_replay_options_refused_where_they_cannot_hold(
     capsys: pytest.CaptureFixture[str], mooncake_trace: Path, extra: list[str], named: str
 ) -> None:
-    rc, _, err = _cli(
-        capsys, "simulate", "--trace", str(mooncake_trace), "--limit", "20", *extra
-    )
+    rc, _, err = _cli(capsys, "simulate", "--trace", str(mooncake_trace), "--limit", "20", *extra)
     assert rc != 0
     assert named in err, err
 
 
 def test_cache_replay_needs_hash_ids(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, _, err = _cli(
-        capsys, "simulate", "--requests", "10", "--mrc-only", "--mrc-replay", "cache"
-    )
+    rc, _, err = _cli(capsys, "simulate", "--requests", "10", "--mrc-only", "--mrc-replay", "cache")
     assert rc != 0
     assert "needs a trace of hash ids" in err and "carry tokens, not hash ids" in err, err
     with pytest.raises(SystemExit):

@@ -5,12 +5,12 @@ Each policy's run is the plain run of `simulate` with only `eviction=` changed
 (`BlockManagerConfig.eviction`, docs/eviction.md), and reports the plain run's figures
 (`sim.report.figures`): the hit rate of every allocation, the workload's own hit rate (prefix
 hits over the workload's prompt tokens, prompts recomputed after a preemption left out: what
-the policy bought), evictions and preemptions. One run (LRU's, or the first policy's without LRU) also records its stream of lookups and
-touches, and Belady's offline optimum under the prefix constraint over it is the bound beside
-every policy (`policies_bound`). The manager time is the ablations' measure
-(`sim.ablate_timing`): the run's calls recorded, replayed on a fresh manager of the same
-configuration and timed in CPU time, best of `repeats`, so that the policies compare on the
-manager's own work and not on a busy machine's wall clock.
+the policy bought), evictions and preemptions. One run (LRU's, or the first policy's without
+LRU) also records its stream of lookups and touches, and Belady's offline optimum under the
+prefix constraint over it is the bound beside every policy (`policies_bound`). The manager
+time is the ablations' measure (`sim.ablate_timing`): the run's calls recorded, replayed on a
+fresh manager of the same configuration and timed in CPU time, best of `repeats`, so that the
+policies compare on the manager's own work and not on a busy machine's wall clock.
 
 Requests that carry a cache salt (a tenant: the salted requests of the built-in workloads) are
 also counted per salt (`TenantTally`), with the same two measures restricted to each salt's

@@ -4,9 +4,9 @@ tenant when requests carry cache salts.
 Columns: the hit rate of every allocation (recomputes included), the workload's own hit rate
 (recomputes left out: the headline), the share of LRU's gap to the optimal bound the policy
 closes (`policies_bound`; the bound is the last row, Belady's offline optimum under the prefix
-constraint over one run's stream, and a line under the table says what it is), evictions, preemptions (swapped / recomputed), the
-manager time (CPU time of the run's calls replayed) and the mean `allocate` call, and the
-manager time against LRU's when LRU ran too.
+constraint over one run's stream, and a line under the table says what it is), evictions,
+preemptions (swapped / recomputed), the manager time (CPU time of the run's calls replayed)
+and the mean `allocate` call, and the manager time against LRU's when LRU ran too.
 """
 
 from __future__ import annotations

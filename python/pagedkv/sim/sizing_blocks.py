@@ -26,8 +26,13 @@ from pagedkv.sim.report import write_doc
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.sizing import Search
 from pagedkv.sim.sizing_cli import target_for
-from pagedkv.sim.sizing_report import curve_json, mrc_table, recommendation_json
-from pagedkv.sim.sizing_report import recommendation_lines, table_sizes
+from pagedkv.sim.sizing_report import (
+    curve_json,
+    mrc_table,
+    recommendation_json,
+    recommendation_lines,
+    table_sizes,
+)
 
 
 def replay_kind(args: argparse.Namespace, configs: list[BlockManagerConfig], w: Workload) -> str:

@@ -86,7 +86,11 @@ impl PyBlockReplay {
 
     /// `(thresholds, touches, distinct)`: the LRU curve's thresholds of the lookups from the
     /// `first_lookup`-th on, ascending; the keys touched; the distinct keys touched.
-    fn curve<'py>(&self, py: Python<'py>, first_lookup: &Bound<'py, PyAny>) -> PyResult<Curve<'py>> {
+    fn curve<'py>(
+        &self,
+        py: Python<'py>,
+        first_lookup: &Bound<'py, PyAny>,
+    ) -> PyResult<Curve<'py>> {
         let first = int_arg(first_lookup, "first_lookup", 0, i64::MAX)? as usize;
         crate::numpy_api::numpy_api(py, "for a miss-ratio curve (an array)")?;
         let s = &self.stream;

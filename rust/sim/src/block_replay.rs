@@ -44,9 +44,10 @@ pub struct TraceIds<'a> {
 
 /// The content word of one block: the ids it covers, and which part of its id it is.
 fn content(ids: &[u64], part: u64) -> u64 {
-    ids.iter().fold(finish(part.wrapping_add(0x5851_F42D_4C95_7F2D)), |acc, &id| {
-        finish(acc ^ finish(id.wrapping_add(1)))
-    })
+    ids.iter().fold(
+        finish(part.wrapping_add(0x5851_F42D_4C95_7F2D)),
+        |acc, &id| finish(acc ^ finish(id.wrapping_add(1))),
+    )
 }
 
 /// The stream of a pure cache replay of `trace` in blocks of `block_size` tokens.
@@ -139,7 +140,7 @@ mod tests {
         assert_eq!(s.pieces.len(), 4);
         let a = &s.keys[0..2];
         assert_eq!(&s.keys[2..4], &[a[1], a[0]]); // touched tail first
-        // The second prompt is exactly two blocks: its lookup stops before the last one.
+                                                  // The second prompt is exactly two blocks: its lookup stops before the last one.
         assert_eq!(s.pieces[2].end - s.pieces[1].end, 1);
         assert_eq!(s.keys[4], a[0]);
         assert_eq!(&s.keys[5..7], &[a[1], a[0]]); // equal prefixes, equal keys

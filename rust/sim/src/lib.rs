@@ -22,8 +22,8 @@ pub mod stack;
 pub mod stream;
 pub mod trace_tokens;
 
-pub use mrc_stream::{MrcStream, StreamError};
 pub use block_replay::{block_stream, ReplayError, TraceIds};
+pub use mrc_stream::{MrcStream, StreamError};
 pub use policy_replay::{hits, Policy};
 pub use stack::Thresholds;
 pub use stream::Stream;

@@ -122,7 +122,10 @@ impl MrcStream {
         lookup: bool,
     ) {
         let shift = 64 - SAMPLE_BITS;
-        stream.push(new.into_iter().filter(|(k, _)| k >> shift < threshold), lookup);
+        stream.push(
+            new.into_iter().filter(|(k, _)| k >> shift < threshold),
+            lookup,
+        );
     }
 
     fn seq(&mut self, seq_id: u64) -> Result<&mut Seq, StreamError> {
@@ -277,7 +280,10 @@ impl MrcStream {
 
     pub fn swap_in(&mut self, seq_id: u64) -> Result<(), StreamError> {
         let bs = self.block_size;
-        let seq = self.seqs.get(&seq_id).ok_or(StreamError::UnknownSeq(seq_id))?;
+        let seq = self
+            .seqs
+            .get(&seq_id)
+            .ok_or(StreamError::UnknownSeq(seq_id))?;
         let n = seq.registered(bs).len();
         Self::push(
             &mut self.stream,

@@ -53,7 +53,12 @@ struct Dense {
 fn dense(stream: &Stream) -> Dense {
     let (ids, n) = dense_ids(&stream.keys);
     // A parent's id: the id of an occurrence of the parent's key (a sorted search).
-    let mut sorted: Vec<(u64, u32)> = stream.keys.iter().copied().zip(ids.iter().copied()).collect();
+    let mut sorted: Vec<(u64, u32)> = stream
+        .keys
+        .iter()
+        .copied()
+        .zip(ids.iter().copied())
+        .collect();
     sorted.sort_unstable();
     sorted.dedup_by_key(|p| p.0);
     let mut parent = vec![NONE; n];
@@ -70,7 +75,12 @@ fn dense(stream: &Stream) -> Dense {
 
 /// Hit blocks of the lookups from the `first_lookup`-th on (counting from 0), in a cache of
 /// each of `capacities` blocks under `policy` (the stream is read once for all sizes).
-pub fn hits(stream: &Stream, capacities: &[usize], policy: Policy, first_lookup: usize) -> Vec<u64> {
+pub fn hits(
+    stream: &Stream,
+    capacities: &[usize],
+    policy: Policy,
+    first_lookup: usize,
+) -> Vec<u64> {
     let d = dense(stream);
     let next = (policy == Policy::Optimal).then(|| next_lookups(stream, &d.ids));
     capacities
@@ -270,8 +280,8 @@ struct Belady<'a> {
     parent: &'a [u32],
     next: &'a [u64],
     present: Vec<bool>,
-    children: Vec<u32>,   // cached children
-    next_use: Vec<u64>,   // a cached block's next lookup
+    children: Vec<u32>,             // cached children
+    next_use: Vec<u64>,             // a cached block's next lookup
     leaves: BinaryHeap<(u64, u32)>, // (next lookup, id); stale entries are skipped
     len: usize,
     capacity: usize,

@@ -178,7 +178,11 @@ fn lru_equals_the_curve_and_the_optimum_bounds_every_policy() {
             let lru = hits(&s, &[capacity], Policy::Lru, first)[0];
             let fifo = hits(&s, &[capacity], Policy::Fifo, first)[0];
             let opt = hits(&s, &[capacity], Policy::Optimal, first)[0];
-            assert_eq!(lru, curve_hits(&s, capacity, first), "round {round}, C {capacity}");
+            assert_eq!(
+                lru,
+                curve_hits(&s, capacity, first),
+                "round {round}, C {capacity}"
+            );
             assert!(opt >= lru && opt >= fifo, "round {round}, C {capacity}");
         }
     }
