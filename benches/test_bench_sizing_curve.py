@@ -14,20 +14,16 @@ The kvcache-simulator comparison, a separate install, is `benches/sizing_vs_kvsi
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
-from mooncake_trace import trace_path  # noqa: E402
-
-from pagedkv import BlockManager  # noqa: E402
-from pagedkv.sim.mrc_blocks import block_curve, block_replay  # noqa: E402
-from pagedkv.sim.mrc_fast import FastMRCRecorder  # noqa: E402
-from pagedkv.sim.scheduler import run_workload  # noqa: E402
-from pagedkv.sim.trace import read_trace  # noqa: E402
+from mooncake_trace import trace_path  # tests/support, on pytest's path
+from pagedkv import BlockManager
+from pagedkv.sim.mrc_blocks import block_curve, block_replay
+from pagedkv.sim.mrc_fast import FastMRCRecorder
+from pagedkv.sim.scheduler import run_workload
+from pagedkv.sim.trace import read_trace
 
 B = 512
 SCHEDULED = 1000  # requests of the scheduled replay (the whole trace takes seconds a round)
