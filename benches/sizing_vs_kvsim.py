@@ -30,7 +30,10 @@ pagedkv caches full blocks only and caps a hit below the prompt's length (one to
 computed, as vLLM does), counts the prompt tokens of the counted requests as the denominator,
 and its optimum ranks by the next lookup of the block itself.
 
-Run: `python benches/sizing_vs_kvsim.py [--trace T] [--rounds 5] [--out FILE.md]`.
+Run: `python benches/sizing_vs_kvsim.py [--trace T] [--rounds 5] [--out FILE.md]` (the trace:
+the shared Mooncake trace where `../shared/traces/` has it, else a synthetic one of its format
+written by `tests/support/mooncake_trace.py`). pagedkv is this checkout's `python/` when its
+extension is built there, else the installed package (CI: `.ci/lane-kvsim.sh`).
 """
 
 from __future__ import annotations
@@ -47,9 +50,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
-if not DEFAULT_TRACE.exists():
-    DEFAULT_TRACE = Path("/work/shared/traces/mooncake_synthetic_trace.jsonl")
+# This checkout's package when its extension is built in place, else the installed one.
+LOCAL = any((ROOT / "python" / "pagedkv").glob("_core*.so"))
+if LOCAL:
+    sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 KVSIM_VERSION = "0.1.3"
 KVSIM_ARGS = ["--model", "llama-3.1-8b", "--kv-precision", "bf16_fp16", "--block-size", "512"]
 
@@ -122,7 +127,6 @@ def timing_table(runs: dict[str, list[dict[str, float]]]) -> list[str]:
 
 def curve_table(kv: dict[str, Any], trace: Path) -> list[str]:
     """kvsim's points beside pagedkv's pure cache replay at the same block counts."""
-    sys.path.insert(0, str(ROOT / "python"))
     from pagedkv.sim.mrc_blocks import block_curve, block_replay, first_counted
     from pagedkv.sim.trace import read_trace
 
@@ -166,18 +170,23 @@ def curve_table(kv: dict[str, Any], trace: Path) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    ap.add_argument("--trace", type=Path, default=None)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--venv", type=Path, default=Path("/work/venvs/kvsim"))
     ap.add_argument("--out", type=Path, help="also write the tables to this markdown file")
     args = ap.parse_args()
     kvsim = ensure_kvsim(args.venv)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "python"), *filter(None, [env.get("PYTHONPATH")])]
-    )
+    if LOCAL:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT / "python"), *filter(None, [env.get("PYTHONPATH")])]
+        )
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
+        if args.trace is None:
+            from mooncake_trace import trace_path
+
+            args.trace = trace_path(tmp)
         cmds = commands(kvsim, args.trace, tmp)
         first = measure(cmds["kvsim"])  # compiles its C++ core when not yet built
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in cmds}
@@ -185,6 +194,7 @@ def main() -> None:
             for name, cmd in cmds.items():
                 runs[name].append(measure(cmd, env))
         kv = json.loads((tmp / "kvsim.json").read_text())
+        curves = curve_table(kv, args.trace)
     out = [
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, trace {args.trace.name}, "
         f"{args.rounds} rounds in turn; load average before: {os.getloadavg()[0]:.2f}",
@@ -194,7 +204,7 @@ def main() -> None:
         f"kvsim's first run of this batch: {first['cpu_s']:.2f} CPU s (its C++ core is "
         "compiled on its first use ever and cached; that run is not in the table)",
         "",
-        *curve_table(kv, args.trace),
+        *curves,
     ]
     text = "\n".join(out)
     print(text)
