@@ -200,6 +200,8 @@ def test_mrc_only_on_a_trace_says_it_is_a_pure_cache_replay(
         (["--mrc-replay", "cache"], "add --mrc-only"),
         (["--mrc-only", "--mrc-replay", "cache", "--block-size", "24"], "neither divides"),
         (["--mrc-only", "--mrc-replay", "scheduled", "--mrc-warmup", "0.5"], "--mrc-warmup"),
+        (["--mrc-only", "--mrc-replay", "cache", "--check"], "drop --check"),
+        (["--mrc-only", "--mrc-replay", "cache", "--mrc-sample", "0.5"], "drop --mrc-sample"),
     ],
 )
 def test_replay_options_refused_where_they_cannot_hold(
@@ -208,6 +210,28 @@ def test_replay_options_refused_where_they_cannot_hold(
     rc, _, err = _cli(capsys, "simulate", "--trace", str(mooncake_trace), "--limit", "20", *extra)
     assert rc != 0
     assert named in err, err
+
+
+def test_auto_takes_the_scheduled_replay_when_its_runs_are_asked_for(
+    capsys: pytest.CaptureFixture[str], mooncake_trace: Path
+) -> None:
+    rc, out, _ = _cli(
+        capsys,
+        "simulate",
+        "--trace",
+        str(mooncake_trace),
+        "--limit",
+        "40",
+        "--block-size",
+        "512",
+        "--mrc-only",
+        "--check",
+        "--no-progress",
+        "--jobs",
+        "1",
+    )
+    assert rc == 0, out
+    assert "invariants  OK" in out and "pure cache replay of the trace's ids" not in out
 
 
 def test_cache_replay_needs_hash_ids(capsys: pytest.CaptureFixture[str]) -> None:

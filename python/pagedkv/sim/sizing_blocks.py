@@ -2,7 +2,9 @@
 granularity (`mrc_blocks`), in milliseconds instead of a scheduled replay of every token.
 
 Used when `--mrc-replay` is `cache`, or `auto` (the default) with `--mrc-only` on a trace whose
-ids fit the block size (`mrc_blocks.unfit_reason`). The output says what the curve is: a pure
+ids fit the block size (`mrc_blocks.unfit_reason`) and nothing asks for a scheduled replay's
+runs (`--plot`, `--check`, `--mrc-sample`, `--reference`: `auto` then takes the scheduled
+replay, and `cache` refuses them). The output says what the curve is: a pure
 cache replay in file order, not pagedkv's scheduled replay (running sequences pin their blocks,
 prompts are chunked, requests overlap and may be preempted), and the answer is the curve's
 estimate only. The full answer (without `--mrc-only`) records its curves from scheduled
@@ -40,6 +42,18 @@ def replay_kind(args: argparse.Namespace, configs: list[BlockManagerConfig], w: 
     `--mrc-replay cache` cannot be honoured (naming why)."""
     sizes = sorted({c.block_size for c in configs})
     unfit = [f"B={bs}: {why}" for bs in sizes if (why := unfit_reason(w, bs)) is not None]
+    # What only a scheduled replay has: its runs' plot, per-step checks, a sampled curve,
+    # the pure-Python manager.
+    needs_runs = [
+        name
+        for name, on in (
+            ("--plot", args.plot is not None),
+            ("--check", args.check),
+            ("--mrc-sample", args.mrc_sample is not None),
+            ("--reference", args.reference),
+        )
+        if on
+    ]
     choice = args.mrc_replay
     if choice == "cache":
         if unfit:
@@ -49,8 +63,12 @@ def replay_kind(args: argparse.Namespace, configs: list[BlockManagerConfig], w: 
                 "--mrc-replay cache gives curves only: add --mrc-only (the full answer checks "
                 "its sizes with scheduled replays)"
             )
+        if needs_runs:
+            raise ValueError(
+                f"--mrc-replay cache runs no scheduled replay: drop {', '.join(needs_runs)}"
+            )
         return "cache"
-    if choice == "auto" and args.mrc_only and not unfit and not args.reference:
+    if choice == "auto" and args.mrc_only and not unfit and not needs_runs:
         return "cache"
     if args.mrc_warmup:
         raise ValueError("--mrc-warmup applies to the pure cache replay only (--mrc-replay cache)")
