@@ -41,9 +41,11 @@ def bound_sizes(curve: MissRatioCurve, extra: tuple[int, ...] = ()) -> list[int]
 def bound_rates(
     curve: MissRatioCurve, source: HitsSource, sizes: list[int], first_lookup: int = 0
 ) -> dict[str, list[float]]:
-    """Per policy, the hit rate at each of `sizes`, in `curve`'s terms (its prompt tokens)."""
-    out: dict[str, list[float]] = {}
-    for policy in POLICIES:
+    """Per policy, the hit rate at each of `sizes`, in `curve`'s terms (its prompt tokens).
+    LRU's is read off the curve: LRU replayed on the curve's own stream hits exactly that
+    (`tests/sim/test_sim_mrc_blocks.py` and the Rust tests check it), one replay fewer."""
+    out: dict[str, list[float]] = {"lru": [curve.hit_rate(n) for n in sizes]}
+    for policy in POLICIES[1:]:
         blocks = source.hits(sizes, policy, first_lookup)
         tokens = curve.prompt_tokens
         out[policy] = [b * curve.block_size / tokens if tokens else 0.0 for b in blocks]
