@@ -31,8 +31,9 @@ computed, as vLLM does), counts the prompt tokens of the counted requests as the
 and its optimum ranks by the next lookup of the block itself.
 
 Run: `python benches/sizing_vs_kvsim.py [--trace T] [--rounds 5] [--out FILE.md]` (the trace:
-the shared Mooncake trace where `../shared/traces/` has it, else a synthetic one of its format
-written by `tests/support/mooncake_trace.py`). pagedkv is this checkout's `python/` when its
+`--trace`, else the shared Mooncake trace where `../shared/traces/` beside the checkout has it
+or `PAGEDKV_MOONCAKE_TRACE` names it, else a synthetic one of its format written by
+`tests/support/mooncake_trace.py`). pagedkv is this checkout's `python/` when its
 extension is built there, else the installed package (CI: `.ci/lane-kvsim.sh`).
 """
 
