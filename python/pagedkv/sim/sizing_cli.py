@@ -5,9 +5,9 @@ pool, one replay records every block size's: `sizing_jobs`), prints the curve of
 (from its run with the most blocks: the least disturbed by pressure) and ends the summary with
 the smallest cache that reaches a target hit rate without preemption, checked by full runs
 (`sizing.Search`: one run above the curve's estimate, or two-sided with `--bracket`), all of
-it in parallel processes (`sizing_jobs`); `--mrc-only` stops at the curve's estimate, and on a trace of hash ids takes
-its curve from a pure cache replay at block granularity instead of a scheduled replay
-(`--mrc-replay`, `--mrc-warmup`: `sizing_blocks`).
+it in parallel processes (`sizing_jobs`); `--mrc-only` stops at the curve's estimate, and on
+a trace of hash ids takes its curve from a pure cache replay at block granularity instead of
+a scheduled replay (`--mrc-replay`, `--mrc-warmup`: `sizing_blocks`).
 `--model NAME` (a one-group preset) or `--kv-bytes-per-token N` turn block counts into GiB
 (`kv_bytes`). The options form their own argument group, so that other groups can come and go
 beside it.
