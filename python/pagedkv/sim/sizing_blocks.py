@@ -88,11 +88,13 @@ def size_from_ids(
 
     first = first_counted(workload, args.mrc_warmup)
     counted = len(workload.requests) - first
+    window = (
+        f"the last {counted} of {len(workload.requests)} requests" if first else "every request"
+    )
     print(
-        "curve       a pure cache replay of the trace's hash ids, block by block in file order "
-        "(no scheduler: nothing pinned, chunked or preempted); hit rates over "
-        + (f"the last {counted} of {len(workload.requests)} requests" if first else "every request")
-        + "; the full answer (without --mrc-only) replays through the scheduler and checks",
+        f"curve       the pure cache replay (--mrc-replay cache), hit rates over {window}; "
+        "the full answer (without --mrc-only) replays through the scheduler and checks its "
+        "sizes by full runs",
         file=out,
     )
     recs = []
