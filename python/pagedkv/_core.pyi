@@ -31,6 +31,7 @@ _Keys: TypeAlias = list[bytes] | tuple[bytes, ...]
 
 __all__ = [
     "BlockManager",
+    "BlockReplay",
     "EngineRecord",
     "MrcStream",
     "RouterIndex",
@@ -426,6 +427,33 @@ class MrcStream:
     def swap_in(self, seq_id: int) -> None: ...
     def curve(self, sample_rate: float) -> tuple[npt.NDArray[np.float64], int, int]:
         """`(thresholds, touches, distinct)`, the thresholds ascending."""
+    def hits(self, capacities: _Ints, policy: str, first_lookup: int) -> list[int]:
+        """Hit blocks at each of `capacities` under `policy` (`lru`, `fifo`, `optimal`:
+        Belady's bound under the prefix constraint), over the lookups from the
+        `first_lookup`-th on; exact streams only."""
+
+@final
+class BlockReplay:
+    """A pure cache replay of a trace's hash ids at block granularity (`pagedkv.sim.mrc_blocks`):
+    request `r` holds `ids[offsets[r]:offsets[r + 1]]`, `lengths[r]` prompt tokens and chain
+    root `roots[r]`; `id_tokens` tokens per id, blocks of `block_size` tokens (one of the two
+    divides the other)."""
+
+    def __new__(
+        cls,
+        ids: _Ints,
+        offsets: _Ints,
+        lengths: _Ints,
+        roots: _Ints,
+        id_tokens: int,
+        block_size: int,
+    ) -> BlockReplay: ...
+    @property
+    def lookups(self) -> int: ...
+    def curve(self, first_lookup: int) -> tuple[npt.NDArray[np.float64], int, int]:
+        """`(thresholds, touches, distinct)` of the lookups from the `first_lookup`-th on."""
+    def hits(self, capacities: _Ints, policy: str, first_lookup: int) -> list[int]:
+        """Hit blocks at each of `capacities` under `policy` (`lru`, `fifo`, `optimal`)."""
 
 # A router index's engine ids, block hashes (ints in [0, 2**64), or digest bytes) and one
 # holder's answer: (engine_id, medium, group, leading blocks held).

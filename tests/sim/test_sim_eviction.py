@@ -40,12 +40,13 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 
 
 def _rows(out: str) -> list[list[str]]:
-    """The policy table's rows (header and rule left out), split on runs of spaces."""
+    """The policy table's rows (header, rule, the bound's row and its notes left out), split
+    on runs of spaces."""
     lines = out.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("policy  hit rate"))
+    start = next(i for i, line in enumerate(lines) if line.split()[:3] == ["policy", "hit", "rate"])
     rows = []
     for line in lines[start + 2 :]:
-        if not line.strip():
+        if not line.strip() or line.startswith(("optimal", "gap closed")):
             break
         rows.append(line.split())
     return rows
@@ -117,10 +118,11 @@ def test_lru_row_equals_a_plain_run(capsys: pytest.CaptureFixture[str], tmp_path
     assert row[0] == "lru"
     assert row[1] == f"{plain['prefix_hit_rate']:.2%}"
     assert row[2] == f"{plain['workload_hit_rate']:.2%}"
-    assert row[3] == str(plain["evictions"])
-    assert row[4] == f"{plain['preempted_swap']}/{plain['preempted_recompute']}"
-    assert float(row[5]) == pytest.approx(run["policy_manager_seconds"], abs=1e-3)
-    assert row[7] == "1.00x"  # LRU against itself
+    assert row[3] == "0%"  # LRU closes none of its own gap to the bound
+    assert row[4] == str(plain["evictions"])
+    assert row[5] == f"{plain['preempted_swap']}/{plain['preempted_recompute']}"
+    assert float(row[6]) == pytest.approx(run["policy_manager_seconds"], abs=1e-3)
+    assert row[8] == "1.00x"  # LRU against itself
 
 
 def test_one_row_per_policy_in_the_order_given(capsys: pytest.CaptureFixture[str]) -> None:
@@ -155,7 +157,19 @@ def test_scan_resistant_policies_keep_the_hot_set_lru_flushes() -> None:
     # round's first pass hits.
     assert runs["arc"]["prefix_hit_tokens"] == (len(hot) - 8) * per_hit
     table = policy_table(list(runs.values()))
-    assert [line.split()[0] for line in table.splitlines()[2:]] == ["lru", "s3fifo", "arc"]
+    names = [line.split()[0] for line in table.splitlines()[2:]]
+    assert names == ["lru", "s3fifo", "arc", "optimal", "optimal", "gap"]
+    # The bound: recorded in LRU's run, above LRU on the same stream, and the share of the gap
+    # each policy closes is its gain over LRU over the optimum's (the column says so).
+    bound = runs["lru"]["bound"]
+    assert all("bound" not in runs[name] for name in ("s3fifo", "arc"))
+    assert bound["source_policy"] == "lru" and bound["num_blocks"] == 320
+    gap = bound["optimal_hit_rate"] - bound["stream_lru_hit_rate"]
+    assert gap > 0.1  # the scan pushes the hot set out of LRU; the optimum keeps it
+    arc_gain = runs["arc"]["workload_hit_rate"] - runs["lru"]["workload_hit_rate"]
+    arc_row = table.splitlines()[4].split()
+    assert arc_row[3] == f"{arc_gain / gap:.0%}"
+    assert table.splitlines()[5].split()[4] == "100%"  # "optimal (bound)": two words
 
 
 def _tenant_run(num_cpu_blocks: int) -> dict[str, Any]:

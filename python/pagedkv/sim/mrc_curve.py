@@ -27,6 +27,10 @@ class MissRatioCurve:
     lookups: int
     touches: int  # touches recorded (sampled ones only when sampling)
     distinct_blocks: int  # distinct blocks touched (scaled when sampling)
+    # "scheduled": recorded from a full replay through the scheduler and the manager
+    # (`mrc_fast`); "cache": a pure cache replay of the trace's ids, block by block, in file
+    # order (`mrc_blocks`): no scheduler, nothing pinned or preempted.
+    replay: str = "scheduled"
 
     @property
     def exact(self) -> bool:
@@ -73,6 +77,12 @@ class MissRatioCurve:
 
     def method(self) -> str:
         """How the curve was computed, in words (for the output)."""
+        if self.replay == "cache":
+            return (
+                f"a pure cache replay of the trace's ids in file order, block by block (no "
+                f"scheduler: nothing pinned, chunked or preempted); exact LRU stack distances "
+                f"over {self.touches} block touches"
+            )
         if self.exact:
             return f"exact LRU stack distances over {self.touches} block touches"
         return (

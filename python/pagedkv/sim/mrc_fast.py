@@ -79,6 +79,14 @@ class FastMRCRecorder:
     def swap_in(self, seq_id: int) -> None:
         self._stream.swap_in(seq_id)
 
+    def hits(self, capacities: list[int], policy: str, first_lookup: int = 0) -> list[int]:
+        """Hit blocks of the recorded stream in a cache of each of `capacities` blocks under
+        `policy`: `lru` (the curve's model), `fifo`, or `optimal` (Belady's offline optimum
+        under the prefix constraint; exact streams only)."""
+        if policy == "optimal" and self.sample_rate < 1.0:
+            raise ValueError("the optimal bound needs an exact stream (sample_rate 1)")
+        return self._stream.hits(capacities, policy, first_lookup)
+
     def curve(self) -> MissRatioCurve:
         """Replay the recorded stream through exact stack distances."""
         rate = self.sample_rate

@@ -5,10 +5,12 @@ Each policy's run is the plain run of `simulate` with only `eviction=` changed
 (`BlockManagerConfig.eviction`, docs/eviction.md), and reports the plain run's figures
 (`sim.report.figures`): the hit rate of every allocation, the workload's own hit rate (prefix
 hits over the workload's prompt tokens, prompts recomputed after a preemption left out: what
-the policy bought), evictions and preemptions. The manager time is the ablations' measure
-(`sim.ablate_timing`): the run's calls recorded, replayed on a fresh manager of the same
-configuration and timed in CPU time, best of `repeats`, so that the policies compare on the
-manager's own work and not on a busy machine's wall clock.
+the policy bought), evictions and preemptions. One run (LRU's, or the first policy's without
+LRU) also records its stream of lookups and touches, and Belady's offline optimum under the
+prefix constraint over it is the bound beside every policy (`policies_bound`). The manager
+time is the ablations' measure (`sim.ablate_timing`): the run's calls recorded, replayed on a
+fresh manager of the same configuration and timed in CPU time, best of `repeats`, so that the
+policies compare on the manager's own work and not on a busy machine's wall clock.
 
 Requests that carry a cache salt (a tenant: the salted requests of the built-in workloads) are
 also counted per salt (`TenantTally`), with the same two measures restricted to each salt's
@@ -27,7 +29,10 @@ import numpy.typing as npt
 from pagedkv.config import EVICTIONS, BlockManagerConfig, Eviction
 from pagedkv.sim.ablate_timing import CallLog, replay_cpu
 from pagedkv.sim.factory import make_manager
+from pagedkv.sim.fan_out import FanOut
 from pagedkv.sim.kv_bytes import KVBytes
+from pagedkv.sim.mrc_fast import FastMRCRecorder
+from pagedkv.sim.policies_bound import stream_bound
 from pagedkv.sim.report import add_memory, figures
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.scheduler import ManagerLike, run_workload
@@ -147,15 +152,19 @@ def run_policy(
     kv: KVBytes | None = None,
     check: bool = False,
     repeats: int = 1,
+    bound: bool = False,
 ) -> dict[str, Any]:
     """One run of `workload` with `config` under eviction `policy`: the run's figures
     (`sim.report.figures`), `eviction`, `tenants` (per salt, `TenantTally.rows`) and the
-    manager time of its calls replayed (`policy_manager_seconds`, `allocate_mean_seconds`)."""
+    manager time of its calls replayed (`policy_manager_seconds`, `allocate_mean_seconds`);
+    with `bound`, also `bound` (`policies_bound.stream_bound` over this run's stream)."""
     config = replace(config, eviction=policy)
     manager = make_manager(config)
     log = CallLog(manager)
     tally = TenantTally()
-    result = run_workload(cast(ManagerLike, log), workload, **schedule, check=check, watch=tally)
+    recorder = FastMRCRecorder(config.block_size) if bound else None
+    watch = FanOut([tally, recorder]) if recorder is not None else tally
+    result = run_workload(cast(ManagerLike, log), workload, **schedule, check=check, watch=watch)
     if check:
         manager.check_invariants()
     f = figures(
@@ -173,6 +182,8 @@ def run_policy(
     f["policy_manager_seconds"] = t.seconds
     f["allocate_calls"] = t.allocate_calls
     f["allocate_mean_seconds"] = t.allocate_mean_seconds
+    if recorder is not None:
+        f["bound"] = stream_bound(recorder, config.num_blocks, policy)
     return f
 
 
@@ -188,15 +199,26 @@ def run_policies(
     progress: Callable[[str], None] | None = None,
     done: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """`run_policy` for each of `policies`, in order. Each finished run is appended to `done`
-    (a fresh list if None) as soon as it ends, so that a caller interrupted midway (Ctrl-C)
-    still has the runs that finished; returns it."""
+    """`run_policy` for each of `policies`, in order, the bound recorded in LRU's run (the
+    first policy's without LRU). Each finished run is appended to `done` (a fresh list if None)
+    as soon as it ends, so that a caller interrupted midway (Ctrl-C) still has the runs that
+    finished; returns it."""
     runs = [] if done is None else done
+    source = "lru" if "lru" in policies else policies[0] if policies else None
     for policy in policies:
         if progress is not None:
             progress(policy)
         runs.append(
-            run_policy(workload, config, policy, schedule, kv=kv, check=check, repeats=repeats)
+            run_policy(
+                workload,
+                config,
+                policy,
+                schedule,
+                kv=kv,
+                check=check,
+                repeats=repeats,
+                bound=policy == source,
+            )
         )
     return runs
 

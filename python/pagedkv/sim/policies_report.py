@@ -2,9 +2,11 @@
 tenant when requests carry cache salts.
 
 Columns: the hit rate of every allocation (recomputes included), the workload's own hit rate
-(recomputes left out: the headline), evictions, preemptions (swapped / recomputed), the
-manager time (CPU time of the run's calls replayed) and the mean `allocate` call, and the
-manager time against LRU's when LRU ran too.
+(recomputes left out: the headline), the share of LRU's gap to the optimal bound the policy
+closes (`policies_bound`; the bound is the last row, Belady's offline optimum under the prefix
+constraint over one run's stream, and a line under the table says what it is), evictions,
+preemptions (swapped / recomputed), the manager time (CPU time of the run's calls replayed)
+and the mean `allocate` call, and the manager time against LRU's when LRU ran too.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pagedkv.sim.policies_bound import gap_closed
+
 COLUMNS = (
     "policy",
     "hit rate",
     "workload hit rate",
+    "gap closed",
     "evictions",
     "preempt s/r",
     "mgr s",
@@ -48,7 +53,20 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) 
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _row(f: dict[str, Any], lru: dict[str, Any] | None) -> list[str]:
+def _bound(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((f["bound"] for f in runs if f.get("bound")), None)
+
+
+def _closed(f: dict[str, Any], lru: dict[str, Any] | None, bound: dict[str, Any] | None) -> str:
+    if lru is None or bound is None:
+        return "-"
+    share = gap_closed(f["workload_hit_rate"], lru["workload_hit_rate"], bound)
+    return "-" if share is None else f"{share:.0%}"
+
+
+def _row(
+    f: dict[str, Any], lru: dict[str, Any] | None, bound: dict[str, Any] | None = None
+) -> list[str]:
     alloc = f.get("allocate_mean_seconds")
     mgr = f["policy_manager_seconds"]
     if lru is not None and lru["policy_manager_seconds"] > 0:
@@ -59,6 +77,7 @@ def _row(f: dict[str, Any], lru: dict[str, Any] | None) -> list[str]:
         f["eviction"],
         f"{f['prefix_hit_rate']:.2%}",
         f"{f['workload_hit_rate']:.2%}",
+        _closed(f, lru, bound),
         f"{f['evictions']}",
         f"{f['preempted_swap']}/{f['preempted_recompute']}",
         f"{mgr:.3f}",
@@ -77,9 +96,25 @@ def has_tenants(runs: Sequence[dict[str, Any]]) -> bool:
 
 
 def policy_table(runs: Sequence[dict[str, Any]]) -> str:
-    """The policies' table (see the module docstring)."""
+    """The policies' table, the bound's row last, and what the bound is (see the module
+    docstring)."""
     lru = next((f for f in runs if f["eviction"] == "lru"), None)
-    return _table(COLUMNS, [_row(f, lru) for f in runs])
+    bound = _bound(runs)
+    rows = [_row(f, lru, bound) for f in runs]
+    if bound is None:
+        return _table(COLUMNS, rows)
+    opt, model_lru = bound["optimal_hit_rate"], bound["stream_lru_hit_rate"]
+    closed = "100%" if opt - model_lru > 1e-12 else "-"
+    rows.append(["optimal (bound)", "-", f"{opt:.2%}", closed, *["-"] * (len(COLUMNS) - 4)])
+    note = (
+        f"optimal     Belady's offline optimum under the prefix constraint at "
+        f"{bound['num_blocks']} blocks: {opt:.2%} over the {bound['source_policy']} run's "
+        f"lookups and touches as a pure cache (nothing pinned, that run's schedule), where LRU "
+        f"hits {model_lru:.2%}\n"
+        f"gap closed  a policy's gain over lru in these runs / the optimum's gain over LRU on "
+        f"that stream ({(opt - model_lru) * 100:+.2f} points)"
+    )
+    return _table(COLUMNS, rows) + "\n" + note
 
 
 def tenant_table(runs: Sequence[dict[str, Any]]) -> str:

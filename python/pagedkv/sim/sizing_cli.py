@@ -5,7 +5,9 @@ pool, one replay records every block size's: `sizing_jobs`), prints the curve of
 (from its run with the most blocks: the least disturbed by pressure) and ends the summary with
 the smallest cache that reaches a target hit rate without preemption, checked by full runs
 (`sizing.Search`: one run above the curve's estimate, or two-sided with `--bracket`), all of
-it in parallel processes (`sizing_jobs`); `--mrc-only` stops at the curve's estimate.
+it in parallel processes (`sizing_jobs`); `--mrc-only` stops at the curve's estimate, and on
+a trace of hash ids takes its curve from a pure cache replay at block granularity instead of
+a scheduled replay (`--mrc-replay`, `--mrc-warmup`: `sizing_blocks`).
 `--model NAME` (a one-group preset) or `--kv-bytes-per-token N` turn block counts into GiB
 (`kv_bytes`). The options form their own argument group, so that other groups can come and go
 beside it.
@@ -43,6 +45,13 @@ def _points(text: str) -> int:
     return n
 
 
+def _warmup(text: str) -> float:
+    value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a share in [0, 1) such as 0.5 or 50%: {text}")
+    return value
+
+
 def _jobs(text: str) -> int:
     n = int(text)
     if n < 1:
@@ -71,6 +80,28 @@ def add_sizing_arguments(sim: argparse.ArgumentParser) -> None:
         dest="mrc_only",
         help="the quickest answer: the curves and, per block size, the curve's estimate of the "
         "size for the target (marked as an estimate), without the check runs; implies --mrc",
+    )
+    g.add_argument(
+        "--mrc-replay",
+        choices=("auto", "cache", "scheduled"),
+        default="auto",
+        help="what the curve replays. scheduled: the workload through the scheduler and the "
+        "manager (running sequences pin their blocks, chunked prefill, preemption); cache: a "
+        "pure cache replay of a trace's hash ids block by block in file order, no tokens and "
+        "no scheduler (what other sizing tools compute; milliseconds; with --mrc-only, and "
+        "only where the block size and the trace's tokens per id divide one another); auto "
+        "(default): cache for --mrc-only on such a trace, scheduled otherwise. Beside a cache "
+        "curve: LRU, FIFO and Belady's offline optimum under the prefix constraint at a few "
+        "sizes",
+    )
+    g.add_argument(
+        "--mrc-warmup",
+        type=_warmup,
+        default=0.0,
+        metavar="SHARE",
+        help="the pure cache replay: replay the first SHARE of the requests (0.5 or 50%%) "
+        "without counting their hits, as kvcache-simulator counts the last half only "
+        "(default 0: every request counts)",
     )
     g.add_argument(
         "--bracket",
@@ -130,6 +161,8 @@ def wants_mrc(args: argparse.Namespace) -> bool:
         or args.bracket
         or args.mrc_sample is not None
         or args.target_hit_rate is not None
+        or args.mrc_replay != "auto"
+        or args.mrc_warmup > 0
     )
 
 

@@ -49,6 +49,7 @@ from pagedkv.sim.report import json_doc, summary_table, sweep_table, write_doc
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.sizing import ROUND, Recommendation, Search, Trial
 from pagedkv.sim.sizing_cli import DEFAULT_TARGET_FRACTION, recorder, target_for
+from pagedkv.sim.sizing_fidelity import compare, fidelity_line
 from pagedkv.sim.sizing_report import (
     curve_json,
     mrc_table,
@@ -262,7 +263,7 @@ class _Pool:
 # ---------------------------------------------------------------------- the driver
 
 
-def _cpu_seconds() -> float:
+def cpu_seconds() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # those ended and waited for
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
@@ -270,7 +271,7 @@ def _cpu_seconds() -> float:
 
 def clock_now() -> tuple[float, float]:
     """(wall, CPU) seconds now: where the time line starts counting."""
-    return time.perf_counter(), _cpu_seconds()
+    return time.perf_counter(), cpu_seconds()
 
 
 class Sizing:
@@ -315,6 +316,7 @@ class Sizing:
         self.status = "curve runs"
         self.t0, self.cpu0 = started or clock_now()
         self.printed_curves = False
+        self.fidelity: dict[int, dict[str, Any]] = {}  # block size -> `sizing_fidelity.compare`
 
     # ------------------------------------------------------------------ what is known
 
@@ -379,6 +381,7 @@ class Sizing:
             "default_target_fraction": DEFAULT_TARGET_FRACTION,
             "recommendations": [recommendation_json(r, self.kv) for r in self.recommendations()],
             **self.replay_json(),
+            "fidelity": [self.fidelity[bs] for bs in sorted(self.fidelity)],
             "jobs": self.jobs,
             "wall_s": time.perf_counter() - self.t0,
         }
@@ -470,6 +473,11 @@ class Sizing:
                 curve, self.kv, rows=self.args.mrc_points, targets=(target,), source=source
             )
             print(table, file=self.out)
+            sizes = table_sizes(curve, self.args.mrc_points, (target,))
+            f = compare(curve, self.workload, sizes)
+            if f is not None:
+                self.fidelity[bs] = f
+                print(fidelity_line(f), file=self.out)
         self.out.flush()
 
     def _submit_round(self, bs: int, submit: Callable[[Task], None]) -> None:
@@ -618,7 +626,7 @@ class Sizing:
 
     def _time_line(self) -> str:
         wall = time.perf_counter() - self.t0
-        cpu = _cpu_seconds() - self.cpu0
+        cpu = cpu_seconds() - self.cpu0
         where = f"{self.jobs} processes" if self.jobs > 1 else "in this process"
         return (
             f"time        wall {wall:.1f} s ({clock(wall)}), CPU {cpu:.1f} s ({clock(cpu)}): "
@@ -685,7 +693,11 @@ def size(
 ) -> int:
     """`simulate --mrc` after the header lines: the runs, the curves, the answer. `started`:
     `clock_now()` when the command began (the time line counts from there)."""
+    from pagedkv.sim.sizing_blocks import replay_kind, size_from_ids
+
+    if replay_kind(args, configs, workload) == "cache":
+        return size_from_ids(args, configs, workload, kv, out, started or clock_now())
     return Sizing(args, configs, workload, kv, out, err, started).run()
 
 
-__all__ = ["INTERRUPTED", "Sizing", "Task", "clock_now", "perform", "size"]
+__all__ = ["INTERRUPTED", "Sizing", "Task", "clock_now", "cpu_seconds", "perform", "size"]

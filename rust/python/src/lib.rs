@@ -1,5 +1,6 @@
 //! The Python binding of pagedkv-core: `pagedkv._core`.
 
+mod block_replay;
 mod convert;
 mod deferred_decode;
 mod engine_record;
@@ -37,6 +38,9 @@ mod _core {
 
     #[pymodule_export]
     use crate::mrc::PyMrcStream;
+
+    #[pymodule_export]
+    use crate::block_replay::PyBlockReplay;
 
     #[pymodule_export]
     use crate::router::PyRouterIndex;

@@ -144,6 +144,19 @@ impl PyMrcStream {
         self.inner.swap_in(id).map_err(|e| stream_err(py, e))
     }
 
+    /// Hit blocks at each of `capacities` under `policy` (`lru`, `fifo`, `optimal`: Belady's
+    /// bound under the prefix constraint), over the lookups from the `first_lookup`-th on.
+    /// The stream must be exact (sampled keys leave the optimum without parents).
+    fn hits(
+        &self,
+        py: Python<'_>,
+        capacities: &Bound<'_, PyAny>,
+        policy: &str,
+        first_lookup: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<u64>> {
+        crate::block_replay::policy_hits(py, self.inner.stream(), capacities, policy, first_lookup)
+    }
+
     /// `(thresholds, touches, distinct)`: every looked-up block's threshold (its prefix's
     /// largest stack distance, divided by `sample_rate`), ascending; the keys touched; the
     /// distinct keys touched.

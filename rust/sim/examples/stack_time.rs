@@ -28,7 +28,7 @@ fn main() {
         });
     }
     let t = Instant::now();
-    let out = thresholds(&keys, &pieces, 1.0);
+    let out = thresholds(&keys, &pieces, 1.0, 0);
     println!(
         "{} keys, {} touches, {} distinct, {} thresholds: {:.2} s",
         keys.len(),

@@ -8,12 +8,23 @@
 //!   the reference it is tested against).
 //! - `stack`: exact LRU stack distances over that stream, and the curve's thresholds.
 //! - `trace_tokens`: the pseudo-tokens of a trace prompt given as hash ids.
+//! - `stream`: lookups and touches with each key's parent, as `mrc_stream` records them.
+//! - `block_replay`: the same kind of stream straight from a trace's hash ids, at block
+//!   granularity (a pure cache replay: no scheduler, no tokens).
+//! - `policy_replay`: a stream through one cache size under LRU, FIFO or Belady's optimum
+//!   under the prefix constraint.
 
 pub mod block_keys;
+pub mod block_replay;
 pub mod mrc_stream;
+pub mod policy_replay;
 pub mod stack;
+pub mod stream;
 pub mod trace_tokens;
 
+pub use block_replay::{block_stream, ReplayError, TraceIds};
 pub use mrc_stream::{MrcStream, StreamError};
+pub use policy_replay::{hits, Policy};
 pub use stack::Thresholds;
+pub use stream::Stream;
 pub use trace_tokens::hash_id_tokens;

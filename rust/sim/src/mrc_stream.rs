@@ -8,7 +8,8 @@
 //! stream. A lookup is kept even when sampling empties it (it still counts its prompt).
 
 use crate::block_keys::{chain, content, step};
-use crate::stack::{thresholds, Piece, Thresholds};
+use crate::stack::{thresholds, Thresholds};
+use crate::stream::{with_parents, Stream, NO_PARENT};
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -80,10 +81,8 @@ pub struct MrcStream {
     block_size: usize,
     /// Keys whose top `SAMPLE_BITS` bits are below this are recorded (`2^24`: all).
     threshold: u64,
-    /// Every piece's keys, in stream order.
-    keys: Vec<u64>,
-    /// Where each piece ends in `keys`, and whether it is a lookup.
-    pieces: Vec<Piece>,
+    /// The lookups and touches so far (sampled keys only), with each key's parent.
+    stream: Stream,
     seqs: IntMap<u64, Seq>,
     /// Sequences allocated or forked so far: allocating one again recomputes, no lookup.
     admitted: IntSet<u64>,
@@ -102,8 +101,7 @@ impl MrcStream {
         Ok(Self {
             block_size,
             threshold,
-            keys: Vec::new(),
-            pieces: Vec::new(),
+            stream: Stream::default(),
             seqs: IntMap::default(),
             admitted: IntSet::default(),
             prompt_tokens: 0,
@@ -115,27 +113,19 @@ impl MrcStream {
         self.block_size
     }
 
-    /// Append the sampled part of `keys` as a piece (a touch only if anything is left).
+    /// Append the sampled part of `new` (`(key, parent)` pairs) as a piece (a touch only if
+    /// anything is left).
     fn push(
-        keys: &mut Vec<u64>,
-        pieces: &mut Vec<Piece>,
+        stream: &mut Stream,
         threshold: u64,
-        new: &[u64],
+        new: impl IntoIterator<Item = (u64, u64)>,
         lookup: bool,
     ) {
-        let before = keys.len();
         let shift = 64 - SAMPLE_BITS;
-        keys.extend(new.iter().copied().filter(|k| k >> shift < threshold));
-        if lookup || keys.len() > before {
-            pieces.push(Piece {
-                end: keys.len(),
-                lookup,
-            });
-        }
-    }
-
-    fn touch(&mut self, new: &[u64]) {
-        Self::push(&mut self.keys, &mut self.pieces, self.threshold, new, false);
+        stream.push(
+            new.into_iter().filter(|(k, _)| k >> shift < threshold),
+            lookup,
+        );
     }
 
     fn seq(&mut self, seq_id: u64) -> Result<&mut Seq, StreamError> {
@@ -157,10 +147,9 @@ impl MrcStream {
             self.lookups += 1;
             let upto = n.saturating_sub(1) / bs;
             Self::push(
-                &mut self.keys,
-                &mut self.pieces,
+                &mut self.stream,
                 self.threshold,
-                &keys[..upto],
+                with_parents(&keys, 0..upto),
                 true,
             );
         }
@@ -191,8 +180,8 @@ impl MrcStream {
             seq.partial = seq.tail.clone();
         }
         if last > first {
-            let new = &seq.keys[first..last];
-            Self::push(&mut self.keys, &mut self.pieces, self.threshold, new, false);
+            let new = with_parents(&seq.keys, first..last);
+            Self::push(&mut self.stream, self.threshold, new, false);
         }
     }
 
@@ -218,11 +207,11 @@ impl MrcStream {
         let start = seq.keys.len();
         seq.state = chain(seq.state, &seq.partial[..full], bs, &mut seq.keys);
         seq.partial.drain(..full);
+        let end = seq.keys.len();
         Self::push(
-            &mut self.keys,
-            &mut self.pieces,
+            &mut self.stream,
             self.threshold,
-            &seq.keys[start..],
+            with_parents(&seq.keys, start..end),
             false,
         );
         Ok(())
@@ -237,26 +226,22 @@ impl MrcStream {
         }
         let bs = self.block_size;
         let shift = 64 - SAMPLE_BITS;
-        let before = self.keys.len();
+        let mut filled = Vec::new();
         for (id, &tok) in seq_ids.iter().zip(tokens) {
             let seq = self.seqs.get_mut(id).expect("checked above");
             seq.partial.push(tok);
             if seq.partial.len() == bs {
                 let (key, raw) = step(seq.state, content(&seq.partial));
+                let parent = seq.keys.last().copied().unwrap_or(NO_PARENT);
                 seq.state = raw;
                 seq.keys.push(key);
                 seq.partial.clear();
                 if key >> shift < self.threshold {
-                    self.keys.push(key);
+                    filled.push((key, parent));
                 }
             }
         }
-        if self.keys.len() > before {
-            self.pieces.push(Piece {
-                end: self.keys.len(),
-                lookup: false,
-            });
-        }
+        self.stream.push(filled, false);
         Ok(())
     }
 
@@ -270,9 +255,9 @@ impl MrcStream {
 
     /// Released blocks are touched tail first, so that the head ends the most recent.
     fn release(&mut self, seq: &Seq) {
-        let mut reg = seq.registered(self.block_size).to_vec();
-        reg.reverse();
-        self.touch(&reg);
+        let n = seq.registered(self.block_size).len();
+        let new = with_parents(&seq.keys, 0..n).rev();
+        Self::push(&mut self.stream, self.threshold, new, false);
     }
 
     pub fn free(&mut self, seq_id: u64) -> Result<(), StreamError> {
@@ -295,23 +280,37 @@ impl MrcStream {
 
     pub fn swap_in(&mut self, seq_id: u64) -> Result<(), StreamError> {
         let bs = self.block_size;
-        let reg = self.seq(seq_id)?.registered(bs).to_vec();
-        self.touch(&reg);
+        let seq = self
+            .seqs
+            .get(&seq_id)
+            .ok_or(StreamError::UnknownSeq(seq_id))?;
+        let n = seq.registered(bs).len();
+        Self::push(
+            &mut self.stream,
+            self.threshold,
+            with_parents(&seq.keys, 0..n),
+            false,
+        );
         self.seq(seq_id)?.swapped = false;
         Ok(())
     }
 
     /// Keys recorded so far (lookups and touches).
     pub fn len(&self) -> usize {
-        self.keys.len()
+        self.stream.keys.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.stream.keys.is_empty()
+    }
+
+    /// The lookups and touches recorded so far (sampled keys only).
+    pub fn stream(&self) -> &Stream {
+        &self.stream
     }
 
     /// The curve's thresholds over the stream so far, distances scaled by `1 / rate`.
     pub fn curve(&self, rate: f64) -> Thresholds {
-        thresholds(&self.keys, &self.pieces, rate)
+        thresholds(&self.stream.keys, &self.stream.pieces, rate, 0)
     }
 }

@@ -89,7 +89,7 @@ impl Marks {
 /// the (key, position) pairs reads and writes memory in order; a hash map from key to last
 /// touch would miss the cache on nearly every access once it outgrows it (a full-trace
 /// stream holds millions of distinct keys), several times slower.
-fn dense_ids(keys: &[u64]) -> (Vec<u32>, usize) {
+pub(crate) fn dense_ids(keys: &[u64]) -> (Vec<u32>, usize) {
     let mut pairs: Vec<(u64, u32)> = keys.iter().copied().zip(0u32..).collect();
     pairs.sort_unstable();
     let mut ids = vec![0u32; keys.len()];
@@ -112,8 +112,9 @@ fn dense_ids(keys: &[u64]) -> (Vec<u32>, usize) {
     (ids, distinct)
 }
 
-/// Replay the stream (`keys` cut into `pieces`) through exact stack distances.
-pub fn thresholds(keys: &[u64], pieces: &[Piece], rate: f64) -> Thresholds {
+/// Replay the stream (`keys` cut into `pieces`) through exact stack distances. Lookups before
+/// the `first_lookup`-th (counting from 0) are replayed but give no thresholds: a warm-up.
+pub fn thresholds(keys: &[u64], pieces: &[Piece], rate: f64, first_lookup: usize) -> Thresholds {
     assert!(
         keys.len() < u32::MAX as usize,
         "a stream of at most 2**32 - 1 keys"
@@ -139,10 +140,15 @@ pub fn thresholds(keys: &[u64], pieces: &[Piece], rate: f64) -> Thresholds {
     let mut time: usize = 0;
     let mut values = Vec::new();
     let mut start = 0;
+    let mut lookup = 0usize;
     for piece in pieces {
         let part = &ids[start..piece.end];
         start = piece.end;
         if piece.lookup {
+            lookup += 1;
+            if lookup <= first_lookup {
+                continue; // a warm-up lookup: it touches nothing, so it can be skipped
+            }
             let mut reach = 0i64;
             for &id in part {
                 let t = last[id as usize];
@@ -228,7 +234,7 @@ mod tests {
             (true, &[1, 2, 3, 4]),
         ];
         let (keys, pieces) = stream(events);
-        let got = thresholds(&keys, &pieces, 1.0);
+        let got = thresholds(&keys, &pieces, 1.0, 0);
         assert_eq!(got.values, naive(events));
         assert_eq!(got.touches, 10);
         assert_eq!(got.distinct, 4);
@@ -253,7 +259,7 @@ mod tests {
             let events: Vec<(bool, &[u64])> =
                 owned.iter().map(|(l, p)| (*l, p.as_slice())).collect();
             let (keys, pieces) = stream(&events);
-            assert_eq!(thresholds(&keys, &pieces, 1.0).values, naive(&events));
+            assert_eq!(thresholds(&keys, &pieces, 1.0, 0).values, naive(&events));
         }
     }
 
@@ -261,6 +267,6 @@ mod tests {
     fn sampled_distances_are_scaled() {
         let events: &[(bool, &[u64])] = &[(false, &[1, 2]), (true, &[1])];
         let (keys, pieces) = stream(events);
-        assert_eq!(thresholds(&keys, &pieces, 0.25).values, vec![8.0]);
+        assert_eq!(thresholds(&keys, &pieces, 0.25, 0).values, vec![8.0]);
     }
 }
