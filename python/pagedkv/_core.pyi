@@ -32,6 +32,7 @@ _Keys: TypeAlias = list[bytes] | tuple[bytes, ...]
 __all__ = [
     "BlockManager",
     "BlockReplay",
+    "DeferredDecodes",
     "EngineRecord",
     "MrcStream",
     "RouterIndex",
@@ -400,6 +401,35 @@ class EngineRecord:
     def held(self) -> bool: ...
     @held.setter
     def held(self, value: bool) -> None: ...
+
+@final
+class DeferredDecodes:
+    """An engine adapter's one-token decode steps answered at once and applied in a batch
+    (`pagedkv.vllm.deferred`), over the adapter's dict of records (request id ->
+    `EngineRecord`)."""
+
+    def __new__(cls, records: dict[str, EngineRecord]) -> DeferredDecodes: ...
+    @property
+    def planned(self) -> dict[str, int]:
+        """request id -> the computed tokens its planned step expects (the adapter pops it)."""
+    @property
+    def taken(self) -> list[str]:
+        """The request ids whose planned step was answered and not applied yet."""
+    def apply(self) -> None:
+        """Apply the queued steps (the plans of the others stay)."""
+    def settle(self) -> None:
+        """Forget every plan, then apply the queued steps."""
+    def prime(self) -> int:
+        """Settle, then plan the next step of every record whose step writes in place;
+        returns how many were planned."""
+    @property
+    def queued(self) -> int: ...
+    @property
+    def primed(self) -> int: ...
+    @property
+    def applied(self) -> int: ...
+    @property
+    def skipped(self) -> int: ...
 
 @final
 class MrcStream:

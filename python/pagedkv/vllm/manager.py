@@ -21,6 +21,7 @@ block 0 is the null block too and ids are the same.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -139,8 +140,9 @@ class KVCacheManager:
         self._planned: dict[str, int] = self._deferred.planned
         self._taken: list[str] = self._deferred.taken
         self._primes = self.watermark_blocks == 0 and not self._releases
-        # Sequences popped by `pop_blocks_for_free`, freed when their blocks come back.
-        self._next_id = 0
+        # Sequence ids: `next` of a count is one step under the GIL, so two threads admitting
+        # requests at once never take the same id (a refused admission leaves a gap).
+        self._ids = itertools.count()
         self._pending_copies: list[KVCacheBlockCopy] = []
         # vLLM block objects, one per block id, built only when something reads `.blocks`
         # (vLLM's tests compare them by identity across calls).
@@ -448,11 +450,10 @@ class KVCacheManager:
             # The cross-attention blocks: a companion sequence of the encoder's tokens with
             # no keys (never hit nor registered), taken first so that giving them back on a
             # refusal below leaves nothing behind.
-            cross = self._next_id
+            cross = next(self._ids)
             if core.allocate(cross, range(num_encoder_tokens), block_hashes=[]) is None:
                 return None
-            self._next_id += 1
-        sid = self._next_id
+        sid = next(self._ids)
         got = core.allocate(
             sid,
             request.all_token_ids[:n],
@@ -467,7 +468,6 @@ class KVCacheManager:
             if cross is not None:
                 core.free(cross)
             return None
-        self._next_id += 1
         if got != hit:
             # Give everything back, the blocks registered past the hit withdrawn (their KV
             # was never computed), then say why.
@@ -682,6 +682,8 @@ class KVCacheManager:
     # -- freeing ----------------------------------------------------------------------------
     def free(self, request: Request) -> None:
         rec = self._seqs.pop(request.request_id, None)
+        # A plan another thread made between this call's settling and the pop goes too.
+        self._planned.pop(request.request_id, None)
         if rec is not None:
             self.core.free(rec.sid)
             if rec.cross is not None:
@@ -691,6 +693,7 @@ class KVCacheManager:
         """The request's blocks, each tagged with its sequence, which stays alive until they
         come back through `block_pool.free_blocks` (vLLM's deferred frees)."""
         rec = self._seqs.pop(request.request_id, None)
+        self._planned.pop(request.request_id, None)  # as in `free`
         if rec is None:
             return []
         ids = self._result(rec, 0, rec.table_len, cross=True).ids
