@@ -8,9 +8,10 @@ also counts the time other processes held the CPU. This script builds the same r
 (`test_bench_vllm_step.py`: shared 512-token system prompts, 64 tokens each of their own, all
 prefilled), then per round and manager runs `--steps` decode steps the way vLLM's scheduler
 makes them: each request gets its sampled token (`append_output_token_ids`, untimed), then
-`allocate_slots(request, 1, num_lookahead_tokens=0)` for every request, the whole batch timed
-with the thread's CPU clock (one clock read per batch, not per call). Rounds alternate the
-managers; it prints each round's microseconds per call and the median ratio.
+`new_step_starts()` and `allocate_slots(request, 1, num_lookahead_tokens=0)` for every request,
+the whole batch timed with the thread's CPU clock (one clock read per batch, not per call).
+Rounds alternate the managers; it prints each round's microseconds per call and the median
+ratio.
 """
 
 from __future__ import annotations
@@ -43,10 +44,18 @@ def _round(scheduler: Any, steps: int) -> float:
             r.num_computed_tokens = r.num_tokens
             r.append_output_token_ids(7)
         t = time.thread_time()
+        # vLLM's scheduler starts every step with this (pagedkv plans the step's decodes
+        # and applies the last step's deferred ones there: manager time, so timed).
+        manager.new_step_starts()
         for r in requests:
             if manager.allocate_slots(r, 1, num_lookahead_tokens=0) is None:
                 raise RuntimeError("the pool is too small for the steps asked for")
         spent += time.thread_time() - t
+    # The last step's deferred tokens are applied by the next start: timed too (its planning
+    # is one step more than the round's, charged to pagedkv).
+    t = time.thread_time()
+    manager.new_step_starts()
+    spent += time.thread_time() - t
     return spent / (steps * len(requests)) * 1e6
 
 
