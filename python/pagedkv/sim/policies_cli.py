@@ -23,8 +23,8 @@ from pagedkv.sim.policies_report import has_tenants, policy_table, tenant_table
 from pagedkv.sim.progress import clock
 from pagedkv.sim.report import json_doc, write_doc
 from pagedkv.sim.requests import Workload
+from pagedkv.sim.runner import INTERRUPTED, clock_now, stop_on_sigterm
 from pagedkv.sim.sizing_cli import wants_mrc
-from pagedkv.sim.sizing_jobs import INTERRUPTED, _on_sigterm, clock_now
 from pagedkv.sim.tier_cli import wants_tiers
 
 
@@ -111,7 +111,7 @@ def simulate_policies(
     configs: Callable[[argparse.Namespace], list[BlockManagerConfig]],
 ) -> int:
     """`--eviction` (the command's workload, scheduler and cache options come through the
-    callables of `sim.cli`); returns the exit status (`INTERRUPTED` after Ctrl-C)."""
+    callables of `sim.runner`); returns the exit status (`INTERRUPTED` after Ctrl-C)."""
     wall0, cpu0 = clock_now()
     _refuse_others(args)
     cs = configs(args)
@@ -140,7 +140,7 @@ def simulate_policies(
     )
     runs: list[dict[str, Any]] = []
     status = "complete"
-    previous = _on_sigterm()
+    previous = stop_on_sigterm()
     try:
         run_policies(
             w,

@@ -30,7 +30,6 @@ import io
 import multiprocessing as mp
 import os
 import queue
-import resource
 import signal
 import sys
 import time
@@ -47,6 +46,14 @@ from pagedkv.sim.mrc_fast import FastMRCRecorder
 from pagedkv.sim.progress import ProgressBar, RunLines, clock
 from pagedkv.sim.report import json_doc, summary_table, sweep_table, write_doc
 from pagedkv.sim.requests import Workload
+from pagedkv.sim.runner import (
+    INTERRUPTED,
+    Runner,
+    clock_now,
+    read_workload,
+    schedule_options,
+    stop_on_sigterm,
+)
 from pagedkv.sim.sizing import ROUND, Recommendation, Search, Trial
 from pagedkv.sim.sizing_cli import DEFAULT_TARGET_FRACTION, recorder, target_for
 from pagedkv.sim.sizing_report import (
@@ -57,7 +64,6 @@ from pagedkv.sim.sizing_report import (
     table_sizes,
 )
 
-INTERRUPTED = 130  # the exit status of a run stopped by Ctrl-C (128 + SIGINT)
 REPORT_EVERY = 1.0  # seconds between a worker's progress messages
 
 
@@ -91,7 +97,7 @@ class _Context:
 
 
 class _Bar(ProgressBar):
-    """`cli._Runner`'s progress bar, reporting instead of drawing."""
+    """`runner.Runner`'s progress bar, reporting instead of drawing."""
 
     def __init__(self, label: str, report: Report) -> None:
         super().__init__(label, stream=io.StringIO())
@@ -107,13 +113,12 @@ class _Bar(ProgressBar):
 def perform(task: Task, ctx: _Context, report: Report) -> dict[str, Any]:
     """Run one task; `{"figures", "curve", "others"}` for a curve run (`others`: block size
     -> curve, of `task.others`), `{"trial"}` for a check run."""
-    from pagedkv.sim import cli  # here: cli imports this module
     from pagedkv.sim.factory import make_manager
     from pagedkv.sim.scheduler import run_workload
 
     args, config = ctx.args, task.config
     if task.kind == "curve":
-        runner = cli._Runner(args, ctx.workload, ctx.kv, lambda label: _Bar(label, report))
+        runner = Runner(args, ctx.workload, ctx.kv, lambda label: _Bar(label, report))
         own = FastMRCRecorder(config.block_size, task.sample_rate)
         others = [(bs, FastMRCRecorder(bs, rate)) for bs, rate in task.others]
         watch = FanOut([own, *(r for _, r in others)]) if others else own
@@ -124,7 +129,7 @@ def perform(task: Task, ctx: _Context, report: Report) -> dict[str, Any]:
     res = run_workload(
         manager,
         ctx.workload,
-        **cli._schedule(args),
+        **schedule_options(args),
         check=args.check,
         progress=lambda done, total: report(task.label, done, total),
         until=rule,
@@ -171,10 +176,8 @@ def _init_worker(args: argparse.Namespace, messages: Any) -> None:
 def _worker_context() -> _Context:
     ctx = _WORKER.get("ctx")
     if ctx is None:
-        from pagedkv.sim import cli
-
         args = _WORKER["args"]
-        workload = cli._workload(args, io.StringIO())
+        workload = read_workload(args, io.StringIO())
         ctx = _Context(args, workload, kv_bytes(args.model, args.kv_bytes_per_token))
         _WORKER["ctx"] = ctx
     assert isinstance(ctx, _Context)
@@ -260,17 +263,6 @@ class _Pool:
 
 
 # ---------------------------------------------------------------------- the driver
-
-
-def _cpu_seconds() -> float:
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # those ended and waited for
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-def clock_now() -> tuple[float, float]:
-    """(wall, CPU) seconds now: where the time line starts counting."""
-    return time.perf_counter(), _cpu_seconds()
 
 
 class Sizing:
@@ -510,7 +502,7 @@ class Sizing:
         def submit(task: Task) -> None:
             pending[executor.submit(task)] = task
 
-        previous = _on_sigterm()
+        previous = stop_on_sigterm()
         try:
             for i in range(len(self.configs)):
                 if i not in self.skipped:
@@ -618,7 +610,7 @@ class Sizing:
 
     def _time_line(self) -> str:
         wall = time.perf_counter() - self.t0
-        cpu = _cpu_seconds() - self.cpu0
+        cpu = clock_now()[1] - self.cpu0
         where = f"{self.jobs} processes" if self.jobs > 1 else "in this process"
         return (
             f"time        wall {wall:.1f} s ({clock(wall)}), CPU {cpu:.1f} s ({clock(cpu)}): "
@@ -658,19 +650,6 @@ class Sizing:
             print(f"json        not written: {exc}", file=self.out)
         print(self._time_line(), file=self.out)
         self.out.flush()
-
-
-def _on_sigterm() -> Any:
-    """SIGTERM stops like Ctrl-C does (main thread only); returns the previous handler."""
-
-    def stop(signum: int, frame: Any) -> None:
-        del signum, frame
-        raise KeyboardInterrupt
-
-    try:
-        return signal.signal(signal.SIGTERM, stop)
-    except ValueError:  # not the main thread
-        return None
 
 
 def size(
