@@ -57,6 +57,7 @@ from pagedkv.sim.runner import (
 from pagedkv.sim.sizing import ROUND, Recommendation, Search, Trial
 from pagedkv.sim.sizing_cli import DEFAULT_TARGET_FRACTION, recorder, target_for
 from pagedkv.sim.sizing_report import (
+    CURVE_RUN_HEADING,
     curve_json,
     mrc_table,
     recommendation_json,
@@ -440,6 +441,7 @@ class Sizing:
     def _summary(self) -> None:
         runs = [f for f in self.figures if f is not None]
         print(file=self.out)
+        print(CURVE_RUN_HEADING, file=self.out)
         print(summary_table(runs[0]) if len(runs) == 1 else sweep_table(runs), file=self.out)
         for j in sorted(self.skipped):
             print(f"not run     {self._not_run_note(self.configs[j])}", file=self.out)
@@ -584,8 +586,6 @@ class Sizing:
             self._curve_done(i, result)
             if self._replays_done():
                 self.status = "check runs" if self.checks else "complete"
-                self._summary()
-                self._print_curves()
             for bs in sorted(set(self.searches) - before):
                 if self.checks:
                     if lines is not None:
@@ -618,9 +618,11 @@ class Sizing:
         )
 
     def _answer(self) -> None:
-        self._print_curves()
+        # The answer first, then the curves, then the replay's own figures at its own size.
         print(file=self.out)
         print(recommendation_lines(self.recommendations(), self.kv), file=self.out)
+        self._print_curves()
+        self._summary()
         self.save()
         if self.args.json:
             print(f"json        {self.args.json}", file=self.out)
@@ -636,12 +638,12 @@ class Sizing:
         self.status = "interrupted"
         print(file=self.out)
         print("interrupted (Ctrl-C): the runs were stopped; what was known follows", file=self.out)
-        if any(f is not None for f in self.figures) and not self.printed_curves:
-            self._summary()
         if self.curves:
-            self._print_curves()
             print(file=self.out)
             print(recommendation_lines(self.recommendations(), self.kv), file=self.out)
+            self._print_curves()
+        if any(f is not None for f in self.figures):
+            self._summary()
         try:
             self.save()
             if self.args.json:
