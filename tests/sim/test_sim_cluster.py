@@ -165,6 +165,9 @@ def test_prefix_routing_keeps_a_shared_prefix_on_one_node() -> None:
     assert px["workload_hit_tokens"] == 22 * 256
     assert rr["workload_hit_tokens"] == 20 * 256
     assert doc["prefix"]["router"]["prefix_routed"] == 22
+    # Each system prompt lives on one node only: every one of those was a routing success.
+    assert doc["prefix"]["router"]["prefix_won"] == 22
+    assert doc["prefix"]["router"]["prefix_everywhere"] == 0
 
 
 def _cross_node_workload() -> Workload:
