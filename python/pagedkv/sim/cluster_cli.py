@@ -10,6 +10,7 @@ per token when neither is given): it holds `bytes // (bytes per block)` blocks.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -19,9 +20,9 @@ from pagedkv.config import BlockManagerConfig
 from pagedkv.sim.cluster import TIER_MODES, ClusterOptions, run_cluster
 from pagedkv.sim.cluster_report import cluster_figures, cluster_table
 from pagedkv.sim.kv_bytes import from_model, kv_bytes
-from pagedkv.sim.progress import ProgressBar
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.router import ROUTINGS
+from pagedkv.sim.runner import progress_lines
 from pagedkv.sim.sizing_cli import wants_mrc
 from pagedkv.sim.tier_run import DEFAULT_MODEL, parse_bytes
 
@@ -166,10 +167,20 @@ def simulate_cluster(
     )
     if sizing:
         print(f"tier size   {sizing}", file=out)
-    bar = ProgressBar("cluster", stream=err) if not args.no_progress and err.isatty() else None
-    run = run_cluster(w, config, options, sched, check=args.check, progress=bar)
-    if bar is not None:
-        bar.close()
+    lines = progress_lines(args, err, "[cluster]")
+    label = f"{options.nodes} nodes"
+    step = None
+    if lines is not None:
+        lines.start(label)
+        step = functools.partial(lines.update, label)
+    try:
+        run = run_cluster(w, config, options, sched, check=args.check, progress=step)
+    finally:
+        if lines is not None:
+            lines.close()  # ends a redrawn line, also when the run raised
+    if lines is not None:
+        lines.end(label, f"done, {sum(run.routed_requests)} requests routed")
+        lines.close()
     doc = cluster_figures(run)
     doc["workload"] = w.describe()
     print(file=out)

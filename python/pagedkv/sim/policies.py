@@ -17,6 +17,7 @@ requests; unsalted requests are the tenant None. The per-salt counts add up to t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
@@ -147,15 +148,19 @@ def run_policy(
     kv: KVBytes | None = None,
     check: bool = False,
     repeats: int = 1,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """One run of `workload` with `config` under eviction `policy`: the run's figures
     (`sim.report.figures`), `eviction`, `tenants` (per salt, `TenantTally.rows`) and the
-    manager time of its calls replayed (`policy_manager_seconds`, `allocate_mean_seconds`)."""
+    manager time of its calls replayed (`policy_manager_seconds`, `allocate_mean_seconds`).
+    `progress(ended requests, requests)` after each step of the replay."""
     config = replace(config, eviction=policy)
     manager = make_manager(config)
     log = CallLog(manager)
     tally = TenantTally()
-    result = run_workload(cast(ManagerLike, log), workload, **schedule, check=check, watch=tally)
+    result = run_workload(
+        cast(ManagerLike, log), workload, **schedule, check=check, watch=tally, progress=progress
+    )
     if check:
         manager.check_invariants()
     f = figures(
@@ -187,16 +192,28 @@ def run_policies(
     repeats: int = 1,
     progress: Callable[[str], None] | None = None,
     done: list[dict[str, Any]] | None = None,
+    steps: Callable[[str, int, int], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """`run_policy` for each of `policies`, in order. Each finished run is appended to `done`
-    (a fresh list if None) as soon as it ends, so that a caller interrupted midway (Ctrl-C)
-    still has the runs that finished; returns it."""
+    """`run_policy` for each of `policies`, in order: `progress(policy)` before each,
+    `steps(policy, ended requests, requests)` after each step of its replay. Each finished
+    run is appended to `done` (a fresh list if None) as soon as it ends, so that a caller
+    interrupted midway (Ctrl-C) still has the runs that finished; returns it."""
     runs = [] if done is None else done
     for policy in policies:
         if progress is not None:
             progress(policy)
+        step = None if steps is None else functools.partial(steps, policy)
         runs.append(
-            run_policy(workload, config, policy, schedule, kv=kv, check=check, repeats=repeats)
+            run_policy(
+                workload,
+                config,
+                policy,
+                schedule,
+                kv=kv,
+                check=check,
+                repeats=repeats,
+                progress=step,
+            )
         )
     return runs
 

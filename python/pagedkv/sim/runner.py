@@ -25,7 +25,7 @@ from pagedkv.config import HASH_ALGOS, BlockManagerConfig
 from pagedkv.sim.factory import make_manager
 from pagedkv.sim.kv_bytes import KVBytes
 from pagedkv.sim.observer import ScheduleObserver
-from pagedkv.sim.progress import ProgressBar
+from pagedkv.sim.progress import ProgressBar, RunLines
 from pagedkv.sim.report import add_memory, figures
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.scheduler import run_workload
@@ -245,6 +245,15 @@ class Runner:
         return f
 
 
+def progress_lines(args: argparse.Namespace, err: TextIO, prefix: str) -> RunLines | None:
+    """Progress of a command's runs as the sizing runs show it (`RunLines`): on a terminal a
+    line redrawn, elsewhere (a log, a pipe) a line when each run starts and ends and one a
+    minute between; None with --no-progress."""
+    if args.no_progress:
+        return None
+    return RunLines(err, tty=err.isatty(), prefix=prefix)
+
+
 def _cpu_seconds() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # those ended and waited for
@@ -280,6 +289,7 @@ __all__ = [
     "hash_algo",
     "manager_configs",
     "progress_bars",
+    "progress_lines",
     "read_workload",
     "schedule_options",
     "stop_on_sigterm",
