@@ -320,6 +320,16 @@ def test_the_command_prints_every_node_and_writes_json(
         (["--nodes", "2", "--cluster-tier", "off", "--shared-tier-bytes", "1GiB"], "in-process"),
         (["--nodes", "2", "--cluster-tier", "off", "--remote", "redis://x"], "not with"),
         (["--nodes", "2", "--prefix-balance", "2"], "for --routing prefix only"),
+        (
+            ["--nodes", "2", "--remote-cleanup"],
+            "--remote-timeout and --remote-cleanup need --remote",
+        ),
+        (["--nodes", "2", "--remote-timeout", "1"], "need --remote"),
+        (["--remote-cleanup"], "--remote-cleanup needs --nodes"),
+        (
+            ["--nodes", "2", "--remote", "redis://127.0.0.1:1", "--remote-timeout", "0"],
+            "--remote-timeout must be > 0 seconds, got 0.0",
+        ),
         (["--nodes", "4", "--shared-tier-bytes", "4MiB"], "fewer than one per node"),
         (["--nodes", "2", "--block-size", "16,32"], "one configuration"),
         (["--nodes", "2", "--cluster-tier", "off", "--model", "gemma-3-27b"], "KV-cache groups"),

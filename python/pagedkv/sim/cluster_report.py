@@ -199,13 +199,39 @@ def cluster_table(doc: dict[str, Any]) -> str:
             else f"            by the router index of the nodes' KV events (pagedkv.router): "
             f"{ix['events']} events, {ix['memberships']} blocks held at the end"
         )
-    lines.extend(
-        f"store       {s['name']} ({s['medium']}): {s['puts']} puts, {s['dropped_puts']} "
-        f"dropped, {s['evictions']} evicted, {s['entries']} held at the end; {s['gets']} "
-        f"gets, {s['hits']} hits, {s['corrupt']} corrupt, {s['errors']} errors"
-        for s in doc["stores"]
-    )
+    for s in doc["stores"]:
+        lines.append(
+            f"store       {s['name']} ({s['medium']}): {s['puts']} puts, {s['dropped_puts']} "
+            f"dropped, {s['evictions']} evicted, {s['entries']} held at the end; {s['gets']} "
+            f"gets, {s['hits']} hits, {s['corrupt']} corrupt, {s['errors']} errors"
+        )
+        lines.extend(store_notes(s))
     return "\n".join(lines)
 
 
-__all__ = ["cluster_figures", "cluster_table"]
+def store_notes(s: dict[str, Any]) -> list[str]:
+    """What a store's dropped puts and errors mean, and where a remote run's keys are."""
+    pad = " " * 12
+    out = []
+    if s["medium"] == "REMOTE":
+        if s["dropped_puts"] or s["errors"]:
+            out.append(
+                f"{pad}dropped puts are blocks the server did not store: it did not reply "
+                f"within --remote-timeout ({s['timeout_s']:g} s), refused or reset the "
+                "connection, or was being left alone for a second after such a failure; "
+                "errors count every failed call (puts, gets, presence checks). A dropped put "
+                "is a later miss, never a wrong hit; on a loaded server raise --remote-timeout"
+            )
+        if s.get("deleted_keys") is not None:
+            out.append(f"{pad}--remote-cleanup deleted this run's {s['deleted_keys']} keys")
+        else:
+            out.append(
+                f"{pad}this run's keys stay on the server ({s['key_prefix']}*), each expiring "
+                f"{s['ttl_s']:g} s after it was put; --remote-cleanup deletes them at the end"
+            )
+    elif s["dropped_puts"]:
+        out.append(f"{pad}dropped puts are entries larger than the store's whole budget")
+    return out
+
+
+__all__ = ["cluster_figures", "cluster_table", "store_notes"]
