@@ -17,7 +17,8 @@ The answer is the same for any N: a search's next round depends only on its own 
 
 What is known is never lost: `--json` is rewritten (atomically) after every finished run,
 with `sizing.status` saying how far it got; Ctrl-C (or SIGTERM) stops the runs, prints what is
-known, writes it and exits with 130. Progress goes to stderr (`progress.RunLines`). The last
+known, writes it and exits with 130; a curve run stopped midway hands back the curve of the
+requests it replayed, shown as partial (`sim.sizing_partial`). Progress goes to stderr (`progress.RunLines`). The last
 line gives the wall time and the CPU time of this process and its workers together.
 """
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import ctypes
 import io
 import multiprocessing as mp
@@ -56,6 +58,7 @@ from pagedkv.sim.runner import (
 )
 from pagedkv.sim.sizing import ROUND, Recommendation, Search, Trial
 from pagedkv.sim.sizing_cli import DEFAULT_TARGET_FRACTION, recorder, target_for
+from pagedkv.sim.sizing_partial import PARTIAL_WAIT, CurveInterrupted, PartialCurve
 from pagedkv.sim.sizing_report import (
     CURVE_RUN_HEADING,
     curve_json,
@@ -119,11 +122,28 @@ def perform(task: Task, ctx: _Context, report: Report) -> dict[str, Any]:
 
     args, config = ctx.args, task.config
     if task.kind == "curve":
-        runner = Runner(args, ctx.workload, ctx.kv, lambda label: _Bar(label, report))
+        seen = [0, len(ctx.workload.requests)]  # requests ended, requests: for Ctrl-C
+
+        def counted(label: str, done: int, total: int) -> None:
+            seen[:] = [done, total]
+            report(label, done, total)
+
+        runner = Runner(args, ctx.workload, ctx.kv, lambda label: _Bar(label, counted))
         own = FastMRCRecorder(config.block_size, task.sample_rate)
         others = [(bs, FastMRCRecorder(bs, rate)) for bs, rate in task.others]
         watch = FanOut([own, *(r for _, r in others)]) if others else own
-        f = runner(config, task.label, watch)
+        try:
+            f = runner(config, task.label, watch)
+        except KeyboardInterrupt:
+            part = PartialCurve(
+                task.index,
+                config.block_size,
+                own.curve(),
+                seen[0],
+                seen[1],
+                {bs: r.curve() for bs, r in others},
+            )
+            raise CurveInterrupted(part) from None
         return {"figures": f, "curve": own.curve(), "others": {bs: r.curve() for bs, r in others}}
     rule = StopRule.build(ctx.workload, config.block_size, task.target, args.abort_rate > 0)
     manager = make_manager(config, reference=args.reference)
@@ -167,11 +187,12 @@ def _die_with_parent() -> None:
         pass
 
 
-def _init_worker(args: argparse.Namespace, messages: Any) -> None:
+def _init_worker(args: argparse.Namespace, messages: Any, stop: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     _die_with_parent()
     _WORKER["args"] = args
     _WORKER["messages"] = messages
+    _WORKER["stop"] = stop  # set by the parent after Ctrl-C: hand back what was replayed
 
 
 def _worker_context() -> _Context:
@@ -191,13 +212,25 @@ def _work(task: Task) -> dict[str, Any]:
     messages.put(("start", task.label, 0, 0))
     last = [0.0]
 
+    stop = _WORKER["stop"]
+    checked = [0.0]
+
     def report(label: str, done: int, total: int) -> None:
         now = time.monotonic()
+        if now - checked[0] >= 0.05:  # the parent's Ctrl-C, seen within 50 ms
+            checked[0] = now
+            if stop.is_set():
+                raise KeyboardInterrupt
         if now - last[0] >= REPORT_EVERY:
             last[0] = now
             messages.put(("update", label, done, total))
 
-    return perform(task, _worker_context(), report)
+    try:
+        return perform(task, _worker_context(), report)
+    except CurveInterrupted as exc:
+        return {"partial": exc.partial}
+    except KeyboardInterrupt:  # a check run: nothing of it is worth keeping
+        return {"stopped": True}
 
 
 class _Serial:
@@ -228,11 +261,12 @@ class _Pool:
     def __init__(self, args: argparse.Namespace, workers: int) -> None:
         context = mp.get_context("spawn")
         self.messages = context.Queue()
+        self.stopping = context.Event()
         self.pool = cf.ProcessPoolExecutor(
             max_workers=workers,
             mp_context=context,
             initializer=_init_worker,
-            initargs=(args, self.messages),
+            initargs=(args, self.messages, self.stopping),
         )
 
     def submit(self, task: Task) -> cf.Future[dict[str, Any]]:
@@ -250,6 +284,14 @@ class _Pool:
                 lines.start(label)
             else:
                 lines.update(label, done, total)
+
+    def collect(self, pending: dict[cf.Future[dict[str, Any]], Task], wait: float) -> None:
+        """After Ctrl-C: ask the workers to stop and hand back what their curve runs
+        replayed, and wait up to `wait` seconds for the curve runs among `pending`."""
+        self.stopping.set()
+        curves = [f for f, t in pending.items() if t.kind == "curve"]
+        if curves:
+            cf.wait(curves, timeout=wait)
 
     def stop(self) -> None:
         """End the workers now (Ctrl-C), then the pool."""
@@ -307,6 +349,7 @@ class Sizing:
         self.searches: dict[int, Search] = {}
         self.status = "curve runs"
         self.t0, self.cpu0 = started or clock_now()
+        self.partials: list[PartialCurve] = []  # curve runs stopped by Ctrl-C, what they saw
         self.printed_curves = False
 
     # ------------------------------------------------------------------ what is known
@@ -374,6 +417,7 @@ class Sizing:
             **self.replay_json(),
             "jobs": self.jobs,
             "wall_s": time.perf_counter() - self.t0,
+            "partial_curves": [p.as_json() for p in self.partials],
         }
 
     def save(self) -> None:
@@ -522,12 +566,26 @@ class Sizing:
             self.status = "complete"
             if isinstance(executor, _Pool):
                 executor.close()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
+            print(
+                "interrupted (Ctrl-C): stopping the runs; what is known follows",
+                file=self.err,
+                flush=True,
+            )
+            if isinstance(exc, CurveInterrupted):
+                self.partials.append(exc.partial)
+            if isinstance(executor, _Pool):
+                with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: no waiting
+                    executor.collect(pending, PARTIAL_WAIT)
             executor.stop()
             # Runs that finished but were not taken in yet still count.
             for fut, task in sorted(pending.items(), key=lambda item: item[1].label):
                 if fut.done() and not fut.cancelled() and fut.exception() is None:
-                    self._finished(task, fut.result(), lambda _: None)
+                    result = fut.result()
+                    if "partial" in result:
+                        self.partials.append(result["partial"])
+                    elif "stopped" not in result:
+                        self._finished(task, result, lambda _: None)
             self._interrupted()
             return INTERRUPTED
         except BaseException:
@@ -642,6 +700,10 @@ class Sizing:
             print(file=self.out)
             print(recommendation_lines(self.recommendations(), self.kv), file=self.out)
             self._print_curves()
+        for p in self.partials:
+            print(file=self.out)
+            print(f"partial     {p.describe()}", file=self.out)
+            print(mrc_table(p.curve, self.kv, rows=self.args.mrc_points), file=self.out)
         if any(f is not None for f in self.figures):
             self._summary()
         try:
