@@ -18,8 +18,9 @@ The answer is the same for any N: a search's next round depends only on its own 
 What is known is never lost: `--json` is rewritten (atomically) after every finished run,
 with `sizing.status` saying how far it got; Ctrl-C (or SIGTERM) stops the runs, prints what is
 known, writes it and exits with 130; a curve run stopped midway hands back the curve of the
-requests it replayed, shown as partial (`sim.sizing_partial`). Progress goes to stderr (`progress.RunLines`). The last
-line gives the wall time and the CPU time of this process and its workers together.
+requests it replayed, shown as partial (`sim.sizing_partial`). Progress goes to stderr
+(`progress.RunLines`). The last line gives the wall time and the CPU time of this process and
+its workers together.
 """
 
 from __future__ import annotations
