@@ -135,6 +135,9 @@ def test_the_table_has_its_columns_and_says_why_a_row_did_not_run() -> None:
     for n in names:
         assert any(line.startswith(n) for line in lines)
     assert "host tier, lz4" in table and "not run: torch is not installed" in table
+    # No tier row ran: every manager time is the replayed CPU time, and says so.
+    assert all(f"{r['ablation_manager_seconds']:.3f} cpu" in table for r in runs if "timing" in r)
+    assert " wall" not in table and "mgr s cpu   CPU time of the calls replayed" in table
     # The block-size row of the full system's size is the full system's run.
     b16 = next(r for r in runs if r["variant"] == "block size 16")
     assert b16["prefix_hit_tokens"] == runs[0]["prefix_hit_tokens"]

@@ -165,6 +165,9 @@ def test_prefix_routing_keeps_a_shared_prefix_on_one_node() -> None:
     assert px["workload_hit_tokens"] == 22 * 256
     assert rr["workload_hit_tokens"] == 20 * 256
     assert doc["prefix"]["router"]["prefix_routed"] == 22
+    # Each system prompt lives on one node only: every one of those was a routing success.
+    assert doc["prefix"]["router"]["prefix_won"] == 22
+    assert doc["prefix"]["router"]["prefix_everywhere"] == 0
 
 
 def _cross_node_workload() -> Workload:
@@ -317,6 +320,16 @@ def test_the_command_prints_every_node_and_writes_json(
         (["--nodes", "2", "--cluster-tier", "off", "--shared-tier-bytes", "1GiB"], "in-process"),
         (["--nodes", "2", "--cluster-tier", "off", "--remote", "redis://x"], "not with"),
         (["--nodes", "2", "--prefix-balance", "2"], "for --routing prefix only"),
+        (
+            ["--nodes", "2", "--remote-cleanup"],
+            "--remote-timeout and --remote-cleanup need --remote",
+        ),
+        (["--nodes", "2", "--remote-timeout", "1"], "need --remote"),
+        (["--remote-cleanup"], "--remote-cleanup needs --nodes"),
+        (
+            ["--nodes", "2", "--remote", "redis://127.0.0.1:1", "--remote-timeout", "0"],
+            "--remote-timeout must be > 0 seconds, got 0.0",
+        ),
         (["--nodes", "4", "--shared-tier-bytes", "4MiB"], "fewer than one per node"),
         (["--nodes", "2", "--block-size", "16,32"], "one configuration"),
         (["--nodes", "2", "--cluster-tier", "off", "--model", "gemma-3-27b"], "KV-cache groups"),

@@ -203,15 +203,25 @@ def test_ctrl_c_in_the_curve_run_leaves_valid_json(
 
     def interrupt(self: RunLines, label: str, done: int, total: int) -> None:
         calls[0] += 1
-        if calls[0] == 20:  # from inside the replay: the scheduler's progress callback
+        if done >= 5:  # from inside the replay: the scheduler's progress callback
             raise KeyboardInterrupt
         update(self, label, done, total)
 
     monkeypatch.setattr(RunLines, "update", interrupt)
     rc, out, err = _run(capsys, *SMALL, "--jobs", "1", "--json", str(js))
     assert rc == 130 and "Traceback" not in err and "interrupted" in out
+    assert "interrupted (Ctrl-C): stopping the runs; what is known follows" in err
     doc = json.loads(js.read_text())
     assert doc["sizing"]["status"] == "interrupted" and doc["sizing"]["recommendations"] == []
+    # What the replay did before the interrupt is kept, and said to be partial.
+    (part,) = doc["sizing"]["partial_curves"]
+    done, total = part["requests_done"], part["requests"]
+    assert 0 < done < total and part["block_size"] == 16 and part["mrc"]
+    assert (
+        f"partial     the B=16 curve run was interrupted after {done} of {total} requests: "
+        "the curve below is of those requests only" in out
+    )
+    assert out.index("partial     the B=16") < out.index("miss-ratio curve, block size 16")
 
 
 def _children(pid: int) -> set[int]:
@@ -255,16 +265,60 @@ def test_sigint_stops_a_real_run_and_its_workers(tmp_path: Path) -> None:
         assert status == "check runs", "the run never reached its check runs"
         workers = _children(proc.pid)
         assert workers, "the check runs run in worker processes"
+        t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 130, out + err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert "interrupted (Ctrl-C): stopping the runs; what is known follows" in err
+    assert took < 10.0, f"{took:.1f} s from Ctrl-C to the exit"  # no curve run to wait for
     assert "interrupted (Ctrl-C)" in out and "time        wall" in out
     doc = json.loads(js.read_text())
     assert doc["sizing"]["status"] == "interrupted" and "mrc" in doc
     time.sleep(0.5)
     assert not [w for w in workers if _alive(w)], "the workers outlived the run"
+
+
+@pytest.mark.slow  # a replay long enough to be interrupted midway: tens of seconds
+def test_sigint_in_the_first_replay_keeps_its_partial_curve(tmp_path: Path) -> None:
+    """A real process, SIGINT while a worker process replays the curve run: the worker hands
+    back the curve of the requests it replayed, and the output says it is partial."""
+    js = tmp_path / "first.json"
+    # 60,000 requests: about 3 s to build in the worker, then a replay of tens of seconds.
+    argv = ["--requests", "60000", "--doc-tokens", "1024", "--mrc", "--jobs", "2"]
+    with sigint_default_in_children():  # CI may have started pytest ignoring SIGINT
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pagedkv", "simulate", *argv, "--json", str(js)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ),
+        )
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()  # the worker has started: it builds, then replays
+        assert first.startswith("[sizing] B=16 curve run: started"), first
+        time.sleep(8.0)
+        assert proc.poll() is None and not js.exists(), "the replay ended before Ctrl-C"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in err and "interrupted (Ctrl-C): stopping the runs" in err
+    assert took < 30.0, f"{took:.1f} s from Ctrl-C to the exit"
+    doc = json.loads(js.read_text())
+    assert doc["sizing"]["status"] == "interrupted" and doc["sizing"]["recommendations"] == []
+    (part,) = doc["sizing"]["partial_curves"]
+    assert 0 < part["requests_done"] < part["requests"] == 60000
+    assert f"interrupted after {part['requests_done']} of 60000 requests" in out
+    assert "miss-ratio curve, block size 16" in out

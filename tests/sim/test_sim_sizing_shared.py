@@ -14,7 +14,7 @@ import pytest
 
 from pagedkv import BlockManager
 from pagedkv.__main__ import main
-from pagedkv.sim import build_workload, cli, run_workload, sizing_jobs
+from pagedkv.sim import build_workload, run_workload, runner, sizing_jobs
 from pagedkv.sim.fan_out import FanOut
 from pagedkv.sim.mrc import MRCRecorder
 from pagedkv.sim.mrc_curve import MissRatioCurve
@@ -56,13 +56,13 @@ def test_one_replay_records_every_block_size(
     assert sizing["curve_replays"] == 1
     assert sizing["shared_replay"] == {
         "block_size": 16,
-        "num_blocks": cli.DEFAULT_NUM_BLOCKS,
+        "num_blocks": runner.DEFAULT_NUM_BLOCKS,
         "hash_algo": "sha256",
         "curves_of_block_sizes": [16, 32],
         "preemptions": 0,
     }
     (skipped,) = sizing["not_run"]
-    assert skipped["block_size"] == 32 and skipped["num_blocks"] == cli.DEFAULT_NUM_BLOCKS
+    assert skipped["block_size"] == 32 and skipped["num_blocks"] == runner.DEFAULT_NUM_BLOCKS
     assert "no run of its own" in skipped["why"] and "--num-blocks" in skipped["why"]
     assert [r["block_size"] for r in doc["runs"]] == [16]  # the runs that ran, and no other
     (curve,) = sizing["curves"]
@@ -96,7 +96,7 @@ def test_a_shared_replay_that_preempted_gives_each_block_size_its_own(
 ) -> None:
     """At 1024 blocks of 16 this chat workload preempts (at 1024 of 32 it does not): a pool
     under pressure shapes the curve, so B=32 is replayed on its own after all."""
-    monkeypatch.setattr(cli, "DEFAULT_NUM_BLOCKS", 1024)
+    monkeypatch.setattr(runner, "DEFAULT_NUM_BLOCKS", 1024)
     replays = _replays(monkeypatch)
     js = tmp_path / "fallback.json"
     argv = [*SWEEP, "--workload", "chat", "--requests", "200"]

@@ -31,13 +31,20 @@ is computed from the runs' figures. What each claim measures:
   (right arm). It holds when the minimum is inside the range and both ends are at least 10%
   above it. A GPU's kernel efficiency at small blocks (the published curve's left arm) is
   out of a CPU simulator's reach.
+
+The timed claims (`TIMED`: their figures are CPU or wall times, which a busy machine moves) must
+stand clear of their rule: each threshold is moved `MARGIN` (a share of it) up and down, and a
+verdict that changes within that band is "narrow". They run `rounds` times; one is HELD or DID
+NOT HOLD only when every round agrees and none is narrow, INCONCLUSIVE otherwise (each round's
+verdict is printed, so a reader sees how they disagreed). The other claims count blocks and
+tokens, the same in every run: they run once and are judged by the rule as stated.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypedDict
 
 from pagedkv.config import BlockManagerConfig
 from pagedkv.sim.ablate import BLOCK_SIZES, Variant, run_variant
@@ -50,6 +57,9 @@ from pagedkv.sim.workloads import build_workload
 
 HOLD_FRACTION = 0.5  # a benefit holds at half its claimed size or more; a cost at twice or less
 U_MARGIN = 0.10  # the ends of a U stand this much above its minimum
+MARGIN = 0.2  # a verdict must not change with the rule's thresholds moved 20% either way
+TIMED = ("hot", "lz4", "block-size")  # claims measured in time: run `rounds` times
+Rule = Callable[[float], bool]  # a claim's rule at a slack (-MARGIN..MARGIN: thresholds moved)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,38 +67,64 @@ class ClaimResult:
     claim: str  # as published
     workload: str
     measured: str  # the figures, in words
-    held: bool | None  # None: not run
+    held: bool | None  # None: not run, or the rounds disagree
     why: str = ""  # the rule applied, or why it was not run
     figures: dict[str, Any] | None = None
+    narrow: bool = False  # the verdict changes with the thresholds moved by MARGIN
+    rounds: tuple[str, ...] = field(default=())  # each round's verdict, when run in rounds
+
+    @property
+    def verdict(self) -> str:
+        if self.held is None:
+            return "inconclusive" if self.rounds or self.narrow else "not run"
+        if self.narrow:
+            return "inconclusive"
+        return "held" if self.held else "did not hold"
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "claim": self.claim,
             "workload": self.workload,
             "measured": self.measured,
-            "held": self.held,
+            "held": self.held if self.verdict != "inconclusive" else None,
+            "verdict": self.verdict,
+            "narrow": self.narrow,
+            "rounds": list(self.rounds),
             "why": self.why,
             "figures": self.figures or {},
         }
 
 
-def benefit_holds(measured: float, claimed: float) -> bool:
-    """A claimed benefit (a positive fraction) holds at `HOLD_FRACTION` of it or more."""
-    return measured >= HOLD_FRACTION * claimed
+def benefit_holds(measured: float, claimed: float, slack: float = 0.0) -> bool:
+    """A claimed benefit (a positive fraction) holds at `HOLD_FRACTION` of it or more (the
+    threshold raised by `slack` of itself; lowered when negative)."""
+    return measured >= HOLD_FRACTION * claimed * (1 + slack)
 
 
-def cost_holds(measured: float, claimed: float) -> bool:
-    """A claimed cost (a positive fraction) holds at twice it or less."""
-    return measured <= claimed / HOLD_FRACTION
+def cost_holds(measured: float, claimed: float, slack: float = 0.0) -> bool:
+    """A claimed cost (a positive fraction) holds at twice it or less (the bound lowered by
+    `slack` of itself)."""
+    return measured <= claimed / HOLD_FRACTION * (1 - slack)
 
 
-def u_shape(xs: Sequence[int], ys: Sequence[float]) -> tuple[bool, int]:
-    """Whether `ys` over `xs` is U-shaped (minimum inside, both ends `U_MARGIN` above it),
-    and the x of the minimum."""
+def u_shape(xs: Sequence[int], ys: Sequence[float], slack: float = 0.0) -> tuple[bool, int]:
+    """Whether `ys` over `xs` is U-shaped (minimum inside, both ends `U_MARGIN` above it,
+    raised by `slack` of itself), and the x of the minimum."""
     i = min(range(len(ys)), key=lambda k: ys[k])
     low = ys[i]
     inside = 0 < i < len(ys) - 1
-    return inside and min(ys[0], ys[-1]) >= low * (1 + U_MARGIN), xs[i]
+    return inside and min(ys[0], ys[-1]) >= low * (1 + U_MARGIN * (1 + slack)), xs[i]
+
+
+class Judged(TypedDict):
+    held: bool
+    narrow: bool
+
+
+def judged(rule: Rule) -> Judged:
+    """`held` (the rule as stated) and `narrow` (whether it changes with the thresholds moved
+    `MARGIN` up or down), for `ClaimResult(..., **judged(rule))`."""
+    return {"held": rule(0.0), "narrow": rule(MARGIN) != rule(-MARGIN)}
 
 
 @dataclass(slots=True)
@@ -138,9 +174,9 @@ def fork_sharing(r: ClaimRunner) -> ClaimResult:
         w.describe(),
         f"mean memory held {cut:.1%} less sharing than copying (peak {peak:.1%}); "
         f"{copy['copied_forks']} forks copied" + _pool_note(share, copy),
-        benefit_holds(cut, 0.40),
-        "held if the mean cut >= 20%",
-        {"mean_cut": cut, "peak_cut": peak},
+        why="held if the mean cut >= 20%",
+        figures={"mean_cut": cut, "peak_cut": peak},
+        **judged(lambda s: benefit_holds(cut, 0.40, s)),
     )
 
 
@@ -156,9 +192,9 @@ def delayed_reclaim(r: ClaimRunner) -> ClaimResult:
         w.describe(),
         f"pool in use (held + cached) {once['pool_in_use']:.1%} -> {kept['pool_in_use']:.1%} "
         f"= {gain:+.1%}; workload hit rate {hit:+.2f} points" + _pool_note(kept, once),
-        benefit_holds(gain, 0.15),
-        "held if utilisation rises >= 7.5% (relative)",
-        {"utilisation_gain": gain, "hit_points": hit},
+        why="held if utilisation rises >= 7.5% (relative)",
+        figures={"utilisation_gain": gain, "hit_points": hit},
+        **judged(lambda s: benefit_holds(gain, 0.15, s)),
     )
 
 
@@ -176,9 +212,9 @@ def hot_blocks(r: ClaimRunner) -> ClaimResult:
         f"{kept[key] * 1e6:.2f} us kept = {cut:.1%} less (CPU time, calls replayed, best of "
         f"{r.repeats}; the "
         "allocator's CPU time only: GPU L2 warmth is not simulated)",
-        benefit_holds(cut, 0.30),
-        "held if allocate is >= 15% faster",
-        {"allocate_cut": cut},
+        why="held if allocate is >= 15% faster",
+        figures={"allocate_cut": cut},
+        **judged(lambda s: benefit_holds(cut, 0.30, s)),
     )
 
 
@@ -194,9 +230,9 @@ def prefix_sharing(r: ClaimRunner) -> ClaimResult:
         w.describe(),
         f"mean memory held {cut:.1%} less; tokens per held slot {off['tokens_per_slot']:.2f} "
         f"-> {on['tokens_per_slot']:.2f} = {util:+.1%}" + _pool_note(on, off),
-        benefit_holds(cut, 0.40) and benefit_holds(util, 0.30),
-        "held if memory falls >= 20% and utilisation rises >= 15%",
-        {"memory_cut": cut, "utilisation_gain": util},
+        why="held if memory falls >= 20% and utilisation rises >= 15%",
+        figures={"memory_cut": cut, "utilisation_gain": util},
+        **judged(lambda s: benefit_holds(cut, 0.40, s) and benefit_holds(util, 0.30, s)),
     )
 
 
@@ -228,9 +264,11 @@ def compression(r: ClaimRunner) -> ClaimResult:
         f"workload hit rate {e['hit_points']:+.2f} points; aside, shuffle+lz4 "
         f"{e['shuffle_lz4_capacity']:+.1%} capacity. The KV is the simulator's (layer 0 of a "
         "random-weight decoder, bfloat16): a real model's KV may compress otherwise",
-        benefit_holds(e["capacity"], 0.15) and cost_holds(e["latency"], 0.05),
-        "held if capacity rises >= 7.5% and time rises <= 10%",
-        e,
+        why="held if capacity rises >= 7.5% and time rises <= 10%",
+        figures=e,
+        **judged(
+            lambda s: benefit_holds(e["capacity"], 0.15, s) and cost_holds(e["latency"], 0.05, s)
+        ),
     )
 
 
@@ -248,7 +286,7 @@ def block_size_curve(r: ClaimRunner, sizes: Sequence[int] = BLOCK_SIZES) -> Clai
         frags.append(f["fragmentation"])
         steps.append(f["num_steps"])
         preempt.append(f["preemptions"])
-    held, low = u_shape(sizes, ys)
+    low = u_shape(sizes, ys)[1]
     curve = ", ".join(f"{bs}: {y:.0f}" for bs, y in zip(sizes, ys, strict=True))
     return ClaimResult(
         "block size shows a U-shaped curve",
@@ -259,16 +297,16 @@ def block_size_curve(r: ClaimRunner, sizes: Sequence[int] = BLOCK_SIZES) -> Clai
         f"{frags[0]:.1%} -> {frags[-1]:.1%}, preemptions {preempt[0]} -> {preempt[-1]}, steps "
         f"{steps[0]} -> {steps[-1]} (the right arm shows there; the left arm of a GPU's kernel "
         "efficiency is not simulated)",
-        held,
-        f"held if the minimum is inside {sizes[0]}..{sizes[-1]} and both ends >= "
+        why=f"held if the minimum is inside {sizes[0]}..{sizes[-1]} and both ends >= "
         f"{U_MARGIN:.0%} above it",
-        {
+        figures={
             "ns_per_token": dict(zip(sizes, ys, strict=True)),
             "hit_rate": hits,
             "frag": frags,
             "steps": steps,
             "preemptions": preempt,
         },
+        **judged(lambda s: u_shape(sizes, ys, s)[0]),
     )
 
 
@@ -291,38 +329,87 @@ CLAIMS: dict[str, Callable[[ClaimRunner], ClaimResult]] = {
 }
 
 
-def check_claims(runner: ClaimRunner, names: Sequence[str] | None = None) -> list[ClaimResult]:
-    """Run the claims named (default all, in `CLAIMS` order)."""
-    chosen = list(CLAIMS) if names is None else list(names)
+def _round_word(c: ClaimResult) -> str:
+    return c.verdict if not c.narrow else f"{'held' if c.held else 'did not hold'}, narrowly"
+
+
+def in_rounds(results: Sequence[ClaimResult]) -> ClaimResult:
+    """One claim's rounds as one result: the first round's figures, its verdict when every
+    round agrees and none is narrow, else inconclusive (`held` None); each round's verdict
+    kept in `rounds`."""
+    first = results[0]
+    if len(results) == 1:
+        return first
+    words = tuple(_round_word(c) for c in results)
+    agree = len({c.held for c in results}) == 1 and not any(c.narrow for c in results)
+    return replace(
+        first,
+        held=first.held if agree else None,
+        narrow=first.narrow if agree else False,
+        rounds=words,
+        measured=first.measured + f" (round 1 of {len(results)})",
+    )
+
+
+def check_claims(
+    runner: ClaimRunner,
+    names: Sequence[str] | None = None,
+    *,
+    rounds: int = 3,
+    claims: Mapping[str, Callable[[ClaimRunner], ClaimResult]] = CLAIMS,
+    timed: Sequence[str] = TIMED,
+) -> list[ClaimResult]:
+    """Run the claims named (default all, in `claims` order); each timed one `rounds` times
+    (the others measure counts, the same every round)."""
+    if rounds < 1:
+        raise ValueError(f"--claim-rounds must be >= 1, got {rounds}")
+    chosen = list(claims) if names is None else list(names)
     for n in chosen:
-        if n not in CLAIMS:
-            raise ValueError(f"unknown claim {n!r}; choose from {', '.join(CLAIMS)}")
-    return [CLAIMS[n](runner) for n in chosen]
+        if n not in claims:
+            raise ValueError(f"unknown claim {n!r}; choose from {', '.join(claims)}")
+    out = []
+    for n in chosen:
+        if n not in timed:  # counts: the same every run, judged by the rule as stated
+            out.append(replace(claims[n](runner), narrow=False))
+            continue
+        runs = [claims[n](runner) for _ in range(rounds)]
+        out.append(in_rounds(runs) if runs[0].held is not None else runs[0])
+    return out
 
 
 def claims_table(results: Sequence[ClaimResult]) -> str:
     """claim / workload / measured / held, one block per claim."""
     lines = []
     for c in results:
-        verdict = {True: "HELD", False: "DID NOT HOLD", None: "NOT RUN"}[c.held]
         lines += [
-            f"{verdict:<13} {c.claim}",
+            f"{c.verdict.upper():<13} {c.claim}",
             f"  workload    {c.workload}",
             f"  measured    {c.measured}",
             f"  rule        {c.why}",
-            "",
         ]
+        if c.narrow:
+            lines.append(
+                f"  margin      the verdict changes with the thresholds moved {MARGIN:.0%} "
+                "either way: too close to call"
+            )
+        if c.rounds:
+            lines.append(f"  rounds      {'; '.join(c.rounds)}")
+        lines.append("")
     return "\n".join(lines).rstrip()
 
 
 __all__ = [
     "CLAIMS",
     "HOLD_FRACTION",
+    "MARGIN",
+    "TIMED",
     "ClaimResult",
     "ClaimRunner",
     "benefit_holds",
     "check_claims",
     "claims_table",
     "cost_holds",
+    "in_rounds",
+    "judged",
     "u_shape",
 ]

@@ -3,7 +3,9 @@
 Columns: memory held by sequences (peak and mean blocks, and GiB when the bytes per token are
 known), the mean of blocks kept cached, the pool in use (held + cached), tokens per held slot,
 the workload's hit rate, preemptions (swapped / recomputed), fragmentation, manager seconds
-(a reclaim window's `evict_blocks` included), the mean `allocate` call, and the change of the
+(a reclaim window's `evict_blocks` included; each cell marked with its time measure, `cpu` or
+`wall`, since the tier rows cannot be replayed call by call, and a legend under the table says
+what each mark measured), the mean `allocate` call, and the change of the
 mean memory held against the full system (in tokens, so that block sizes compare). A variant
 that was not run says why in place of its figures.
 """
@@ -30,6 +32,20 @@ COLUMNS = (
 GIB_COLUMNS = ("peak GiB", "mean GiB")
 
 
+def _mark(f: dict[str, Any]) -> str:
+    """The time measure of a row's manager seconds: `cpu` (its calls replayed) or `wall`."""
+    return "wall" if f.get("timing", "").startswith("wall") else "cpu"
+
+
+def _legend(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per time measure the rows use: what `cpu` and `wall` measured."""
+    seen: dict[str, str] = {}
+    for f in runs:
+        if "skipped" not in f and "timing" in f:
+            seen.setdefault(_mark(f), f["timing"])
+    return [f"mgr s {mark:<4}  {seen[mark]}" for mark in ("cpu", "wall") if mark in seen]
+
+
 def _row(f: dict[str, Any], full: dict[str, Any] | None, gib: bool) -> list[str]:
     if "skipped" in f:
         return [f["variant"], f"not run: {f['skipped']}"]
@@ -48,7 +64,7 @@ def _row(f: dict[str, Any], full: dict[str, Any] | None, gib: bool) -> list[str]
         f"{f['workload_hit_rate']:.2%}",
         f"{f['preempted_swap']}/{f['preempted_recompute']}",
         f"{f['fragmentation']:.2%}",
-        f"{f['ablation_manager_seconds']:.3f}",
+        f"{f['ablation_manager_seconds']:.3f} {_mark(f)}",
         f"{alloc * 1e6:.1f}" if alloc is not None else "-",
         delta,
     ]
@@ -77,6 +93,9 @@ def ablation_table(runs: Sequence[dict[str, Any]]) -> str:
             "  ".join([first, *(c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True))])
         )
     lines.insert(1, "  ".join("-" * w for w in widths))
+    legend = _legend(runs)
+    if legend:
+        lines += ["", *legend]
     note = compression_note(runs)
     if note:
         lines += ["", note]

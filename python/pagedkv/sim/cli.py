@@ -11,80 +11,50 @@ groups and as all-full attention, and shows the figures per group side by side, 
 saved and which group limited the hits (`sim.model_run`, `sim.model_report`). Sizes and
 counts follow `sim.units`. `--mrc` sizes the cache instead (`sim.sizing_cli`;
 `sim.sizing_jobs` runs it in parallel processes): the hit rate of every size, and the smallest
-size for a target hit rate. Output options are checked before any run (`sim.outputs`).
+size for a target hit rate. Output options are checked before any run (`sim.outputs`). The
+workload, scheduler and cache options, and one replay with them, are `sim.runner`'s (shared
+with the other commands).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import itertools
 import sys
-import warnings
-from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TextIO
 
-from pagedkv.config import HASH_ALGOS, BlockManagerConfig
+from pagedkv.config import HASH_ALGOS
 from pagedkv.sim.ablate_cli import add_ablate_arguments, simulate_ablate, wants_ablate
 from pagedkv.sim.cluster_cli import add_cluster_arguments, simulate_cluster, wants_cluster
 from pagedkv.sim.factory import make_manager
-from pagedkv.sim.kv_bytes import KVBytes, kv_bytes
+from pagedkv.sim.kv_bytes import kv_bytes
 from pagedkv.sim.live_cli import add_live_arguments, simulate_live
 from pagedkv.sim.model_report import comparison_table
 from pagedkv.sim.model_run import compare
 from pagedkv.sim.models import GIB, MODELS, full_layout, get_model, model_layout
 from pagedkv.sim.noisy import add_noisy_arguments, simulate_noisy
-from pagedkv.sim.observer import ScheduleObserver
 from pagedkv.sim.outputs import check_outputs
 from pagedkv.sim.policies_cli import add_policy_arguments, simulate_policies, wants_policies
-from pagedkv.sim.progress import ProgressBar
-from pagedkv.sim.report import add_memory, figures, summary_table, sweep_table, write_json
-from pagedkv.sim.requests import TRACE_BLOCK_TOKENS, Workload
-from pagedkv.sim.scheduler import run_workload
+from pagedkv.sim.report import summary_table, sweep_table, write_json
+from pagedkv.sim.requests import TRACE_BLOCK_TOKENS
+from pagedkv.sim.runner import (
+    DEFAULT_NUM_BLOCKS,
+    DEFAULT_TRACE_NUM_BLOCKS,
+    Runner,
+    clock_now,
+    comma_list,
+    hash_algo,
+    manager_configs,
+    progress_bars,
+    read_workload,
+    schedule_options,
+)
 from pagedkv.sim.sizing_cli import add_sizing_arguments, wants_mrc
-from pagedkv.sim.sizing_jobs import clock_now, size
+from pagedkv.sim.sizing_jobs import size
 from pagedkv.sim.tier_cli import add_tier_arguments, simulate_tiers, wants_tiers
-from pagedkv.sim.tier_run import TierDriver, TierOptions
-from pagedkv.sim.trace import FORMAT_FIELDS, TRACE_FORMATS, TraceWarning, read_trace
+from pagedkv.sim.trace import FORMAT_FIELDS, TRACE_FORMATS
 from pagedkv.sim.units import count
-from pagedkv.sim.why import MissWhy, misses_doc
 from pagedkv.sim.why_report import misses_table
-from pagedkv.sim.workloads import WORKLOADS, build_workload
-
-DEFAULT_NUM_BLOCKS = 4096  # built-in workloads: 64 K tokens of 16, constant eviction
-DEFAULT_TRACE_NUM_BLOCKS = 65536  # traces: 1 M tokens of 16 (Mooncake prompts reach 190 K)
-# vLLM v1's max_num_batched_tokens for its OpenAI server (vllm/engine/arg_utils.py,
-# get_batch_defaults): 2048 on GPUs under 70 GiB and on the A100, 8192 on H100-class GPUs.
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
-
-
-def _list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
-    """A comma list of `kind` (which raises ValueError saying what it accepts)."""
-
-    def parse(text: str) -> list[Any]:
-        items = [t.strip() for t in text.split(",")]
-        if not items or any(not t for t in items):
-            raise argparse.ArgumentTypeError(
-                f"expected a comma-separated list, got {text!r} (an empty item)"
-            )
-        out = []
-        for t in items:
-            try:
-                out.append(kind(t))
-            except (ValueError, argparse.ArgumentTypeError) as e:
-                if len(items) == 1:
-                    raise argparse.ArgumentTypeError(str(e)) from None
-                raise argparse.ArgumentTypeError(f"bad item {t!r} in {text!r}: {e}") from None
-        return out
-
-    parse.__name__ = f"{kind.__name__} list"
-    return parse
-
-
-def _hash_algo(text: str) -> str:
-    if text not in HASH_ALGOS:
-        raise ValueError(f"invalid choice {text!r} (choose from {', '.join(HASH_ALGOS)})")
-    return text
+from pagedkv.sim.workloads import WORKLOADS
 
 
 def add_arguments(sim: argparse.ArgumentParser) -> None:
@@ -145,22 +115,24 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     c = sim.add_argument_group("cache (comma lists sweep every combination)")
     c.add_argument(
         "--num-blocks",
-        type=_list(count),
+        type=comma_list(count),
         default=None,
         help=f"GPU blocks (default {DEFAULT_NUM_BLOCKS}; {DEFAULT_TRACE_NUM_BLOCKS} for a trace). "
         "Counts take k, M, G (1000^n: 64k = 64000) or Ki, Mi, Gi (1024^n: 64Ki = 65536)",
     )
     c.add_argument(
         "--cache-tokens",
-        type=_list(count),
+        type=comma_list(count),
         default=None,
         help="GPU cache size in tokens instead of --num-blocks: num_blocks = tokens // block "
         "size (compares block sizes at equal memory)",
     )
-    c.add_argument("--block-size", type=_list(count), default=[16], help="tokens per block (16)")
+    c.add_argument(
+        "--block-size", type=comma_list(count), default=[16], help="tokens per block (16)"
+    )
     c.add_argument(
         "--hash-algo",
-        type=_list(_hash_algo),
+        type=comma_list(hash_algo),
         default=["sha256"],
         help=f"block hash: {', '.join(HASH_ALGOS)} (default sha256)",
     )
@@ -288,97 +260,6 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     )
 
 
-def _workload(args: argparse.Namespace, err: TextIO) -> Workload:
-    if args.trace is not None:
-        if args.workload is not None:
-            raise ValueError("give either --trace or --workload, not both")
-        if args.limit is not None and args.limit < 1:
-            raise ValueError(f"--limit must be >= 1, got {args.limit}")
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", TraceWarning)
-            workload = read_trace(
-                args.trace,
-                limit=args.limit,
-                ms_per_step=args.ms_per_step,
-                trace_format=args.trace_format,
-            )
-        for w in caught:
-            print(f"warning: {w.message}", file=err)
-        return workload
-    if args.limit is not None:
-        raise ValueError("--limit applies to --trace only (use --requests)")
-    if args.trace_format != "auto":
-        raise ValueError("--trace-format applies to --trace only")
-    if args.requests < 1:
-        raise ValueError(f"--requests must be >= 1, got {args.requests}")
-    return build_workload(
-        args.workload or "mixed",
-        args.requests,
-        seed=args.seed,
-        arrival_rate=args.arrival_rate,
-        doc_tokens=args.doc_tokens,
-    )
-
-
-def _schedule(args: argparse.Namespace) -> dict[str, Any]:
-    """The scheduler's options for `run_workload`."""
-    if args.max_batch_tokens is not None and args.max_num_batched_tokens is not None:
-        raise ValueError(
-            "give either --max-num-batched-tokens (chunked prefill) or --max-batch-tokens "
-            "(whole prompts), not both"
-        )
-    if args.max_batch_tokens is not None:
-        if args.long_prefill_token_threshold:
-            raise ValueError("--long-prefill-token-threshold needs chunked prefill")
-        chunked: dict[str, Any] = {
-            "max_batch_tokens": args.max_batch_tokens,
-            "max_num_batched_tokens": None,
-        }
-    else:
-        budget = args.max_num_batched_tokens
-        chunked = {
-            "max_num_batched_tokens": DEFAULT_MAX_NUM_BATCHED_TOKENS if budget is None else budget
-        }
-    return {
-        "max_batch": args.max_batch,
-        **chunked,
-        "long_prefill_token_threshold": args.long_prefill_token_threshold,
-        "spec_tokens": args.spec_tokens,
-        "spec_acceptance": args.spec_acceptance,
-        "abort_rate": args.abort_rate,
-    }
-
-
-def _configs(args: argparse.Namespace) -> list[BlockManagerConfig]:
-    if args.num_blocks is not None and args.cache_tokens is not None:
-        raise ValueError("give either --num-blocks or --cache-tokens, not both")
-    out = []
-    for bs, algo in itertools.product(args.block_size, args.hash_algo):
-        if args.cache_tokens is not None:
-            for t in args.cache_tokens:
-                if bs > 0 and t < bs:
-                    raise ValueError(
-                        f"--cache-tokens {t} is smaller than one block of {bs} tokens "
-                        f"(--block-size): give at least {bs}"
-                    )
-            sizes = [t // bs if bs > 0 else t for t in args.cache_tokens]
-        elif args.num_blocks is not None:
-            sizes = args.num_blocks
-        else:
-            sizes = [DEFAULT_TRACE_NUM_BLOCKS if args.trace else DEFAULT_NUM_BLOCKS]
-        out += [
-            BlockManagerConfig(
-                num_blocks=nb,
-                block_size=bs,
-                num_cpu_blocks=args.num_cpu_blocks,
-                hash_algo=algo,
-                watermark=args.watermark,
-            )
-            for nb in sizes
-        ]
-    return sorted(out, key=lambda c: (c.block_size, c.num_blocks, c.hash_algo))
-
-
 def list_models(out: TextIO) -> None:
     """`--list-models`: each preset, its groups and what a block weighs at 16 tokens."""
     for name, model in MODELS.items():
@@ -395,14 +276,8 @@ def list_models(out: TextIO) -> None:
             print(file=out)
 
 
-def _bar(args: argparse.Namespace, err: TextIO) -> Callable[[str], ProgressBar | None]:
-    """A progress bar per run, on a terminal unless --no-progress."""
-    show = not args.no_progress and err.isatty()
-    return lambda label: ProgressBar(label, stream=err) if show else None
-
-
 def _simulate_model(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    configs = _configs(args)
+    configs = manager_configs(args)
     if len(configs) != 1:
         raise ValueError(
             "--model compares one configuration: give one value each for --block-size, "
@@ -410,8 +285,8 @@ def _simulate_model(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         )
     model = get_model(args.model)
     layout = model_layout(model, configs[0].block_size)  # a bad block size fails here, early
-    schedule = _schedule(args)
-    workload = _workload(args, err)
+    schedule = schedule_options(args)
+    workload = read_workload(args, err)
     title = "ReferenceBlockManager (pure Python)" if args.reference else "BlockManager (Rust core)"
     print(f"pagedkv simulate: {title}", file=out)
     print(f"workload    {workload.describe()}", file=out)
@@ -432,7 +307,7 @@ def _simulate_model(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         reference=args.reference,
         check=args.check,
         make=make_manager,
-        progress=_bar(args, err),
+        progress=progress_bars(args, err),
         search=args.equal_hits,
         why=args.why,
     )
@@ -454,82 +329,6 @@ def _simulate_model(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
-class _Runner:
-    """One full run of the workload per call, with the command's options (the configured runs
-    and the sizing runs alike)."""
-
-    def __init__(
-        self,
-        args: argparse.Namespace,
-        workload: Workload,
-        kv: KVBytes | None,
-        make_bar: Callable[[str], ProgressBar | None],
-    ) -> None:
-        self.args = args
-        self.workload = workload
-        self.kv = kv
-        self.schedule = _schedule(args)
-        self.make_bar = make_bar
-
-    def __call__(
-        self,
-        config: BlockManagerConfig,
-        label: str,
-        watch: ScheduleObserver | None = None,
-        tiers: TierOptions | None = None,
-    ) -> dict[str, Any]:
-        args = self.args
-        why = None
-        if getattr(args, "why", False) and watch is None and tiers is None:
-            why = MissWhy(self.workload.ms_per_step)
-            config = dataclasses.replace(config, enable_kv_events=True)
-        manager = make_manager(config, reference=args.reference)
-        driver = None
-        if tiers is not None:
-            driver = TierDriver(
-                manager,
-                tiers,
-                num_cpu_blocks=config.num_cpu_blocks,
-                hash_algo=config.hash_algo,
-                check=args.check,
-            )
-        bar = self.make_bar(label)
-        try:
-            result = run_workload(
-                manager if why is None else why.watch(manager),
-                self.workload,
-                **self.schedule,
-                check=args.check,
-                progress=bar,
-                watch=watch if why is None else why,
-                tiers=driver,
-                before_step=None if why is None else why.before_step,
-            )
-        finally:
-            tier_figures = driver.close() if driver is not None else None
-        if bar is not None:
-            bar.close()
-        if args.check:
-            manager.check_invariants()
-        f = figures(
-            result,
-            config,
-            manager="reference" if args.reference else "rust",
-            workload=self.workload.describe(),
-            ms_per_step=self.workload.ms_per_step,
-        )
-        add_memory(f, self.kv)
-        if why is not None:
-            f["misses"] = misses_doc(why)
-        if tier_figures is not None:
-            f.update(tier_figures)
-            below = sum(tier_figures["tier_hit_tokens"].values())
-            gpu = f["prefix_hit_tokens"] - below
-            f["gpu_hit_tokens"] = gpu
-            f["gpu_hit_rate"] = gpu / f["prompt_tokens"] if f["prompt_tokens"] else 0.0
-        return f
-
-
 def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -> int:
     """Run the `simulate` command; returns the exit status."""
     err = sys.stderr if err is None else err
@@ -543,11 +342,11 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
     if args.record is not None:
         return simulate_live(args, out)
     if wants_policies(args):
-        return simulate_policies(args, out, err, _workload, _schedule, _configs)
+        return simulate_policies(args, out, err, read_workload, schedule_options, manager_configs)
     if wants_ablate(args):
-        return simulate_ablate(args, out, err, _workload, _schedule, _configs)
+        return simulate_ablate(args, out, err, read_workload, schedule_options, manager_configs)
     if wants_cluster(args):
-        return simulate_cluster(args, out, err, _workload, _schedule, _configs)
+        return simulate_cluster(args, out, err, read_workload, schedule_options, manager_configs)
     mrc = wants_mrc(args)
     tiers = wants_tiers(args)
     if args.why and (mrc or tiers):
@@ -565,8 +364,8 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
     if args.remote_cluster and args.remote is None:
         raise ValueError("--remote-cluster needs --remote")
     kv = kv_bytes(args.model, args.kv_bytes_per_token)
-    configs = _configs(args)
-    run = _Runner(args, _workload(args, err), kv, _bar(args, err))
+    configs = manager_configs(args)
+    run = Runner(args, read_workload(args, err), kv, progress_bars(args, err))
     title = "ReferenceBlockManager (pure Python)" if args.reference else "BlockManager (Rust core)"
     print(f"pagedkv simulate: {title}", file=out)
     print(f"workload    {run.workload.describe()}", file=out)

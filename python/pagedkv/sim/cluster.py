@@ -42,6 +42,7 @@ from pagedkv.sim.scheduler import ManagerLike, SimResult, SteppedScheduler
 from pagedkv.tiers.base import TierStore
 
 TIER_MODES = ("shared", "per-node", "off")
+REMOTE_TTL = 3600.0  # seconds a run's entries live on a --remote server
 _NO_TOKENS: npt.NDArray[np.uint32] = np.zeros(0, dtype=np.uint32)
 
 
@@ -55,6 +56,8 @@ class ClusterOptions:
     tier_blocks: int | None = None  # the in-process store(s), blocks in all
     remote: str | None = None
     prefix_balance: float = 0.0  # `sim.router`: 0 turns the guard off
+    remote_timeout: float = 0.5  # seconds a Redis reply may take (`RemoteTier`'s `timeout`)
+    remote_cleanup: bool = False  # delete the run's keys from the server at the end
 
     def __post_init__(self) -> None:
         if isinstance(self.nodes, bool) or not isinstance(self.nodes, int):
@@ -69,6 +72,10 @@ class ClusterOptions:
             raise ValueError(
                 f"unknown --cluster-tier {self.tier!r}: accepted values are {', '.join(TIER_MODES)}"
             )
+        if not self.remote_timeout > 0:
+            raise ValueError(f"--remote-timeout must be > 0 seconds, got {self.remote_timeout}")
+        if self.remote_cleanup and self.remote is None:
+            raise ValueError("--remote-cleanup needs --remote")
         if self.prefix_balance < 0 or (self.prefix_balance and self.routing != "prefix"):
             raise ValueError("--prefix-balance is a number >= 0, for --routing prefix only")
         if self.tier == "off":
@@ -126,7 +133,12 @@ def build_stores(options: ClusterOptions, block_size: int) -> list[TierStore]:
         from pagedkv.tiers.factory import StoreSpec, build_stores
 
         if options.remote is not None:
-            spec = StoreSpec(redis_url=options.remote, secret=secret, ttl=3600.0)
+            spec = StoreSpec(
+                redis_url=options.remote,
+                secret=secret,
+                ttl=REMOTE_TTL,
+                timeout=options.remote_timeout,
+            )
         else:
             assert blocks is not None
             spec = StoreSpec(host_bytes=blocks * entry_bytes(), host_secret=secret)
@@ -217,6 +229,8 @@ def run_cluster(
     if config.num_cpu_blocks < 0:
         raise ValueError("num_cpu_blocks must be >= 0")
     stores = build_stores(options, config.block_size)
+    unique = {id(s): s for s in stores}  # a shared store once
+    cleaned: dict[int, int] = {}  # --remote-cleanup: store -> keys deleted
     index = None
     node_config = config
     if options.routing == "prefix" and index_routing_available(config):
@@ -246,12 +260,17 @@ def run_cluster(
         )
         clock = _replay(workload, config, nodes, router, progress, index)
         store_stats = []
-        for s in {id(s): s for s in stores}.values():
+        for s in unique.values():
             st = s.stats()
+            remote = s.medium == "REMOTE"
             store_stats.append(
                 {
                     "name": st.name,
                     "medium": s.medium,
+                    "key_prefix": getattr(s, "key_prefix", None),
+                    "ttl_s": REMOTE_TTL if remote else None,
+                    "timeout_s": options.remote_timeout if remote else None,
+                    "deleted_keys": None,  # set below when --remote-cleanup ran
                     "entries": st.entries,
                     "puts": st.puts,
                     "dropped_puts": st.dropped_puts,
@@ -264,10 +283,19 @@ def run_cluster(
                 }
             )
     finally:
-        for s in {id(s): s for s in stores}.values():
-            closer = getattr(s, "close", None)
-            if closer is not None:
-                closer()
+        try:
+            # Also after a failed or interrupted run: its keys are as much left behind.
+            for k, s in unique.items() if options.remote_cleanup else ():
+                clear = getattr(s, "clear", None)
+                if clear is not None:
+                    cleaned[k] = clear()
+        finally:
+            for s in unique.values():
+                closer = getattr(s, "close", None)
+                if closer is not None:
+                    closer()
+    for k, doc in zip(unique, store_stats, strict=True):
+        doc["deleted_keys"] = cleaned.get(k)
     return ClusterRun(
         options=options,
         config=config,

@@ -10,23 +10,31 @@ per token when neither is given): it holds `bytes // (bytes per block)` blocks.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
 from pagedkv.config import BlockManagerConfig
-from pagedkv.sim.cluster import TIER_MODES, ClusterOptions, run_cluster
+from pagedkv.sim.cluster import REMOTE_TTL, TIER_MODES, ClusterOptions, run_cluster
 from pagedkv.sim.cluster_report import cluster_figures, cluster_table
 from pagedkv.sim.kv_bytes import from_model, kv_bytes
-from pagedkv.sim.progress import ProgressBar
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.router import ROUTINGS
+from pagedkv.sim.runner import progress_lines
 from pagedkv.sim.sizing_cli import wants_mrc
 from pagedkv.sim.tier_run import DEFAULT_MODEL, parse_bytes
 
 DEFAULT_SHARED_TIER_BYTES = 256 << 30
-_OPTIONS = ("routing", "cluster_tier", "shared_tier_bytes", "prefix_balance")
+_OPTIONS = (
+    "routing",
+    "cluster_tier",
+    "shared_tier_bytes",
+    "prefix_balance",
+    "remote_timeout",
+    "remote_cleanup",
+)
 
 
 def _byte_size(text: str) -> int:
@@ -80,6 +88,22 @@ def add_cluster_arguments(sim: argparse.ArgumentParser) -> None:
         help="--routing prefix: a node whose load exceeds F x the mean load plus the prompt "
         "is passed over (default 0: no guard)",
     )
+    g.add_argument(
+        "--remote-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="--nodes with --remote: seconds each reply of the server may take; a put that "
+        "waits longer is dropped and counted as an error (default 0.5)",
+    )
+    g.add_argument(
+        "--remote-cleanup",
+        action="store_const",
+        const=True,
+        default=None,
+        help="--nodes with --remote: delete the run's keys from the server when it ends "
+        f"(without it they stay, expiring after {REMOTE_TTL:g} s)",
+    )
 
 
 def wants_cluster(args: argparse.Namespace) -> bool:
@@ -103,6 +127,8 @@ def _options(args: argparse.Namespace, config: BlockManagerConfig) -> tuple[Clus
     for name, given in refused.items():
         if given:
             raise ValueError(f"--nodes does not take {name}")
+    if args.remote is None and (args.remote_timeout is not None or args.remote_cleanup):
+        raise ValueError("--remote-timeout and --remote-cleanup need --remote")
     tier = args.cluster_tier or "shared"
     in_process = tier != "off" and args.remote is None
     if args.shared_tier_bytes is not None and not in_process:
@@ -129,6 +155,8 @@ def _options(args: argparse.Namespace, config: BlockManagerConfig) -> tuple[Clus
         tier_blocks=blocks,
         remote=args.remote,
         prefix_balance=args.prefix_balance or 0.0,
+        remote_timeout=0.5 if args.remote_timeout is None else args.remote_timeout,
+        remote_cleanup=bool(args.remote_cleanup),
     )
     return options, sizing
 
@@ -166,10 +194,20 @@ def simulate_cluster(
     )
     if sizing:
         print(f"tier size   {sizing}", file=out)
-    bar = ProgressBar("cluster", stream=err) if not args.no_progress and err.isatty() else None
-    run = run_cluster(w, config, options, sched, check=args.check, progress=bar)
-    if bar is not None:
-        bar.close()
+    lines = progress_lines(args, err, "[cluster]")
+    label = f"{options.nodes} nodes"
+    step = None
+    if lines is not None:
+        lines.start(label)
+        step = functools.partial(lines.update, label)
+    try:
+        run = run_cluster(w, config, options, sched, check=args.check, progress=step)
+    finally:
+        if lines is not None:
+            lines.close()  # ends a redrawn line, also when the run raised
+    if lines is not None:
+        lines.end(label, f"done, {sum(run.routed_requests)} requests routed")
+        lines.close()
     doc = cluster_figures(run)
     doc["workload"] = w.describe()
     print(file=out)

@@ -5,7 +5,10 @@ prompt tokens, recomputations after a preemption left out (they are shown on row
 own). Of those hits, "from the tier" were read from the store below the GPUs, and "put by
 another node" is the part of those that another node had put there: what sharing the tier
 bought. The total column adds every node's tokens up and divides the sums. Load balance is
-the busiest node's share over the mean (1.00: even).
+the busiest node's share over the mean (1.00: even). "manager s (wall)" is the wall time
+spent inside the node's manager calls (`time.perf_counter`), not CPU time. The router line
+counts as routed by prefix only a request whose node held more of its prompt than another
+node did (`sim.router.RouterStats`): a prefix every node holds is no routing success.
 """
 
 from __future__ import annotations
@@ -133,6 +136,9 @@ def cluster_figures(run: ClusterRun) -> dict[str, Any]:
             "prefix_routed": r.prefix_routed,
             "prefix_tokens": r.prefix_tokens,
             "balanced": r.balanced,
+            "prefix_won": r.prefix_won,
+            "prefix_won_tokens": r.prefix_won_tokens,
+            "prefix_everywhere": r.prefix_everywhere,
         },
         "stores": run.stores,
         **({} if run.index is None else {"index": run.index}),
@@ -163,7 +169,7 @@ def cluster_table(doc: dict[str, Any]) -> str:
         ("blocks demoted", [str(f["blocks_demoted"]) for f in cols]),
         ("blocks promoted", [str(f["blocks_promoted"]) for f in cols]),
         ("steps", [str(f["steps"]) for f in cols]),
-        ("manager s", [f"{f['manager_seconds']:.2f}" for f in cols]),
+        ("manager s (wall)", [f"{f['manager_seconds']:.2f}" for f in cols]),
     ]
     w0 = max(len(name) for name, _ in rows)
     widths = [max(len(h), *(len(v[i]) for _, v in rows)) for i, h in enumerate(head)]
@@ -179,9 +185,11 @@ def cluster_table(doc: dict[str, Any]) -> str:
     if doc["cluster"]["routing"] == "prefix":
         total = sum(r["routed"]) or 1
         lines.append(
-            f"router      {r['prefix_routed']} of {sum(r['routed'])} requests "
-            f"({_pct(r['prefix_routed'] / total)}) went to a node holding part of their "
-            f"prompt ({r['prefix_tokens']} tokens); {r['balanced']} sent elsewhere by the "
+            f"router      {r['prefix_won']} of {sum(r['routed'])} requests "
+            f"({_pct(r['prefix_won'] / total)}) went to a node holding more of their prompt "
+            f"than another node held ({r['prefix_won_tokens']} tokens beyond the least any "
+            f"node held); {r['prefix_everywhere']} found the same prefix on every node (a "
+            f"shared system prompt: no routing gain); {r['balanced']} sent elsewhere by the "
             "balance guard"
         )
         ix = doc.get("index")
@@ -191,13 +199,39 @@ def cluster_table(doc: dict[str, Any]) -> str:
             else f"            by the router index of the nodes' KV events (pagedkv.router): "
             f"{ix['events']} events, {ix['memberships']} blocks held at the end"
         )
-    lines.extend(
-        f"store       {s['name']} ({s['medium']}): {s['puts']} puts, {s['dropped_puts']} "
-        f"dropped, {s['evictions']} evicted, {s['entries']} held at the end; {s['gets']} "
-        f"gets, {s['hits']} hits, {s['corrupt']} corrupt, {s['errors']} errors"
-        for s in doc["stores"]
-    )
+    for s in doc["stores"]:
+        lines.append(
+            f"store       {s['name']} ({s['medium']}): {s['puts']} puts, {s['dropped_puts']} "
+            f"dropped, {s['evictions']} evicted, {s['entries']} held at the end; {s['gets']} "
+            f"gets, {s['hits']} hits, {s['corrupt']} corrupt, {s['errors']} errors"
+        )
+        lines.extend(store_notes(s))
     return "\n".join(lines)
 
 
-__all__ = ["cluster_figures", "cluster_table"]
+def store_notes(s: dict[str, Any]) -> list[str]:
+    """What a store's dropped puts and errors mean, and where a remote run's keys are."""
+    pad = " " * 12
+    out = []
+    if s["medium"] == "REMOTE":
+        if s["dropped_puts"] or s["errors"]:
+            out.append(
+                f"{pad}dropped puts are blocks the server did not store: it did not reply "
+                f"within --remote-timeout ({s['timeout_s']:g} s), refused or reset the "
+                "connection, or was being left alone for a second after such a failure; "
+                "errors count every failed call (puts, gets, presence checks). A dropped put "
+                "is a later miss, never a wrong hit; on a loaded server raise --remote-timeout"
+            )
+        if s.get("deleted_keys") is not None:
+            out.append(f"{pad}--remote-cleanup deleted this run's {s['deleted_keys']} keys")
+        else:
+            out.append(
+                f"{pad}this run's keys stay on the server ({s['key_prefix']}*), each expiring "
+                f"{s['ttl_s']:g} s after it was put; --remote-cleanup deletes them at the end"
+            )
+    elif s["dropped_puts"]:
+        out.append(f"{pad}dropped puts are entries larger than the store's whole budget")
+    return out
+
+
+__all__ = ["cluster_figures", "cluster_table", "store_notes"]

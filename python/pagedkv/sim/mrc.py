@@ -42,7 +42,7 @@ from pagedkv.sim.block_keys import U64, chain, contents, root, step
 from pagedkv.sim.mrc_curve import MissRatioCurve
 from pagedkv.sim.stack import StackDistances
 
-_SAMPLE_BITS = 24
+SAMPLE_BITS = 24
 _NEVER = np.inf  # the distance of a block never touched before: a miss at every size
 _EMPTY: U64 = np.zeros(0, dtype=np.uint64)  # a decode step's place in the stream, until keyed
 
@@ -131,7 +131,7 @@ class MRCRecorder:
             raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
         self.block_size = block_size
         self.sample_rate = sample_rate
-        self._threshold = np.uint64(round(sample_rate * (1 << _SAMPLE_BITS)))
+        self._threshold = np.uint64(round(sample_rate * (1 << SAMPLE_BITS)))
         self._pieces: list[U64] = []
         self._kinds: list[bool] = []  # True: a lookup
         self._seqs: dict[int, _Seq] = {}
@@ -148,7 +148,7 @@ class MRCRecorder:
     def _sampled(self, keys: U64) -> U64:
         if self.sample_rate >= 1.0:
             return keys
-        return keys[(keys >> np.uint64(64 - _SAMPLE_BITS)) < self._threshold]
+        return keys[(keys >> np.uint64(64 - SAMPLE_BITS)) < self._threshold]
 
     def _touch(self, keys: U64) -> None:
         keys = self._sampled(keys)

@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from pagedkv._core import MrcStream
 from pagedkv.sim.block_keys import root
-from pagedkv.sim.mrc import _SAMPLE_BITS
+from pagedkv.sim.mrc import SAMPLE_BITS
 from pagedkv.sim.mrc_curve import MissRatioCurve
 
 
@@ -30,7 +30,7 @@ class FastMRCRecorder:
         self.block_size = block_size
         self.sample_rate = sample_rate
         # The threshold exactly as the Python recorder rounds it.
-        threshold = round(sample_rate * (1 << _SAMPLE_BITS))
+        threshold = round(sample_rate * (1 << SAMPLE_BITS))
         self._stream = MrcStream(block_size, max(1, threshold))
         self._roots: dict[tuple[str | bytes | None, int | None], int] = {}
 

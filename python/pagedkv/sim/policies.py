@@ -19,6 +19,7 @@ requests; unsalted requests are the tenant None. The per-salt counts add up to t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
@@ -153,18 +154,22 @@ def run_policy(
     check: bool = False,
     repeats: int = 1,
     bound: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """One run of `workload` with `config` under eviction `policy`: the run's figures
     (`sim.report.figures`), `eviction`, `tenants` (per salt, `TenantTally.rows`) and the
     manager time of its calls replayed (`policy_manager_seconds`, `allocate_mean_seconds`);
-    with `bound`, also `bound` (`policies_bound.stream_bound` over this run's stream)."""
+    with `bound`, also `bound` (`policies_bound.stream_bound` over this run's stream).
+    `progress(ended requests, requests)` after each step of the replay."""
     config = replace(config, eviction=policy)
     manager = make_manager(config)
     log = CallLog(manager)
     tally = TenantTally()
     recorder = FastMRCRecorder(config.block_size) if bound else None
     watch = FanOut([tally, recorder]) if recorder is not None else tally
-    result = run_workload(cast(ManagerLike, log), workload, **schedule, check=check, watch=watch)
+    result = run_workload(
+        cast(ManagerLike, log), workload, **schedule, check=check, watch=watch, progress=progress
+    )
     if check:
         manager.check_invariants()
     f = figures(
@@ -198,16 +203,19 @@ def run_policies(
     repeats: int = 1,
     progress: Callable[[str], None] | None = None,
     done: list[dict[str, Any]] | None = None,
+    steps: Callable[[str, int, int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """`run_policy` for each of `policies`, in order, the bound recorded in LRU's run (the
-    first policy's without LRU). Each finished run is appended to `done` (a fresh list if None)
-    as soon as it ends, so that a caller interrupted midway (Ctrl-C) still has the runs that
-    finished; returns it."""
+    first policy's without LRU): `progress(policy)` before each, `steps(policy, ended
+    requests, requests)` after each step of its replay. Each finished run is appended to
+    `done` (a fresh list if None) as soon as it ends, so that a caller interrupted midway
+    (Ctrl-C) still has the runs that finished; returns it."""
     runs = [] if done is None else done
     source = "lru" if "lru" in policies else policies[0] if policies else None
     for policy in policies:
         if progress is not None:
             progress(policy)
+        step = None if steps is None else functools.partial(steps, policy)
         runs.append(
             run_policy(
                 workload,
@@ -218,6 +226,7 @@ def run_policies(
                 check=check,
                 repeats=repeats,
                 bound=policy == source,
+                progress=step,
             )
         )
     return runs

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
@@ -20,11 +19,11 @@ from pagedkv.sim.cluster_cli import wants_cluster
 from pagedkv.sim.kv_bytes import kv_bytes
 from pagedkv.sim.policies import parse_policies, run_policies
 from pagedkv.sim.policies_report import has_tenants, policy_table, tenant_table
-from pagedkv.sim.progress import clock
+from pagedkv.sim.progress import RunLines, clock
 from pagedkv.sim.report import json_doc, write_doc
 from pagedkv.sim.requests import Workload
+from pagedkv.sim.runner import INTERRUPTED, clock_now, progress_lines, stop_on_sigterm
 from pagedkv.sim.sizing_cli import wants_mrc
-from pagedkv.sim.sizing_jobs import INTERRUPTED, _on_sigterm, clock_now
 from pagedkv.sim.tier_cli import wants_tiers
 
 
@@ -94,12 +93,32 @@ def _refuse_others(args: argparse.Namespace) -> None:
         )
 
 
-def _say(args: argparse.Namespace, err: TextIO) -> Callable[[str], None]:
-    def say(policy: str) -> None:
-        if not args.no_progress:
-            print(f"eviction: {time.strftime('%H:%M:%S')} {policy}", file=err, flush=True)
+class _Progress:
+    """Each policy's run as the sizing runs show theirs (`RunLines`): started, its requests
+    during the replay, ended (then its manager calls are replayed for the time)."""
 
-    return say
+    def __init__(self, lines: RunLines | None) -> None:
+        self.lines = lines
+        self.current: str | None = None
+
+    def start(self, policy: str) -> None:
+        self.end()
+        self.current = policy
+        if self.lines is not None:
+            self.lines.start(policy)
+
+    def step(self, policy: str, done: int, total: int) -> None:
+        if self.lines is not None:
+            self.lines.update(policy, done, total)
+
+    def end(self, text: str = "done") -> None:
+        if self.lines is not None and self.current is not None:
+            self.lines.end(self.current, text)
+        self.current = None
+
+    def close(self) -> None:
+        if self.lines is not None:
+            self.lines.close()
 
 
 def simulate_policies(
@@ -111,7 +130,7 @@ def simulate_policies(
     configs: Callable[[argparse.Namespace], list[BlockManagerConfig]],
 ) -> int:
     """`--eviction` (the command's workload, scheduler and cache options come through the
-    callables of `sim.cli`); returns the exit status (`INTERRUPTED` after Ctrl-C)."""
+    callables of `sim.runner`); returns the exit status (`INTERRUPTED` after Ctrl-C)."""
     wall0, cpu0 = clock_now()
     _refuse_others(args)
     cs = configs(args)
@@ -140,7 +159,8 @@ def simulate_policies(
     )
     runs: list[dict[str, Any]] = []
     status = "complete"
-    previous = _on_sigterm()
+    previous = stop_on_sigterm()
+    shown = _Progress(progress_lines(args, err, "[eviction]"))
     try:
         run_policies(
             w,
@@ -150,12 +170,16 @@ def simulate_policies(
             kv=kv,
             check=args.check,
             repeats=args.eviction_repeats,
-            progress=_say(args, err),
+            progress=shown.start,
+            steps=shown.step,
             done=runs,
         )
+        shown.end()
     except KeyboardInterrupt:
         status = "interrupted"
+        shown.end("interrupted")
     finally:
+        shown.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     print(file=out)

@@ -46,12 +46,22 @@ class NodeView(Protocol):
 class RouterStats:
     """What the router decided: requests per node, and for `prefix` how many went to a node
     that held part of their prompt (and how many tokens of it), and how many the balance
-    guard sent elsewhere."""
+    guard sent elsewhere.
+
+    A routing success (`prefix_won`) is a request sent to a node that holds more of its
+    prompt than the node holding the least of it: the choice bought `prefix_won_tokens`
+    tokens (the chosen node's prefix minus the least any node held) that another choice
+    would not have. A prefix every node holds (a shared system prompt, once each node has
+    seen it) is served wherever the request goes: such a request counts in `prefix_routed`
+    and `prefix_everywhere`, not as a success. With one node there is no choice to win."""
 
     routed: list[int]
     prefix_routed: int = 0
     prefix_tokens: int = 0
     balanced: int = 0
+    prefix_won: int = 0
+    prefix_won_tokens: int = 0
+    prefix_everywhere: int = 0
 
 
 @dataclass
@@ -121,6 +131,12 @@ class Router:
         if hits[i]:
             self.stats.prefix_routed += 1
             self.stats.prefix_tokens += hits[i]
+            least = min(hits)
+            if hits[i] > least:
+                self.stats.prefix_won += 1
+                self.stats.prefix_won_tokens += hits[i] - least
+            else:
+                self.stats.prefix_everywhere += 1
         return i
 
 

@@ -84,7 +84,7 @@ def size_from_ids(
     started: tuple[float, float],
 ) -> int:
     """The curves, the bound and the curve's estimates, printed and saved; returns 0."""
-    from pagedkv.sim.sizing_jobs import cpu_seconds
+    from pagedkv.sim.runner import cpu_seconds
 
     first = first_counted(workload, args.mrc_warmup)
     counted = len(workload.requests) - first

@@ -17,20 +17,22 @@ The answer is the same for any N: a search's next round depends only on its own 
 
 What is known is never lost: `--json` is rewritten (atomically) after every finished run,
 with `sizing.status` saying how far it got; Ctrl-C (or SIGTERM) stops the runs, prints what is
-known, writes it and exits with 130. Progress goes to stderr (`progress.RunLines`). The last
-line gives the wall time and the CPU time of this process and its workers together.
+known, writes it and exits with 130; a curve run stopped midway hands back the curve of the
+requests it replayed, shown as partial (`sim.sizing_partial`). Progress goes to stderr
+(`progress.RunLines`). The last line gives the wall time and the CPU time of this process and
+its workers together.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import ctypes
 import io
 import multiprocessing as mp
 import os
 import queue
-import resource
 import signal
 import sys
 import time
@@ -47,10 +49,20 @@ from pagedkv.sim.mrc_fast import FastMRCRecorder
 from pagedkv.sim.progress import ProgressBar, RunLines, clock
 from pagedkv.sim.report import json_doc, summary_table, sweep_table, write_doc
 from pagedkv.sim.requests import Workload
+from pagedkv.sim.runner import (
+    INTERRUPTED,
+    Runner,
+    clock_now,
+    read_workload,
+    schedule_options,
+    stop_on_sigterm,
+)
 from pagedkv.sim.sizing import ROUND, Recommendation, Search, Trial
 from pagedkv.sim.sizing_cli import DEFAULT_TARGET_FRACTION, recorder, target_for
 from pagedkv.sim.sizing_fidelity import compare, fidelity_line
+from pagedkv.sim.sizing_partial import PARTIAL_WAIT, CurveInterrupted, PartialCurve
 from pagedkv.sim.sizing_report import (
+    CURVE_RUN_HEADING,
     curve_json,
     mrc_table,
     recommendation_json,
@@ -58,7 +70,6 @@ from pagedkv.sim.sizing_report import (
     table_sizes,
 )
 
-INTERRUPTED = 130  # the exit status of a run stopped by Ctrl-C (128 + SIGINT)
 REPORT_EVERY = 1.0  # seconds between a worker's progress messages
 
 
@@ -92,7 +103,7 @@ class _Context:
 
 
 class _Bar(ProgressBar):
-    """`cli._Runner`'s progress bar, reporting instead of drawing."""
+    """`runner.Runner`'s progress bar, reporting instead of drawing."""
 
     def __init__(self, label: str, report: Report) -> None:
         super().__init__(label, stream=io.StringIO())
@@ -108,24 +119,40 @@ class _Bar(ProgressBar):
 def perform(task: Task, ctx: _Context, report: Report) -> dict[str, Any]:
     """Run one task; `{"figures", "curve", "others"}` for a curve run (`others`: block size
     -> curve, of `task.others`), `{"trial"}` for a check run."""
-    from pagedkv.sim import cli  # here: cli imports this module
     from pagedkv.sim.factory import make_manager
     from pagedkv.sim.scheduler import run_workload
 
     args, config = ctx.args, task.config
     if task.kind == "curve":
-        runner = cli._Runner(args, ctx.workload, ctx.kv, lambda label: _Bar(label, report))
+        seen = [0, len(ctx.workload.requests)]  # requests ended, requests: for Ctrl-C
+
+        def counted(label: str, done: int, total: int) -> None:
+            seen[:] = [done, total]
+            report(label, done, total)
+
+        runner = Runner(args, ctx.workload, ctx.kv, lambda label: _Bar(label, counted))
         own = FastMRCRecorder(config.block_size, task.sample_rate)
         others = [(bs, FastMRCRecorder(bs, rate)) for bs, rate in task.others]
         watch = FanOut([own, *(r for _, r in others)]) if others else own
-        f = runner(config, task.label, watch)
+        try:
+            f = runner(config, task.label, watch)
+        except KeyboardInterrupt:
+            part = PartialCurve(
+                task.index,
+                config.block_size,
+                own.curve(),
+                seen[0],
+                seen[1],
+                {bs: r.curve() for bs, r in others},
+            )
+            raise CurveInterrupted(part) from None
         return {"figures": f, "curve": own.curve(), "others": {bs: r.curve() for bs, r in others}}
     rule = StopRule.build(ctx.workload, config.block_size, task.target, args.abort_rate > 0)
     manager = make_manager(config, reference=args.reference)
     res = run_workload(
         manager,
         ctx.workload,
-        **cli._schedule(args),
+        **schedule_options(args),
         check=args.check,
         progress=lambda done, total: report(task.label, done, total),
         until=rule,
@@ -162,20 +189,19 @@ def _die_with_parent() -> None:
         pass
 
 
-def _init_worker(args: argparse.Namespace, messages: Any) -> None:
+def _init_worker(args: argparse.Namespace, messages: Any, stop: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     _die_with_parent()
     _WORKER["args"] = args
     _WORKER["messages"] = messages
+    _WORKER["stop"] = stop  # set by the parent after Ctrl-C: hand back what was replayed
 
 
 def _worker_context() -> _Context:
     ctx = _WORKER.get("ctx")
     if ctx is None:
-        from pagedkv.sim import cli
-
         args = _WORKER["args"]
-        workload = cli._workload(args, io.StringIO())
+        workload = read_workload(args, io.StringIO())
         ctx = _Context(args, workload, kv_bytes(args.model, args.kv_bytes_per_token))
         _WORKER["ctx"] = ctx
     assert isinstance(ctx, _Context)
@@ -188,13 +214,25 @@ def _work(task: Task) -> dict[str, Any]:
     messages.put(("start", task.label, 0, 0))
     last = [0.0]
 
+    stop = _WORKER["stop"]
+    checked = [0.0]
+
     def report(label: str, done: int, total: int) -> None:
         now = time.monotonic()
+        if now - checked[0] >= 0.05:  # the parent's Ctrl-C, seen within 50 ms
+            checked[0] = now
+            if stop.is_set():
+                raise KeyboardInterrupt
         if now - last[0] >= REPORT_EVERY:
             last[0] = now
             messages.put(("update", label, done, total))
 
-    return perform(task, _worker_context(), report)
+    try:
+        return perform(task, _worker_context(), report)
+    except CurveInterrupted as exc:
+        return {"partial": exc.partial}
+    except KeyboardInterrupt:  # a check run: nothing of it is worth keeping
+        return {"stopped": True}
 
 
 class _Serial:
@@ -225,11 +263,12 @@ class _Pool:
     def __init__(self, args: argparse.Namespace, workers: int) -> None:
         context = mp.get_context("spawn")
         self.messages = context.Queue()
+        self.stopping = context.Event()
         self.pool = cf.ProcessPoolExecutor(
             max_workers=workers,
             mp_context=context,
             initializer=_init_worker,
-            initargs=(args, self.messages),
+            initargs=(args, self.messages, self.stopping),
         )
 
     def submit(self, task: Task) -> cf.Future[dict[str, Any]]:
@@ -248,6 +287,14 @@ class _Pool:
             else:
                 lines.update(label, done, total)
 
+    def collect(self, pending: dict[cf.Future[dict[str, Any]], Task], wait: float) -> None:
+        """After Ctrl-C: ask the workers to stop and hand back what their curve runs
+        replayed, and wait up to `wait` seconds for the curve runs among `pending`."""
+        self.stopping.set()
+        curves = [f for f, t in pending.items() if t.kind == "curve"]
+        if curves:
+            cf.wait(curves, timeout=wait)
+
     def stop(self) -> None:
         """End the workers now (Ctrl-C), then the pool."""
         for p in list(self.pool._processes.values()):
@@ -261,17 +308,6 @@ class _Pool:
 
 
 # ---------------------------------------------------------------------- the driver
-
-
-def cpu_seconds() -> float:
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # those ended and waited for
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-def clock_now() -> tuple[float, float]:
-    """(wall, CPU) seconds now: where the time line starts counting."""
-    return time.perf_counter(), cpu_seconds()
 
 
 class Sizing:
@@ -315,6 +351,7 @@ class Sizing:
         self.searches: dict[int, Search] = {}
         self.status = "curve runs"
         self.t0, self.cpu0 = started or clock_now()
+        self.partials: list[PartialCurve] = []  # curve runs stopped by Ctrl-C, what they saw
         self.printed_curves = False
         self.fidelity: dict[int, dict[str, Any]] = {}  # block size -> `sizing_fidelity.compare`
 
@@ -384,6 +421,7 @@ class Sizing:
             "fidelity": [self.fidelity[bs] for bs in sorted(self.fidelity)],
             "jobs": self.jobs,
             "wall_s": time.perf_counter() - self.t0,
+            "partial_curves": [p.as_json() for p in self.partials],
         }
 
     def save(self) -> None:
@@ -451,6 +489,7 @@ class Sizing:
     def _summary(self) -> None:
         runs = [f for f in self.figures if f is not None]
         print(file=self.out)
+        print(CURVE_RUN_HEADING, file=self.out)
         print(summary_table(runs[0]) if len(runs) == 1 else sweep_table(runs), file=self.out)
         for j in sorted(self.skipped):
             print(f"not run     {self._not_run_note(self.configs[j])}", file=self.out)
@@ -518,7 +557,7 @@ class Sizing:
         def submit(task: Task) -> None:
             pending[executor.submit(task)] = task
 
-        previous = _on_sigterm()
+        previous = stop_on_sigterm()
         try:
             for i in range(len(self.configs)):
                 if i not in self.skipped:
@@ -536,12 +575,26 @@ class Sizing:
             self.status = "complete"
             if isinstance(executor, _Pool):
                 executor.close()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
+            print(
+                "interrupted (Ctrl-C): stopping the runs; what is known follows",
+                file=self.err,
+                flush=True,
+            )
+            if isinstance(exc, CurveInterrupted):
+                self.partials.append(exc.partial)
+            if isinstance(executor, _Pool):
+                with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: no waiting
+                    executor.collect(pending, PARTIAL_WAIT)
             executor.stop()
             # Runs that finished but were not taken in yet still count.
             for fut, task in sorted(pending.items(), key=lambda item: item[1].label):
                 if fut.done() and not fut.cancelled() and fut.exception() is None:
-                    self._finished(task, fut.result(), lambda _: None)
+                    result = fut.result()
+                    if "partial" in result:
+                        self.partials.append(result["partial"])
+                    elif "stopped" not in result:
+                        self._finished(task, result, lambda _: None)
             self._interrupted()
             return INTERRUPTED
         except BaseException:
@@ -600,8 +653,6 @@ class Sizing:
             self._curve_done(i, result)
             if self._replays_done():
                 self.status = "check runs" if self.checks else "complete"
-                self._summary()
-                self._print_curves()
             for bs in sorted(set(self.searches) - before):
                 if self.checks:
                     if lines is not None:
@@ -626,7 +677,7 @@ class Sizing:
 
     def _time_line(self) -> str:
         wall = time.perf_counter() - self.t0
-        cpu = cpu_seconds() - self.cpu0
+        cpu = clock_now()[1] - self.cpu0
         where = f"{self.jobs} processes" if self.jobs > 1 else "in this process"
         return (
             f"time        wall {wall:.1f} s ({clock(wall)}), CPU {cpu:.1f} s ({clock(cpu)}): "
@@ -634,9 +685,11 @@ class Sizing:
         )
 
     def _answer(self) -> None:
-        self._print_curves()
+        # The answer first, then the curves, then the replay's own figures at its own size.
         print(file=self.out)
         print(recommendation_lines(self.recommendations(), self.kv), file=self.out)
+        self._print_curves()
+        self._summary()
         self.save()
         if self.args.json:
             print(f"json        {self.args.json}", file=self.out)
@@ -652,12 +705,16 @@ class Sizing:
         self.status = "interrupted"
         print(file=self.out)
         print("interrupted (Ctrl-C): the runs were stopped; what was known follows", file=self.out)
-        if any(f is not None for f in self.figures) and not self.printed_curves:
-            self._summary()
         if self.curves:
-            self._print_curves()
             print(file=self.out)
             print(recommendation_lines(self.recommendations(), self.kv), file=self.out)
+            self._print_curves()
+        for p in self.partials:
+            print(file=self.out)
+            print(f"partial     {p.describe()}", file=self.out)
+            print(mrc_table(p.curve, self.kv, rows=self.args.mrc_points), file=self.out)
+        if any(f is not None for f in self.figures):
+            self._summary()
         try:
             self.save()
             if self.args.json:
@@ -666,19 +723,6 @@ class Sizing:
             print(f"json        not written: {exc}", file=self.out)
         print(self._time_line(), file=self.out)
         self.out.flush()
-
-
-def _on_sigterm() -> Any:
-    """SIGTERM stops like Ctrl-C does (main thread only); returns the previous handler."""
-
-    def stop(signum: int, frame: Any) -> None:
-        del signum, frame
-        raise KeyboardInterrupt
-
-    try:
-        return signal.signal(signal.SIGTERM, stop)
-    except ValueError:  # not the main thread
-        return None
 
 
 def size(
@@ -700,4 +744,4 @@ def size(
     return Sizing(args, configs, workload, kv, out, err, started).run()
 
 
-__all__ = ["INTERRUPTED", "Sizing", "Task", "clock_now", "cpu_seconds", "perform", "size"]
+__all__ = ["INTERRUPTED", "Sizing", "Task", "clock_now", "perform", "size"]

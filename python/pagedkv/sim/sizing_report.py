@@ -112,6 +112,10 @@ def _lower_side(r: Recommendation, n: int) -> str:
     return f"no size within {PRECISION:.0%} below it was found to fail"
 
 
+# Printed after the answer and the curves: the replay's own size is not the answer.
+CURVE_RUN_HEADING = "curve run   the replay that recorded the curve, at its own configured size"
+
+
 def recommendation_lines(recs: list[Recommendation], kv: KVBytes | None) -> str:
     """The summary's last lines: per block size, the smallest size that passed (or, without
     check runs, the curve's estimate, marked as such)."""
@@ -207,6 +211,7 @@ def recommendation_json(r: Recommendation, kv: KVBytes | None) -> dict[str, Any]
 
 
 __all__ = [
+    "CURVE_RUN_HEADING",
     "curve_json",
     "mrc_table",
     "recommendation_json",

@@ -351,6 +351,38 @@ class RemoteTier:
             self._stats.extra["lookup_hits"] = self._stats.extra.get("lookup_hits", 0.0) + sum(out)
         return out
 
+    @property
+    def key_prefix(self) -> str:
+        """What every key of this tier's namespace (under its secret) starts with."""
+        return self._prefix
+
+    def clear(self, batch: int = 1000) -> int:
+        """Delete every entry of this tier's namespace from the server (every node of a
+        cluster): SCAN for the keys of `key_prefix`, UNLINK them in pipelined batches.
+        Returns the number deleted. A failure raises (redis-py's exception): unlike a put or
+        a get, a cleanup the caller asked for must not fail silently."""
+        with self._lock:
+            nodes = list(self._all_nodes())
+        deleted = 0
+        for node in nodes:
+            names = node.client.scan_iter(match=f"{self._prefix}*", count=batch)
+            pending: list[Any] = []
+            for name in names:
+                pending.append(name)
+                if len(pending) >= batch:
+                    deleted += self._unlink(node, pending)
+                    pending = []
+            if pending:
+                deleted += self._unlink(node, pending)
+        return deleted
+
+    @staticmethod
+    def _unlink(node: _Node, names: list[Any]) -> int:
+        pipe = node.client.pipeline(transaction=False)  # one key per command: any slot
+        for name in names:
+            pipe.unlink(name)
+        return sum(int(n) for n in pipe.execute())
+
     def discard(self, key: TierKey) -> None:
         name = self.key_name(key)
         node = self._route(name)
