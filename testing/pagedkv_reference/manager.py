@@ -414,11 +414,11 @@ class _Seq:
         "loaded",
         "lora_id",
         "max_hit",
+        "reachable",
         "retention",
         "salt",
         "scheduled",
         "swapped",
-        "reachable",
         "tenant",
         "tokens",
     )

@@ -10,7 +10,7 @@ from pagedkv.groups import KVCacheGroup
 
 
 def check_interval(
-    groups: tuple[KVCacheGroup, ...], block_size: int, interval: int | None
+    groups: tuple[KVCacheGroup, ...], block_size: int, interval: object
 ) -> int | None:
     if interval is None:
         return None

@@ -167,7 +167,9 @@ def _call(
             kw["loaded_tokens"] = rng.randint(0, (kw.get("num_new_tokens") or len(toks)) + 1)
         if rng.random() < 0.4:
             # Where later hits resume (sparse window retention); now and then past the prompt.
-            kw["reachable_tokens"] = [rng.randint(0, len(toks) + 1) for _ in range(rng.randint(0, 2))]
+            kw["reachable_tokens"] = [
+                rng.randint(0, len(toks) + 1) for _ in range(rng.randint(0, 2))
+            ]
         return "allocate", (sid, toks), kw
     release = {"release": False} if rng.random() < 0.3 else {}
     if op == 4:

@@ -11,10 +11,10 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.request import RequestStatus
-from vllm.utils.hashing import sha256
 
 from vllm_objects import (
     KVCacheManager,

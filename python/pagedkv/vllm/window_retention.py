@@ -22,9 +22,7 @@ if TYPE_CHECKING:
     from pagedkv.vllm.manager import KVCacheManager
 
 
-def core_interval(
-    config: KVCacheConfig, scheduler_block_size: int, use_eagle: bool
-) -> int | None:
+def core_interval(config: KVCacheConfig, scheduler_block_size: int, use_eagle: bool) -> int | None:
     """The interval the core applies, after checking the setting as vLLM's coordinator does
     (the same message). None (dense) where vLLM's setting is None, where no group is a
     `SlidingWindowSpec` (vLLM's sparse Mamba checkpoints are not implemented: state groups

@@ -135,9 +135,10 @@ impl BlockManager {
                     "reachable position {p} is past the prompt's {n} tokens"
                 )));
             }
-            let reachable: Option<Arc<[usize]>> = self
-                .sparse_windows()
-                .then(|| opts.reachable.map_or_else(|| vec![n - 1].into(), Into::into));
+            let reachable: Option<Arc<[usize]>> = self.sparse_windows().then(|| {
+                opts.reachable
+                    .map_or_else(|| vec![n - 1].into(), Into::into)
+            });
             let lookahead = opts.lookahead;
             let bs = self.block_size();
             // Scheduled tokens for `h` hit blocks, and the blocks they and the lookahead need.

@@ -3,8 +3,8 @@
 
 use crate::convert::{
     batch_tokens, block_ids, counts, flag, id_arg, int_arg, is_count, keys_arg, loaded_arg,
-    lookaheads, lora_arg, max_hit_arg, maybe_seq_id, opt_int_arg, opt_u64_arg, positions, seq_id, seq_ids,
-    text, token_count, tokens, wrong_type, Given,
+    lookaheads, lora_arg, max_hit_arg, maybe_seq_id, opt_int_arg, opt_u64_arg, positions, seq_id,
+    seq_ids, text, token_count, tokens, wrong_type, Given,
 };
 use crate::errors::{invalid, IntoPy};
 use crate::numpy_api::numpy_api;

@@ -18,7 +18,11 @@ use crate::error::{invalid, Result};
 /// Check `interval` against the layout, as vLLM's coordinator does: `None` always; with no
 /// sliding-window group only 0 (it changes nothing there); otherwise a multiple of the
 /// block size. pagedkv keeps state groups dense, so a positive interval needs a window.
-pub fn check_interval(kinds: &[GroupKind], block_size: usize, interval: Option<usize>) -> Result<()> {
+pub fn check_interval(
+    kinds: &[GroupKind],
+    block_size: usize,
+    interval: Option<usize>,
+) -> Result<()> {
     let Some(r) = interval else { return Ok(()) };
     let windows = kinds
         .iter()
@@ -122,6 +126,9 @@ mod tests {
         assert!(err.to_string().contains("has none"), "{err}");
         assert!(check_interval(&[full, SW], 32, Some(64)).is_ok());
         let err = check_interval(&[full, SW], 32, Some(48)).unwrap_err();
-        assert!(err.to_string().contains("multiple of the block size 32"), "{err}");
+        assert!(
+            err.to_string().contains("multiple of the block size 32"),
+            "{err}"
+        );
     }
 }
