@@ -9,6 +9,7 @@ import pytest
 
 import pagedkv
 from pagedkv import KVCacheGroup
+from pagedkv.config import BlockManagerConfig
 from pagedkv.errors import InvalidArgumentError
 
 BS = 4
@@ -87,3 +88,25 @@ def test_a_reachable_position_past_the_prompt_raises_and_changes_nothing() -> No
     assert 0 not in m
     assert m.stats() == before
     m.check_invariants()
+
+
+@pytest.mark.parametrize(
+    ("groups", "interval"), [(GROUPS, 6), (GROUPS, -4), (None, 8), (GROUPS, True)]
+)
+def test_the_config_refuses_what_the_constructor_refuses(groups: object, interval: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="prefix_cache_retention_interval"):
+        BlockManagerConfig(
+            num_blocks=32,
+            block_size=BS,
+            groups=groups,  # type: ignore[arg-type]
+            prefix_cache_retention_interval=interval,  # type: ignore[arg-type]
+        )
+
+
+def test_a_manager_from_the_config_retains_sparsely() -> None:
+    config = BlockManagerConfig(
+        num_blocks=32, block_size=BS, groups=tuple(GROUPS), prefix_cache_retention_interval=0
+    )
+    m = pagedkv.BlockManager.from_config(config)
+    m.allocate(0, PROMPT)
+    assert m.stats().groups[1].registered_blocks == 2
