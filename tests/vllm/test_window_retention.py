@@ -63,6 +63,20 @@ def test_good_settings_build(specs: list[KVCacheSpec], interval: int) -> None:
     assert build(KVCacheManager, specs, interval).core.num_groups == len(specs)
 
 
+def test_eagle_keeps_windows_dense_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """A documented gap (docs/vllm.md): vLLM shifts the tails for EAGLE; pagedkv caches the
+    window densely then, and logs it."""
+    m = KVCacheManager(
+        kv_cache_config=config(HYBRID, 0),
+        max_model_len=4096,
+        scheduler_block_size=BS,
+        hash_block_size=BS,
+        use_eagle=True,
+    )
+    assert m.retention_interval is None
+    assert "window groups with EAGLE stay dense" in caplog.text
+
+
 def run(cls: type[Any], interval: int | None) -> list[tuple[int, int]]:
     """A prompt of 8 blocks, freed; then three prompts sharing its first 4 blocks and
     each other's first 5, one after another, each computed whole and freed. Returns each

@@ -13,6 +13,7 @@ request's reachable positions. Same in vLLM 0.32, 0.33 and 0.34.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec, SlidingWindowSpec
@@ -20,6 +21,8 @@ from vllm.v1.request import Request
 
 if TYPE_CHECKING:
     from pagedkv.vllm.manager import KVCacheManager
+
+log = logging.getLogger(__name__)
 
 
 def core_interval(config: KVCacheConfig, scheduler_block_size: int, use_eagle: bool) -> int | None:
@@ -44,6 +47,14 @@ def core_interval(config: KVCacheConfig, scheduler_block_size: int, use_eagle: b
         raise ValueError(
             f"prefix_cache_retention_interval ({interval}) must be non-negative and a "
             f"multiple of scheduler_block_size ({scheduler_block_size})."
+        )
+    if any(isinstance(s, MambaSpec) for s in specs) or use_eagle:
+        # Gaps (docs/vllm.md, "Deliberate differences"): said once per manager built.
+        log.warning(
+            "pagedkv.vllm: prefix_cache_retention_interval=%s: %s stay dense (cache every "
+            "full block), so prefix hits may differ from vLLM's",
+            interval,
+            "window groups with EAGLE" if use_eagle and windows else "Mamba state groups",
         )
     if not windows or use_eagle:
         return None
