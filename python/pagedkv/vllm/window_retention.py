@@ -66,10 +66,11 @@ def junction(manager: KVCacheManager, request: Request, max_hit: int, hit: int) 
     is `hit`: the hit of the group its coordinator looks up first (full attention, else the
     first group), where it is longer; 0 otherwise. Only the sparse mask reads it, so it is
     0 when the core caches windows densely."""
-    if manager.retention_interval is None:
-        return 0
+    bs = manager.block_size
+    if manager.retention_interval is None or hit >= max_hit // bs * bs:
+        return 0  # dense, or no group serves more than the cap the hybrid hit reached
     n = request.num_tokens
-    keys = manager._keys(request, 0, min(manager._num_keys(request), n // manager.block_size))
+    keys = manager._keys(request, 0, min(manager._num_keys(request), n // bs))
     per_group = manager.core.lookup_blocks_per_group(
         range(n), block_hashes=keys, max_hit_tokens=max(max_hit, 0)
     )
