@@ -74,6 +74,7 @@ class BlockManager:
         eviction: _Eviction = "lru",
         tenants: bool = False,
         groups: Sequence[KVCacheGroup] | None = None,
+        prefix_cache_retention_interval: int | None = None,
     ) -> Self: ...
 
     # -- per-sequence operations ------------------------------------------------------------
@@ -93,6 +94,7 @@ class BlockManager:
         retention: Sequence[_RetentionRange] | None = None,
         decode_retention: tuple[_Int, float | None] | None = None,
         loaded_tokens: _Int = 0,
+        reachable_tokens: Sequence[_Int] | None = None,
     ) -> int | None:
         """Give a new sequence its blocks for the hit plus `num_new_tokens` prompt tokens
         (default all); returns the prefix-hit tokens, or None if full. `evicted` (with
@@ -102,7 +104,9 @@ class BlockManager:
         `max_hit_tokens` caps the hit; `register=False` holds registration until
         `register`; `loaded_tokens`: of the tokens scheduled past the hit, how many have KV
         loaded from outside (a group that skips leading tokens then needs only the hit
-        blocks it reads past them)."""
+        blocks it reads past them); `reachable_tokens` (with a sparse
+        `prefix_cache_retention_interval`): the positions a later hit can resume at, whose
+        window tails the window groups cache (default: the prompt less one token)."""
     def extend(
         self,
         seq_id: _Int,

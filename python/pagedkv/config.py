@@ -44,8 +44,8 @@ class BlockManagerConfig:
     Fields mirror `BlockManager(num_blocks, block_size=16, *, num_cpu_blocks=0,
     enable_prefix_caching=True, hash_algo="sha256", hash_seed=0, watermark=0.01,
     enable_kv_events=False, record_evictions=False, eviction="lru", tenants=False,
-    groups=None)`. Invalid values raise `InvalidArgumentError` (a `ValueError`); `groups` is
-    kept as a tuple.
+    groups=None, prefix_cache_retention_interval=None)`. Invalid values raise
+    `InvalidArgumentError` (a `ValueError`); `groups` is kept as a tuple.
     """
 
     num_blocks: int
@@ -60,6 +60,7 @@ class BlockManagerConfig:
     eviction: Eviction = "lru"
     tenants: bool = False
     groups: tuple[KVCacheGroup, ...] | None = None
+    prefix_cache_retention_interval: int | None = None
 
     def __post_init__(self) -> None:
         _require_int("num_blocks", self.num_blocks, 1)
@@ -86,6 +87,25 @@ class BlockManagerConfig:
         if self.groups is not None:
             # Frozen: set the validated tuple through object.__setattr__.
             object.__setattr__(self, "groups", check_groups(self.groups, self.block_size))
+        self._check_retention_interval()
+
+    def _check_retention_interval(self) -> None:
+        """As the constructor checks it (docs/semantics.md, "Window retention")."""
+        r = self.prefix_cache_retention_interval
+        if r is None:
+            return
+        _require_int("prefix_cache_retention_interval", r, 0, 1 << 31)
+        if not any(g.kind == "sliding_window" for g in self.groups or ()):
+            if r:
+                raise InvalidArgumentError(
+                    f"prefix_cache_retention_interval {r} applies to sliding-window groups "
+                    "and this layout has none: give 0 or None"
+                )
+        elif r % self.block_size:
+            raise InvalidArgumentError(
+                f"prefix_cache_retention_interval {r} must be 0, None or a multiple of the "
+                f"block size {self.block_size}"
+            )
 
     def constructor_kwargs(self) -> dict[str, Any]:
         """The keyword arguments (all but `num_blocks` and `block_size`) for the constructor."""

@@ -25,7 +25,7 @@ class BlockManager(_core.BlockManager):
 
     `BlockManager(num_blocks, block_size=16, *, num_cpu_blocks=0, enable_prefix_caching=True,
     hash_algo="sha256", hash_seed=0, watermark=0.01, enable_kv_events=False, record_evictions=False,
-    eviction="lru", tenants=False, groups=None)`.
+    eviction="lru", tenants=False, groups=None, prefix_cache_retention_interval=None)`.
     With `groups=[KVCacheGroup(...), ...]` each sequence holds one block table per group
     (hybrid models; docs/semantics.md, "KV-cache groups").
     Every method is safe to call from many threads at once.
@@ -49,6 +49,7 @@ class BlockManager(_core.BlockManager):
             eviction=config.eviction,
             tenants=config.tenants,
             groups=None if config.groups is None else list(config.groups),
+            prefix_cache_retention_interval=config.prefix_cache_retention_interval,
         )
 
     def tenant_stats(self) -> list[TenantStats]:

@@ -27,6 +27,7 @@ from pagedkv.events import BlockRemoved
 from pagedkv.stats import GroupStats, Stats
 from pagedkv_reference.hybrid_hit import first_needed, hybrid_hit
 from pagedkv_reference.manager import MAX_REFCOUNT, ReferenceBlockManager, _cdiv, _Seq
+from pagedkv_reference.window_retention import caches
 
 NULL = 0
 """The null block: the GPU table entry of a block its group no longer needs."""
@@ -72,6 +73,7 @@ class _GSeq(_Seq):
         c.hold = self.hold
         c.retention = self.retention
         c.tenant = self.tenant
+        c.reachable = self.reachable
         return c
 
 
@@ -158,6 +160,9 @@ class GroupedReferenceBlockManager(ReferenceBlockManager):
                 key = _key(g, seq.digests[i])
                 if b == self._null or key in self._index:
                     continue  # a released entry, or another block holds this content
+                group = self._groups[g]
+                if not caches(group, self._block_size, self._retention_interval, seq.reachable, i):
+                    continue  # a window block no later hit reads (sparse retention)
                 if seq.keyed and self._rc[b] > 1:
                     continue  # shared with forks, which may key it otherwise
                 self._index[key] = b

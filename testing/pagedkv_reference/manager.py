@@ -48,6 +48,7 @@ from pagedkv_reference.duties import Outcome, deliver
 from pagedkv_reference.event_log import EventLog
 from pagedkv_reference.eviction import EvictionPolicy, Priority, Quota, TenantQuotas, make_policy
 from pagedkv_reference.retention import RetentionSpec, int_arg, retention_arg, rust_f64
+from pagedkv_reference.window_retention import check_interval
 
 # `evicted=`: the list a block-taking call appends its (block, group, digest) evictions to.
 Evicted = list[tuple[int, int, bytes]]
@@ -413,6 +414,7 @@ class _Seq:
         "loaded",
         "lora_id",
         "max_hit",
+        "reachable",
         "retention",
         "salt",
         "scheduled",
@@ -441,6 +443,8 @@ class _Seq:
         # `allocate(retention=...)`: its spec and the prompt's length (priority eviction)
         self.retention: tuple[RetentionSpec, int] | None = None
         self.tenant = 0  # its tenant id (`tenants=True`; 0: unsalted, or no tenants)
+        # `allocate(reachable_tokens=)`: where a later hit can resume (sparse window retention)
+        self.reachable: list[int] = []
 
     @property
     def num_tokens(self) -> int:
@@ -458,6 +462,7 @@ class _Seq:
         c.hold = self.hold
         c.retention = self.retention
         c.tenant = self.tenant
+        c.reachable = self.reachable
         return c
 
 
@@ -490,6 +495,7 @@ class ReferenceBlockManager:
         eviction: str = "lru",
         tenants: bool = False,
         groups: Iterable[KVCacheGroup] | None = None,
+        prefix_cache_retention_interval: int | None = None,
     ) -> None:
         # Arguments in signature order (docs/inputs.md).
         self._num_blocks = _check_int(num_blocks, "num_blocks", 1, _I32_MAX + 1)
@@ -511,6 +517,11 @@ class ReferenceBlockManager:
         # them (`evicted=`; docs/tiers.md), else None
         self._duty: Evicted | None = None
         self._groups = () if groups is None else check_groups(groups, self._block_size)
+        self._retention_interval = check_interval(
+            self._groups or (KVCacheGroup("full"),),
+            self._block_size,
+            prefix_cache_retention_interval,
+        )
 
         n = self._num_blocks
         self._free: list[int] = list(range(n - 1, -1, -1))  # LIFO: pops 0, 1, 2, ...
@@ -1049,6 +1060,7 @@ class ReferenceBlockManager:
         retention: Sequence[tuple[int, int | None, int, float | None]] | None = None,
         decode_retention: tuple[int, float | None] | None = None,
         loaded_tokens: int = 0,
+        reachable_tokens: Sequence[int] | None = None,
     ) -> int | None:
         """Give a new sequence the blocks of its cache hit plus `num_new_tokens` prompt
         tokens (all by default); return the cached prompt tokens. `evicted`: see `_duties`.
@@ -1071,6 +1083,7 @@ class ReferenceBlockManager:
                     retention,
                     decode_retention,
                     loaded_tokens,
+                    reachable_tokens,
                 )
             )
 
@@ -1088,6 +1101,7 @@ class ReferenceBlockManager:
         retention: object = None,
         decode_retention: object = None,
         loaded_tokens: object = 0,
+        reachable_tokens: object = None,
     ) -> int | None:
         sid = _seq_id(seq_id)
         toks = _tokens(token_ids)
@@ -1099,17 +1113,27 @@ class ReferenceBlockManager:
         cap = _max_hit(max_hit_tokens)
         reg = _check_bool(register, "register")
         spec = retention_arg(retention, decode_retention)
+        reach = None
+        if reachable_tokens is not None:
+            assert isinstance(reachable_tokens, (list, tuple))
+            reach = [_check_int(p, "reachable_tokens", 0, _I32_MAX + 1) for p in reachable_tokens]
         n = len(toks)
         k = _fits_prompt(k, n)
         _no_extras_with_keys(keys, salt, lora)
         loaded = _loaded(loaded_tokens, n, k)
         self._check_retention_allowed(spec)
+        past = [p for p in reach or () if p > n]
+        if past:
+            raise InvalidArgumentError(
+                f"reachable position {past[0]} is past the prompt's {n} tokens"
+            )
         if keys is not None:
             _key_count(len(keys), n, self._block_size)
         if sid in self._seqs:
             raise DuplicateSequenceError(f"sequence id {sid} already exists")
         seq = self._prompt(toks, salt, lora, keys, cap)
         seq.loaded = loaded
+        seq.reachable = [n - 1] if reach is None else reach
         if spec is not None:
             seq.retention = (spec, n)
         if not reg:

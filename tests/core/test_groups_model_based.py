@@ -51,7 +51,13 @@ CONFIGS: dict[str, tuple[int, list[KVCacheGroup]]] = {
     # A chunk per block: every block boundary hits with nothing cached and a prompt holds
     # only its last block, so prompts longer than the pool fit.
     "chunked-only": (2, [KVCacheGroup("chunked_local", chunk=2)]),
+    # Sparse window retention (`RETENTION`): only the reachable tails, then those and
+    # 4-token segments' tails (a window of 3 reads 1 block of 2 tokens).
+    "window-sparse": (2, [FULL, KVCacheGroup("sliding_window", window=4)]),
+    "window-segments": (2, [KVCacheGroup("sliding_window", window=3), FULL]),
 }
+# `prefix_cache_retention_interval` per config (None, dense, for the others).
+RETENTION = {"window-sparse": 0, "window-segments": 4}
 MAX_SEQ = 6
 
 
@@ -159,6 +165,11 @@ def _call(
         if rng.random() < 0.5:
             # KV loaded past the hit (a connector's): now and then more than is scheduled.
             kw["loaded_tokens"] = rng.randint(0, (kw.get("num_new_tokens") or len(toks)) + 1)
+        if rng.random() < 0.4:
+            # Where later hits resume (sparse window retention); now and then past the prompt.
+            kw["reachable_tokens"] = [
+                rng.randint(0, len(toks) + 1) for _ in range(rng.randint(0, 2))
+            ]
         return "allocate", (sid, toks), kw
     release = {"release": False} if rng.random() < 0.3 else {}
     if op == 4:
@@ -237,6 +248,7 @@ def test_rust_matches_the_reference(config: str, seed: int) -> None:
         "enable_kv_events": True,
         "record_evictions": True,
         "groups": groups,
+        "prefix_cache_retention_interval": RETENTION.get(config),
     }
     if seed % 3 == 2:
         kw["enable_prefix_caching"] = False

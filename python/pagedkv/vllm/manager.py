@@ -44,6 +44,7 @@ from pagedkv.vllm.divergent import computed_blocks_for_connector
 from pagedkv.vllm.events import EventTranslator
 from pagedkv.vllm.layout import Layout
 from pagedkv.vllm.views import BlockPoolView, coordinator_view
+from pagedkv.vllm.window_retention import core_interval, junction, reachable
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -115,6 +116,8 @@ class KVCacheManager:
         )
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
+        # vLLM's sparse retention of window blocks (`window_retention`); None: dense.
+        self.retention_interval = core_interval(kv_cache_config, scheduler_block_size, use_eagle)
         self._core_mgr = _core.BlockManager(
             layout.core_num_blocks,
             layout.block_size,
@@ -122,6 +125,7 @@ class KVCacheManager:
             watermark=0.0,
             enable_kv_events=enable_kv_cache_events,
             groups=layout.core_groups,
+            prefix_cache_retention_interval=self.retention_interval,
         )
         # vLLM id = pagedkv id + offset (1 when pagedkv has no null block of its own).
         self.offset = layout.offset
@@ -202,15 +206,15 @@ class KVCacheManager:
     ) -> tuple[KVCacheBlocks, int, int]:
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
-        hit, ids, keys = self._longest_hit(
-            request, RELEASE.max_hit_length(request, max_cache_hit_length)
-        )
+        max_hit = RELEASE.max_hit_length(request, max_cache_hit_length)
+        hit, ids, keys = self._longest_hit(request, max_hit)
+        meet = junction(self, request, max_hit, hit)
         if not hit:
-            return self.empty_kv_cache_blocks, 0, 0
+            return self.empty_kv_cache_blocks, 0, meet
         off = self.offset
         per_group = self._per_group([[b + off for b in g] for g in ids], [])
         blocks = PagedKVCacheBlocks(per_group, lambda: self._views(per_group, keys, 0))
-        return blocks, hit, 0
+        return blocks, hit, meet
 
     def get_computed_blocks_for_connector(
         self, request: Request, max_cache_hit_length: int | None = None
@@ -463,6 +467,7 @@ class KVCacheManager:
             lookahead=need - upto,
             register=not delay,
             loaded_tokens=loaded,
+            reachable_tokens=reachable(self, request),
         )
         if got is None:
             if cross is not None:

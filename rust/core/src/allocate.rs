@@ -25,6 +25,10 @@ pub struct AllocateOpts<'a> {
     pub register: bool,
     /// Retention of the sequence's blocks (`retention`; the priority policy only).
     pub retention: Option<&'a RetentionSpec>,
+    /// Token positions (at most the prompt's length) a later hit can resume at: under
+    /// sparse retention (`Config::prefix_cache_retention_interval`) the window groups cache
+    /// the blocks a hit there reads (`policy::reach`). `None`: the prompt less one token.
+    pub reachable: Option<&'a [usize]>,
 }
 
 impl Default for AllocateOpts<'_> {
@@ -35,6 +39,7 @@ impl Default for AllocateOpts<'_> {
             lookahead: 0,
             register: true,
             retention: None,
+            reachable: None,
         }
     }
 }
@@ -104,6 +109,7 @@ impl BlockManager {
             lookahead,
             register: true,
             retention: None,
+            reachable: None,
         };
         self.allocate_with(id, tokens, &opts)
     }
@@ -124,6 +130,15 @@ impl BlockManager {
             q.check()?;
             q.check_loaded(n, k)?;
             self.check_retention_allowed(opts.retention)?;
+            if let Some(&p) = opts.reachable.and_then(|r| r.iter().find(|&&p| p > n)) {
+                return Err(crate::error::invalid(format!(
+                    "reachable position {p} is past the prompt's {n} tokens"
+                )));
+            }
+            let reachable: Option<Arc<[usize]>> = self.sparse_windows().then(|| {
+                opts.reachable
+                    .map_or_else(|| vec![n - 1].into(), Into::into)
+            });
             let lookahead = opts.lookahead;
             let bs = self.block_size();
             // Scheduled tokens for `h` hit blocks, and the blocks they and the lookahead need.
@@ -158,6 +173,7 @@ impl BlockManager {
                     let prompt = s.tokens.len();
                     s.set_retention(opts.retention.map(|r| Arc::new((r.clone(), prompt))));
                     s.set_tenant(tenant.id());
+                    s.set_reachable(reachable.clone());
                     if !opts.register {
                         // Blocks fit a u32 (tokens fit an i32): the cast is exact.
                         s.hold = hits as u32;

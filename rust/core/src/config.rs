@@ -23,6 +23,11 @@ pub struct Config {
     /// Group requests by cache salt: per-tenant statistics and quotas (`tenants`). The
     /// policy then runs per tenant, in locked mode even for LRU.
     pub tenants: bool,
+    /// vLLM's `prefix_cache_retention_interval` for sliding-window groups (`policy::reach`):
+    /// `None` caches every full block (dense), `Some(0)` only the blocks a hit at a
+    /// sequence's reachable positions reads, `Some(r)` those and the tail of every `r`-token
+    /// segment. Checked against the groups when the manager is built.
+    pub prefix_cache_retention_interval: Option<usize>,
 }
 
 /// Block ids must fit in a `u32` with one value spare, and in an `i32` for the int32 tables.
@@ -42,6 +47,7 @@ impl Config {
             record_evictions: false,
             eviction: EvictionKind::Lru,
             tenants: false,
+            prefix_cache_retention_interval: None,
         }
     }
 

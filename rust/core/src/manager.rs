@@ -180,6 +180,11 @@ impl BlockManager {
                 kinds.len()
             )));
         }
+        crate::policy::check_interval(
+            &kinds,
+            config.block_size,
+            config.prefix_cache_retention_interval,
+        )?;
         let null = kinds.iter().any(|k| *k != GroupKind::Full);
         if null && config.num_blocks < 2 {
             return Err(invalid(

@@ -65,6 +65,9 @@ struct Others {
     retention: Option<Arc<(RetentionSpec, usize)>>,
     /// Its tenant (`tenants`): the id of its cache salt; `UNSALTED` otherwise.
     tenant: u32,
+    /// Token positions a later hit can resume at, whose window tails its window groups cache
+    /// under sparse retention (`policy::reach`); shared by forks. Empty when dense.
+    reachable: Option<Arc<[usize]>>,
 }
 
 impl Others {
@@ -73,6 +76,7 @@ impl Others {
             && self.cpu.is_empty()
             && self.retention.is_none()
             && self.tenant == 0
+            && self.reachable.is_none()
     }
 }
 
@@ -161,6 +165,21 @@ impl Sequence {
     pub fn set_retention(&mut self, retention: Option<Arc<(RetentionSpec, usize)>>) {
         if retention.is_some() || self.others.is_some() {
             self.others_mut().retention = retention;
+        }
+    }
+
+    /// The positions a later hit can resume at (`allocate`'s `reachable`; empty when the
+    /// manager caches window groups densely).
+    pub fn reachable(&self) -> &[usize] {
+        self.others
+            .as_ref()
+            .and_then(|o| o.reachable.as_deref())
+            .unwrap_or(&[])
+    }
+
+    pub fn set_reachable(&mut self, reachable: Option<Arc<[usize]>>) {
+        if reachable.is_some() || self.others.is_some() {
+            self.others_mut().reachable = reachable;
         }
     }
 

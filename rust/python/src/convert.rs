@@ -656,6 +656,11 @@ pub fn max_hit_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
         .transpose()
 }
 
+/// Token positions (`reachable_tokens`): a sequence of ints in `[0, 2**31)`.
+pub fn positions(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<usize>> {
+    ints(obj, what, 0, i128::from(i32::MAX), "[0, 2**31)")
+}
+
 /// `loaded_tokens`: None (0) or an int `>= 0`.
 pub fn loaded_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
     obj.filter(|o| !o.is_none()).map_or(Ok(0), |o| {

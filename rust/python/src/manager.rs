@@ -3,8 +3,8 @@
 
 use crate::convert::{
     batch_tokens, block_ids, counts, flag, id_arg, int_arg, is_count, keys_arg, loaded_arg,
-    lookaheads, lora_arg, max_hit_arg, maybe_seq_id, opt_int_arg, opt_u64_arg, seq_id, seq_ids,
-    text, token_count, tokens, wrong_type, Given,
+    lookaheads, lora_arg, max_hit_arg, maybe_seq_id, opt_int_arg, opt_u64_arg, positions, seq_id,
+    seq_ids, text, token_count, tokens, wrong_type, Given,
 };
 use crate::errors::{invalid, IntoPy};
 use crate::numpy_api::numpy_api;
@@ -219,11 +219,11 @@ impl PyBlockManager {
             enable_prefix_caching=Given::Absent, hash_algo=Given::Absent, hash_seed=Given::Absent,
             watermark=Given::Absent, enable_kv_events=Given::Absent,
             record_evictions=Given::Absent, eviction=Given::Absent, tenants=Given::Absent,
-            groups=None),
+            groups=None, prefix_cache_retention_interval=None),
         text_signature = "(num_blocks, block_size=16, *, num_cpu_blocks=0, \
             enable_prefix_caching=True, hash_algo='sha256', hash_seed=0, watermark=0.01, \
             enable_kv_events=False, record_evictions=False, eviction='lru', tenants=False, \
-            groups=None)"
+            groups=None, prefix_cache_retention_interval=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -240,6 +240,7 @@ impl PyBlockManager {
         eviction: Given<'_>,
         tenants: Given<'_>,
         groups: Option<&Bound<'_, PyAny>>,
+        prefix_cache_retention_interval: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let max = i64::from(i32::MAX);
         // Struct fields are evaluated in order: the arguments' order (docs/inputs.md).
@@ -255,6 +256,11 @@ impl PyBlockManager {
             record_evictions: flag(&record_evictions, false, "record_evictions")?,
             eviction: eviction_arg(py, &text(&eviction, "lru", "eviction")?)?,
             tenants: flag(&tenants, false, "tenants")?,
+            prefix_cache_retention_interval: prefix_cache_retention_interval
+                .filter(|o| !o.is_none())
+                .map(|o| int_arg(o, "prefix_cache_retention_interval", 0, max))
+                .transpose()?
+                .map(|v| v as usize),
         };
         let kinds = groups
             .map(|g| groups_arg(py, g, config.block_size))
@@ -292,13 +298,19 @@ impl PyBlockManager {
     /// tokens (a state or window group) then needs only the hit blocks it reads past them, so
     /// a state group whose state arrives with the load takes none of the hit and the hit may
     /// run as deep as the full-attention groups' (docs/semantics.md, "Loaded tokens").
+    /// `reachable_tokens` (with `prefix_cache_retention_interval` not None): the token
+    /// positions, at most the prompt's length, where a later hit can resume; the window groups
+    /// cache the blocks a hit there reads (default: the prompt less one token;
+    /// docs/semantics.md, "Window retention").
     #[pyo3(
         signature = (seq_id, token_ids, *, num_new_tokens=None, cache_salt=None, lora_id=None,
             lookahead=Given::Absent, evicted=None, block_hashes=None, max_hit_tokens=None,
-            register=Given::Absent, retention=None, decode_retention=None, loaded_tokens=None),
+            register=Given::Absent, retention=None, decode_retention=None, loaded_tokens=None,
+            reachable_tokens=None),
         text_signature = "($self, seq_id, token_ids, *, num_new_tokens=None, cache_salt=None, \
             lora_id=None, lookahead=0, evicted=None, block_hashes=None, max_hit_tokens=None, \
-            register=True, retention=None, decode_retention=None, loaded_tokens=0)"
+            register=True, retention=None, decode_retention=None, loaded_tokens=0, \
+            reachable_tokens=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn allocate(
@@ -317,6 +329,7 @@ impl PyBlockManager {
         retention: Option<&Bound<'_, PyAny>>,
         decode_retention: Option<&Bound<'_, PyAny>>,
         loaded_tokens: Option<&Bound<'_, PyAny>>,
+        reachable_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<usize>> {
         let evicted = evicted_arg(evicted, self.records())?;
         let id = self::seq_id(seq_id)?;
@@ -329,6 +342,10 @@ impl PyBlockManager {
         let cap = max_hit_arg(max_hit_tokens)?;
         let register = flag(&register, true, "register")?;
         let retention = retention_arg(py, retention, decode_retention)?;
+        let reachable = reachable_tokens
+            .filter(|o| !o.is_none())
+            .map(|o| positions(o, "reachable_tokens"))
+            .transpose()?;
         let detach = toks.len() >= DETACH_MIN_TOKENS;
         let mut toks = toks;
         let opts = AllocateOpts {
@@ -343,6 +360,7 @@ impl PyBlockManager {
             lookahead,
             register,
             retention: retention.as_ref(),
+            reachable: reachable.as_deref(),
         };
         // The converted tokens move into the core on success: no second copy of a prompt.
         run_evicting(py, detach, evicted.as_ref(), || {

@@ -120,7 +120,7 @@ impl BlockManager {
         for g in 0..seq.num_groups() {
             for i in range.clone() {
                 let b = seq.table(g)[i];
-                if self.is_null(b) || self.shared_keyed(seq, b) {
+                if self.is_null(b) || self.shared_keyed(seq, b) || !self.caches(seq, g, i) {
                     continue;
                 }
                 let event = || self.stored_event_of(seq, g, i, Medium::Gpu);
@@ -138,6 +138,29 @@ impl BlockManager {
             counters::add(&self.counters.registered_blocks, new);
         }
         new
+    }
+
+    /// Whether group `g` caches block `i` of `seq` (every full block but a sliding window's
+    /// that no later hit reads, under sparse retention: `policy::reach`).
+    pub(crate) fn caches(&self, seq: &Sequence, g: usize, i: usize) -> bool {
+        let interval = self.config.prefix_cache_retention_interval;
+        interval.is_none()
+            || crate::policy::caches_block(
+                self.kinds[g],
+                i,
+                self.block_size(),
+                interval,
+                seq.reachable(),
+            )
+    }
+
+    /// Whether sequences keep their reachable positions: sparse retention with a window.
+    pub(crate) fn sparse_windows(&self) -> bool {
+        self.config.prefix_cache_retention_interval.is_some()
+            && self
+                .kinds
+                .iter()
+                .any(|k| matches!(k, crate::policy::GroupKind::SlidingWindow { .. }))
     }
 
     /// Take a block for group `g` with a unit the caller holds in `spare`.
