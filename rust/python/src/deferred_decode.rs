@@ -13,7 +13,7 @@
 //! queue first (`settle` also forgets the plans), so no call observes a sequence without a
 //! step already answered.
 
-use crate::engine_record::{token, PyEngineRecord, State};
+use crate::engine_record::{token_at, PyEngineRecord, State};
 use crate::errors::IntoPy;
 use pagedkv_core::{DecodeCall, Error};
 use pyo3::intern;
@@ -42,7 +42,7 @@ impl PyEngineRecord {
             return Ok(None);
         };
         let mgr = &self.mgr.get().inner;
-        let num_tokens = tokens.bind(py).len();
+        let num_tokens = tokens.bind(py).len()?;
         let bs = mgr.block_size();
         let caching = mgr.config().enable_prefix_caching;
         let mut st = self.state(py);
@@ -165,10 +165,10 @@ impl PyDeferredDecodes {
                 self.skip();
                 continue;
             };
-            let Some(list) = rec.tokens.as_ref() else {
+            let Some(buf) = rec.tokens.as_ref() else {
                 return Err(internal("a plan without the request's tokens")).py(py);
             };
-            tokens.push(token(&list.bind(py).get_item(plan.tokens.start)?)?);
+            tokens.push(token_at(buf.bind(py), plan.tokens.start)?);
             plans.push(plan);
             states.push(st);
         }

@@ -7,6 +7,8 @@ use crate::convert::{batch_tokens, id_arg, int_arg, keys_arg};
 use crate::errors::IntoPy;
 use crate::manager::PyBlockManager;
 use pagedkv_core::{nonblocking, DecodeCall, DecodePlan, EngineRecord, Error, SeqHandle};
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyList, PySlice, PyTuple};
@@ -37,10 +39,10 @@ pub struct PyEngineRecord {
     pub(crate) request: Py<PyAny>,
     /// What `decode` returns when a step added no table entry and nothing else is due.
     unchanged: Py<PyAny>,
-    /// vLLM's token list of the request (`_all_token_ids`, one list for the request's life),
-    /// read by the deferred steps without a lookup on the request; None for a request
-    /// without one, or once `decode` found the request holding another list.
-    pub(crate) tokens: Option<Py<PyList>>,
+    /// vLLM's token buffer of the request (`_all_token_ids`, one object for the request's
+    /// life: a list up to vLLM 0.33, an `array('i')` subclass from 0.34), read by the
+    /// deferred steps without a lookup on the request; None for a request without one.
+    pub(crate) tokens: Option<Py<PyAny>>,
     /// Set when `decode` found `tokens` replaced (then nothing is planned for the record).
     pub(crate) tokens_replaced: AtomicBool,
     /// vLLM ids are the core's plus this (vLLM reserves block 0).
@@ -67,6 +69,20 @@ pub(crate) fn attr_count(
     let v = obj.getattr(name)?;
     // The message's name is formatted only when there is a message to write.
     count(&v, "request attribute").or_else(|_| count(&v, &format!("request.{name}")))
+}
+
+/// Token `i` of a request's token buffer (`PyEngineRecord::tokens`): a list's item, or an
+/// int32 buffer's element read in place (vLLM 0.34's `TokenBuffer` indexes in Python).
+pub(crate) fn token_at(tokens: &Bound<'_, PyAny>, i: usize) -> PyResult<u32> {
+    if let Ok(list) = tokens.cast::<PyList>() {
+        return token(&list.get_item(i)?);
+    }
+    let buf = PyBuffer::<i32>::get(tokens)?;
+    let value = buf
+        .as_slice(tokens.py())
+        .and_then(|s| s.get(i).map(|c| c.get()))
+        .ok_or_else(|| PyIndexError::new_err(format!("token {i} of the request's buffer")))?;
+    u32::try_from(value).map_err(|_| PyValueError::new_err(format!("token id {value}")))
 }
 
 /// The request's token list: vLLM's list itself (its `all_token_ids` is a read-only
@@ -127,7 +143,7 @@ impl PyEngineRecord {
             .bind(py)
             .getattr(intern!(py, "_all_token_ids"))
             .ok()
-            .and_then(|l| l.cast_into::<PyList>().ok())
+            .filter(|t| t.is_instance_of::<PyList>() || PyBuffer::<i32>::get(t).is_ok())
             .map(Bound::unbind);
         Ok(Self {
             mgr: manager,
