@@ -10,6 +10,7 @@ mod numpy_api;
 mod objects;
 mod retention;
 mod router;
+mod router_keys;
 mod running;
 
 use pyo3::prelude::*;
