@@ -33,6 +33,7 @@ _Keys: TypeAlias = list[bytes] | tuple[bytes, ...]
 __all__ = [
     "BlockManager",
     "EngineRecord",
+    "HeldBlocks",
     "MrcStream",
     "RouterIndex",
     "RunningBatch",
@@ -438,6 +439,15 @@ _BlockHashes: TypeAlias = (
 )
 _Holder: TypeAlias = tuple[int | str, str | None, int, int]
 _Applied: TypeAlias = tuple[int, int, int, int, int, int, int]
+
+@final
+class HeldBlocks:
+    """The blocks one engine's KV event stream holds (integer hashes), for compact snapshots."""
+
+    def __new__(cls) -> Self: ...
+    def apply(self, payload: bytes) -> None: ...
+    def parts(self, per_part: int = 262144) -> list[bytes]: ...
+    def __len__(self) -> int: ...
 
 @disjoint_base
 class RouterIndex:

@@ -10,6 +10,7 @@ mod numpy_api;
 mod objects;
 mod retention;
 mod router;
+mod router_held;
 mod router_keys;
 mod running;
 
@@ -37,6 +38,9 @@ mod _core {
 
     #[pymodule_export]
     use crate::router::PyRouterIndex;
+
+    #[pymodule_export]
+    use crate::router_held::PyHeldBlocks;
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

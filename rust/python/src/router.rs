@@ -39,7 +39,7 @@ macro_rules! with_index {
 
 static PAYLOAD_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
-fn router_err(py: Python<'_>, e: RouterError) -> PyErr {
+pub(crate) fn router_err(py: Python<'_>, e: RouterError) -> PyErr {
     match e {
         RouterError::Payload(_) | RouterError::HashForm(_) => {
             match PAYLOAD_ERROR.import(py, "pagedkv.errors", "KVEventPayloadError") {
