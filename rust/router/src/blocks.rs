@@ -157,7 +157,13 @@ impl<K: BlockKey> BlockMap<K> {
     /// the shards between threads was slower on the 2-core benchmark machine under other
     /// jobs, and is not done.)
     pub fn set_many(&self, keys: &[K], slot: u32) -> Vec<K> {
-        // Counting sort by shard (the hash computed twice: cheaper than a second array).
+        let (sorted, starts) = self.by_shard(keys);
+        self.set_shards(&sorted, &starts, 0..SHARDS, slot)
+    }
+
+    /// `keys` with their hashes, ordered by shard (a counting sort; the hash computed twice,
+    /// cheaper than a second array), and where each shard's run starts.
+    fn by_shard(&self, keys: &[K]) -> (Vec<(u64, K)>, Vec<usize>) {
         let mut starts = vec![0usize; SHARDS + 1];
         for k in keys {
             starts[Self::shard_index(self.hash(k)) + 1] += 1;
@@ -173,7 +179,44 @@ impl<K: BlockKey> BlockMap<K> {
             sorted[at[s]] = (h, *k);
             at[s] += 1;
         }
-        self.set_shards(&sorted, &starts, 0..SHARDS, slot)
+        (sorted, starts)
+    }
+
+    /// Holder `slot` no longer holds any of `keys` (a dropped holder's log: many at once),
+    /// shard by shard as `set_many` goes; keys it did not hold are passed over.
+    pub fn unset_many(&self, keys: &[K], slot: u32) {
+        const AHEAD: usize = 8;
+        let (w, b) = word_bit(slot);
+        let (sorted, starts) = self.by_shard(keys);
+        for s in 0..SHARDS {
+            let run = &sorted[starts[s]..starts[s + 1]];
+            if run.is_empty() {
+                continue;
+            }
+            let mut t = self.shards[s]
+                .tables
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
+            for (i, &(h, key)) in run.iter().enumerate() {
+                if w == 0 {
+                    if let Some(&(next, _)) = run.get(i + AHEAD) {
+                        prefetch_line(t.first.slot_addr(next));
+                    }
+                    t.first.unset(&key, h, b, &self.hasher);
+                } else {
+                    let k = EntryKey {
+                        key,
+                        word: w as u32,
+                    };
+                    if let Some(bits) = t.more.get_mut(&k) {
+                        *bits &= !b;
+                        if *bits == 0 {
+                            t.more.remove(&k);
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// `set_many`'s work on shards `range` of `sorted` (keys by shard, shard s's from

@@ -393,9 +393,8 @@ impl<K: BlockKey> RouterIndex<K> {
         if live {
             self.slots.retire(h.slot);
         }
-        for k in std::mem::take(&mut h.log) {
-            self.blocks.unset(k, h.slot); // a block removed earlier: already clear
-        }
+        // A block removed earlier is already clear: unsetting it changes nothing.
+        self.unset_log(&std::mem::take(&mut h.log), h.slot);
         h.count = 0;
         if live {
             self.slots.set_live(h.slot);
@@ -408,10 +407,19 @@ impl<K: BlockKey> RouterIndex<K> {
             if live {
                 self.slots.retire(h.slot);
             }
-            for k in h.log {
-                self.blocks.unset(k, h.slot);
-            }
+            self.unset_log(&h.log, h.slot);
             self.slots.free(h.slot);
+        }
+    }
+
+    /// Clear `slot`'s bit of every block of `log`: shard by shard for a long log.
+    fn unset_log(&self, log: &[K], slot: u32) {
+        if log.len() >= BULK {
+            self.blocks.unset_many(log, slot);
+        } else {
+            for k in log {
+                self.blocks.unset(*k, slot);
+            }
         }
     }
 

@@ -92,3 +92,36 @@ fn a_compact_part_is_a_payload_anywhere_one_is_taken() {
     assert_eq!(after.rejected_payloads, before.rejected_payloads + 1);
     ix.check_invariants().unwrap();
 }
+
+/// Dropping a long log goes shard by shard (`unset_many`): a snapshot committed over an
+/// engine holding thousands of blocks (in word 0 and past it), then `AllBlocksCleared`,
+/// leave the other engines' bits and the invariants whole.
+#[test]
+fn long_logs_are_dropped_whole_and_only_theirs() {
+    for target in [3u64, 69] {
+        let old: Vec<u64> = (0..6000).map(|i| mix(2 << 40 | i)).collect();
+        let (ix, _) = build(target, &old, false);
+        let t = EngineKey::Int(target);
+        let shared: Vec<u64> = (0..50).map(|i| mix(7 * 1000 + i)).collect();
+        ix.begin_snapshot(&t);
+        let mut new: Vec<u64> = (0..3000).map(|i| mix(3 << 40 | i)).collect();
+        new.extend_from_slice(&shared);
+        ix.apply_staged_payload(&t, &compact::encode(Some("GPU"), 0, &new))
+            .unwrap();
+        ix.commit_snapshot(&t).unwrap();
+        ix.check_invariants().unwrap();
+        assert!(ix.match_prefix(&old[..1]).is_empty());
+        assert_eq!(ix.blocks_of(&t, Some("GPU"), 0).len(), 3050);
+        // Engine 7 still holds its own blocks, the snapshot's shared ones among them.
+        let hits = ix.match_prefix(&shared);
+        assert!(hits
+            .iter()
+            .any(|h| h.engine == EngineKey::Int(7) && h.blocks == 50));
+        ix.apply(&t, &[Event::Cleared]).unwrap();
+        ix.check_invariants().unwrap();
+        assert!(ix.blocks_of(&t, Some("GPU"), 0).is_empty());
+        let hits = ix.match_prefix(&shared);
+        assert_eq!(hits.len(), 1, "{hits:?}");
+        assert_eq!(ix.stats().memberships, 69 * 50);
+    }
+}
