@@ -10,14 +10,15 @@ docs/router.md, benches/results/issue34-router.md):
 
 - apply: block operations (blocks stored + removed) per second over the whole stream, from
   a fresh index (Dynamo's queue drained: a lookup after the last event);
-- lookup: one request's hashes (a list of ints) to each engine's matched blocks as a dict,
-  timed one by one from Python (p50, p99);
+- lookup: one request's hashes (a list of ints; for pagedkv also a uint64 array and its
+  bytes) to each engine's matched blocks as a dict, timed one by one from Python (p50, p99);
 - memory: resident memory the index adds, per membership, each measured alone in a process
   of its own (benches/router_memory.py);
 - decode: pagedkv's payloads decoded in Python (msgspec, pagedkv.kv_events.wire) against
   decoded and applied in Rust;
-- snapshot: 1 M blocks as pagedkv's publisher sends them (BlockStored batches of 256),
-  encoded and applied (staged, then committed).
+- snapshot: 1 M blocks as pagedkv's publisher sends them: in the usual form (BlockStored
+  batches of 256, encoded in Python) and compact (`HeldBlocks.parts()`, Rust), sent over
+  loopback ZMQ and applied (staged, then committed).
 """
 
 from __future__ import annotations
@@ -168,24 +169,28 @@ def test_lookup(benchmark: Any, impl: str, point: tuple[int, int], tmp_path: Pat
     lat.sort()
     _fig(point, impl, "lookup p50 us", lat[len(lat) // 2] / 1000)
     _fig(point, impl, "lookup p99 us", lat[len(lat) * 99 // 100] / 1000)
-    if impl == "pagedkv":  # the hashes as a numpy array: no per-int conversion
+    if impl == "pagedkv":  # the hashes as a uint64 array, and as its bytes: read in one copy
         import numpy as np
 
         arrays = [np.array(q, dtype=np.uint64) for q in queries]
-        lat = []
-        for _ in range(3):
-            for a in arrays:
-                t0 = clock()
-                ix.scores(a)
-                lat.append(clock() - t0)
-        lat.sort()
-        _fig(point, impl, "lookup p50 us (ndarray)", lat[len(lat) // 2] / 1000)
-        _fig(point, impl, "lookup p99 us (ndarray)", lat[len(lat) * 99 // 100] / 1000)
-    if impl == "dynamo":  # the same answers, every lookup
+        for form, qs in (("ndarray", arrays), ("bytes", [a.tobytes() for a in arrays])):
+            lat = []
+            for _ in range(3):
+                for a in qs:
+                    t0 = clock()
+                    ix.scores(a)
+                    lat.append(clock() - t0)
+            lat.sort()
+            _fig(point, impl, f"lookup p50 us ({form})", lat[len(lat) // 2] / 1000)
+            _fig(point, impl, f"lookup p99 us ({form})", lat[len(lat) * 99 // 100] / 1000)
+    if impl == "dynamo":  # the same answers, every lookup, in every form
+        import numpy as np
+
         _, ours = _built("pagedkv", point, tmp_path)
         for q in queries:
             got = {w: n for (w, _r), n in find(q).items()}
-            assert got == ours.scores(q)
+            a = np.array(q, dtype=np.uint64)
+            assert got == ours.scores(q) == ours.scores(a) == ours.scores(a.tobytes())
 
 
 @pytest.mark.parametrize("point", POINTS)
@@ -226,9 +231,10 @@ def test_decode(benchmark: Any, how: str, tmp_path: Path) -> None:
         benchmark.pedantic(apply, setup=lambda: ((RouterIndex(),), {}), rounds=3, iterations=1)
 
 
-def _snapshot_payloads(n: int) -> list[bytes]:
-    """`n` cached blocks as pagedkv's publisher sends a snapshot: one BlockStored per block
-    (its parent, 16 token ids), 256 to a batch, through its encoder (integer hashes)."""
+def _snapshot_payloads(n: int, salt: int = 0) -> list[bytes]:
+    """`n` cached blocks as pagedkv's publisher sends a snapshot in the usual form: one
+    BlockStored per block (its parent, 16 token ids), 256 to a batch, through its encoder
+    (integer hashes)."""
     from pagedkv.events import BlockStored
     from pagedkv.kv_events import WireEncoder
 
@@ -236,7 +242,7 @@ def _snapshot_payloads(n: int) -> list[bytes]:
     out, batch = [], []
     parent = None
     for i in range(n):
-        d = mix64(i).to_bytes(8, "big")  # an 8-byte digest: its integer hash is itself
+        d = mix64(i + salt).to_bytes(8, "big")  # an 8-byte digest: its integer hash is itself
         batch.append(BlockStored([d], parent, [7] * 16, 16, None))
         parent = None if i % 64 == 63 else d  # chains of 64 blocks
         if len(batch) == 256:
@@ -247,19 +253,63 @@ def _snapshot_payloads(n: int) -> list[bytes]:
     return out
 
 
-@pytest.mark.parametrize(
-    "blocks",
-    [
-        pytest.param(1_000_000, id="1M"),
-    ],
-)
-def test_snapshot(benchmark: Any, blocks: int) -> None:
-    """A snapshot of 1 M blocks: encoded as the publisher sends it (Python, msgspec), and
-    applied (staged beside the engine's blocks, then committed)."""
+def _held(n: int, salt: int = 0) -> Any:
+    """A publisher's `HeldBlocks` of `n` blocks (as its stream would have stored them)."""
+    from pagedkv import _core
+    from pagedkv.events import BlockStored
+    from pagedkv.kv_events import WireEncoder
+
+    enc = WireEncoder()
+    held = _core.HeldBlocks()
+    for s in range(0, n, 4096):
+        ds = [mix64(i + salt).to_bytes(8, "big") for i in range(s, min(n, s + 4096))]
+        held.apply(enc.batch([BlockStored(ds, None, [], 16, None, "GPU", 0)], ts=0.0))
+    assert len(held) == n
+    return held
+
+
+class _Loopback:
+    """A DEALER to ROUTER pair on loopback TCP, as a snapshot travels (publisher's ROUTER to
+    the follower's DEALER)."""
+
+    def __init__(self) -> None:
+        import zmq
+
+        ctx = zmq.Context.instance()
+        self.router, self.dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+        for sock in (self.router, self.dealer):
+            sock.setsockopt(zmq.LINGER, 0)
+        self.router.setsockopt(zmq.SNDHWM, 0)
+        self.router.bind("tcp://127.0.0.1:0")
+        self.dealer.connect(self.router.getsockopt_string(zmq.LAST_ENDPOINT))
+        self.dealer.send_multipart((b"", b"hello"))
+        self.client = self.router.recv_multipart()[0]
+
+    def send_all(self, parts: list[bytes]) -> list[bytes]:
+        """Send every part (as the publisher frames them), receive them all on the other side."""
+        seq = (0).to_bytes(8, "big")
+        for p in parts:
+            self.router.send_multipart((self.client, b"", b"topic", seq, p), copy=False)
+        return [bytes(self.dealer.recv_multipart(copy=False)[3].buffer) for _ in parts]
+
+    def close(self) -> None:
+        self.router.close()
+        self.dealer.close()
+
+
+SNAP = 1_000_000
+
+
+def test_snapshot_usual_form_encode(benchmark: Any) -> None:
+    """The usual form's encoding (Python, msgspec, one event a block), once: the before."""
     t0 = time.perf_counter()
-    payloads = _snapshot_payloads(blocks)
-    encode_s = time.perf_counter() - t0
-    benchmark.group = f"router snapshot: {blocks} blocks"
+    payloads = _snapshot_payloads(SNAP)
+    label = f"snapshot of {SNAP / 1e6:g} M blocks"
+    FIGURES.setdefault(label, {}).setdefault("pagedkv", {})["usual form encode s"] = (
+        time.perf_counter() - t0
+    )
+    ix = RouterIndex()
+    benchmark.group = f"router snapshot: {SNAP} blocks, usual form"
 
     def apply(ix: RouterIndex) -> None:
         ix.begin_snapshot("e")
@@ -269,13 +319,68 @@ def test_snapshot(benchmark: Any, blocks: int) -> None:
 
     benchmark.pedantic(apply, setup=lambda: ((RouterIndex(),), {}), rounds=3, iterations=1)
     stats = getattr(getattr(benchmark, "stats", None), "stats", None)
-    label = f"snapshot of {blocks / 1e6:g} M blocks"
-    FIGURES.setdefault(label, {}).setdefault("pagedkv", {})["encode s"] = encode_s
     if stats is not None:
-        FIGURES[label]["pagedkv"]["apply s"] = stats.median
-    ix = RouterIndex()
+        FIGURES[label]["pagedkv"]["usual form apply s"] = stats.median
     apply(ix)
-    assert ix.stats().memberships == blocks
+    assert ix.stats().memberships == SNAP
+
+
+def test_snapshot_compact_send(benchmark: Any) -> None:
+    """Sent: the publisher's `HeldBlocks` written as compact parts (Rust) and carried over
+    loopback TCP by ZMQ, from the request to the last part received."""
+    held = _held(SNAP)
+    link = _Loopback()
+    benchmark.group = f"router snapshot: {SNAP} blocks, compact"
+    got = benchmark.pedantic(lambda: link.send_all(held.parts()), rounds=5, iterations=1)
+    link.close()
+    stats = getattr(getattr(benchmark, "stats", None), "stats", None)
+    label = f"snapshot of {SNAP / 1e6:g} M blocks"
+    if stats is not None:
+        FIGURES.setdefault(label, {}).setdefault("pagedkv", {})["compact send ms"] = (
+            stats.median * 1000
+        )
+    ix = RouterIndex()
+    ix.begin_snapshot("e")
+    for p in got:
+        ix.apply_staged("e", p)
+    ix.commit_snapshot("e")
+    assert ix.stats().memberships == SNAP and sum(map(len, got)) > 8 * SNAP
+
+
+@pytest.mark.parametrize("over", ["fresh", "replacing"])
+def test_snapshot_compact_apply(benchmark: Any, over: str) -> None:
+    """Applied: the parts staged beside the engine's blocks and committed; into a fresh
+    index, or replacing 1 M other blocks the engine held (commit drops them)."""
+    parts = _held(SNAP).parts()
+    old = _held(SNAP, salt=1 << 40).parts() if over == "replacing" else []
+    benchmark.group = f"router snapshot: {SNAP} blocks, compact"
+
+    def load(p: list[bytes]) -> RouterIndex:
+        ix = RouterIndex()
+        if p:
+            _apply_snapshot(ix, p)
+        return ix
+
+    benchmark.pedantic(
+        _apply_snapshot, setup=lambda: ((load(old), parts), {}), rounds=5, iterations=1
+    )
+    stats = getattr(getattr(benchmark, "stats", None), "stats", None)
+    label = f"snapshot of {SNAP / 1e6:g} M blocks"
+    if stats is not None:
+        FIGURES.setdefault(label, {}).setdefault("pagedkv", {})[f"compact apply ms ({over})"] = (
+            stats.median * 1000
+        )
+    ix = load(old)
+    _apply_snapshot(ix, parts)
+    assert ix.stats().memberships == SNAP
+    ix.check_invariants()
+
+
+def _apply_snapshot(ix: RouterIndex, parts: list[bytes]) -> None:
+    ix.begin_snapshot("e")
+    for p in parts:
+        ix.apply_staged("e", p)
+    ix.commit_snapshot("e")
 
 
 def summary() -> list[str]:

@@ -1,5 +1,6 @@
 """Typed stubs of the Rust extension module `pagedkv._core` (checked by `mypy.stubtest`)."""
 
+from array import array
 from collections.abc import Sequence
 from typing import Any, Literal, Self, TypeAlias, final
 
@@ -34,6 +35,7 @@ __all__ = [
     "BlockReplay",
     "DeferredDecodes",
     "EngineRecord",
+    "HeldBlocks",
     "MrcStream",
     "RouterIndex",
     "RunningBatch",
@@ -492,9 +494,22 @@ class BlockReplay:
 # A router index's engine ids, block hashes (ints in [0, 2**64), or digest bytes) and one
 # holder's answer: (engine_id, medium, group, leading blocks held).
 _EngineId: TypeAlias = int | str
-_BlockHashes: TypeAlias = _Ints | list[bytes] | tuple[bytes, ...]
+# A lookup's hashes: ints (also any buffer of 8-byte unsigned ints, or bytes of whole 8-byte
+# hashes in native order), or digests.
+_BlockHashes: TypeAlias = (
+    _Ints | bytes | bytearray | memoryview | array[int] | list[bytes] | tuple[bytes, ...]
+)
 _Holder: TypeAlias = tuple[int | str, str | None, int, int]
 _Applied: TypeAlias = tuple[int, int, int, int, int, int, int]
+
+@final
+class HeldBlocks:
+    """The blocks one engine's KV event stream holds (integer hashes), for compact snapshots."""
+
+    def __new__(cls) -> Self: ...
+    def apply(self, payload: bytes) -> None: ...
+    def parts(self, per_part: int = 262144) -> list[bytes]: ...
+    def __len__(self) -> int: ...
 
 @disjoint_base
 class RouterIndex:
@@ -525,6 +540,10 @@ class RouterIndex:
     def remove_engine(self, engine_id: _EngineId) -> bool: ...
     def match_hashes(self, block_hashes: _BlockHashes) -> list[_Holder]:
         """Every holder of at least the first block, with its leading blocks held."""
+    def scores(
+        self, block_hashes: _BlockHashes, *, medium: str | None = "GPU", group: int = 0
+    ) -> dict[_EngineId, int]:
+        """Leading blocks held per engine in `medium` and `group` (Dynamo's `scores` shape)."""
     def match_tokens(
         self, token_ids: _TokenIds, *, cache_salt: _Salt = None, lora_id: _Int | None = None
     ) -> list[_Holder]: ...

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import zmq
 
+from pagedkv import _core
 from pagedkv.errors import InvalidArgumentError, KVEventsOverflowError
 from pagedkv.events import (
     DEFAULT_EVENT_CAPACITY,
@@ -42,6 +43,10 @@ from pagedkv.kv_events.blockset import BlockSet
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 # Requests on the replay socket besides vLLM's 8-byte start sequence number.
 SNAPSHOT = b"pagedkv-snapshot"
+# The same in compact parts (pagedkv-router's `compact.rs`: each holder's hashes packed),
+# written from the publisher's `HeldBlocks` in Rust; a publisher of digest hashes answers it
+# with the usual payloads (docs/events.md).
+SNAPSHOT_COMPACT = b"pagedkv-snapshot-compact"
 EPOCH = b"pagedkv-epoch"
 SNAPSHOT_CHUNK = 256  # BlockStored events per snapshot batch
 RESYNC_CHUNK = 4096  # events per batch of a resync
@@ -128,6 +133,8 @@ class Publisher:
             )
         )
         self.state = BlockSet()
+        # The same blocks in Rust, for compact snapshots (integer hashes only).
+        self._held = _core.HeldBlocks() if self.encoder.options.hash_form == "int" else None
         # (group, digest) -> (parent digest, token ids, lora id) of recent GPU blocks.
         self._memo: OrderedDict[tuple[int, bytes], tuple[bytes | None, list[int], int | None]]
         self._memo = OrderedDict()
@@ -143,6 +150,7 @@ class Publisher:
         self.dropped = 0
         self.replays = 0
         self.snapshots = 0
+        self.compact_snapshots = 0  # of `snapshots`, those sent in compact parts
         self.resyncs = 0
         self._resync_due = True  # the first round announces what the source holds already
         ctx = context or zmq.Context.instance()
@@ -264,6 +272,8 @@ class Publisher:
             # interval (5 ms) whenever this thread holds it through a long batch.
             time.sleep(0)
         payload = self.encoder.payload(structs)
+        if self._held is not None:
+            self._held.apply(payload)
         seq = self.next_seq
         self.next_seq += 1
         self.batches += 1
@@ -279,20 +289,30 @@ class Publisher:
         """Answer one request on the replay socket."""
         assert self._replay is not None
         frames = self._replay.recv_multipart()
-        if len(frames) != 3:
-            return
-        client, _, req = frames
+        if len(frames) == 3:
+            self._answer(frames[0], frames[2])
+
+    def _answer(self, client: bytes, req: bytes) -> None:
+        """Answer `client`'s request `req` (an epoch, a snapshot, a replay; else nothing)."""
         out = self._replay
+        assert out is not None
         if req == EPOCH:
             out.send_multipart((client, b"", EPOCH, _seq(self.epoch), _seq(self.next_seq)))
             return
-        if req == SNAPSHOT:
+        if req in (SNAPSHOT, SNAPSHOT_COMPACT):
             self.snapshots += 1
             resume = self.next_seq
-            out.send_multipart((client, b"", SNAPSHOT, _seq(self.epoch), _seq(resume)))
-            evs = self.state.snapshot_events(self.encoder)
-            for i in range(0, len(evs), SNAPSHOT_CHUNK):
-                payload = self.encoder.payload(evs[i : i + SNAPSHOT_CHUNK])
+            out.send_multipart((client, b"", req, _seq(self.epoch), _seq(resume)))
+            if req == SNAPSHOT_COMPACT and self._held is not None:
+                self.compact_snapshots += 1
+                payloads = self._held.parts()
+            else:
+                evs = self.state.snapshot_events(self.encoder)
+                payloads = [
+                    self.encoder.payload(evs[i : i + SNAPSHOT_CHUNK])
+                    for i in range(0, len(evs), SNAPSHOT_CHUNK)
+                ]
+            for payload in payloads:
                 out.send_multipart((client, b"", self.topic, _seq(resume), payload))
             out.send_multipart((client, b"", b"", END_SEQ, b""))
             return
@@ -335,4 +355,4 @@ class Publisher:
         self.close()
 
 
-__all__ = ["END_SEQ", "EPOCH", "SNAPSHOT", "EventSource", "Publisher"]
+__all__ = ["END_SEQ", "EPOCH", "SNAPSHOT", "SNAPSHOT_COMPACT", "EventSource", "Publisher"]

@@ -102,16 +102,20 @@ class Subscriber:
             raise RecoveryError("no answer from the replay socket")
         return self._req.recv_multipart()[1:]
 
+    # The request a snapshot is asked with (a subclass that applies compact parts asks for them).
+    snapshot_request = SNAPSHOT
+
     def snapshot(self) -> None:
         """Replace the block set with the publisher's and resume from its sequence number."""
         if self._req is None:
             raise RecoveryError("no replay endpoint: cannot take a snapshot")
-        self._ask(SNAPSHOT)
+        request = self.snapshot_request
+        self._ask(request)
         head = self._recv()
         if head[:2] == [b"", END_SEQ]:  # vLLM's replay: an unknown request, nothing to send
             self.snapshots_supported = False
             raise NoSnapshots("the publisher does not serve snapshots")
-        if len(head) != 3 or head[0] != SNAPSHOT:
+        if len(head) != 3 or head[0] != request:
             raise RecoveryError(f"bad snapshot header: {head!r}")
         self._snapshot_begin()
         try:

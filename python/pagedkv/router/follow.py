@@ -13,7 +13,8 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from pagedkv.errors import KVEventPayloadError
-from pagedkv.kv_events.subscriber import Subscriber
+from pagedkv.kv_events.publisher import SNAPSHOT, SNAPSHOT_COMPACT
+from pagedkv.kv_events.subscriber import RecoveryError, Subscriber
 
 if TYPE_CHECKING:
     from pagedkv.router.index import EngineId, RouterIndex
@@ -22,11 +23,25 @@ if TYPE_CHECKING:
 class _IndexSubscriber(Subscriber):
     """The reference subscriber, applying to one engine of a router index."""
 
+    # Compact parts: the index applies them in bulk, and the publisher writes them in Rust.
+    snapshot_request = SNAPSHOT_COMPACT
+
     def __init__(self, index: RouterIndex, engine_id: EngineId, **kwargs: Any) -> None:
         self._index, self._engine = index, engine_id
         self.batches = 0
         self.bad_payloads = 0  # payloads the index refused (counted in its stats too)
         super().__init__(**kwargs)
+
+    def snapshot(self) -> None:
+        try:
+            super().snapshot()
+        except RecoveryError as e:
+            # A pagedkv publisher older than compact snapshots leaves the request unanswered:
+            # ask in the usual form from now on (the caller resynchronises at the next
+            # message, as after any unanswered request).
+            if self.snapshot_request == SNAPSHOT_COMPACT and "no answer" in str(e):
+                self.snapshot_request = SNAPSHOT
+            raise
 
     def _apply(self, seq: int, payload: bytes) -> None:
         try:

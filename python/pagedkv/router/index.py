@@ -150,13 +150,6 @@ class RouterIndex(_core.RouterIndex):
         )
         return out
 
-    def scores(
-        self, block_hashes: _BlockHashes, *, medium: str | None = "GPU"
-    ) -> dict[EngineId, int]:
-        """Leading blocks held per engine in `medium`, group 0, for engines with any (the
-        shape of Dynamo's `OverlapScores.scores`)."""
-        return {e: n for e, m, g, n in self.match_hashes(block_hashes) if m == medium and not g}
-
     def stats(self) -> RouterStats:  # type: ignore[override]
         """Counters and memory by the index's own accounting (docs/router.md)."""
         return RouterStats(**super().stats())

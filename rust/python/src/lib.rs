@@ -12,6 +12,8 @@ mod numpy_api;
 mod objects;
 mod retention;
 mod router;
+mod router_held;
+mod router_keys;
 mod running;
 
 use pyo3::prelude::*;
@@ -44,6 +46,9 @@ mod _core {
 
     #[pymodule_export]
     use crate::router::PyRouterIndex;
+
+    #[pymodule_export]
+    use crate::router_held::PyHeldBlocks;
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

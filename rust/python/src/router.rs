@@ -5,9 +5,7 @@
 //! (`hash_form="int"`: vLLM's integer hashes; `"bytes"`: whole digests of the hash
 //! algorithm's width). Payloads and lookups release the GIL while the index works.
 
-use crate::convert::{
-    batch_tokens, lora_arg, opt_int_arg, opt_u64_arg, text, u64s, wrong_type, Given,
-};
+use crate::convert::{batch_tokens, lora_arg, opt_int_arg, opt_u64_arg, text, wrong_type, Given};
 use crate::errors::invalid;
 use crate::manager::{hash_algo_arg, salt_arg};
 use pagedkv_core::{encode_extras, BlockHasher};
@@ -41,7 +39,7 @@ macro_rules! with_index {
 
 static PAYLOAD_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
-fn router_err(py: Python<'_>, e: RouterError) -> PyErr {
+pub(crate) fn router_err(py: Python<'_>, e: RouterError) -> PyErr {
     match e {
         RouterError::Payload(_) | RouterError::HashForm(_) => {
             match PAYLOAD_ERROR.import(py, "pagedkv.errors", "KVEventPayloadError") {
@@ -95,34 +93,6 @@ fn applied<'py>(py: Python<'py>, a: Applied) -> PyResult<Bound<'py, PyTuple>> {
     )
 }
 
-/// An exact list of exact ints, each in [0, 2**64), read straight from the list (a lookup's
-/// hashes: the generic conversion costs about 28 ns an int, half of vLLM's hashes being above
-/// 2**63, its slow path; this one about 3). `None` for anything else, and for a list with a
-/// value out of range, which then goes the generic way (the same accepted inputs and errors).
-fn fast_u64s(obj: &Bound<'_, PyAny>) -> Option<Vec<u64>> {
-    let list = obj.cast_exact::<PyList>().ok()?;
-    let mut out = Vec::with_capacity(list.len());
-    for item in list.iter() {
-        let item = item.as_ptr();
-        // SAFETY: `item` is a live object (the iterator holds a reference); the exact-type
-        // check reads its type only. PyLong_AsUnsignedLongLong on an exact int runs no Python
-        // code; on a negative or too large value it sets OverflowError, cleared here before
-        // returning, so no exception leaks.
-        unsafe {
-            if pyo3::ffi::PyLong_CheckExact(item) == 0 {
-                return None;
-            }
-            let v = pyo3::ffi::PyLong_AsUnsignedLongLong(item);
-            if v == u64::MAX && !pyo3::ffi::PyErr_Occurred().is_null() {
-                pyo3::ffi::PyErr_Clear();
-                return None;
-            }
-            out.push(v);
-        }
-    }
-    Some(out)
-}
-
 /// Keys of a Python argument: ints, or bytes of the digest width.
 trait PyKey: BlockKey {
     fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Self>>;
@@ -132,7 +102,7 @@ trait PyKey: BlockKey {
 
 impl PyKey for u64 {
     fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Self>> {
-        fast_u64s(obj).map_or_else(|| u64s(obj, "block_hashes"), Ok)
+        crate::router_keys::int_keys(obj)
     }
 
     /// vLLM's integer hash of a digest: its low 64 bits, big-endian.
@@ -208,24 +178,54 @@ impl PyRouterIndex {
         ix: &RouterIndex<K>,
         keys: &[K],
     ) -> PyResult<Bound<'py, PyList>> {
+        let raw = self.walk(py, ix, keys);
+        let out = PyList::empty(py);
+        let mut failed = Ok(());
+        ix.name_hits(&raw, |h, e| {
+            if failed.is_err() {
+                return;
+            }
+            let medium = match ix.medium_name(h.medium).flatten() {
+                Some(m) => PyString::new(py, m).into_any(),
+                None => py.None().into_bound(py),
+            };
+            failed = out.append((engine_obj(py, e), medium, h.group, h.blocks));
+        });
+        failed?;
+        Ok(out)
+    }
+
+    /// `{engine_id: leading blocks held}` in `medium` and `group`, built here rather than
+    /// from `holders`' tuples: one dict item per engine, nothing else made.
+    fn scores_of<'py, K: PyKey>(
+        &self,
+        py: Python<'py>,
+        ix: &RouterIndex<K>,
+        keys: &[K],
+        medium: Option<&str>,
+        group: u16,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let raw = self.walk(py, ix, keys);
+        let out = PyDict::new(py);
+        let mut failed = Ok(());
+        ix.name_hits(&raw, |h, e| {
+            if failed.is_ok() && h.group == group && ix.medium_name(h.medium) == Some(medium) {
+                failed = out.set_item(engine_obj(py, e), h.blocks);
+            }
+        });
+        failed?;
+        Ok(out)
+    }
+
+    /// The raw walk; the GIL released for long requests.
+    fn walk<K: PyKey>(&self, py: Python<'_>, ix: &RouterIndex<K>, keys: &[K]) -> Vec<RawHit> {
         let mut raw: Vec<RawHit> = Vec::new();
         if keys.len() >= DETACH_AT {
             py.detach(|| ix.match_raw(keys, &mut raw));
         } else {
             ix.match_raw(keys, &mut raw);
         }
-        let out = PyList::empty(py);
-        for h in raw {
-            let Some(engine) = ix.with_engine_key(h.engine, |e| engine_obj(py, e)) else {
-                continue; // removed meanwhile
-            };
-            let medium = match ix.medium_name(h.medium).flatten() {
-                Some(m) => PyString::new(py, m).into_any(),
-                None => py.None().into_bound(py),
-            };
-            out.append((engine, medium, h.group, h.blocks))?;
-        }
-        Ok(out)
+        raw
     }
 
     fn token_keys<K: PyKey>(
@@ -401,6 +401,27 @@ impl PyRouterIndex {
         with_index!(self, ix => {
             let keys = PyKey::keys(block_hashes)?;
             self.holders(py, ix, &keys)
+        })
+    }
+
+    /// Leading blocks held per engine in `medium` and `group`, for the engines holding the
+    /// first of `block_hashes` there: `{engine_id: blocks}` (the shape of Dynamo's
+    /// `OverlapScores.scores`). The cheapest answer from Python: see `router_keys.rs` for the
+    /// forms of `block_hashes` read fastest.
+    #[pyo3(
+        signature = (block_hashes, *, medium = Some("GPU".to_owned()), group = 0),
+        text_signature = "(self, /, block_hashes, *, medium='GPU', group=0)"
+    )]
+    fn scores<'py>(
+        &self,
+        py: Python<'py>,
+        block_hashes: &Bound<'py, PyAny>,
+        medium: Option<String>,
+        group: u16,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        with_index!(self, ix => {
+            let keys = PyKey::keys(block_hashes)?;
+            self.scores_of(py, ix, &keys, medium.as_deref(), group)
         })
     }
 

@@ -10,8 +10,11 @@
 //!
 //! Word 0's tables are `table::Table`s, whose slot for a key is known before the probe: a
 //! walk prefetches the slots of the blocks a few positions ahead (`prefetch`), through a
-//! copy of each table's address kept in atomics beside the lock (read without it: a stale
-//! address only makes a useless prefetch, which never faults).
+//! copy of each table's address kept in atomics (read without the lock: a stale address only
+//! makes a useless prefetch, which never faults), and the line of the shard's lock with them.
+//! The copies are packed together (`Hint`, 16 bytes a shard, 4 KiB in all), apart from the
+//! shards' 128-byte cells: a lookup from Python finds the caches cleared of the index by the
+//! interpreter's own work between calls, and 64 lines of hints come back sooner than 256.
 
 use crate::key::{BlockKey, BuildKeyHasher, EntryKey};
 use crate::slots::word_bit;
@@ -41,14 +44,20 @@ struct Shard<K: BlockKey> {
     /// write lock (so "clear the last bit, then remove" and "find, then set a bit" never
     /// interleave); lookups read one entry at a time under the read lock.
     tables: RwLock<Tables<K>>,
-    /// `first`'s slots' address and mask, for prefetching only (never dereferenced). Written
-    /// (Relaxed) under the write lock when the table grows; read (Relaxed) without the lock.
-    hint_base: AtomicUsize,
-    hint_mask: AtomicUsize,
+}
+
+/// A shard's `first` table's slots' address and mask, for prefetching only (never
+/// dereferenced). Written (Relaxed) under the shard's write lock when the table grows; read
+/// (Relaxed) without the lock.
+#[derive(Default)]
+struct Hint {
+    base: AtomicUsize,
+    mask: AtomicUsize,
 }
 
 pub(crate) struct BlockMap<K: BlockKey> {
     shards: Box<[Shard<K>]>,
+    hints: Box<[Hint]>,
     hasher: BuildKeyHasher,
 }
 
@@ -61,10 +70,9 @@ impl<K: BlockKey> BlockMap<K> {
                         first: Table::new(),
                         more: HashMap::with_hasher(hasher),
                     }),
-                    hint_base: AtomicUsize::new(0),
-                    hint_mask: AtomicUsize::new(0),
                 })
                 .collect(),
+            hints: (0..SHARDS).map(|_| Hint::default()).collect(),
             hasher,
         }
     }
@@ -77,8 +85,13 @@ impl<K: BlockKey> BlockMap<K> {
     }
 
     #[inline]
+    fn shard_index(hash: u64) -> usize {
+        (hash >> 32) as usize & (SHARDS - 1)
+    }
+
+    #[inline]
     fn shard_of(&self, hash: u64) -> &Shard<K> {
-        &self.shards[(hash >> 32) as usize & (SHARDS - 1)]
+        &self.shards[Self::shard_index(hash)]
     }
 
     fn write(&self, hash: u64) -> RwLockWriteGuard<'_, Tables<K>> {
@@ -95,10 +108,13 @@ impl<K: BlockKey> BlockMap<K> {
     /// Ask the CPU for the slot a probe of the block of hash `hash` (in word 0) starts at.
     #[inline]
     pub fn prefetch(&self, hash: u64) {
-        let s = self.shard_of(hash);
-        let base = s.hint_base.load(Ordering::Relaxed);
+        let i = Self::shard_index(hash);
+        // The lock's line: the probe's read lock writes it.
+        prefetch_line((&self.shards[i].tables as *const RwLock<Tables<K>>).cast());
+        let h = &self.hints[i];
+        let base = h.base.load(Ordering::Relaxed);
         if base != 0 {
-            let mask = s.hint_mask.load(Ordering::Relaxed);
+            let mask = h.mask.load(Ordering::Relaxed);
             let at = base.wrapping_add((hash as usize & mask) * Table::<K>::slot_size());
             prefetch_line(at as *const u8);
         }
@@ -108,19 +124,16 @@ impl<K: BlockKey> BlockMap<K> {
     pub fn set(&self, key: K, slot: u32) -> bool {
         let (w, b) = word_bit(slot);
         let hash = self.hash(&key);
-        let shard = self.shard_of(hash);
-        let mut t = shard.tables.write().unwrap_or_else(|e| e.into_inner());
+        let mut t = self.write(hash);
         if w == 0 {
             let cap = t.first.capacity();
             let new = t.first.set(key, hash, b, &self.hasher);
             if t.first.capacity() != cap {
                 // Under the write lock; Relaxed: a hint, read without the lock.
-                shard
-                    .hint_base
+                let h = &self.hints[Self::shard_index(hash)];
+                h.base
                     .store(t.first.slot_addr(0) as usize, Ordering::Relaxed);
-                shard
-                    .hint_mask
-                    .store(t.first.capacity() - 1, Ordering::Relaxed);
+                h.mask.store(t.first.capacity() - 1, Ordering::Relaxed);
             }
             new
         } else {
@@ -135,6 +148,134 @@ impl<K: BlockKey> BlockMap<K> {
             *bits |= b;
             new
         }
+    }
+
+    /// Holder `slot` holds every key of `keys` (a snapshot's part: many at once); returns the
+    /// keys it did not hold before. The keys go shard by shard, each shard's lock taken once
+    /// and its table grown once, the next keys' slots prefetched: memory speed, where `set`
+    /// key by key pays a lock, a cold probe and the tables' doublings for each. (Splitting
+    /// the shards between threads was slower on the 2-core benchmark machine under other
+    /// jobs, and is not done.)
+    pub fn set_many(&self, keys: &[K], slot: u32) -> Vec<K> {
+        let (sorted, starts) = self.by_shard(keys);
+        self.set_shards(&sorted, &starts, 0..SHARDS, slot)
+    }
+
+    /// `keys` with their hashes, ordered by shard (a counting sort; the hash computed twice,
+    /// cheaper than a second array), and where each shard's run starts.
+    fn by_shard(&self, keys: &[K]) -> (Vec<(u64, K)>, Vec<usize>) {
+        let mut starts = vec![0usize; SHARDS + 1];
+        for k in keys {
+            starts[Self::shard_index(self.hash(k)) + 1] += 1;
+        }
+        for i in 0..SHARDS {
+            starts[i + 1] += starts[i];
+        }
+        let mut at = starts.clone();
+        let mut sorted = vec![(0u64, K::default()); keys.len()];
+        for k in keys {
+            let h = self.hash(k);
+            let s = Self::shard_index(h);
+            sorted[at[s]] = (h, *k);
+            at[s] += 1;
+        }
+        (sorted, starts)
+    }
+
+    /// Holder `slot` no longer holds any of `keys` (a dropped holder's log: many at once),
+    /// shard by shard as `set_many` goes; keys it did not hold are passed over.
+    pub fn unset_many(&self, keys: &[K], slot: u32) {
+        const AHEAD: usize = 8;
+        let (w, b) = word_bit(slot);
+        let (sorted, starts) = self.by_shard(keys);
+        for s in 0..SHARDS {
+            let run = &sorted[starts[s]..starts[s + 1]];
+            if run.is_empty() {
+                continue;
+            }
+            let mut t = self.shards[s]
+                .tables
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
+            for (i, &(h, key)) in run.iter().enumerate() {
+                if w == 0 {
+                    if let Some(&(next, _)) = run.get(i + AHEAD) {
+                        prefetch_line(t.first.slot_addr(next));
+                    }
+                    t.first.unset(&key, h, b, &self.hasher);
+                } else {
+                    let k = EntryKey {
+                        key,
+                        word: w as u32,
+                    };
+                    if let Some(bits) = t.more.get_mut(&k) {
+                        *bits &= !b;
+                        if *bits == 0 {
+                            t.more.remove(&k);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `set_many`'s work on shards `range` of `sorted` (keys by shard, shard s's from
+    /// `starts[s]`).
+    fn set_shards(
+        &self,
+        sorted: &[(u64, K)],
+        starts: &[usize],
+        range: std::ops::Range<usize>,
+        slot: u32,
+    ) -> Vec<K> {
+        const AHEAD: usize = 8;
+        let (w, b) = word_bit(slot);
+        let mut new = Vec::with_capacity(starts[range.end] - starts[range.start]);
+        for s in range {
+            let run = &sorted[starts[s]..starts[s + 1]];
+            if run.is_empty() {
+                continue;
+            }
+            let mut t = self.shards[s]
+                .tables
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
+            if w == 0 {
+                let cap = t.first.capacity();
+                t.first.reserve(run.len(), &self.hasher);
+                if t.first.capacity() != cap {
+                    // Under the write lock; Relaxed: a hint, read without the lock.
+                    let h = &self.hints[s];
+                    h.base
+                        .store(t.first.slot_addr(0) as usize, Ordering::Relaxed);
+                    h.mask.store(t.first.capacity() - 1, Ordering::Relaxed);
+                }
+                for (i, &(h, k)) in run.iter().enumerate() {
+                    if let Some(&(next, _)) = run.get(i + AHEAD) {
+                        prefetch_line(t.first.slot_addr(next));
+                    }
+                    if t.first.set(k, h, b, &self.hasher) {
+                        new.push(k);
+                    }
+                }
+            } else {
+                t.more.reserve(run.len());
+                for &(_, key) in run {
+                    let bits = t
+                        .more
+                        .entry(EntryKey {
+                            key,
+                            word: w as u32,
+                        })
+                        .or_insert(0);
+                    if *bits & b == 0 {
+                        *bits |= b;
+                        new.push(key);
+                    }
+                }
+            }
+        }
+        new
     }
 
     /// Holder `slot` no longer holds `key`; false if it did not (nothing changed).
@@ -214,6 +355,7 @@ impl<K: BlockKey> BlockMap<K> {
             .map(|s| {
                 let t = Self::read_shard(s);
                 std::mem::size_of::<Shard<K>>()
+                    + std::mem::size_of::<Hint>()
                     + t.first.capacity() * Table::<K>::slot_size()
                     + table_bytes(t.more.capacity(), two)
             })

@@ -16,6 +16,7 @@
 //! (lock-free reads).
 
 use crate::blocks::{malloc_size, table_bytes, BlockMap};
+use crate::compact;
 use crate::engine::{holder_id, EngineCell, EngineKey, EngineState, Holder, HolderId, Holders};
 use crate::error::RouterError;
 use crate::event::Event;
@@ -66,6 +67,10 @@ pub struct Applied {
     /// Events of an unknown type, skipped.
     pub unknown_events: u64,
 }
+
+/// A `BlockStored` of at least this many blocks (a compact snapshot part's) is set shard by
+/// shard (`BlockMap::set_many`) rather than block by block.
+const BULK: usize = 1024;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Target {
@@ -196,7 +201,13 @@ impl<K: BlockKey> RouterIndex<K> {
         payload: &[u8],
         target: Target,
     ) -> Result<Applied, RouterError> {
-        let batch = match wire::decode::<K>(payload) {
+        // A compact snapshot part (pagedkv's, `compact.rs`) or a vLLM payload.
+        let decoded = if compact::is_compact(payload) {
+            compact::decode::<K>(payload)
+        } else {
+            wire::decode::<K>(payload)
+        };
+        let batch = match decoded {
             Ok(b) => b,
             Err(e) => {
                 self.counters
@@ -308,6 +319,17 @@ impl<K: BlockKey> RouterIndex<K> {
                                         a.orphans += 1;
                                     }
                                 }
+                                if hashes.len() >= BULK {
+                                    // A snapshot's part: shard by shard (`set_many`).
+                                    let new = self.blocks.set_many(hashes, h.slot);
+                                    h.log.extend_from_slice(&new);
+                                    h.count += new.len();
+                                    let stored = new.len() as u64;
+                                    a.stored += stored;
+                                    a.duplicates += hashes.len() as u64 - stored;
+                                    tail = hashes.last().map(|k| (*id, *k));
+                                    continue;
+                                }
                                 let prefetch = h.slot < 64; // word 0's tables
                                 for (i, k) in hashes.iter().enumerate() {
                                     if prefetch {
@@ -371,9 +393,8 @@ impl<K: BlockKey> RouterIndex<K> {
         if live {
             self.slots.retire(h.slot);
         }
-        for k in std::mem::take(&mut h.log) {
-            self.blocks.unset(k, h.slot); // a block removed earlier: already clear
-        }
+        // A block removed earlier is already clear: unsetting it changes nothing.
+        self.unset_log(&std::mem::take(&mut h.log), h.slot);
         h.count = 0;
         if live {
             self.slots.set_live(h.slot);
@@ -386,10 +407,19 @@ impl<K: BlockKey> RouterIndex<K> {
             if live {
                 self.slots.retire(h.slot);
             }
-            for k in h.log {
-                self.blocks.unset(k, h.slot);
-            }
+            self.unset_log(&h.log, h.slot);
             self.slots.free(h.slot);
+        }
+    }
+
+    /// Clear `slot`'s bit of every block of `log`: shard by shard for a long log.
+    fn unset_log(&self, log: &[K], slot: u32) {
+        if log.len() >= BULK {
+            self.blocks.unset_many(log, slot);
+        } else {
+            for k in log {
+                self.blocks.unset(*k, slot);
+            }
         }
     }
 

@@ -21,6 +21,15 @@ pub trait BlockKey: Copy + Eq + Hash + Default + Send + Sync + Debug + 'static {
     /// The key of a wire byte string (the digest forms only, and only of their width).
     fn from_bytes(b: &[u8]) -> Option<Self>;
 
+    /// Bytes per key in a compact snapshot (`compact.rs`): 8 for the integer form.
+    const PACKED: usize;
+
+    /// The key as a compact snapshot writes it (an integer little-endian, a digest as is).
+    fn pack(&self, out: &mut Vec<u8>);
+
+    /// The key of `PACKED` bytes written by `pack`.
+    fn unpack(b: &[u8]) -> Self;
+
     /// 64 bits that stand for the key in hashing (keys are hashes already: no need to read
     /// all of a digest, but every byte is folded in so that a key chosen by its low bytes
     /// alone does not cluster).
@@ -29,6 +38,15 @@ pub trait BlockKey: Copy + Eq + Hash + Default + Send + Sync + Debug + 'static {
 
 impl BlockKey for u64 {
     const WIDTH: usize = 0;
+    const PACKED: usize = 8;
+
+    fn pack(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_le_bytes());
+    }
+
+    fn unpack(b: &[u8]) -> Self {
+        u64::from_le_bytes(b.try_into().expect("8 bytes"))
+    }
 
     fn from_int(v: u64) -> Option<Self> {
         Some(v)
@@ -47,6 +65,15 @@ macro_rules! digest_key {
     ($n:expr) => {
         impl BlockKey for [u8; $n] {
             const WIDTH: usize = $n;
+            const PACKED: usize = $n;
+
+            fn pack(&self, out: &mut Vec<u8>) {
+                out.extend_from_slice(self);
+            }
+
+            fn unpack(b: &[u8]) -> Self {
+                b.try_into().expect("the key's width")
+            }
 
             fn from_int(_: u64) -> Option<Self> {
                 None

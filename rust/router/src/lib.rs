@@ -8,7 +8,8 @@
 //! any number of threads while events apply (docs/router.md).
 //!
 //! The parts, one file each: `key` (block keys and the maps' hasher), `msgpack` and `wire`
-//! (vLLM's payloads decoded), `event`, `slots` (holder slots: bits, liveness, generations),
+//! (vLLM's payloads decoded), `compact` (pagedkv's compact snapshot parts) and `held` (a
+//! publisher's record of its blocks, written out as such parts), `event`, `slots` (holder slots: bits, liveness, generations),
 //! `blocks` (the block map) and `table` (its hash table), `engine` (engines and their holders), `media` (medium names),
 //! `index` (applying events, snapshots, removal), `lookup` (prefix matches), `stats`.
 //!
@@ -18,9 +19,11 @@
 //! `Stats` reports both by the structure's own accounting (the tables' capacities).
 
 mod blocks;
+pub mod compact;
 mod engine;
 mod error;
 mod event;
+mod held;
 mod index;
 mod key;
 mod lookup;
@@ -34,6 +37,7 @@ pub mod wire;
 pub use engine::EngineKey;
 pub use error::RouterError;
 pub use event::Event;
+pub use held::HeldSet;
 pub use index::{Applied, Config, RouterIndex};
 pub use key::BlockKey;
 pub use lookup::{Hit, RawHit};

@@ -17,7 +17,7 @@ use crate::slots::unpack_meta;
 
 /// How many blocks ahead of the probe a walk prefetches: enough misses in flight to cover a
 /// memory latency at the probe's pace.
-const AHEAD: usize = 8;
+const AHEAD: usize = 16;
 
 /// One holder's answer, with the engine as its handle (`RouterIndex::with_engine_key` names it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -133,6 +133,17 @@ impl<K: BlockKey> RouterIndex<K> {
                 })
             })
             .collect()
+    }
+
+    /// Run `f` on each hit of `raw` with its engine's key, skipping engines removed meanwhile
+    /// (the names map pinned once for all: no clone, no lock).
+    pub fn name_hits(&self, raw: &[RawHit], mut f: impl FnMut(&RawHit, &EngineKey)) {
+        let names = self.names.pin();
+        for h in raw {
+            if let Some(e) = names.get(&h.engine) {
+                f(h, e);
+            }
+        }
     }
 
     /// Run `f` on the key of engine handle `engine`, if it is still known (no clone, no lock).

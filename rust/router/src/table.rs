@@ -139,7 +139,22 @@ impl<K: Copy + Eq + std::hash::Hash + Default> Table<K> {
     }
 
     fn grow(&mut self, hasher: &BuildKeyHasher) {
-        let cap = (self.slots.len() * 2).max(16);
+        self.rebuild((self.slots.len() * 2).max(16), hasher);
+    }
+
+    /// Make room for `additional` more entries at once (one rebuild, not one per doubling).
+    pub fn reserve(&mut self, additional: usize, hasher: &BuildKeyHasher) {
+        let want = self.len + additional;
+        let mut cap = self.slots.len().max(16);
+        while want * 4 > cap * 3 {
+            cap *= 2;
+        }
+        if cap != self.slots.len() {
+            self.rebuild(cap, hasher);
+        }
+    }
+
+    fn rebuild(&mut self, cap: usize, hasher: &BuildKeyHasher) {
         let empty = Slot {
             key: K::default(),
             bits: 0,
