@@ -115,29 +115,23 @@ impl BlockManager {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use crate::config::Config;
+    use crate::engine_record::tests as records;
     use crate::engine_record::{DecodeCall, DecodeOut, EngineRecord};
     use crate::manager::BlockManager;
 
+    /// vLLM's decode call of one token (keys planned without reading them).
     fn call(computed: usize) -> DecodeCall {
         DecodeCall {
-            computed,
-            new_tokens: 1,
-            lookahead: 0,
-            num_tokens: computed + 1,
             num_keys: usize::MAX,
-            max_len: 1 << 20,
-            in_flight: 0,
+            ..records::call(computed, 1, computed + 1)
         }
     }
 
+    /// A record with no key handed over.
     fn record(known: usize) -> EngineRecord {
         EngineRecord {
-            seq: 1,
-            known,
-            scheduled: known,
             keys: 0,
-            table_len: known.div_ceil(4),
-            held: false,
+            ..records::record(known)
         }
     }
 

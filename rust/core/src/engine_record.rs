@@ -249,11 +249,12 @@ impl BlockManager {
 }
 
 #[cfg(all(test, not(loom)))]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::Config;
 
-    fn call(computed: usize, new_tokens: usize, num_tokens: usize) -> DecodeCall {
+    /// An engine's decode call (block size 4: a key per 4 tokens).
+    pub(crate) fn call(computed: usize, new_tokens: usize, num_tokens: usize) -> DecodeCall {
         DecodeCall {
             computed,
             new_tokens,
@@ -265,7 +266,8 @@ mod tests {
         }
     }
 
-    fn record(known: usize) -> EngineRecord {
+    /// A record of sequence 1 with `known` tokens, all scheduled (block size 4).
+    pub(crate) fn record(known: usize) -> EngineRecord {
         EngineRecord {
             seq: 1,
             known,
