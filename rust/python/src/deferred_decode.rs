@@ -262,7 +262,10 @@ impl PyDeferredDecodes {
         self.primed.bind(py).clear();
         self.apply_queued(py)?;
         let primed = self.primed.bind(py);
-        for (rid, rec) in self.records.bind(py).iter() {
+        // A copy of the entries: a record's lock may release the GIL while it waits, and
+        // another thread may then add or remove records.
+        let entries: Vec<_> = self.records.bind(py).iter().collect();
+        for (rid, rec) in entries {
             if let Some(computed) = rec.cast::<PyEngineRecord>()?.get().prime(py)? {
                 primed.set_item(rid, computed)?;
             }
