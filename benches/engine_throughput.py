@@ -12,7 +12,9 @@ among groups of 8, 64 generated tokens each, greedy), after a warm-up generate: 
 passes over an emptied prefix cache, the fastest kept; the median over rounds is reported,
 per wall-clock second and per second of the process's CPU time (the engine runs in the
 process with one OpenMP thread: on a shared machine the wall clock also counts the time other
-jobs held the CPU, the CPU clock does not).
+jobs held the CPU, the CPU clock does not), and the scheduler's own thread CPU time per
+generated token (`schedule` and `update_from_output`, which hold the KV-cache manager: the
+only code that differs between the two engines).
 """
 
 from __future__ import annotations
@@ -30,6 +32,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 GEN_TOKENS = 64
 REPEATS = 3
+
+
+def _time_scheduler(scheduler: object) -> list[float]:
+    """Wrap the scheduler's two per-step calls to add their thread CPU time to the returned
+    cell (one clock read before and after each call, two calls a step)."""
+    spent = [0.0]
+    for name in ("schedule", "update_from_output"):
+        fn = getattr(scheduler, name)
+
+        def timed(*args: object, _fn: object = fn, **kwargs: object) -> object:
+            t = time.thread_time()
+            try:
+                return _fn(*args, **kwargs)  # type: ignore[operator]
+            finally:
+                spent[0] += time.thread_time() - t
+
+        setattr(scheduler, name, timed)
+    return spent
 
 
 def _child(model: str, seqs: int) -> None:
@@ -56,16 +76,20 @@ def _child(model: str, seqs: int) -> None:
     # Several timed passes, the fastest kept: on a shared machine one pass of a few seconds
     # swung 3x between two runs of the same kind. The cache is reset before each pass so
     # that every pass does the same work.
-    rates, cpu_rates = [], []
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    sched_cpu = _time_scheduler(scheduler)
+    rates, cpu_rates, sched_per_token = [], [], []
     for _ in range(REPEATS):
         llm.reset_prefix_cache()
+        sched_cpu[0] = 0.0
         start, cpu_start = time.perf_counter(), time.process_time()
         out = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         generated = sum(len(o.outputs[0].token_ids) for o in out)
         rates.append(generated / elapsed)
         cpu_rates.append(generated / cpu)
-    sched = type(llm.llm_engine.engine_core.engine_core.scheduler).__module__
+        sched_per_token.append(sched_cpu[0] / generated)
+    sched = type(scheduler).__module__
     print(
         json.dumps(
             {
@@ -74,6 +98,10 @@ def _child(model: str, seqs: int) -> None:
                 # thread): what the engine does with the CPU it gets, which other jobs on a
                 # shared machine move far less than the wall clock.
                 "tokens_per_cpu_s": max(cpu_rates),
+                # The only code that differs between the two engines: the scheduler with its
+                # KV-cache manager (`schedule` and `update_from_output`), thread CPU time per
+                # generated token, least of the passes.
+                "scheduler_cpu_us_per_token": min(sched_per_token) * 1e6,
                 "generated": generated,
                 "scheduler_module": sched,
             }
@@ -124,13 +152,16 @@ def main() -> int:
         for seqs in ns.seqs:
             runs: dict[str, list[float]] = {"stock": [], "pagedkv": []}
             cpu_runs: dict[str, list[float]] = {"stock": [], "pagedkv": []}
+            sched_runs: dict[str, list[float]] = {"stock": [], "pagedkv": []}
             for _ in range(ns.rounds):
                 for kind in ("stock", "pagedkv"):
                     got = _measure(model_dir, seqs, kind)
                     runs[kind].append(got["tokens_per_s"])
                     cpu_runs[kind].append(got["tokens_per_cpu_s"])
+                    sched_runs[kind].append(got["scheduler_cpu_us_per_token"])
             med = {k: statistics.median(v) for k, v in runs.items()}
             cpu_med = {k: statistics.median(v) for k, v in cpu_runs.items()}
+            sched_med = {k: statistics.median(v) for k, v in sched_runs.items()}
             table[seqs] = {
                 "runs": runs,
                 "median": med,
@@ -138,13 +169,17 @@ def main() -> int:
                 "cpu_runs": cpu_runs,
                 "cpu_median": cpu_med,
                 "cpu_ratio": cpu_med["pagedkv"] / cpu_med["stock"],
+                "scheduler_cpu_us_per_token": sched_runs,
+                "scheduler_median": sched_med,
             }
             print(
                 f"{seqs:5d} seqs: stock {med['stock']:8.1f} tok/s, pagedkv "
                 f"{med['pagedkv']:8.1f} tok/s, pagedkv/stock {table[seqs]['ratio']:.3f}; "
                 f"per CPU-second stock {cpu_med['stock']:8.1f}, pagedkv "
-                f"{cpu_med['pagedkv']:8.1f}, pagedkv/stock {table[seqs]['cpu_ratio']:.3f} "
-                f"(runs: {runs}; CPU: {cpu_runs})",
+                f"{cpu_med['pagedkv']:8.1f}, pagedkv/stock {table[seqs]['cpu_ratio']:.3f}"
+                f"; scheduler CPU per token stock {sched_med['stock']:.1f} us, pagedkv "
+                f"{sched_med['pagedkv']:.1f} us (runs: {runs}; CPU: {cpu_runs}; scheduler: "
+                f"{sched_runs})",
                 flush=True,
             )
     if ns.out:
