@@ -33,6 +33,7 @@ from typing import Any, cast
 import numpy as np
 
 from pagedkv.config import BlockManagerConfig
+from pagedkv.sim.ablate_names import BLOCK_SIZES
 from pagedkv.sim.ablate_reclaim import WindowReclaim
 from pagedkv.sim.ablate_timing import CallLog, replay_cpu
 from pagedkv.sim.factory import make_manager
@@ -42,7 +43,6 @@ from pagedkv.sim.requests import Workload
 from pagedkv.sim.scheduler import ManagerLike, run_workload
 from pagedkv.sim.tier_run import TierDriver, TierOptions
 
-BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
 ABLATE_CPU_BLOCKS = 512  # the swap row when the configuration has none
 
 
