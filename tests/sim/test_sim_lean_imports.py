@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from pagedkv.sim.ablate_claims import CLAIMS
-from pagedkv.sim.ablate_names import CLAIM_NAMES
+from pagedkv.sim.option_names import CLAIM_NAMES
 
 # Modules that the pure cache replay's path never calls; each was imported by it before.
 NOT_NEEDED = (
@@ -27,6 +27,9 @@ NOT_NEEDED = (
     "pagedkv.sim.policies",
     "pagedkv.sim.live",
     "pagedkv.sim.model_run",
+    "pagedkv.sim.tier_run",
+    "pagedkv.sim.mrc_fast",
+    "pagedkv.sim.mrc",
     "pagedkv.tiers",
     "pagedkv.router",
     "multiprocessing",
@@ -86,6 +89,6 @@ def test_the_scheduled_replay_still_imports_its_runs(mooncake_trace: Path) -> No
 
 
 def test_the_claim_names_are_the_claims() -> None:
-    """`--ablate-claims` accepts the names of `ablate_names` without importing the claims:
+    """`--ablate-claims` accepts the names of `option_names` without importing the claims:
     they must be `CLAIMS`' keys, in order."""
     assert tuple(CLAIMS) == CLAIM_NAMES

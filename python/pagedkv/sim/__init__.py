@@ -32,7 +32,11 @@ One idea per module:
 - `check_bound`: when a sizing check run can no longer pass (it stops there);
 - `sizing_jobs`: `--mrc` from start to end, its runs in parallel processes, Ctrl-C and the
   JSON saved after every run;
+- `option_names`: what the commands' options accept, apart from the runs behind them;
 - `cli`: the `simulate` command's options and main loop.
+
+Each command's runs are imported when it runs, so that `--mrc-only` on a trace of ids (the
+pure cache replay, `sizing_blocks`) imports no scheduler, tier or worker pool.
 """
 
 from __future__ import annotations

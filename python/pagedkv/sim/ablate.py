@@ -33,11 +33,11 @@ from typing import Any, cast
 import numpy as np
 
 from pagedkv.config import BlockManagerConfig
-from pagedkv.sim.ablate_names import BLOCK_SIZES
 from pagedkv.sim.ablate_reclaim import WindowReclaim
 from pagedkv.sim.ablate_timing import CallLog, replay_cpu
 from pagedkv.sim.factory import make_manager
 from pagedkv.sim.kv_bytes import KVBytes
+from pagedkv.sim.option_names import BLOCK_SIZES
 from pagedkv.sim.report import add_memory, figures
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.scheduler import ManagerLike, run_workload

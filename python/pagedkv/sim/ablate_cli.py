@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pagedkv.config import BlockManagerConfig
-from pagedkv.sim.ablate_names import BLOCK_SIZES, CLAIM_NAMES
+from pagedkv.sim.option_names import BLOCK_SIZES, CLAIM_NAMES
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.sizing_cli import wants_mrc
 from pagedkv.sim.units import parse_bytes

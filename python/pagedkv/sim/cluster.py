@@ -34,9 +34,9 @@ import numpy.typing as npt
 
 from pagedkv.config import BlockManagerConfig
 from pagedkv.sim.cluster_index import ClusterIndex, index_routing_available
-from pagedkv.sim.cluster_names import REMOTE_TTL, TIER_MODES
 from pagedkv.sim.cluster_tier import MAX_NODES, TieredNode, entry_bytes
 from pagedkv.sim.factory import make_manager
+from pagedkv.sim.option_names import REMOTE_TTL, TIER_MODES
 from pagedkv.sim.requests import Request, Workload
 from pagedkv.sim.router import ROUTINGS, Router, RouterStats
 from pagedkv.sim.scheduler import ManagerLike, SimResult, SteppedScheduler

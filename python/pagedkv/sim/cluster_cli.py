@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
 from pagedkv.config import BlockManagerConfig
-from pagedkv.sim.cluster_names import REMOTE_TTL, TIER_MODES
+from pagedkv.sim.option_names import REMOTE_TTL, TIER_MODES
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.router import ROUTINGS
 from pagedkv.sim.runner import progress_lines
