@@ -30,6 +30,11 @@ pagedkv caches full blocks only and caps a hit below the prompt's length (one to
 computed, as vLLM does), counts the prompt tokens of the counted requests as the denominator,
 and its optimum ranks by the next lookup of the block itself.
 
+pagedkv from this checkout is compiled to bytecode before the rounds (`compileall`, what pip
+does when it installs a wheel, and what kvsim's venv has), unless `--no-compile`: on a machine
+where `PYTHONDONTWRITEBYTECODE` is set, each run would otherwise compile every module it imports
+(about 0.05 CPU s of `simulate --mrc-only`'s, more before issue 35's lazy imports).
+
 Run: `python benches/sizing_vs_kvsim.py [--trace T] [--rounds 5] [--out FILE.md]` (the trace:
 `--trace`, else the shared Mooncake trace where `../shared/traces/` beside the checkout has it
 or `PAGEDKV_MOONCAKE_TRACE` names it, else a synthetic one of its format written by
@@ -175,8 +180,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--venv", type=Path, default=Path("/work/venvs/kvsim"))
     ap.add_argument("--out", type=Path, help="also write the tables to this markdown file")
+    ap.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="leave this checkout's package without bytecode (by default it is compiled "
+        "first, as pip compiles an installed wheel)",
+    )
     args = ap.parse_args()
     kvsim = ensure_kvsim(args.venv)
+    bytecode = "installed package" if not LOCAL else "as found in the checkout"
+    if LOCAL and not args.no_compile:
+        # What pip does when it installs the wheel (and kvsim's venv has): without bytecode on
+        # disk, and with PYTHONDONTWRITEBYTECODE set as on the development machines, every
+        # run would compile the package's sources again, a cost no installed package pays.
+        pkg = ROOT / "python" / "pagedkv"
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(pkg)], check=True)
+        bytecode = "the checkout's package compiled to bytecode first (compileall)"
     env = dict(os.environ)
     if LOCAL:
         env["PYTHONPATH"] = os.pathsep.join(
@@ -198,7 +217,8 @@ def main() -> None:
         curves = curve_table(kv, args.trace)
     out = [
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, trace {args.trace.name}, "
-        f"{args.rounds} rounds in turn; load average before: {os.getloadavg()[0]:.2f}",
+        f"{args.rounds} rounds in turn; load average before: {os.getloadavg()[0]:.2f}; "
+        f"pagedkv: {bytecode}",
         "",
         *timing_table(runs),
         "",

@@ -14,8 +14,7 @@ import pytest
 from pagedkv.__main__ import main
 from pagedkv.config import BlockManagerConfig
 from pagedkv.groups import KVCacheGroup, check_groups
-from pagedkv.sim import build_workload, run_workload
-from pagedkv.sim import cli as sim_cli
+from pagedkv.sim import build_workload, factory, run_workload
 from pagedkv.sim.factory import make_manager
 from pagedkv.sim.model_report import comparison_table
 from pagedkv.sim.model_run import GroupSampler, compare
@@ -327,7 +326,8 @@ def test_model_errors_exit_2(
 def test_model_json_with_a_stand_in(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sim_cli, "make_manager", _stand_in)
+    # `--model` imports the factory's `make_manager` when it runs
+    monkeypatch.setattr(factory, "make_manager", _stand_in)
     js = tmp_path / "m.json"
     rc, out, _ = _run(capsys, *SMALL, "--model", "llama-4-scout", "--json", str(js))
     assert rc == 0, out

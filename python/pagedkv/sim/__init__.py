@@ -32,24 +32,70 @@ One idea per module:
 - `check_bound`: when a sizing check run can no longer pass (it stops there);
 - `sizing_jobs`: `--mrc` from start to end, its runs in parallel processes, Ctrl-C and the
   JSON saved after every run;
+- `option_names`: what the commands' options accept, apart from the runs behind them;
 - `cli`: the `simulate` command's options and main loop.
+
+Each command's runs are imported when it runs, so that `--mrc-only` on a trace of ids (the
+pure cache replay, `sizing_blocks`) imports no scheduler, tier or worker pool.
 """
 
 from __future__ import annotations
 
-from pagedkv.sim.calls import bind_trace, replay_trace, same_result
-from pagedkv.sim.record import UnscheduledHitError
-from pagedkv.sim.requests import (
-    TRACE_BLOCK_TOKENS,
-    VOCAB_SIZE,
-    Request,
-    Workload,
-    generated_token,
-    generated_tokens,
-)
-from pagedkv.sim.scheduler import ManagerLike, SimResult, run_workload
-from pagedkv.sim.trace import expected_hit_tokens, read_trace
-from pagedkv.sim.workloads import WORKLOADS, build_workload, generate_workload
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pagedkv.sim.calls import bind_trace, replay_trace, same_result
+    from pagedkv.sim.record import UnscheduledHitError
+    from pagedkv.sim.requests import (
+        TRACE_BLOCK_TOKENS,
+        VOCAB_SIZE,
+        Request,
+        Workload,
+        generated_token,
+        generated_tokens,
+    )
+    from pagedkv.sim.scheduler import ManagerLike, SimResult, run_workload
+    from pagedkv.sim.trace import expected_hit_tokens, read_trace
+    from pagedkv.sim.workloads import WORKLOADS, build_workload, generate_workload
+
+# The package's names, each imported from its module on first use: importing one `sim`
+# module (`python -m pagedkv simulate --mrc-only` needs a few) does not import the
+# scheduler, the recorder and the workloads that the others need.
+_HOMES = {
+    "bind_trace": "calls",
+    "replay_trace": "calls",
+    "same_result": "calls",
+    "UnscheduledHitError": "record",
+    "TRACE_BLOCK_TOKENS": "requests",
+    "VOCAB_SIZE": "requests",
+    "Request": "requests",
+    "Workload": "requests",
+    "generated_token": "requests",
+    "generated_tokens": "requests",
+    "ManagerLike": "scheduler",
+    "SimResult": "scheduler",
+    "run_workload": "scheduler",
+    "expected_hit_tokens": "trace",
+    "read_trace": "trace",
+    "WORKLOADS": "workloads",
+    "build_workload": "workloads",
+    "generate_workload": "workloads",
+}
+
+
+def __getattr__(name: str) -> object:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'pagedkv.sim' has no attribute {name!r}")
+    value = getattr(import_module(f"pagedkv.sim.{home}"), name)
+    globals()[name] = value  # found once: later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "TRACE_BLOCK_TOKENS",

@@ -37,12 +37,12 @@ from pagedkv.sim.ablate_reclaim import WindowReclaim
 from pagedkv.sim.ablate_timing import CallLog, replay_cpu
 from pagedkv.sim.factory import make_manager
 from pagedkv.sim.kv_bytes import KVBytes
+from pagedkv.sim.option_names import BLOCK_SIZES
 from pagedkv.sim.report import add_memory, figures
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.scheduler import ManagerLike, run_workload
 from pagedkv.sim.tier_run import TierDriver, TierOptions
 
-BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
 ABLATE_CPU_BLOCKS = 512  # the swap row when the configuration has none
 
 

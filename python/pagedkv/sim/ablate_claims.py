@@ -47,10 +47,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict
 
 from pagedkv.config import BlockManagerConfig
-from pagedkv.sim.ablate import BLOCK_SIZES, Variant, run_variant
+from pagedkv.sim.ablate import Variant, run_variant
 from pagedkv.sim.ablate_report import compression_effect
 from pagedkv.sim.claim_workloads import build_claim_workload
 from pagedkv.sim.kv_bytes import from_model
+from pagedkv.sim.option_names import BLOCK_SIZES
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.tier_run import DEFAULT_MODEL, TierOptions
 from pagedkv.sim.workloads import build_workload

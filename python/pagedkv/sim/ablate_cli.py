@@ -17,20 +17,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pagedkv.config import BlockManagerConfig
-from pagedkv.sim.ablate import BLOCK_SIZES, run_ablation, variants
-from pagedkv.sim.ablate_claims import (
-    CLAIMS,
-    MARGIN,
-    ClaimRunner,
-    check_claims,
-    claims_table,
-    tiers_unavailable,
-)
-from pagedkv.sim.ablate_report import ablation_table
-from pagedkv.sim.kv_bytes import from_model, kv_bytes
+from pagedkv.sim.option_names import BLOCK_SIZES, CLAIM_NAMES
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.sizing_cli import wants_mrc
-from pagedkv.sim.tier_run import DEFAULT_MODEL, TierOptions, parse_bytes
+from pagedkv.sim.units import parse_bytes
+
+# The ablation's runs (the scheduler, the tiers, the claims' workloads) are imported by
+# `simulate_ablate` only: the options alone are defined for every `simulate` command.
 
 
 def _ints(minimum: int) -> Callable[[str], list[int]]:
@@ -51,9 +44,11 @@ def _ints(minimum: int) -> Callable[[str], list[int]]:
 
 def _names(text: str) -> list[str]:
     items = [t.strip() for t in text.split(",")]
-    bad = [t for t in items if t not in CLAIMS]
+    bad = [t for t in items if t not in CLAIM_NAMES]
     if bad:
-        raise argparse.ArgumentTypeError(f"unknown claim {bad[0]!r}; accepted: {', '.join(CLAIMS)}")
+        raise argparse.ArgumentTypeError(
+            f"unknown claim {bad[0]!r}; accepted: {', '.join(CLAIM_NAMES)}"
+        )
     return items
 
 
@@ -80,12 +75,12 @@ def add_ablate_arguments(sim: argparse.ArgumentParser) -> None:
     a.add_argument(
         "--ablate-claims",
         nargs="?",
-        const=",".join(CLAIMS),
+        const=",".join(CLAIM_NAMES),
         type=_names,
         default=None,
         metavar="NAMES",
         help="check published claims, each on a workload of its kind at --requests requests, "
-        f"and say whether each held; a comma list of {', '.join(CLAIMS)} (default all)",
+        f"and say whether each held; a comma list of {', '.join(CLAIM_NAMES)} (default all)",
     )
     a.add_argument(
         "--reclaim-window",
@@ -146,6 +141,10 @@ def _progress(args: argparse.Namespace, err: TextIO) -> Callable[[str], None]:
 
 def _tiers(args: argparse.Namespace, config: BlockManagerConfig) -> tuple[Any, str | None]:
     """The host tier of the compression rows, or why they are left out."""
+    from pagedkv.sim.ablate_claims import tiers_unavailable
+    from pagedkv.sim.kv_bytes import from_model, kv_bytes
+    from pagedkv.sim.tier_run import DEFAULT_MODEL, TierOptions
+
     if args.ablate_tier_bytes == 0:
         return None, "left out (--ablate-tier-bytes 0)"
     why = tiers_unavailable()
@@ -168,6 +167,11 @@ def simulate_ablate(
 ) -> int:
     """`--ablate` and/or `--ablate-claims` (the command's workload, scheduler and cache
     options come through the callables of `sim.cli`)."""
+    from pagedkv.sim.ablate import run_ablation, variants
+    from pagedkv.sim.ablate_claims import MARGIN, ClaimRunner, check_claims, claims_table
+    from pagedkv.sim.ablate_report import ablation_table
+    from pagedkv.sim.kv_bytes import kv_bytes
+
     if wants_mrc(args) or args.host_tier_bytes is not None or args.remote is not None:
         raise ValueError("--ablate and --ablate-claims run on their own: drop --mrc and tiers")
     if args.ablate_repeats < 1:

@@ -25,16 +25,12 @@ from typing import TextIO
 from pagedkv.config import HASH_ALGOS
 from pagedkv.sim.ablate_cli import add_ablate_arguments, simulate_ablate, wants_ablate
 from pagedkv.sim.cluster_cli import add_cluster_arguments, simulate_cluster, wants_cluster
-from pagedkv.sim.factory import make_manager
 from pagedkv.sim.kv_bytes import kv_bytes
 from pagedkv.sim.live_cli import add_live_arguments, simulate_live
-from pagedkv.sim.model_report import comparison_table
-from pagedkv.sim.model_run import compare
 from pagedkv.sim.models import GIB, MODELS, full_layout, get_model, model_layout
 from pagedkv.sim.noisy import add_noisy_arguments, simulate_noisy
 from pagedkv.sim.outputs import check_outputs
 from pagedkv.sim.policies_cli import add_policy_arguments, simulate_policies, wants_policies
-from pagedkv.sim.report import summary_table, sweep_table, write_json
 from pagedkv.sim.requests import TRACE_BLOCK_TOKENS
 from pagedkv.sim.runner import (
     DEFAULT_NUM_BLOCKS,
@@ -49,11 +45,9 @@ from pagedkv.sim.runner import (
     schedule_options,
 )
 from pagedkv.sim.sizing_cli import add_sizing_arguments, wants_mrc
-from pagedkv.sim.sizing_jobs import size
 from pagedkv.sim.tier_cli import add_tier_arguments, simulate_tiers, wants_tiers
 from pagedkv.sim.trace import FORMAT_FIELDS, TRACE_FORMATS
 from pagedkv.sim.units import count
-from pagedkv.sim.why_report import misses_table
 from pagedkv.sim.workloads import WORKLOADS
 
 
@@ -277,6 +271,12 @@ def list_models(out: TextIO) -> None:
 
 
 def _simulate_model(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from pagedkv.sim.factory import make_manager
+    from pagedkv.sim.model_report import comparison_table
+    from pagedkv.sim.model_run import compare
+    from pagedkv.sim.report import write_json
+    from pagedkv.sim.why_report import misses_table
+
     configs = manager_configs(args)
     if len(configs) != 1:
         raise ValueError(
@@ -372,6 +372,8 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
     if kv is not None:
         print(f"memory      {kv.describe(sorted({c.block_size for c in configs}))}", file=out)
     if tiers:
+        from pagedkv.sim.report import write_json
+
         doc = simulate_tiers(args, configs, run, out)
         if args.json:
             write_json(args.json, doc["runs"], extra=doc)
@@ -383,7 +385,18 @@ def simulate(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -
             print(f"plot        {args.plot}", file=out)
         return 0
     if mrc:
-        return size(args, configs, run.workload, kv, out, err, started=started)
+        # the pure cache replay (`--mrc-only` on a trace of ids) without the parallel runs'
+        # machinery of `sizing_jobs` (multiprocessing and the scheduler: imports only)
+        from pagedkv.sim.sizing_blocks import replay_kind, size_from_ids
+
+        if replay_kind(args, configs, run.workload) == "cache":
+            return size_from_ids(args, configs, run.workload, kv, out, started)
+        from pagedkv.sim.sizing_jobs import Sizing
+
+        return Sizing(args, configs, run.workload, kv, out, err, started).run()
+    from pagedkv.sim.report import summary_table, sweep_table, write_json
+    from pagedkv.sim.why_report import misses_table
+
     runs = [
         run(config, f"B={config.block_size} blocks={config.num_blocks} {config.hash_algo}")
         for config in configs

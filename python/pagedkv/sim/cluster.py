@@ -36,13 +36,12 @@ from pagedkv.config import BlockManagerConfig
 from pagedkv.sim.cluster_index import ClusterIndex, index_routing_available
 from pagedkv.sim.cluster_tier import MAX_NODES, TieredNode, entry_bytes
 from pagedkv.sim.factory import make_manager
+from pagedkv.sim.option_names import REMOTE_TTL, TIER_MODES
 from pagedkv.sim.requests import Request, Workload
 from pagedkv.sim.router import ROUTINGS, Router, RouterStats
 from pagedkv.sim.scheduler import ManagerLike, SimResult, SteppedScheduler
 from pagedkv.tiers.base import TierStore
 
-TIER_MODES = ("shared", "per-node", "off")
-REMOTE_TTL = 3600.0  # seconds a run's entries live on a --remote server
 _NO_TOKENS: npt.NDArray[np.uint32] = np.zeros(0, dtype=np.uint32)
 
 

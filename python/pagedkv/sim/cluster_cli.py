@@ -14,17 +14,18 @@ import functools
 import json
 import sys
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from pagedkv.config import BlockManagerConfig
-from pagedkv.sim.cluster import REMOTE_TTL, TIER_MODES, ClusterOptions, run_cluster
-from pagedkv.sim.cluster_report import cluster_figures, cluster_table
-from pagedkv.sim.kv_bytes import from_model, kv_bytes
+from pagedkv.sim.option_names import REMOTE_TTL, TIER_MODES
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.router import ROUTINGS
 from pagedkv.sim.runner import progress_lines
 from pagedkv.sim.sizing_cli import wants_mrc
-from pagedkv.sim.tier_run import DEFAULT_MODEL, parse_bytes
+from pagedkv.sim.units import parse_bytes
+
+if TYPE_CHECKING:
+    from pagedkv.sim.cluster import ClusterOptions
 
 DEFAULT_SHARED_TIER_BYTES = 256 << 30
 _OPTIONS = (
@@ -112,6 +113,10 @@ def wants_cluster(args: argparse.Namespace) -> bool:
 
 def _options(args: argparse.Namespace, config: BlockManagerConfig) -> tuple[ClusterOptions, str]:
     """The cluster of the command line, checked; and how its tier is sized, in words."""
+    from pagedkv.sim.cluster import ClusterOptions
+    from pagedkv.sim.kv_bytes import from_model, kv_bytes
+    from pagedkv.sim.tier_run import DEFAULT_MODEL
+
     if args.nodes is None:
         given = [f"--{k.replace('_', '-')}" for k in _OPTIONS if getattr(args, k) is not None]
         raise ValueError(f"{', '.join(given)} needs --nodes")
@@ -171,6 +176,11 @@ def simulate_cluster(
 ) -> int:
     """Run `simulate --nodes N` (`workload`, `schedule`, `configs`: the command's own
     readings of its options); returns the exit status."""
+    # the cluster's runs (the scheduler, the tiers) are imported here only: the options
+    # alone are defined for every `simulate` command
+    from pagedkv.sim.cluster import run_cluster
+    from pagedkv.sim.cluster_report import cluster_figures, cluster_table
+
     err = sys.stderr if err is None else err
     cs = configs(args)
     if len(cs) != 1:

@@ -4,10 +4,10 @@ events (`sim.live`), and print the curve and the answer."""
 from __future__ import annotations
 
 import argparse
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from pagedkv.sim.live import LiveCurve, LiveTrace, record
-from pagedkv.sim.report import write_doc
+if TYPE_CHECKING:
+    from pagedkv.sim.live import LiveCurve, LiveTrace
 
 TARGET = 0.95  # of the hit rate a cache that never evicts would reach
 
@@ -112,6 +112,10 @@ def live_table(endpoint: str, doc: dict[str, Any]) -> str:
 
 def simulate_live(args: argparse.Namespace, out: TextIO) -> int:
     """`simulate --record`: follow, then print (and with --json write) the sizing."""
+    # imported by `--record` only: the options alone are defined for every `simulate` command
+    from pagedkv.sim.live import LiveCurve, record
+    from pagedkv.sim.report import write_doc
+
     if args.trace is not None or args.workload is not None or args.why:
         raise ValueError(
             "--record sizes from a live engine's events: not with --trace, --workload or --why"

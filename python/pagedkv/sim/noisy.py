@@ -28,9 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pagedkv import BlockManager
-from pagedkv.sim.report import write_doc
 from pagedkv.sim.requests import VOCAB_SIZE, Request, Workload
-from pagedkv.sim.scheduler import run_workload
 
 QUIET, LOUD = "quiet", "loud"
 
@@ -162,6 +160,9 @@ def noisy_run(
 ) -> NoisyRow:
     """One replay of `workload` on the setup's pool, with `quotas` per cache salt
     (`max_cached`, `reserved`), telling each tenant's hit rate."""
+    # imported by a run only: `add_noisy_arguments` is defined for every `simulate` command
+    from pagedkv.sim.scheduler import run_workload
+
     m = BlockManager(setup.num_blocks, setup.block_size, tenants=True)
     for salt, q in quotas.items():
         m.set_tenant_quota(salt, max_cached=q.get("max_cached"), reserved=q.get("reserved") or 0)
@@ -217,6 +218,8 @@ def add_noisy_arguments(sim: argparse.ArgumentParser) -> None:
 
 def simulate_noisy(args: argparse.Namespace, out: TextIO) -> int:
     """`simulate --noisy-neighbour`: the table at the command's sizes."""
+    from pagedkv.sim.report import write_doc
+
     if args.trace is not None or args.workload is not None or args.why:
         raise ValueError(
             "--noisy-neighbour builds its own two-tenant workload and pool: not with --trace, "

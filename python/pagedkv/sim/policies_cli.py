@@ -17,10 +17,7 @@ from typing import Any, TextIO
 from pagedkv.config import EVICTIONS, BlockManagerConfig, Eviction
 from pagedkv.sim.cluster_cli import wants_cluster
 from pagedkv.sim.kv_bytes import kv_bytes
-from pagedkv.sim.policies import parse_policies, run_policies
-from pagedkv.sim.policies_report import has_tenants, policy_table, tenant_table
 from pagedkv.sim.progress import RunLines, clock
-from pagedkv.sim.report import json_doc, write_doc
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.runner import INTERRUPTED, clock_now, progress_lines, stop_on_sigterm
 from pagedkv.sim.sizing_cli import wants_mrc
@@ -28,6 +25,8 @@ from pagedkv.sim.tier_cli import wants_tiers
 
 
 def _policies(text: str) -> list[Eviction]:
+    from pagedkv.sim.policies import parse_policies  # when --eviction is given only
+
     try:
         return parse_policies(text)
     except ValueError as e:
@@ -131,6 +130,12 @@ def simulate_policies(
 ) -> int:
     """`--eviction` (the command's workload, scheduler and cache options come through the
     callables of `sim.runner`); returns the exit status (`INTERRUPTED` after Ctrl-C)."""
+    # the policies' runs and report are imported here only: the options alone are defined
+    # for every `simulate` command
+    from pagedkv.sim.policies import run_policies
+    from pagedkv.sim.policies_report import has_tenants, policy_table, tenant_table
+    from pagedkv.sim.report import json_doc, write_doc
+
     wall0, cpu0 = clock_now()
     _refuse_others(args)
     cs = configs(args)

@@ -14,13 +14,15 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pagedkv.config import BlockManagerConfig
 from pagedkv.sim.kv_bytes import KVBytes
-from pagedkv.sim.scheduler import SimResult
+
+if TYPE_CHECKING:  # the writers here (`--mrc-only` uses them) need no scheduler
+    from pagedkv.sim.scheduler import SimResult
 
 
 def figures(

@@ -19,20 +19,22 @@ import signal
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from pagedkv.config import HASH_ALGOS, BlockManagerConfig
-from pagedkv.sim.factory import make_manager
 from pagedkv.sim.kv_bytes import KVBytes
-from pagedkv.sim.observer import ScheduleObserver
 from pagedkv.sim.progress import ProgressBar, RunLines
-from pagedkv.sim.report import add_memory, figures
 from pagedkv.sim.requests import Workload
-from pagedkv.sim.scheduler import run_workload
-from pagedkv.sim.tier_run import TierDriver, TierOptions
 from pagedkv.sim.trace import TraceWarning, read_trace
-from pagedkv.sim.why import MissWhy, misses_doc
-from pagedkv.sim.workloads import build_workload
+
+if TYPE_CHECKING:
+    from pagedkv.sim.observer import ScheduleObserver
+    from pagedkv.sim.tier_run import TierOptions
+
+# The manager, the scheduler, the tiers, the miss causes, the report and the built-in
+# workloads are imported where a run or a built-in workload needs them: `simulate
+# --mrc-only` on a trace (the pure cache replay) uses none of them, and its CPU time is
+# mostly the interpreter's start-up and imports (benches/results/issue35-sizing-speed.md).
 
 INTERRUPTED = 130  # the exit status of a run stopped by Ctrl-C (128 + SIGINT)
 
@@ -95,6 +97,8 @@ def read_workload(args: argparse.Namespace, err: TextIO) -> Workload:
         raise ValueError("--trace-format applies to --trace only")
     if args.requests < 1:
         raise ValueError(f"--requests must be >= 1, got {args.requests}")
+    from pagedkv.sim.workloads import build_workload
+
     return build_workload(
         args.workload or "mixed",
         args.requests,
@@ -193,6 +197,12 @@ class Runner:
         watch: ScheduleObserver | None = None,
         tiers: TierOptions | None = None,
     ) -> dict[str, Any]:
+        from pagedkv.sim.factory import make_manager
+        from pagedkv.sim.report import add_memory, figures
+        from pagedkv.sim.scheduler import run_workload
+        from pagedkv.sim.tier_run import TierDriver
+        from pagedkv.sim.why import MissWhy, misses_doc
+
         args = self.args
         why = None
         if getattr(args, "why", False) and watch is None and tiers is None:

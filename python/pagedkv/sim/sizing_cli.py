@@ -16,12 +16,15 @@ beside it.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from pagedkv.sim.mrc_curve import MissRatioCurve
-from pagedkv.sim.mrc_fast import FastMRCRecorder
 from pagedkv.sim.requests import Workload
 from pagedkv.sim.sizing_report import MIN_ROWS, TABLE_ROWS
 from pagedkv.sim.units import byte_size
+
+if TYPE_CHECKING:  # a scheduled replay's recorder: `--mrc-only` on ids needs none
+    from pagedkv.sim.mrc_fast import FastMRCRecorder
 
 # Past this many block touches the curve is sampled down to it (SHARDS). Measured: about 70
 # bytes of memory per touch while recording and computing (7.7 M touches took 0.5 GB more
@@ -168,6 +171,8 @@ def wants_mrc(args: argparse.Namespace) -> bool:
 
 def recorder(args: argparse.Namespace, workload: Workload, block_size: int) -> FastMRCRecorder:
     """A recorder for one run: exact unless the workload is large (or --mrc-sample says)."""
+    from pagedkv.sim.mrc_fast import FastMRCRecorder
+
     if args.mrc_sample is not None:
         return FastMRCRecorder(block_size, args.mrc_sample)
     touches = 2 * (workload.prompt_tokens + workload.max_new_tokens) // block_size

@@ -8,12 +8,16 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from pagedkv.config import BlockManagerConfig
 from pagedkv.sim.kv_bytes import KVBytes, from_model, kv_bytes
 from pagedkv.sim.models import GIB
-from pagedkv.sim.tier_run import DEFAULT_MODEL, TIER_DATA, TierOptions, parse_bytes
+from pagedkv.sim.option_names import DEFAULT_MODEL, TIER_DATA
+from pagedkv.sim.units import parse_bytes
+
+if TYPE_CHECKING:  # the tiers' runs: imported by a tiered run only
+    from pagedkv.sim.tier_run import TierOptions
 
 CODECS = ("lz4", "shuffle+lz4", "raw")
 
@@ -76,6 +80,8 @@ def wants_tiers(args: argparse.Namespace) -> bool:
 
 def tier_options(args: argparse.Namespace) -> TierOptions:
     """The tiers of the command line, checked (ValueError names the problem)."""
+    from pagedkv.sim.tier_run import TierOptions
+
     if args.remote_cluster and args.remote is None:
         raise ValueError("--remote-cluster needs --remote")
     if args.compress is not None and not wants_tiers(args):

@@ -45,10 +45,9 @@ import numpy.typing as npt
 
 from pagedkv.sim import units
 from pagedkv.sim.kv_bytes import KVBytes
+from pagedkv.sim.option_names import DEFAULT_MODEL, TIER_DATA
 
 DATA_LAYERS, DATA_HEADS, DATA_DIM, DATA_DTYPE = 1, 2, 64, "bfloat16"
-DEFAULT_MODEL = "llama-3-8b"
-TIER_DATA = ("count", "real")
 
 
 def parse_bytes(text: str) -> int:

@@ -67,12 +67,14 @@ def id_list(obj: dict[str, object], where: str, n: int, block_tokens: int) -> np
     bad = f"{where}: 'hash_ids' must be a list of integers >= 0 and < 2^63"
     if not isinstance(ids, list) or not set(map(type, ids)) <= {int}:
         raise ValueError(bad)
+    # the sign checked on the list: a C loop without numpy's per-call cost (a trace holds
+    # thousands of short lists)
+    if ids and min(ids) < 0:
+        raise ValueError(bad)
     try:
         a = np.asarray(ids, dtype=np.int64)
     except OverflowError:
         raise ValueError(bad) from None
-    if len(a) and int(a.min()) < 0:
-        raise ValueError(bad)
     if n < 1 or not (len(a) - 1) * block_tokens < n <= len(a) * block_tokens:
         raise ValueError(
             f"{where}: input_length {n} does not match {len(a)} hash ids of {block_tokens} tokens"
