@@ -139,20 +139,22 @@ impl PyDeferredDecodes {
         if n == 0 {
             return Ok(());
         }
+        // Nothing changes until the core has appended the tokens: an error before that
+        // (a token that cannot be read, a refused append) leaves the queue and the plans as
+        // they were, so no answered step is lost and none is applied twice.
         let ids: Vec<Bound<'_, PyAny>> = queued.iter().take(n).collect();
-        queued.del_slice(0, n)?;
         let records = self.records.bind(py);
         let mut recs = Vec::with_capacity(n);
+        // Steps found without their plan or record: their request was freed, or changed by
+        // a call that caught its tokens up itself, between the answer and now (a race of two
+        // threads on one request; the answer, "no new block", was right when given).
+        let mut skipped = 0;
         for rid in &ids {
             match records.get_item(rid)? {
                 Some(rec) => recs.push(rec.cast_into::<PyEngineRecord>()?),
-                None => self.skip(),
+                None => skipped += 1,
             }
         }
-        let Some(first) = recs.first() else {
-            return Ok(());
-        };
-        let mgr = &first.get().mgr.get().inner;
         let (mut states, mut plans, mut tokens) = (
             Vec::with_capacity(recs.len()),
             Vec::with_capacity(recs.len()),
@@ -160,9 +162,9 @@ impl PyDeferredDecodes {
         );
         for rec in &recs {
             let rec = rec.get();
-            let mut st = rec.state(py);
-            let Some(plan) = st.primed.take() else {
-                self.skip();
+            let st = rec.state(py);
+            let Some(plan) = st.primed.clone() else {
+                skipped += 1;
                 continue;
             };
             let Some(buf) = rec.tokens.as_ref() else {
@@ -172,37 +174,41 @@ impl PyDeferredDecodes {
             plans.push(plan);
             states.push(st);
         }
-        let handles = states
-            .iter()
-            .map(|st| {
-                st.handle
-                    .as_ref()
-                    .ok_or_else(|| internal("a plan without a sequence"))
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .py(py)?;
-        let known: Vec<usize> = plans.iter().map(|p| p.tokens.start).collect();
-        // Blocking with the GIL held is safe: no core call waits for the GIL under a lock.
-        match mgr.append_planned(&handles, &known, &tokens).py(py)? {
-            Some(pairs) if pairs.is_empty() => {}
-            _ => return Err(internal("planned steps did not run in place")).py(py),
+        if let Some(first) = recs.first() {
+            let mgr = &first.get().mgr.get().inner;
+            let handles = states
+                .iter()
+                .map(|st| {
+                    st.handle
+                        .as_ref()
+                        .ok_or_else(|| internal("a plan without a sequence"))
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .py(py)?;
+            let known: Vec<usize> = plans.iter().map(|p| p.tokens.start).collect();
+            // Blocking with the GIL held is safe: no core call waits for the GIL under a lock.
+            let Some(pairs) = mgr.append_planned(&handles, &known, &tokens).py(py)? else {
+                // Refused, nothing changed (a planned step needs no block: not reached).
+                return Err(internal("planned steps did not fit")).py(py);
+            };
+            drop(handles);
+            // Appended: the steps are done.
+            for (st, plan) in states.iter_mut().zip(&plans) {
+                st.primed = None;
+                st.rec.known = plan.end;
+                st.rec.scheduled = plan.end;
+            }
+            queued.del_slice(0, n)?;
+            if !pairs.is_empty() {
+                return Err(internal("planned steps copied blocks")).py(py);
+            }
+        } else {
+            queued.del_slice(0, n)?;
         }
-        drop(handles);
-        for (st, plan) in states.iter_mut().zip(&plans) {
-            st.rec.known = plan.end;
-            st.rec.scheduled = plan.end;
-        }
-        // Relaxed: a statistic.
+        // Relaxed: statistics.
         self.applied.fetch_add(plans.len(), Ordering::Relaxed);
+        self.skipped.fetch_add(skipped, Ordering::Relaxed);
         Ok(())
-    }
-
-    /// A queued step found without its plan or record: its request was freed, or changed
-    /// by a call that caught its tokens up itself, between the answer and now (a race of
-    /// two threads on one request; the answer, "no new block", was right when given).
-    fn skip(&self) {
-        // Relaxed: a statistic; no memory is published through it.
-        self.skipped.fetch_add(1, Ordering::Relaxed);
     }
 }
 
