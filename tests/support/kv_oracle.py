@@ -151,15 +151,17 @@ class KVOracle:
     ) -> Pending | None:
         """Remember what a call may destroy: the tables of a sequence freed with fewer
         computed tokens than it scheduled. Returns it (for `Call`), and keeps it for
-        `after`."""
-        self._pending = None
+        `after`. Threads calling `before` at once each get their own call's state from the
+        return value (`self._pending` is only for the one-thread `before`/`after` pairing)."""
+        pending = None
         if method == "free" and kwargs.get("num_computed_tokens") is not None:
             sid = int(args[0])
             if sid in m and not m.is_swapped(sid):
                 tables = [list(m.block_table(sid, group=g)) for g in range(self.groups)]
                 inherited = self.seqs[sid].inherited if sid in self.seqs else 0
-                self._pending = Pending(sid, m.num_scheduled_tokens(sid), tables, inherited)
-        return self._pending
+                pending = Pending(sid, m.num_scheduled_tokens(sid), tables, inherited)
+        self._pending = pending
+        return pending
 
     def after(
         self,

@@ -139,7 +139,7 @@ class _Thread:
                 self.held.add(sid)
         elif self.mine:  # preempt one of ours (next round it is gone)
             victim = rng.choice(sorted(self.mine))
-            if not any(c.args and c.args[0] == victim for c in out):
+            if not any(victim in _sequences(c) for c in out):
                 self._free(kv, out, victim)
 
     def _free(self, kv: KVOracle, out: list[Call], sid: int, computed: int | None = None) -> None:
@@ -147,6 +147,18 @@ class _Thread:
         self._call(kv, out, "free", sid, **kw)
         self.mine.discard(sid)
         self.held.discard(sid)
+
+
+def _sequences(c: Call) -> set[int]:
+    """The sequences a call of the round touched: the oracle writes each one's KV once, at
+    the round's end, so no other call of the round may free it (an `append_batch` member
+    freed in its round leaves the tokens it scheduled unwritten, though its blocks were
+    registered as computed)."""
+    if c.method == "append_batch":
+        return {int(s) for s in c.args[0]}
+    if c.method == "fork":
+        return {int(c.args[0]), int(c.args[1])}
+    return {int(c.args[0])} if c.args and isinstance(c.args[0], int) else set()
 
 
 @pytest.mark.parametrize("seed", range(2))
