@@ -376,9 +376,17 @@ class EngineRecord:
         max_len: int,
         hash_ratio: int,
     ) -> EngineRecord: ...
-    def decode(self, request: Any, num_new_tokens: int, num_lookahead_tokens: int) -> Any:
+    def decode(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_lookahead_tokens: int,
+        deferred: DeferredDecodes | None = None,
+    ) -> Any:
         """A decode step's `allocate_slots`: False (not a decode step for this record), None
-        (does not fit), `unchanged`, or `(first_entry, ids, pairs, keys_from)`."""
+        (does not fit), `unchanged`, or `(first_entry, ids, pairs, keys_from)`. `deferred`
+        is applied first when one of its steps may be this record's or this step may hand
+        over a key."""
     @property
     def request(self) -> Any: ...
     @property
@@ -425,9 +433,10 @@ class DeferredDecodes:
         """Apply the queued steps (the plans of the others stay)."""
     def settle(self) -> None:
         """Forget every plan, then apply the queued steps."""
-    def prime(self) -> int:
+    def prime(self, keyed: bool = True) -> int:
         """Settle, then plan the next step of every record whose step writes in place;
-        returns how many were planned."""
+        returns how many were planned. `keyed`: steps that fill their block and hand over
+        its key too (False while the adapter publishes KV events)."""
     @property
     def queued(self) -> int: ...
     @property

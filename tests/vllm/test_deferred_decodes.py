@@ -119,6 +119,52 @@ def test_a_taken_step_is_in_the_sequence_before_any_other_call_reads_it() -> Non
     assert manager._seqs[other.request_id].have == other.num_computed_tokens + 1
 
 
+def test_a_step_that_fills_a_block_hands_its_key_over_as_vllms_step_does() -> None:
+    """The step whose token fills a block is deferred too, and once applied the block is
+    cached under its key: a request with that prefix hits it right after the step, as in
+    vLLM."""
+    hits = {}
+    for which in ("vllm", "pagedkv"):
+        scheduler = build_scheduler(which, num_blocks=64, max_num_seqs=8)
+        req = make_request("a", list(range(1000, 1020)), max_tokens=60)
+        scheduler.add_request(req)
+        while req.num_computed_tokens % 16 != 15 or req.num_computed_tokens < 31:
+            step(scheduler)
+        manager = scheduler.kv_cache_manager
+        if which == "pagedkv":
+            manager.new_step_starts()  # the steps before it applied
+        applied = manager._deferred.applied if which == "pagedkv" else 0
+        step(scheduler)  # the step whose token (position 31) fills block 1
+        if which == "pagedkv":
+            manager.new_step_starts()  # applies what is still queued
+            assert manager._deferred.applied == applied + 1
+            assert manager._deferred.skipped == 0
+        probe = make_request("b", req.all_token_ids[:36])
+        hits[which] = manager.get_computed_blocks(probe)[1]
+    assert hits["pagedkv"] == hits["vllm"] == 32
+
+
+def test_with_kv_events_a_step_that_fills_a_block_is_not_deferred() -> None:
+    """The key's BlockStored event is written by the step's own call: with events on, only
+    the steps that fill no block are planned."""
+    manager: KVCacheManager = make_manager(KVCacheManager, 64, enable_kv_cache_events=True)
+    req = make_request("a", list(range(1000, 1030)))
+    assert manager.allocate_slots(req, req.num_tokens) is not None
+    req.num_computed_tokens = req.num_tokens
+    planned = []
+    while req.num_computed_tokens < 48:
+        req.append_output_token_ids(7)
+        manager.new_step_starts()
+        planned.append((req.num_computed_tokens, req.request_id in manager._planned))
+        assert manager.allocate_slots(req, 1) is not None
+        req.num_computed_tokens += 1
+    # Positions 31 and 47 fill blocks 1 and 2; position 32 needs block 2.
+    assert [p for p, ok in planned if not ok] == [31, 32, 47], planned
+    stored = [e for e in manager.take_events() if isinstance(e, BlockStored)]
+    # The prompt's first block, then the two blocks the decode filled.
+    assert sum(len(e.block_hashes) for e in stored) == 3
+
+
 def test_a_call_that_is_not_the_planned_step_applies_the_queue_then_takes_the_general_path() -> (
     None
 ):
@@ -159,19 +205,24 @@ def test_every_public_method_and_property_settles_first() -> None:
         assert settles(KVCacheManager, name) == wanted, name
 
 
-def test_threads_driving_one_manager_leave_every_sequence_where_its_request_is() -> None:
+@pytest.mark.parametrize("events", [True, False])
+def test_threads_driving_one_manager_leave_every_sequence_where_its_request_is(
+    events: bool,
+) -> None:
     """Threads each decode their own requests (planned steps, general ones when a block
     fills, frees and re-admissions) on one manager, while another thread keeps starting
     steps (planning), reading and draining the KV events. Then every live sequence knows
     exactly its request's computed tokens, every block stored carries its request's tokens
-    (the deferred steps appended the right ones) and the manager's invariants hold."""
-    manager: KVCacheManager = make_manager(KVCacheManager, 512, enable_kv_cache_events=True)
+    (the deferred steps appended the right ones) and the manager's invariants hold. Without
+    events the steps that fill a block are deferred too: then each live request's own
+    prefix hits exactly its own blocks (each key was handed over with its block)."""
+    manager: KVCacheManager = make_manager(KVCacheManager, 512, enable_kv_cache_events=events)
     stop = threading.Event()
     errors: list[BaseException] = []
     lock = threading.Lock()  # one request is driven by one thread; this guards the dicts
     live: dict[str, Any] = {}
     every: list[Any] = []
-    events: list[Any] = []
+    seen: list[Any] = []
 
     def admit(rid: str, rng: random.Random) -> Any:
         req = make_request(rid, [rng.randrange(1000) for _ in range(rng.randrange(1, 40))])
@@ -215,7 +266,7 @@ def test_threads_driving_one_manager_leave_every_sequence_where_its_request_is()
                 k += 1
                 if k % 8 == 0:  # a read settles: applies the queue, forgets the plans
                     manager.get_num_common_prefix_blocks("nobody")
-                events.extend(manager.take_events())
+                seen.extend(manager.take_events())
         except BaseException as e:
             errors.append(e)
 
@@ -234,13 +285,22 @@ def test_threads_driving_one_manager_leave_every_sequence_where_its_request_is()
         assert core.num_tokens(manager._seqs[rid].sid) == req.num_computed_tokens, rid
     core.check_invariants()
     assert manager._deferred.applied > 0
-    events.extend(manager.take_events())
+    if not events:
+        for rid, req in live.items():
+            n = req.num_computed_tokens
+            probe = make_request(f"probe-{rid}", req.all_token_ids[:n])
+            blocks, hit = manager.get_computed_blocks(probe)[:2]
+            assert hit == (n - 1) // 16 * 16, rid
+            own = manager.get_block_ids(rid)[0]
+            assert list(blocks.get_block_ids()[0]) == list(own[: hit // 16]), rid
+        return
+    seen.extend(manager.take_events())
     # Every stored block's tokens are its request's (keyed by vLLM's block hash).
     expected = {}
     for req in every:
         for i, h in enumerate(req.block_hashes):
             expected[maybe_convert_block_hash(h)] = req.all_token_ids[16 * i : 16 * (i + 1)]
-    stored = [e for e in events if isinstance(e, BlockStored)]
+    stored = [e for e in seen if isinstance(e, BlockStored)]
     assert sum(len(e.block_hashes) for e in stored) > 50
     for e in stored:
         for i, h in enumerate(e.block_hashes):

@@ -278,8 +278,6 @@ class KVCacheManager:
         ):
             self._taken.append(rid)
             return self.empty_kv_cache_blocks
-        # Steps answered before this call (of other requests, or this one's) applied first.
-        self._deferred.apply()
         rec = self._seqs.get(rid)
         if (
             rec is not None
@@ -296,10 +294,13 @@ class KVCacheManager:
                 computed = min(request.num_computed_tokens, self.max_model_len)
                 processed = max(0, computed - request.num_in_flight_tokens)
                 self._take_in_processed(request, rec, processed)
-            # A decode step (the record decides: False when it is not one), in one call.
-            out = rec.decode(request, num_new_tokens, num_lookahead_tokens)
+            # A decode step (the record decides: False when it is not one), in one call;
+            # the deferred steps applied first where this step could tell (the record says).
+            out = rec.decode(request, num_new_tokens, num_lookahead_tokens, self._deferred)
             if out is not False:
                 return out if out.__class__ is not tuple else self._decoded(rec, *out)
+        # Steps answered before this call (of other requests, or this one's) applied first.
+        self._deferred.apply()
         if (
             num_new_tokens == 0
             and num_external_computed_tokens == 0
@@ -808,7 +809,9 @@ class KVCacheManager:
 
     def new_step_starts(self) -> None:
         if self._primes:
-            self._deferred.prime()
+            # A step that fills a block is planned too unless its key's event must be
+            # published by the step's own call.
+            self._deferred.prime(not self.events.enabled)
         else:
             self._deferred.settle()
 

@@ -214,7 +214,7 @@ impl BlockManager {
         {
             let mut locked = lock_all(ids, cells, true)?;
             if lookahead == 0 && self.plain() {
-                return self.append_one_each(ids, tokens, &mut locked, None);
+                return self.append_one_each(ids, tokens, &mut locked, None, None);
             }
             // Sequence by sequence in batch order: its state, then its append checks.
             for (i, &id) in ids.iter().enumerate() {

@@ -9,6 +9,7 @@
 
 use crate::batch::{state_error, Locked};
 use crate::error::{Error, Result};
+use crate::keys::CallerKeys;
 use crate::manager::{check_append, BlockManager};
 use crate::sync::{prefetch, prefetch_ptr};
 
@@ -43,20 +44,23 @@ impl BlockManager {
     }
 
     /// Append `tokens[i]` to the sequence of `ids[i]` (distinct ids, all locked in `locked`),
-    /// all or nothing. Pushes each new token's slot to `slots` when given. Returns the
-    /// copy-on-write pairs, or `None` when the blocks do not fit (nothing changed).
+    /// all or nothing; `keys[i]`, when given, continues the keys of a caller-keyed sequence
+    /// (the key of the block its token fills). Pushes each new token's slot to `slots` when
+    /// given. Returns the copy-on-write pairs, or `None` when the blocks do not fit (nothing
+    /// changed).
     pub(crate) fn append_one_each(
         &self,
         ids: &[u64],
         tokens: &[u32],
         locked: &mut Locked<'_>,
         mut slots: Option<&mut Vec<i64>>,
+        keys: Option<&[Option<CallerKeys>]>,
     ) -> Result<Option<Vec<(u32, u32)>>> {
         let bs = self.block_size();
         let mut needs = crate::alloc::try_with_capacity(ids.len(), "the batch's block needs")?;
         self.prefetch_tails(locked);
         let mut need = 0usize;
-        let mut keys = Vec::new();
+        let mut locks = Vec::new();
         for (i, &id) in ids.iter().enumerate() {
             let k = locked.at[i];
             let cell = locked.cells[k];
@@ -69,6 +73,11 @@ impl BlockManager {
                 .ok_or_else(|| broken("a live id without a guard"))?;
             let n = seq.tokens.len();
             check_append(id, n, seq.scheduled, 1)?;
+            let key = keys.and_then(|k| k[i].as_ref());
+            if let Some(k) = key {
+                // Checked (and its room reserved) before anything changes.
+                self.check_more_keys(id, seq, k, n + 1)?;
+            }
             self.reserve_tokens(seq, 1)?;
             // Block `b` is not registered (it is not full of scheduled tokens), so its refcount
             // can only fall while we hold the lock: one read now decides (`must_copy`: a
@@ -80,11 +89,11 @@ impl BlockManager {
             };
             needs.push(if needs_block { Need::Write } else { Need::None });
             need += usize::from(needs_block);
-            if (n + 1) % bs == 0 {
-                keys.extend(self.schedule_prefix_key(seq, n + 1, &tokens[i..=i], None));
+            if (n + 1) % bs == 0 || key.is_some() {
+                locks.extend(self.schedule_prefix_key(seq, n + 1, &tokens[i..=i], key));
             }
         }
-        let _prefix = self.lock_prefixes(keys)?;
+        let _prefix = self.lock_prefixes(locks)?;
         if !self.gpu.reserve(need) {
             return Ok(None);
         }
@@ -103,9 +112,10 @@ impl BlockManager {
             }
             // The room was reserved above: this push cannot reallocate.
             seq.tokens.push(t);
-            if (n + 1) % bs == 0 {
+            let key = keys.and_then(|k| k[i].as_ref());
+            if (n + 1) % bs == 0 || key.is_some() {
                 self.extend_digests(seq);
-                self.schedule_to(seq, n + 1);
+                self.schedule_keyed(seq, n + 1, key);
             } else {
                 seq.scheduled = n + 1;
             }

@@ -19,8 +19,15 @@ impl DecodePlan {
     /// lookahead slot, no release) into the table entries the engine already has
     /// (`table_len` entries of `block_size` slots): then the step adds no entry.
     pub fn is_one_token(&self, table_len: usize, block_size: usize) -> bool {
+        self.keys.is_empty() && self.is_one_token_keyed(table_len, block_size)
+    }
+
+    /// `is_one_token`, or the step whose token fills its block and hands over that block's
+    /// key (and no other): still no new entry, no copy, no release.
+    pub fn is_one_token_keyed(&self, table_len: usize, block_size: usize) -> bool {
         self.tokens.len() == 1
-            && self.keys.is_empty()
+            && (self.keys.is_empty()
+                || (self.keys.len() == 1 && self.keys.end.saturating_mul(block_size) == self.end))
             && self.lookahead == 0
             && self.release_at.is_none()
             && self.end <= table_len.saturating_mul(block_size)
@@ -28,7 +35,8 @@ impl DecodePlan {
 }
 
 impl BlockManager {
-    /// Whether `plan`, a one-token step of `rec` (`DecodePlan::is_one_token`), writes into a
+    /// Whether `plan`, a one-token step of `rec` (`DecodePlan::is_one_token_keyed`: with the
+    /// key of the block it fills, if any, continuing the sequence's keys), writes into a
     /// slot `rec`'s sequence already holds: a manager of one full-attention group without a
     /// null block, the sequence live and resident, knowing `rec.known` tokens, all of them
     /// scheduled, and the slot's block its own (no copy and no new block needed). Then
@@ -41,7 +49,7 @@ impl BlockManager {
         handle: &SeqHandle,
         plan: &DecodePlan,
     ) -> Result<bool> {
-        if !self.plain() || !plan.is_one_token(rec.table_len, self.block_size()) {
+        if !self.plain() || !plan.is_one_token_keyed(rec.table_len, self.block_size()) {
             return Ok(false);
         }
         if handle.owner != self.instance || handle.id != rec.seq {
@@ -52,33 +60,52 @@ impl BlockManager {
             return Ok(false);
         }
         let known = seq.tokens.len();
+        // A key continues a caller-keyed sequence's keys, with caching on (else the step
+        // takes the general path, which says what is wrong).
+        let key_fits = plan.keys.is_empty()
+            || (self.caching() && seq.keyed && seq.digests.len() == plan.keys.start);
         Ok(known == rec.known
             && seq.scheduled == known
             && plan.tokens.start == known
+            && key_fits
             && self.append_need(&seq, 1, 0) == 0)
     }
 }
 
 impl BlockManager {
     /// Apply planned one-token steps together: `tokens[i]` appended to the sequence of
-    /// `handles[i]`, which must know exactly `known[i]` tokens, all scheduled; distinct
-    /// sequences, all or nothing, as `append_batch` (its prefetching and one lock of each
-    /// cell). A plain manager only (one full-attention group, no null block). Returns the
-    /// copy-on-write pairs, or None when the blocks do not fit (nothing changed): planned
-    /// steps (`decode_in_place`) give `Some(vec![])`.
+    /// `handles[i]`, which must know exactly `known[i]` tokens, all scheduled, and `keys[i]`
+    /// (when given) added as the key of the block the token fills; distinct sequences, all
+    /// or nothing, as `append_batch` (its prefetching and one lock of each cell). A plain
+    /// manager only (one full-attention group, no null block). Returns the copy-on-write
+    /// pairs, or None when the blocks do not fit (nothing changed): planned steps
+    /// (`decode_in_place`) give `Some(vec![])`.
     pub fn append_planned(
         &self,
         handles: &[&SeqHandle],
         known: &[usize],
         tokens: &[u32],
+        keys: &[Option<Vec<u8>>],
     ) -> Result<Option<Vec<(u32, u32)>>> {
-        if handles.len() != tokens.len() || known.len() != tokens.len() {
+        if handles.len() != tokens.len()
+            || known.len() != tokens.len()
+            || keys.len() != tokens.len()
+        {
             return Err(invalid(format!(
-                "{} handles, {} token counts and {} tokens",
+                "{} handles, {} token counts, {} tokens and {} keys",
                 handles.len(),
                 known.len(),
-                tokens.len()
+                tokens.len(),
+                keys.len()
             )));
+        }
+        // The keys' digests, computed before any lock is taken.
+        let mut caller_keys = try_with_capacity(keys.len(), "the planned steps' keys")?;
+        for key in keys {
+            caller_keys.push(match key {
+                Some(k) => Some(self.reduce_keys(std::slice::from_ref(k))?),
+                None => None,
+            });
         }
         if !self.plain() {
             return Err(invalid("planned steps are for one full-attention group"));
@@ -107,7 +134,7 @@ impl BlockManager {
                     _ => return Err(Error::UnknownSequence(id)),
                 }
             }
-            self.append_one_each(&ids, tokens, &mut locked, None)
+            self.append_one_each(&ids, tokens, &mut locked, None, Some(&caller_keys))
         })
     }
 }
@@ -188,30 +215,83 @@ mod tests {
     }
 
     #[test]
+    fn a_step_that_fills_its_block_applies_with_the_blocks_key() {
+        let m = BlockManager::new(Config::new(8, 4)).unwrap();
+        let key = |s: &str| s.as_bytes().to_vec();
+        let prompt_keys = [key("k0")];
+        let opts = crate::AllocateOpts {
+            keys: crate::PromptKeys {
+                block_hashes: Some(&prompt_keys),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let tokens = [1, 2, 3, 4, 5, 6, 7];
+        m.allocate_with(1, &mut tokens.to_vec(), &opts)
+            .unwrap()
+            .unwrap();
+        let h = m.seq_handle(1).unwrap();
+        let rec = records::record(7);
+        // Token 8 fills block 1: the plan hands over its key, still in place.
+        let plan = rec
+            .plan_decode(&records::call(7, 1, 8), 4, true, false)
+            .unwrap();
+        assert_eq!(plan.keys, 1..2);
+        assert!(!plan.is_one_token(rec.table_len, 4));
+        assert!(m.decode_in_place(&rec, &h, &plan).unwrap());
+        // A record whose keys lag the sequence's plans a key the sequence already has.
+        let behind = EngineRecord { keys: 0, ..rec };
+        let p = behind
+            .plan_decode(&records::call(7, 1, 8), 4, true, false)
+            .unwrap();
+        assert!(!m.decode_in_place(&behind, &h, &p).unwrap());
+        let all = [key("k0"), key("k1")];
+        let lookup = crate::PromptKeys {
+            block_hashes: Some(&all),
+            ..Default::default()
+        };
+        let probe = [1, 2, 3, 4, 5, 6, 7, 8, 9];
+        assert_eq!(m.lookup_with(&probe, &lookup).unwrap(), 4);
+        let out = m
+            .append_planned(&[&h], &[7], &[8], &[Some(key("k1"))])
+            .unwrap();
+        assert_eq!(out, Some(vec![]));
+        assert_eq!(m.num_block_hashes(1).unwrap(), 2);
+        assert_eq!(m.lookup_with(&probe, &lookup).unwrap(), 8, "block 1 cached");
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
     fn planned_steps_apply_together_or_not_at_all() {
         let m = BlockManager::new(Config::new(8, 4)).unwrap();
         m.allocate(1, &[1, 2, 3], None, None, 0).unwrap().unwrap();
         m.allocate(2, &[1, 2], None, None, 0).unwrap().unwrap();
         let (h1, h2) = (m.seq_handle(1).unwrap(), m.seq_handle(2).unwrap());
         // A count that is not the sequence's: nothing changes.
-        assert!(m.append_planned(&[&h1, &h2], &[3, 3], &[4, 3]).is_err());
+        assert!(m
+            .append_planned(&[&h1, &h2], &[3, 3], &[4, 3], &[None, None])
+            .is_err());
         assert_eq!((m.num_tokens(1).unwrap(), m.num_tokens(2).unwrap()), (3, 2));
         // The same sequence twice: refused, nothing changes.
-        assert!(m.append_planned(&[&h1, &h1], &[3, 3], &[4, 4]).is_err());
+        assert!(m
+            .append_planned(&[&h1, &h1], &[3, 3], &[4, 4], &[None, None])
+            .is_err());
         assert_eq!(m.num_tokens(1).unwrap(), 3);
-        let out = m.append_planned(&[&h1, &h2], &[3, 2], &[4, 3]).unwrap();
+        let out = m
+            .append_planned(&[&h1, &h2], &[3, 2], &[4, 3], &[None, None])
+            .unwrap();
         assert_eq!(out, Some(vec![]));
         assert_eq!((m.num_tokens(1).unwrap(), m.num_tokens(2).unwrap()), (4, 3));
         assert_eq!(m.num_scheduled_tokens(1).unwrap(), 4);
         // A freed sequence, or another manager's handle, is refused.
         m.free(2).unwrap();
         assert!(matches!(
-            m.append_planned(&[&h2], &[3], &[4]),
+            m.append_planned(&[&h2], &[3], &[4], &[None]),
             Err(crate::error::Error::UnknownSequence(2))
         ));
         let other = BlockManager::new(Config::new(8, 4)).unwrap();
         other.allocate(1, &[1], None, None, 0).unwrap().unwrap();
         let theirs = other.seq_handle(1).unwrap();
-        assert!(m.append_planned(&[&theirs], &[1], &[2]).is_err());
+        assert!(m.append_planned(&[&theirs], &[1], &[2], &[None]).is_err());
     }
 }

@@ -163,7 +163,8 @@ impl BlockManager {
                 return self.step_members_grouped(&members.ids, tokens, &mut locked);
             }
             let mut slots = try_with_capacity(tokens.len(), "the slot mapping")?;
-            let out = self.append_one_each(&members.ids, tokens, &mut locked, Some(&mut slots))?;
+            let out =
+                self.append_one_each(&members.ids, tokens, &mut locked, Some(&mut slots), None)?;
             Ok(out.map(|pairs| (slots, pairs)))
         })
     }

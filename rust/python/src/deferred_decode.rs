@@ -18,7 +18,7 @@ use crate::errors::IntoPy;
 use pagedkv_core::{DecodeCall, Error};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -30,9 +30,12 @@ impl PyEngineRecord {
     /// Plan the record's next step as vLLM's decode of a running request (its next known
     /// token, no lookahead) and keep the plan when the step writes in place; returns the
     /// computed tokens the plan expects (what the engine's call must say), else None. Reads
-    /// the record and the request's token list only: the request object itself is cold at
-    /// the step's start, and its counters are the record's in a steady decode.
-    pub(crate) fn prime(&self, py: Python<'_>) -> PyResult<Option<usize>> {
+    /// the record and the request's token list only (and its block hashes once a block,
+    /// when the step fills one): the request object itself is cold at the step's start, and
+    /// its counters are the record's in a steady decode. `keyed`: a step that fills its
+    /// block and hands over the block's key may be planned too (the adapter says no when
+    /// it must publish the key's event from the step itself).
+    pub(crate) fn prime(&self, py: Python<'_>, keyed: bool) -> PyResult<Option<usize>> {
         // Relaxed: a flag set and read under the GIL.
         let Some(tokens) = self
             .tokens
@@ -65,17 +68,30 @@ impl PyEngineRecord {
         else {
             return Ok(None);
         };
+        let mut key = None;
         if !plan.keys.is_empty() {
+            if !keyed {
+                return Ok(None);
+            }
             let hashes = self.request.bind(py).getattr(intern!(py, "block_hashes"))?;
             plan.limit_keys(hashes.len()? / self.hash_ratio);
+            if plan.keys.len() == 1 {
+                let item = hashes.get_item((plan.keys.start + 1) * self.hash_ratio - 1)?;
+                // Not bytes: the general path's call says what is wrong.
+                let Ok(bytes) = item.cast::<PyBytes>() else {
+                    return Ok(None);
+                };
+                key = Some(bytes.as_bytes().to_vec());
+            }
         }
-        if !plan.is_one_token(st.rec.table_len, bs) {
+        if !plan.is_one_token_keyed(st.rec.table_len, bs) {
             return Ok(None);
         }
         let State {
             rec,
             handle,
             primed,
+            primed_key,
             ..
         } = &mut *st;
         if handle.is_none() {
@@ -91,6 +107,7 @@ impl PyEngineRecord {
         };
         if mgr.decode_in_place(rec, h, &plan).unwrap_or(false) {
             *primed = Some(plan);
+            *primed_key = key;
             return Ok(Some(computed));
         }
         Ok(None)
@@ -131,6 +148,12 @@ impl PyDeferredDecodes {
         }
     }
 
+    /// `apply`: every step taken so far applied (waiting for an apply in progress).
+    pub(crate) fn apply_all(&self, py: Python<'_>) -> PyResult<()> {
+        let _busy = self.busy(py);
+        self.apply_queued(py)
+    }
+
     /// Apply every queued step (the caller holds `busy`): each record's plan taken under
     /// its lock, held until the step is applied, and the tokens appended in one core call.
     fn apply_queued(&self, py: Python<'_>) -> PyResult<()> {
@@ -155,7 +178,8 @@ impl PyDeferredDecodes {
                 None => skipped += 1,
             }
         }
-        let (mut states, mut plans, mut tokens) = (
+        let (mut states, mut plans, mut tokens, mut keys) = (
+            Vec::with_capacity(recs.len()),
             Vec::with_capacity(recs.len()),
             Vec::with_capacity(recs.len()),
             Vec::with_capacity(recs.len()),
@@ -171,6 +195,16 @@ impl PyDeferredDecodes {
                 return Err(internal("a plan without the request's tokens")).py(py);
             };
             tokens.push(token_at(buf.bind(py), plan.tokens.start)?);
+            keys.push(if plan.keys.is_empty() {
+                None
+            } else {
+                Some(
+                    st.primed_key
+                        .clone()
+                        .ok_or_else(|| internal("a keyed plan without its key"))
+                        .py(py)?,
+                )
+            });
             plans.push(plan);
             states.push(st);
         }
@@ -187,7 +221,10 @@ impl PyDeferredDecodes {
                 .py(py)?;
             let known: Vec<usize> = plans.iter().map(|p| p.tokens.start).collect();
             // Blocking with the GIL held is safe: no core call waits for the GIL under a lock.
-            let Some(pairs) = mgr.append_planned(&handles, &known, &tokens).py(py)? else {
+            let Some(pairs) = mgr
+                .append_planned(&handles, &known, &tokens, &keys)
+                .py(py)?
+            else {
                 // Refused, nothing changed (a planned step needs no block: not reached).
                 return Err(internal("planned steps did not fit")).py(py);
             };
@@ -195,8 +232,12 @@ impl PyDeferredDecodes {
             // Appended: the steps are done.
             for (st, plan) in states.iter_mut().zip(&plans) {
                 st.primed = None;
+                st.primed_key = None;
                 st.rec.known = plan.end;
                 st.rec.scheduled = plan.end;
+                if !plan.keys.is_empty() {
+                    st.rec.keys = plan.keys.end;
+                }
             }
             queued.del_slice(0, n)?;
             if !pairs.is_empty() {
@@ -243,10 +284,9 @@ impl PyDeferredDecodes {
 
     /// Apply the queued steps (the plans of the others stay).
     fn apply(&self, py: Python<'_>) -> PyResult<()> {
-        // Taken even with nothing queued: another thread may be applying steps it took
+        // Busy taken even with nothing queued: another thread may be applying steps it took
         // from the queue, and the caller must find them applied.
-        let _busy = self.busy(py);
-        self.apply_queued(py)
+        self.apply_all(py)
     }
 
     /// Forget every plan, then apply the queued steps: before any call of the adapter but
@@ -262,8 +302,11 @@ impl PyDeferredDecodes {
     }
 
     /// Settle, then plan the next step of every record whose step writes in place. Returns
-    /// how many were planned.
-    fn prime(&self, py: Python<'_>) -> PyResult<usize> {
+    /// how many were planned. `keyed`: steps that fill their block and hand over its key
+    /// may be planned too (the adapter passes False while it publishes KV events: a key's
+    /// event is written by the step's own call).
+    #[pyo3(signature = (keyed = true))]
+    fn prime(&self, py: Python<'_>, keyed: bool) -> PyResult<usize> {
         let _busy = self.busy(py);
         self.primed.bind(py).clear();
         self.apply_queued(py)?;
@@ -272,7 +315,7 @@ impl PyDeferredDecodes {
         // another thread may then add or remove records.
         let entries: Vec<_> = self.records.bind(py).iter().collect();
         for (rid, rec) in entries {
-            if let Some(computed) = rec.cast::<PyEngineRecord>()?.get().prime(py)? {
+            if let Some(computed) = rec.cast::<PyEngineRecord>()?.get().prime(py, keyed)? {
                 primed.set_item(rid, computed)?;
             }
         }

@@ -4,6 +4,7 @@
 //! are the core's (`engine_record.rs`).
 
 use crate::convert::{batch_tokens, id_arg, int_arg, keys_arg};
+use crate::deferred_decode::PyDeferredDecodes;
 use crate::errors::IntoPy;
 use crate::manager::PyBlockManager;
 use pagedkv_core::{nonblocking, DecodeCall, DecodePlan, EngineRecord, Error, SeqHandle};
@@ -25,6 +26,9 @@ pub(crate) struct State {
     /// A one-token step planned ahead (`prime`), waiting for the engine's call and then
     /// its application (`apply_primed`); cleared by every other change of the record.
     pub(crate) primed: Option<DecodePlan>,
+    /// The engine's key of the block a primed step fills (its plan hands one over); read
+    /// only while `primed` is set, and set with it by `prime`.
+    pub(crate) primed_key: Option<Vec<u8>>,
 }
 
 /// One request of an engine adapter (pagedkv.vllm): its sequence, how far the sequence
@@ -159,6 +163,7 @@ impl PyEngineRecord {
                 handle: None,
                 cross: None,
                 primed: None,
+                primed_key: None,
             }),
         })
     }
@@ -170,13 +175,17 @@ impl PyEngineRecord {
     /// blocks do not fit (nothing changed but the release), `unchanged` when no table
     /// entry was added and nothing else is due, else `(first_entry, ids, pairs, keys_from)`:
     /// the new entries' vLLM ids per core group (None if none), the copy-on-write pairs
-    /// (vLLM ids) and the first key handed over (None if none).
+    /// (vLLM ids) and the first key handed over (None if none). `deferred`: the adapter's
+    /// deferred steps (`DeferredDecodes`), applied first when one of them may be this
+    /// record's own or when this step may hand over a key.
+    #[pyo3(signature = (request, num_new_tokens, num_lookahead_tokens, deferred = None))]
     fn decode<'py>(
         &self,
         py: Python<'py>,
         request: &Bound<'py, PyAny>,
         num_new_tokens: &Bound<'py, PyAny>,
         num_lookahead_tokens: &Bound<'py, PyAny>,
+        deferred: Option<&Bound<'py, PyDeferredDecodes>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let mgr = &self.mgr.get().inner;
         let computed = attr_count(request, intern!(py, "num_computed_tokens"))?;
@@ -208,6 +217,19 @@ impl PyEngineRecord {
             in_flight,
         };
         let mut st = self.state(py);
+        if let Some(d) = deferred {
+            // The deferred steps write in place: they touch neither the pool nor another
+            // sequence, so this step waits for them only when one of them may be its own
+            // (the record holds a plan) or when it may hand over a key (the steps answered
+            // before it register their blocks first, in call order); the rest apply later in
+            // one batch. Over-counting the keys only applies them sooner.
+            let keyed = caching && (computed + new_tokens) / mgr.block_size() > st.rec.keys;
+            if st.primed.is_some() || keyed {
+                drop(st);
+                d.get().apply_all(py)?;
+                st = self.state(py);
+            }
+        }
         st.primed = None;
         let Some(mut plan) = st
             .rec
