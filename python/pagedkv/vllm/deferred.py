@@ -24,9 +24,10 @@ from typing import Any, TypeVar
 SETTLES_ITSELF = frozenset({"allocate_slots", "new_step_starts"})
 
 # Methods that read and change nothing a deferred step changes (a sequence's tokens, its
-# scheduled count, the used slots, the adapter's records): a deferred step adds no block,
-# copies none, registers none and emits no event, so these answer the same either way, and
-# the queue waits for the next step's `prime`, which applies it in the same pass.
+# scheduled count, the used slots, the adapter's records, the cached blocks): a deferred
+# step adds no block, copies none and emits no event (one that registers its full block's
+# key is planned only while no events are published), so these answer the same either way,
+# and the queue waits for the next step's `prime`, which applies it in the same pass.
 INDEPENDENT = frozenset(
     {
         "take_events",
