@@ -199,6 +199,7 @@ class SimResult:
     manager_ns: int = 0  # time spent inside manager calls
     wall_s: float = 0.0
     stopped_early: bool = False  # `until` ended the run before every request finished
+    loop: str = "python"  # the scheduling loop that ran it: "python" or "rust" (`sim.rust_loop`)
     series: StepSeries = field(default_factory=StepSeries, repr=False)
     final_stats: Stats | None = field(default=None, repr=False)
     trace: list[Call] | None = field(default=None, repr=False)
@@ -995,6 +996,7 @@ def run_workload(
     after_step: Callable[[int, list[int]], None] | None = None,
     until: Callable[[SimResult], bool] | None = None,
     before_step: Callable[[int], None] | None = None,
+    loop: str = "auto",
 ) -> SimResult:
     """Replay `workload` through `manager` (see the module docstring for one step).
 
@@ -1021,7 +1023,13 @@ def run_workload(
     is asked after every step; True ends the run there (`stopped_early`; the sizing checks
     stop a run that can no longer pass). `before_step(clock)` is called as each executed step
     starts, outside the timed calls (`sim.why` stamps what it learns with the clock).
+    `loop`: "auto" runs the Rust loop (`sim.rust_loop`: the same manager calls, made from
+    Rust) when every option is in its scope and this Python loop otherwise; "python" always
+    runs this one; "rust" raises ValueError naming the option out of its scope. The result's
+    `loop` says which ran.
     """
+    if loop not in ("auto", "python", "rust"):
+        raise ValueError(f"loop must be 'auto', 'python' or 'rust', got {loop!r}")
     _check_options(
         max_batch=max_batch,
         max_batch_tokens=max_batch_tokens,
@@ -1033,6 +1041,41 @@ def run_workload(
     )
     if fork_copies and tiers is not None:
         raise ValueError("fork_copies does not run with tiers")
+    if loop != "python":
+        from pagedkv.sim import rust_loop
+
+        blocker = rust_loop.rust_loop_blocker(
+            manager,
+            workload,
+            max_num_batched_tokens=max_num_batched_tokens,
+            spec_tokens=spec_tokens,
+            abort_rate=abort_rate,
+            check=check,
+            tiers=tiers,
+            fork_copies=fork_copies,
+            observe=observe,
+            after_step=after_step,
+            before_step=before_step,
+            watch=watch,
+            until=until,
+        )
+        if blocker is None:
+            assert max_num_batched_tokens is not None
+            return rust_loop.run_rust_loop(
+                manager,
+                workload,
+                max_batch=max_batch,
+                max_num_batched_tokens=max_num_batched_tokens,
+                long_prefill_token_threshold=long_prefill_token_threshold,
+                spec_acceptance=spec_acceptance,
+                skip_sure_checks=_Scheduler.skip_sure_checks,
+                record=record,
+                progress=progress,
+                watch=watch,
+                until=until,  # type: ignore[arg-type]
+            )
+        if loop == "rust":
+            raise ValueError(f"the Rust scheduling loop does not run {blocker}")
     return _Scheduler(
         manager,
         workload,

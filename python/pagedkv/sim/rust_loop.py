@@ -1,0 +1,159 @@
+"""Which scheduling loop runs a replay, and the glue of the Rust one.
+
+`scheduler.run_workload` replays a workload with the Python scheduler (`scheduler._Scheduler`,
+the reference) or with the same loop in Rust (pagedkv-sim's `sched_loop`, through
+`pagedkv._core.schedule_replay`), which drives the core manager directly and makes the same
+manager calls with the same arguments in the same order (tests/sim/test_sim_rust_loop.py
+checks it call for call). The Rust loop runs a replay only when every option is in its scope
+(`rust_loop_blocker` names the first one that is not): chunked prefill, the Rust manager
+itself (not the reference model, not a wrapper), one KV-cache group, parallel samples but no
+beams, no speculative decoding, no aborts, no tiers, no `--check` record, no fork copies, no
+per-step Python callback but `progress`, a `watch` that is a `FastMRCRecorder` (or a `FanOut`
+of them: their streams are fed from Rust) and an `until` that is a sizing `StopRule` (read by
+the loop itself). docs/simulator.md lists which options take which loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pagedkv import _core
+from pagedkv.sim.block_keys import root
+from pagedkv.sim.calls import Call
+from pagedkv.sim.check_bound import StopRule
+from pagedkv.sim.fan_out import FanOut
+from pagedkv.sim.mrc_fast import FastMRCRecorder
+from pagedkv.sim.requests import Request, Workload
+from pagedkv.sim.scheduler import SimResult, StepSeries
+
+LOOPS = ("auto", "python", "rust")
+
+
+def _streams(watch: object) -> list[Any] | None:
+    """The Rust streams behind `watch`, or None if any observer is Python."""
+    if watch is None:
+        return []
+    if type(watch) is FastMRCRecorder:
+        return [watch._stream]
+    if type(watch) is FanOut:
+        out: list[Any] = []
+        for o in watch.observers:
+            got = _streams(o)
+            if got is None:
+                return None
+            out += got
+        return out
+    return None
+
+
+def rust_loop_blocker(manager: object, workload: Workload, **options: Any) -> str | None:
+    """The first reason the Rust loop cannot replay `workload` with `run_workload`'s
+    `options`, or None when it can."""
+    from pagedkv.manager import BlockManager
+
+    if type(manager) not in (BlockManager, _core.BlockManager):
+        return "the manager is not the Rust BlockManager itself"
+    if manager.num_groups != 1:  # type: ignore[attr-defined]
+        return "hybrid KV-cache groups"
+    if options.get("max_num_batched_tokens") is None:
+        return "whole prompts (no chunked prefill)"
+    checks = (
+        ("spec_tokens", "speculative decoding"),
+        ("abort_rate", "aborts"),
+        ("check", "--check's record of scheduled blocks"),
+        ("tiers", "tiers"),
+        ("fork_copies", "fork copies"),
+        ("observe", "an observe() callback"),
+        ("after_step", "an after_step() callback"),
+        ("before_step", "a before_step() callback"),
+    )
+    for name, what in checks:
+        if options.get(name):
+            return what
+    if _streams(options.get("watch")) is None:
+        return "a Python schedule observer"
+    until = options.get("until")
+    if until is not None and type(until) is not StopRule:
+        return "an until() callback other than a sizing StopRule"
+    if any(r.beam_width > 1 for r in workload.requests):
+        return "beam search"
+    return None
+
+
+def _request(r: Request, roots: dict[str | None, int], watched: bool) -> tuple[Any, ...]:
+    salt = r.cache_salt
+    if watched and salt not in roots:
+        roots[salt] = root(salt, None)
+    key = roots[salt] if watched else 0
+    return (
+        r.request_id,
+        r.prompt_tokens,
+        r.hash_ids,
+        r.hash_block_tokens,
+        r.prompt_len,
+        r.max_new_tokens,
+        r.num_samples,
+        salt,
+        key,
+        r.arrival_step,
+        r.after,
+        r.delay,
+    )
+
+
+def run_rust_loop(
+    manager: Any,
+    workload: Workload,
+    *,
+    max_batch: int,
+    max_num_batched_tokens: int,
+    long_prefill_token_threshold: int,
+    spec_acceptance: float,
+    skip_sure_checks: bool,
+    record: bool,
+    progress: Callable[[int, int], None] | None,
+    watch: object,
+    until: StopRule | None,
+) -> SimResult:
+    """`run_workload` on the Rust loop (the caller checked `rust_loop_blocker`)."""
+    t0 = time.perf_counter()
+    streams = _streams(watch)
+    assert streams is not None
+    roots: dict[str | None, int] = {}
+    requests = [_request(r, roots, bool(streams)) for r in workload.requests]
+    stop = None if until is None else (until.target_hits, until.prompt_tokens, until.rest)
+    out = _core.schedule_replay(
+        manager,
+        requests,
+        max_batch=max_batch,
+        max_num_batched_tokens=max_num_batched_tokens,
+        long_prefill_token_threshold=long_prefill_token_threshold,
+        skip_sure_checks=skip_sure_checks,
+        record=record,
+        watches=streams,
+        progress=progress,
+        stop=stop,
+    )
+    res = SimResult(
+        **out["counters"],
+        max_num_batched_tokens=max_num_batched_tokens,
+        long_prefill_token_threshold=long_prefill_token_threshold,
+        spec_acceptance=spec_acceptance,
+        series=StepSeries(**out["series"]),
+        loop="rust",
+    )
+    log = out["log"]
+    if log is not None:
+        trace: list[Call] = [(name, args, kwargs) for name, args, kwargs, _ in log]
+        res.trace = trace
+        res.results = [answer for *_, answer in log]
+    res.final_stats = manager.stats()
+    res.wall_s = time.perf_counter() - t0
+    if res.stopped_early and until is not None:
+        until(res)  # sets its reason: the rule is a function of the figures it stopped at
+    return res
+
+
+__all__ = ["LOOPS", "run_rust_loop", "rust_loop_blocker"]
