@@ -9,24 +9,22 @@ checks it call for call). The Rust loop runs a replay only when every option is 
 itself (not the reference model, not a wrapper), one KV-cache group, parallel samples but no
 beams, no speculative decoding, no aborts, no tiers, no `--check` record, no fork copies, no
 per-step Python callback but `progress`, a `watch` that is a `FastMRCRecorder` (or a `FanOut`
-of them: their streams are fed from Rust) and an `until` that is a sizing `StopRule` (read by
-the loop itself). docs/simulator.md lists which options take which loop.
+of them: their streams are fed from Rust) and an `until` that is a sizing check's `StopRule`
+(it states its test as data, `stop_limits()`, which the loop evaluates after every step).
+docs/simulator.md lists which options take which loop. This module imports neither the
+scheduler nor the stop rule's module (the scheduler imports it: `sim/` has no import circle).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 from pagedkv import _core
 from pagedkv.sim.block_keys import root
-from pagedkv.sim.calls import Call
-from pagedkv.sim.check_bound import StopRule
 from pagedkv.sim.fan_out import FanOut
 from pagedkv.sim.mrc_fast import FastMRCRecorder
 from pagedkv.sim.requests import Request, Workload
-from pagedkv.sim.scheduler import SimResult, StepSeries
 
 LOOPS = ("auto", "python", "rust")
 
@@ -75,8 +73,8 @@ def rust_loop_blocker(manager: object, workload: Workload, **options: Any) -> st
     if _streams(options.get("watch")) is None:
         return "a Python schedule observer"
     until = options.get("until")
-    if until is not None and type(until) is not StopRule:
-        return "an until() callback other than a sizing StopRule"
+    if until is not None and not callable(getattr(until, "stop_limits", None)):
+        return "an until() callback other than a sizing check's StopRule"
     if any(r.beam_width > 1 for r in workload.requests):
         return "beam search"
     return None
@@ -110,21 +108,20 @@ def run_rust_loop(
     max_batch: int,
     max_num_batched_tokens: int,
     long_prefill_token_threshold: int,
-    spec_acceptance: float,
     skip_sure_checks: bool,
     record: bool,
     progress: Callable[[int, int], None] | None,
     watch: object,
-    until: StopRule | None,
-) -> SimResult:
-    """`run_workload` on the Rust loop (the caller checked `rust_loop_blocker`)."""
-    t0 = time.perf_counter()
+    until: Any,
+) -> dict[str, Any]:
+    """The replay on the Rust loop (the caller checked `rust_loop_blocker`):
+    `{"counters", "series", "log"}` (`_core.schedule_replay`'s answer), `SimResult`'s
+    figures by name."""
     streams = _streams(watch)
     assert streams is not None
     roots: dict[str | None, int] = {}
     requests = [_request(r, roots, bool(streams)) for r in workload.requests]
-    stop = None if until is None else (until.target_hits, until.prompt_tokens, until.rest)
-    out = _core.schedule_replay(
+    out: dict[str, Any] = _core.schedule_replay(
         manager,
         requests,
         max_batch=max_batch,
@@ -134,26 +131,9 @@ def run_rust_loop(
         record=record,
         watches=streams,
         progress=progress,
-        stop=stop,
+        stop=None if until is None else until.stop_limits(),
     )
-    res = SimResult(
-        **out["counters"],
-        max_num_batched_tokens=max_num_batched_tokens,
-        long_prefill_token_threshold=long_prefill_token_threshold,
-        spec_acceptance=spec_acceptance,
-        series=StepSeries(**out["series"]),
-        loop="rust",
-    )
-    log = out["log"]
-    if log is not None:
-        trace: list[Call] = [(name, args, kwargs) for name, args, kwargs, _ in log]
-        res.trace = trace
-        res.results = [answer for *_, answer in log]
-    res.final_stats = manager.stats()
-    res.wall_s = time.perf_counter() - t0
-    if res.stopped_early and until is not None:
-        until(res)  # sets its reason: the rule is a function of the figures it stopped at
-    return res
+    return out
 
 
 __all__ = ["LOOPS", "run_rust_loop", "rust_loop_blocker"]

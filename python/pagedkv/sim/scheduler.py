@@ -1061,19 +1061,20 @@ def run_workload(
         )
         if blocker is None:
             assert max_num_batched_tokens is not None
-            return rust_loop.run_rust_loop(
+            t0 = time.perf_counter()
+            out = rust_loop.run_rust_loop(
                 manager,
                 workload,
                 max_batch=max_batch,
                 max_num_batched_tokens=max_num_batched_tokens,
                 long_prefill_token_threshold=long_prefill_token_threshold,
-                spec_acceptance=spec_acceptance,
                 skip_sure_checks=_Scheduler.skip_sure_checks,
                 record=record,
                 progress=progress,
                 watch=watch,
-                until=until,  # type: ignore[arg-type]
+                until=until,
             )
+            return _rust_result(out, manager, until, time.perf_counter() - t0, spec_acceptance)
         if loop == "rust":
             raise ValueError(f"the Rust scheduling loop does not run {blocker}")
     return _Scheduler(
@@ -1097,6 +1098,31 @@ def run_workload(
         until=until,
         before_step=before_step,
     ).run()
+
+
+def _rust_result(
+    out: dict[str, Any],
+    manager: ManagerLike,
+    until: Callable[[SimResult], bool] | None,
+    wall_s: float,
+    spec_acceptance: float,
+) -> SimResult:
+    """The `SimResult` of a replay on the Rust loop (`rust_loop.run_rust_loop`'s figures)."""
+    counters = out["counters"]
+    res = SimResult(
+        **counters,
+        spec_acceptance=spec_acceptance,
+        series=StepSeries(**out["series"]),
+        loop="rust",
+        wall_s=wall_s,
+    )
+    if out["log"] is not None:
+        res.trace = [(name, args, kwargs) for name, args, kwargs, _ in out["log"]]
+        res.results = [answer for *_, answer in out["log"]]
+    res.final_stats = manager.stats()
+    if res.stopped_early and until is not None:
+        until(res)  # sets its reason: the rule is a function of the figures it stopped at
+    return res
 
 
 def _check_options(

@@ -205,7 +205,8 @@ fn loop_err(py: Python<'_>, e: LoopError, waiting: Option<PyErr>) -> PyErr {
 }
 
 /// Replay `requests` through `manager` with chunked prefill (pagedkv-sim's `run_schedule`).
-/// Returns `{"counters", "series", "log"}`; `log` (with `record`): every manager call as
+/// Returns `{"counters", "series", "log"}` (`counters`: `SimResult`'s counters and the
+/// budget options, by name); `log` (with `record`): every manager call as
 /// `(name, args, kwargs, answer)`, else None.
 #[pyfunction]
 #[pyo3(signature = (manager, requests, *, max_batch, max_num_batched_tokens,
@@ -271,7 +272,14 @@ pub fn schedule_replay<'py>(
     let run = run_schedule(&manager.get().inner, &reqs, &options, streams, &mut hook);
     let outcome = run.map_err(|e| loop_err(py, e, waiting.take()))?;
     let out = PyDict::new(py);
-    out.set_item("counters", counters_dict(py, &outcome.counters)?)?;
+    let counters = counters_dict(py, &outcome.counters)?;
+    // The options `SimResult` reports beside the counters.
+    counters.set_item("max_num_batched_tokens", options.budget)?;
+    counters.set_item(
+        "long_prefill_token_threshold",
+        options.long_prefill_token_threshold,
+    )?;
+    out.set_item("counters", counters)?;
     out.set_item("series", series_dict(py, outcome.series)?)?;
     match outcome.log {
         Some(log) => {
