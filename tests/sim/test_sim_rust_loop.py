@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from mooncake_trace import trace_path
 
+from mooncake_trace import trace_path
 from pagedkv import BlockManager, BlockManagerConfig, _core
 from pagedkv.sim import build_workload, read_trace, run_workload
 from pagedkv.sim.calls import same_result

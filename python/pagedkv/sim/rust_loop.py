@@ -11,7 +11,7 @@ beams, no speculative decoding, no aborts, no tiers, no `--check` record, no for
 per-step Python callback but `progress`, a `watch` that is a `FastMRCRecorder` (or a `FanOut`
 of them: their streams are fed from Rust) and an `until` that is a sizing check's `StopRule`
 (it states its test as data, `stop_limits()`, which the loop evaluates after every step).
-docs/simulator.md lists which options take which loop. This module imports neither the
+docs/scheduling-loop.md lists which options take which loop. This module imports neither the
 scheduler nor the stop rule's module (the scheduler imports it: `sim/` has no import circle).
 """
 
@@ -25,8 +25,6 @@ from pagedkv.sim.block_keys import root
 from pagedkv.sim.fan_out import FanOut
 from pagedkv.sim.mrc_fast import FastMRCRecorder
 from pagedkv.sim.requests import Request, Workload
-
-LOOPS = ("auto", "python", "rust")
 
 
 def _streams(watch: object) -> list[Any] | None:
@@ -136,4 +134,4 @@ def run_rust_loop(
     return out
 
 
-__all__ = ["LOOPS", "run_rust_loop", "rust_loop_blocker"]
+__all__ = ["run_rust_loop", "rust_loop_blocker"]
