@@ -24,6 +24,8 @@ pub mod policy_replay;
 pub mod sched_input;
 pub mod sched_log;
 pub mod sched_loop;
+#[cfg(test)]
+mod sched_loop_tests;
 mod sched_phases;
 pub mod stack;
 pub mod stream;
