@@ -57,9 +57,7 @@ def commands(trace: Path, loop: str, tmp: Path) -> dict[str, list[str]]:
 def untimed(doc: Any) -> Any:
     """`doc` without the figures that are times."""
     if isinstance(doc, dict):
-        return {
-            k: untimed(v) for k, v in doc.items() if not any(t in k for t in TIMED)
-        }
+        return {k: untimed(v) for k, v in doc.items() if not any(t in k for t in TIMED)}
     if isinstance(doc, list):
         return [untimed(v) for v in doc]
     return doc
@@ -94,9 +92,7 @@ def main() -> None:
         "|---|---|---|---|---|---|",
     ]
     for name in ("full", "curve"):
-        med = {
-            loop: statistics.median(r["cpu_s"] for r in runs[(name, loop)]) for loop in LOOPS
-        }
+        med = {loop: statistics.median(r["cpu_s"] for r in runs[(name, loop)]) for loop in LOOPS}
         for loop in LOOPS:
             cpu = [r["cpu_s"] for r in runs[(name, loop)]]
             wall = statistics.median(r["wall_s"] for r in runs[(name, loop)])
