@@ -190,11 +190,14 @@ def test_shared_trace_identical(trace_workload: Workload, num_blocks: int, cpu: 
     assert rs.prefix_hit_tokens > 0
 
 
-def test_stop_rule_stops_both_at_the_same_step(trace_workload: Workload) -> None:
+@pytest.mark.parametrize("target", [0.9, 0.0])
+def test_stop_rule_stops_both_at_the_same_step(trace_workload: Workload, target: float) -> None:
+    """0.9: the hit bound ends the run at once; 0.0: the first preemption ends it (the tight
+    pool preempts on the shared trace)."""
     config = BlockManagerConfig(num_blocks=12000, block_size=16)
     results, reasons = [], []
     for loop in ("python", "rust"):
-        rule = StopRule.build(trace_workload, 16, 0.9, aborts=False)
+        rule = StopRule.build(trace_workload, 16, target, aborts=False)
         res = run_workload(
             make_manager(config),
             trace_workload,
@@ -206,11 +209,14 @@ def test_stop_rule_stops_both_at_the_same_step(trace_workload: Workload) -> None
         results.append(res)
         reasons.append(rule.reason)
     py, rs = results
-    assert py.stopped_early and rs.stopped_early
-    assert py.finished_requests < py.requests
-    assert reasons[0] == reasons[1] != ""
+    assert py.stopped_early == rs.stopped_early
+    assert reasons[0] == reasons[1]
     assert_same_calls(py, rs)
     assert_same_figures(py, rs)
+    if target > 0:
+        assert rs.stopped_early and rs.finished_requests < rs.requests and reasons[1]
+    elif rs.stopped_early:
+        assert rs.preemptions > 0 and "preemption" in reasons[1]
 
 
 def test_curves_fed_from_rust_equal_the_python_loops(trace_workload: Workload) -> None:
