@@ -17,6 +17,7 @@ import pytest
 
 from mooncake_trace import trace_path
 from pagedkv import BlockManager, BlockManagerConfig, _core
+from pagedkv.groups import KVCacheGroup
 from pagedkv.sim import build_workload, read_trace, run_workload
 from pagedkv.sim.calls import same_result
 from pagedkv.sim.check_bound import StopRule
@@ -174,6 +175,33 @@ def test_random_workloads_cover_the_paths() -> None:
         seen["chunked"] += res.chunked_prompts
         seen["follow"] += sum(r.after is not None for r in wl.requests)
     assert all(v > 0 for v in seen.values()), seen
+
+
+GROUPS = {
+    "window": [KVCacheGroup("full"), KVCacheGroup("sliding_window", window=64)],
+    "chunked": [KVCacheGroup("full"), KVCacheGroup("chunked_local", chunk=128)],
+    "state": [KVCacheGroup("full"), KVCacheGroup("state")],
+}
+
+
+@pytest.mark.parametrize("groups", list(GROUPS))
+@pytest.mark.parametrize(("num_blocks", "cpu"), [(2000, 0), (200, 0), (200, 100)])
+def test_hybrid_groups_identical(groups: str, num_blocks: int, cpu: int) -> None:
+    """A manager with one block table per group: the hit-aware check is asked every time."""
+    config = BlockManagerConfig(num_blocks=num_blocks, block_size=16, num_cpu_blocks=cpu)
+    for workload in (build_workload("sampling", 30, seed=5), random_workload(3, n=40)):
+        out = [
+            run_workload(
+                make_manager(config, groups=GROUPS[groups]),
+                workload,
+                record=True,
+                loop=loop,
+                max_num_batched_tokens=256,
+            )
+            for loop in ("python", "rust")
+        ]
+        assert_same_calls(*out)
+        assert_same_figures(*out)
 
 
 @pytest.fixture(scope="module")

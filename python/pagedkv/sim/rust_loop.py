@@ -6,11 +6,12 @@ the reference) or with the same loop in Rust (pagedkv-sim's `sched_loop`, throug
 manager calls with the same arguments in the same order (tests/sim/test_sim_rust_loop.py
 checks it call for call). The Rust loop runs a replay only when every option is in its scope
 (`rust_loop_blocker` names the first one that is not): chunked prefill, the Rust manager
-itself (not the reference model, not a wrapper), one KV-cache group, parallel samples but no
-beams, no speculative decoding, no aborts, no tiers, no `--check` record, no fork copies, no
-per-step Python callback but `progress`, a `watch` that is a `FastMRCRecorder` (or a `FanOut`
-of them: their streams are fed from Rust) and an `until` that is a sizing check's `StopRule`
-(it states its test as data, `stop_limits()`, which the loop evaluates after every step).
+itself (not the reference model, not a wrapper; hybrid KV-cache groups included), parallel
+samples but no beams, no speculative decoding, no aborts, no tiers, no `--check` record, no
+fork copies, no per-step Python callback but `progress`, a `watch` that is a
+`FastMRCRecorder` (or a `FanOut` of them: their streams are fed from Rust) and an `until`
+that is a sizing check's `StopRule` (it states its test as data, `stop_limits()`, which the
+loop evaluates after every step).
 docs/scheduling-loop.md lists which options take which loop. This module imports neither the
 scheduler nor the stop rule's module (the scheduler imports it: `sim/` has no import circle).
 """
@@ -51,8 +52,6 @@ def rust_loop_blocker(manager: object, workload: Workload, **options: Any) -> st
 
     if type(manager) not in (BlockManager, _core.BlockManager):
         return "the manager is not the Rust BlockManager itself"
-    if manager.num_groups != 1:  # type: ignore[attr-defined]
-        return "hybrid KV-cache groups"
     if options.get("max_num_batched_tokens") is None:
         return "whole prompts (no chunked prefill)"
     checks = (

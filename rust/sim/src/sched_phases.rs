@@ -224,7 +224,11 @@ impl Loop<'_> {
             }
             // The core takes the tokens it is given; the watches and the log need them after.
             let keep = !self.watches.is_empty() || self.log.is_some();
-            let mut given = if keep { tokens.clone() } else { tokens };
+            let (mut given, kept) = if keep {
+                (tokens.clone(), tokens)
+            } else {
+                (tokens, Vec::new())
+            };
             let opts = AllocateOpts {
                 keys,
                 num_new_tokens: Some(chunk),
@@ -233,7 +237,6 @@ impl Loop<'_> {
                 retention: None,
                 reachable: None,
             };
-            let kept = if keep { given.clone() } else { Vec::new() };
             let hit = self.call(
                 |m| m.allocate_with(id, &mut given, &opts),
                 || Call::Allocate {
