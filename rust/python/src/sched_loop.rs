@@ -1,6 +1,7 @@
 //! `pagedkv._core.schedule_replay`: pagedkv-sim's scheduling loop (`run_schedule`) over a
 //! `BlockManager`, for `pagedkv.sim.rust_loop`. Argument and result conversion only; the
-//! loop holds the GIL (it calls `progress` and checks for Ctrl-C after every step).
+//! loop runs with the GIL released, taking it back after every step to call `progress` and
+//! check for Ctrl-C.
 
 use crate::convert::{batch_tokens, int_arg, seq_ids, u64_arg};
 use crate::errors::{invalid, to_pyerr};
@@ -255,11 +256,17 @@ pub fn schedule_replay<'py>(
         borrowed.push(w.try_borrow_mut()?);
     }
     let streams = borrowed.iter_mut().map(|b| &mut b.inner).collect();
+    let progress: Option<Py<PyAny>> = progress.map(Bound::unbind);
     let mut waiting: Option<PyErr> = None;
+    // The GIL is released while the loop runs (the core calls may wait for a lock, as the
+    // binding never does holding the GIL) and taken back after every step for the hook.
     let mut hook = |done: u64, total: u64| -> bool {
-        let out = py.check_signals().and_then(|()| match &progress {
-            Some(p) => p.call1((done, total)).map(|_| ()),
-            None => Ok(()),
+        let out = Python::attach(|py| {
+            py.check_signals()?;
+            match &progress {
+                Some(p) => p.call1(py, (done, total)).map(|_| ()),
+                None => Ok(()),
+            }
         });
         match out {
             Ok(()) => true,
@@ -269,7 +276,8 @@ pub fn schedule_replay<'py>(
             }
         }
     };
-    let run = run_schedule(&manager.get().inner, &reqs, &options, streams, &mut hook);
+    let mgr = &manager.get().inner;
+    let run = py.detach(|| run_schedule(mgr, &reqs, &options, streams, &mut hook));
     let outcome = run.map_err(|e| loop_err(py, e, waiting.take()))?;
     let out = PyDict::new(py);
     let counters = counters_dict(py, &outcome.counters)?;
