@@ -4,7 +4,8 @@
 //! compares them call for call). In scope: chunked prefill with a token budget, the
 //! per-request chunk cap, `max_batch`, parallel samples (forked at admission), preemption by
 //! recompute and by swap (when the manager has CPU blocks), chat follow-ups' arrival rule,
-//! the sizing checks' stop rule and the miss-ratio curve's streams. Beams, speculative
+//! the sizing checks' stop rule and the miss-ratio curve's streams, on any manager (hybrid
+//! KV-cache groups included: with several groups the hit-aware check is always asked). Beams, speculative
 //! decoding, aborts, tiers, whole-prompt scheduling and Python observers stay on the Python
 //! loop (`pagedkv.sim.rust_loop` picks).
 //!
