@@ -55,6 +55,10 @@ whose tokens were never scheduled (or were retracted by an abort) raises
 `record.UnscheduledHitError`. `watch` (an `observer.ScheduleObserver`, such as
 `mrc.MRCRecorder`) is told the same story: what was allocated, scheduled, appended, forked,
 swapped and freed.
+
+This loop is the reference. For the options in its scope (chunked prefill without beams,
+speculation, aborts, tiers or Python callbacks; docs/scheduling-loop.md) the same loop runs in
+Rust (`sim.rust_loop`), making the same manager calls; `run_workload(loop=...)` picks.
 """
 
 from __future__ import annotations
