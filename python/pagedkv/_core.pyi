@@ -41,6 +41,7 @@ __all__ = [
     "RunningBatch",
     "__version__",
     "hash_blocks",
+    "schedule_replay",
     "trace_tokens",
 ]
 
@@ -566,6 +567,25 @@ class RouterIndex:
     ) -> set[int] | set[bytes]: ...
     def stats(self) -> dict[str, int]: ...
     def check_invariants(self) -> None: ...
+
+def schedule_replay(
+    manager: BlockManager,
+    requests: Sequence[tuple[Any, ...]],
+    *,
+    max_batch: int,
+    max_num_batched_tokens: int,
+    long_prefill_token_threshold: int,
+    skip_sure_checks: bool,
+    record: bool,
+    watches: Sequence[MrcStream],
+    progress: Any | None,
+    stop: tuple[float, int, dict[int, int] | None] | None,
+) -> dict[str, Any]:
+    """Replay `requests` through `manager` with chunked prefill (pagedkv-sim's scheduling
+    loop, for `pagedkv.sim.rust_loop`). Each request is `(request_id, prompt_tokens or None,
+    hash_ids or None, hash_block_tokens, prompt_len, max_new_tokens, num_samples, cache_salt,
+    root, arrival_step, after, delay)`. Returns `{"counters", "series", "log"}`; `log` (with
+    `record`): every manager call as `(name, args, kwargs, answer)`, else None."""
 
 def trace_tokens(hash_ids: _Ints, length: int, block_tokens: int) -> npt.NDArray[np.uint32]:
     """The first `length` pseudo-tokens of a trace prompt given as hash ids, `block_tokens`

@@ -92,6 +92,11 @@ class StopRule:
         # The tolerance `Trial.passed` allows.
         return cls((target - 1e-12) * total, total, rest)
 
+    def stop_limits(self) -> tuple[float, int, dict[int, int] | None]:
+        """The rule as data, `(target_hits, prompt_tokens, rest)`: the Rust scheduling loop
+        (`sim.rust_loop`) evaluates the same test after every step."""
+        return self.target_hits, self.prompt_tokens, self.rest
+
     def __call__(self, res: SimResult) -> bool:
         if res.preemptions:
             self.reason = f"{res.preemptions} preemption{'s' * (res.preemptions != 1)}"

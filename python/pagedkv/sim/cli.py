@@ -29,6 +29,7 @@ from pagedkv.sim.kv_bytes import kv_bytes
 from pagedkv.sim.live_cli import add_live_arguments, simulate_live
 from pagedkv.sim.models import GIB, MODELS, full_layout, get_model, model_layout
 from pagedkv.sim.noisy import add_noisy_arguments, simulate_noisy
+from pagedkv.sim.option_names import LOOPS
 from pagedkv.sim.outputs import check_outputs
 from pagedkv.sim.policies_cli import add_policy_arguments, simulate_policies, wants_policies
 from pagedkv.sim.requests import TRACE_BLOCK_TOKENS
@@ -184,6 +185,14 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
         default=0,
         help="chunked prefill: prompt tokens of one request per step at most, so that "
         "several prompts prefill side by side (default 0: no cap)",
+    )
+    s.add_argument(
+        "--loop",
+        choices=LOOPS,
+        default="auto",
+        help="the scheduling loop: auto (the Rust loop when every option is in its scope, "
+        "else the Python one; docs/scheduling-loop.md), python (the reference), rust (an "
+        "error naming the option out of its scope); both make the same manager calls",
     )
     s.add_argument(
         "--max-batch-tokens",

@@ -14,6 +14,16 @@ TIER_MODES = ("shared", "per-node", "off")
 REMOTE_TTL = 3600.0  # seconds a run's entries live on a --remote server
 # --tier-data
 TIER_DATA = ("count", "real")
+# --loop: which scheduling loop replays (`rust_loop`; docs/scheduling-loop.md)
+LOOPS = ("auto", "python", "rust")
 DEFAULT_MODEL = "llama-3-8b"  # whose KV bytes the tiers move when no model is given
 
-__all__ = ["BLOCK_SIZES", "CLAIM_NAMES", "DEFAULT_MODEL", "REMOTE_TTL", "TIER_DATA", "TIER_MODES"]
+__all__ = [
+    "BLOCK_SIZES",
+    "CLAIM_NAMES",
+    "DEFAULT_MODEL",
+    "LOOPS",
+    "REMOTE_TTL",
+    "TIER_DATA",
+    "TIER_MODES",
+]

@@ -45,6 +45,7 @@ def figures(
     used = np.asarray(s.usage, dtype=np.float64) * config.num_blocks
     return {
         "manager": manager,
+        "loop": result.loop,  # the scheduling loop that replayed it (docs/scheduling-loop.md)
         "workload": workload,
         "num_blocks": config.num_blocks,
         "block_size": config.block_size,

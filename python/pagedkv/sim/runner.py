@@ -229,6 +229,7 @@ class Runner:
                 watch=watch if why is None else why,
                 tiers=driver,
                 before_step=None if why is None else why.before_step,
+                loop=getattr(args, "loop", "auto"),
             )
         finally:
             tier_figures = driver.close() if driver is not None else None

@@ -55,6 +55,10 @@ whose tokens were never scheduled (or were retracted by an abort) raises
 `record.UnscheduledHitError`. `watch` (an `observer.ScheduleObserver`, such as
 `mrc.MRCRecorder`) is told the same story: what was allocated, scheduled, appended, forked,
 swapped and freed.
+
+This loop is the reference. For the options in its scope (chunked prefill without beams,
+speculation, aborts, tiers or Python callbacks; docs/scheduling-loop.md) the same loop runs in
+Rust (`sim.rust_loop`), making the same manager calls; `run_workload(loop=...)` picks.
 """
 
 from __future__ import annotations
@@ -199,6 +203,7 @@ class SimResult:
     manager_ns: int = 0  # time spent inside manager calls
     wall_s: float = 0.0
     stopped_early: bool = False  # `until` ended the run before every request finished
+    loop: str = "python"  # the scheduling loop that ran it: "python" or "rust" (`sim.rust_loop`)
     series: StepSeries = field(default_factory=StepSeries, repr=False)
     final_stats: Stats | None = field(default=None, repr=False)
     trace: list[Call] | None = field(default=None, repr=False)
@@ -995,6 +1000,7 @@ def run_workload(
     after_step: Callable[[int, list[int]], None] | None = None,
     until: Callable[[SimResult], bool] | None = None,
     before_step: Callable[[int], None] | None = None,
+    loop: str = "auto",
 ) -> SimResult:
     """Replay `workload` through `manager` (see the module docstring for one step).
 
@@ -1021,7 +1027,13 @@ def run_workload(
     is asked after every step; True ends the run there (`stopped_early`; the sizing checks
     stop a run that can no longer pass). `before_step(clock)` is called as each executed step
     starts, outside the timed calls (`sim.why` stamps what it learns with the clock).
+    `loop`: "auto" runs the Rust loop (`sim.rust_loop`: the same manager calls, made from
+    Rust) when every option is in its scope and this Python loop otherwise; "python" always
+    runs this one; "rust" raises ValueError naming the option out of its scope. The result's
+    `loop` says which ran.
     """
+    if loop not in ("auto", "python", "rust"):
+        raise ValueError(f"loop must be 'auto', 'python' or 'rust', got {loop!r}")
     _check_options(
         max_batch=max_batch,
         max_batch_tokens=max_batch_tokens,
@@ -1033,6 +1045,42 @@ def run_workload(
     )
     if fork_copies and tiers is not None:
         raise ValueError("fork_copies does not run with tiers")
+    if loop != "python":
+        from pagedkv.sim import rust_loop
+
+        blocker = rust_loop.rust_loop_blocker(
+            manager,
+            workload,
+            max_num_batched_tokens=max_num_batched_tokens,
+            spec_tokens=spec_tokens,
+            abort_rate=abort_rate,
+            check=check,
+            tiers=tiers,
+            fork_copies=fork_copies,
+            observe=observe,
+            after_step=after_step,
+            before_step=before_step,
+            watch=watch,
+            until=until,
+        )
+        if blocker is None:
+            assert max_num_batched_tokens is not None
+            t0 = time.perf_counter()
+            out = rust_loop.run_rust_loop(
+                manager,
+                workload,
+                max_batch=max_batch,
+                max_num_batched_tokens=max_num_batched_tokens,
+                long_prefill_token_threshold=long_prefill_token_threshold,
+                skip_sure_checks=_Scheduler.skip_sure_checks,
+                record=record,
+                progress=progress,
+                watch=watch,
+                until=until,
+            )
+            return _rust_result(out, manager, until, time.perf_counter() - t0, spec_acceptance)
+        if loop == "rust":
+            raise ValueError(f"the Rust scheduling loop does not run {blocker}")
     return _Scheduler(
         manager,
         workload,
@@ -1054,6 +1102,31 @@ def run_workload(
         until=until,
         before_step=before_step,
     ).run()
+
+
+def _rust_result(
+    out: dict[str, Any],
+    manager: ManagerLike,
+    until: Callable[[SimResult], bool] | None,
+    wall_s: float,
+    spec_acceptance: float,
+) -> SimResult:
+    """The `SimResult` of a replay on the Rust loop (`rust_loop.run_rust_loop`'s figures)."""
+    counters = out["counters"]
+    res = SimResult(
+        **counters,
+        spec_acceptance=spec_acceptance,
+        series=StepSeries(**out["series"]),
+        loop="rust",
+        wall_s=wall_s,
+    )
+    if out["log"] is not None:
+        res.trace = [(name, args, kwargs) for name, args, kwargs, _ in out["log"]]
+        res.results = [answer for *_, answer in out["log"]]
+    res.final_stats = manager.stats()
+    if res.stopped_early and until is not None:
+        until(res)  # sets its reason: the rule is a function of the figures it stopped at
+    return res
 
 
 def _check_options(

@@ -156,6 +156,7 @@ def perform(task: Task, ctx: _Context, report: Report) -> dict[str, Any]:
         check=args.check,
         progress=lambda done, total: report(task.label, done, total),
         until=rule,
+        loop=getattr(args, "loop", "auto"),
     )
     if args.check:
         manager.check_invariants()

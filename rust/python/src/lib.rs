@@ -15,6 +15,7 @@ mod router;
 mod router_held;
 mod router_keys;
 mod running;
+mod sched_loop;
 
 use pyo3::prelude::*;
 
@@ -40,6 +41,9 @@ mod _core {
 
     #[pymodule_export]
     use crate::mrc::PyMrcStream;
+
+    #[pymodule_export]
+    use crate::sched_loop::schedule_replay;
 
     #[pymodule_export]
     use crate::block_replay::PyBlockReplay;

@@ -19,7 +19,7 @@ fn stream_err(py: Python<'_>, e: StreamError) -> PyErr {
 /// use from several threads at once (a concurrent call raises, as PyO3 borrows it).
 #[pyclass(module = "pagedkv._core", name = "MrcStream")]
 pub struct PyMrcStream {
-    inner: MrcStream,
+    pub(crate) inner: MrcStream,
 }
 
 #[pymethods]

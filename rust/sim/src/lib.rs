@@ -13,11 +13,20 @@
 //!   granularity (a pure cache replay: no scheduler, no tokens).
 //! - `policy_replay`: a stream through one cache size under LRU, FIFO or Belady's optimum
 //!   under the prefix constraint.
+//! - `sched_loop` (with `sched_input`, `sched_phases`, `sched_log`): the replay's per-step
+//!   scheduling loop for chunked prefill, driving the core manager directly, call for call
+//!   the Python scheduler's (`python/pagedkv/sim/scheduler.py`, the reference).
 
 pub mod block_keys;
 pub mod block_replay;
 pub mod mrc_stream;
 pub mod policy_replay;
+pub mod sched_input;
+pub mod sched_log;
+pub mod sched_loop;
+#[cfg(test)]
+mod sched_loop_tests;
+mod sched_phases;
 pub mod stack;
 pub mod stream;
 pub mod trace_tokens;
@@ -25,6 +34,9 @@ pub mod trace_tokens;
 pub use block_replay::{block_stream, ReplayError, TraceIds};
 pub use mrc_stream::{MrcStream, StreamError};
 pub use policy_replay::{hits, Policy};
+pub use sched_input::{InputError, Options, Prompt, Request, StopRule};
+pub use sched_log::{Answer, Call, Counters, Logged, Outcome, Series};
+pub use sched_loop::{generated_token, run_schedule, LoopError};
 pub use stack::Thresholds;
 pub use stream::Stream;
 pub use trace_tokens::hash_id_tokens;
