@@ -9,6 +9,7 @@ a block registered long after its key was handed over.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,11 @@ class EventTranslator:
     def __init__(self, manager: KVCacheManager, enabled: bool) -> None:
         self._manager = manager
         self.enabled = enabled
+        # Held from a call that hands keys over to the core until `note_keys` has noted
+        # them, and while `take` translates: events are never taken between a block's
+        # registration and its key's noting (they would carry pagedkv's digest, not vLLM's
+        # hash). Taken before any lock of the core, never inside one.
+        self.lock = threading.Lock()
         self._hash_of: OrderedDict[bytes, bytes] = OrderedDict()
         self._cap = 4 * max(manager.layout.num_vllm_blocks, 1)
         self._meta = [
@@ -39,7 +45,8 @@ class EventTranslator:
         ]
 
     def note_keys(self, sid: int, keys: list[bytes] | None, start: int) -> None:
-        """Remember the hashes handed over as keys `start..` of sequence `sid`."""
+        """Remember the hashes handed over as keys `start..` of sequence `sid` (the caller
+        holds `lock` from the call that handed them over)."""
         if not self.enabled or not keys:
             return
         digests = self._manager.core.block_hashes(sid)[start : start + len(keys)]
@@ -59,6 +66,10 @@ class EventTranslator:
     def take(self) -> list[KVCacheEvent]:
         if not self.enabled:
             return []
+        with self.lock:
+            return self._take()
+
+    def _take(self) -> list[KVCacheEvent]:
         out: list[KVCacheEvent] = []
         for e in self._manager.core.drain_events():
             if isinstance(e, pk.BlockStored):

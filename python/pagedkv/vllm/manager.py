@@ -296,9 +296,11 @@ class KVCacheManager:
                 self._take_in_processed(request, rec, processed)
             # A decode step (the record decides: False when it is not one), in one call;
             # the deferred steps applied first where this step could tell (the record says).
-            out = rec.decode(request, num_new_tokens, num_lookahead_tokens, self._deferred)
-            if out is not False:
-                return out if out.__class__ is not tuple else self._decoded(rec, *out)
+            # The events' lock: a key it hands over is noted before its event can be taken.
+            with self.events.lock:
+                out = rec.decode(request, num_new_tokens, num_lookahead_tokens, self._deferred)
+                if out is not False:
+                    return out if out.__class__ is not tuple else self._decoded(rec, *out)
         # Steps answered before this call (of other requests, or this one's) applied first.
         self._deferred.apply()
         if (
@@ -459,17 +461,20 @@ class KVCacheManager:
             if core.allocate(cross, range(num_encoder_tokens), block_hashes=[]) is None:
                 return None
         sid = next(self._ids)
-        got = core.allocate(
-            sid,
-            request.all_token_ids[:n],
-            num_new_tokens=upto - hit,
-            block_hashes=keys,
-            max_hit_tokens=hit,
-            lookahead=need - upto,
-            register=not delay,
-            loaded_tokens=loaded,
-            reachable_tokens=reachable(self, request),
-        )
+        with self.events.lock:  # the keys noted before their events can be taken
+            got = core.allocate(
+                sid,
+                request.all_token_ids[:n],
+                num_new_tokens=upto - hit,
+                block_hashes=keys,
+                max_hit_tokens=hit,
+                lookahead=need - upto,
+                register=not delay,
+                loaded_tokens=loaded,
+                reachable_tokens=reachable(self, request),
+            )
+            if got is not None:
+                self.events.note_keys(sid, keys, 0)
         if got is None:
             if cross is not None:
                 core.free(cross)
@@ -501,7 +506,6 @@ class KVCacheManager:
         )
         rec.cross = cross
         self._seqs[rid] = rec
-        self.events.note_keys(sid, keys, 0)
         return self._result(rec, hit // bs, length, cross=True)
 
     def _admission_cost(
@@ -568,15 +572,17 @@ class KVCacheManager:
                 keys = self._keys(request, rec.nkeys, room)
         if not new and not lookahead and keys is None:
             return end
-        pairs = self.core.append(
-            rec.sid, new, lookahead=lookahead, block_hashes=keys, release=False
-        )
+        with self.events.lock:  # the keys noted before their events can be taken
+            pairs = self.core.append(
+                rec.sid, new, lookahead=lookahead, block_hashes=keys, release=False
+            )
+            if pairs is not None and keys is not None:
+                self.events.note_keys(rec.sid, keys, rec.nkeys)
         if pairs is None:
             return None
         self._note_copies(pairs)
         rec.have = rec.scheduled = end
         if keys is not None:
-            self.events.note_keys(rec.sid, keys, rec.nkeys)
             rec.nkeys += len(keys)
         return end + lookahead
 
@@ -641,6 +647,10 @@ class KVCacheManager:
         pagedkv has not been told of yet are appended first: their KV is in those slots.
         Without prefix caching that is all (the next step's releases count from them).
         """
+        with self.events.lock:  # the keys noted before their events can be taken
+            self._cache_blocks(request, num_computed_tokens)
+
+    def _cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         rec = self._seqs.get(request.request_id)
         if rec is None:
             return
