@@ -50,7 +50,9 @@ fn apply(ix: &RouterIndex<u64>, parts: &[Vec<u8>]) -> (Duration, Duration, Durat
 }
 
 fn main() {
-    let n: u64 = std::env::args().nth(1).map_or(1_000_000, |v| v.parse().unwrap());
+    let n: u64 = std::env::args()
+        .nth(1)
+        .map_or(1_000_000, |v| v.parse().unwrap());
     let rounds: usize = std::env::args().nth(2).map_or(5, |v| v.parse().unwrap());
     let new = parts(n, 0);
     let old = parts(n, 1 << 40);
