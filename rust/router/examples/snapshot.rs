@@ -1,7 +1,7 @@
 //! Times a compact snapshot of 1 M blocks applied inside Rust (no Python, no socket): into a
 //! fresh index, and replacing 1 M other blocks the engine held; split into staging (the
 //! parts applied beside the engine's blocks) and commit (the swap: `commit_snapshot_deferred`),
-//! then the replaced blocks dropped (`drop_replaced`, what the binding runs on another thread). `cargo run --release -p pagedkv-router --example snapshot -- [blocks] [rounds]`.
+//! then the replaced blocks dropped (`drop_replaced`, what the binding runs on another thread). `cargo run --release -p pagedkv-router --example snapshot -- [blocks] [rounds] [fresh|replacing]`.
 
 use pagedkv_router::{compact, EngineKey, RouterIndex};
 use std::time::{Duration, Instant};
@@ -54,9 +54,14 @@ fn main() {
         .nth(1)
         .map_or(1_000_000, |v| v.parse().unwrap());
     let rounds: usize = std::env::args().nth(2).map_or(5, |v| v.parse().unwrap());
+    // "fresh" or "replacing" alone (to profile one), or both.
+    let only = std::env::args().nth(3);
     let new = parts(n, 0);
     let old = parts(n, 1 << 40);
     for over in ["fresh", "replacing"] {
+        if only.as_deref().is_some_and(|o| o != over) {
+            continue;
+        }
         let mut runs = Vec::new();
         for _ in 0..rounds {
             let ix = RouterIndex::<u64>::default();

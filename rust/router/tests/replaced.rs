@@ -104,3 +104,55 @@ fn lookups_during_the_drop_see_only_the_new_blocks() {
     ix.check_invariants().unwrap();
     assert_eq!(ix.stats().memberships, 200);
 }
+
+/// Snapshots of one engine committed over and over with the drop left to another thread,
+/// while a third applies another engine's events and a fourth looks up, with slots scarce
+/// (replaced slots are reused as soon as they are free): every answer is one the engines
+/// held, and at the end the index is each engine's last state.
+#[test]
+fn deferred_drops_race_with_writers_and_lookups() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let ix = RouterIndex::<u64>::new(Config {
+        max_holders: 4,
+        ..Config::default()
+    });
+    let a = EngineKey::from("a");
+    let b = EngineKey::from("b");
+    // Engine a's snapshot k holds 1000k .. 1000k + 50: a lookup of any one of them answers
+    // 0 or 50 for a, never a mix of two snapshots.
+    let snap = |k: u64| -> Vec<u64> { (1000 * k..1000 * k + 50).collect() };
+    ix.apply(&a, &[stored(&snap(0))]).unwrap();
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for k in 1..200 {
+                snapshot(&ix, &a, &snap(k));
+            }
+            done.store(true, Ordering::Release);
+        });
+        s.spawn(|| {
+            while !done.load(Ordering::Acquire) {
+                ix.drop_replaced();
+            }
+        });
+        s.spawn(|| {
+            for i in 0..2000u64 {
+                ix.apply(&b, &[stored(&[5_000_000 + i])]).unwrap();
+            }
+        });
+        s.spawn(|| {
+            while !done.load(Ordering::Acquire) {
+                for k in [0, 50, 199] {
+                    for (e, n) in blocks(&ix, &snap(k)) {
+                        assert_eq!((e, n), (a.clone(), 50), "snapshot {k}");
+                    }
+                }
+            }
+        });
+    });
+    ix.drop_replaced();
+    ix.check_invariants().unwrap();
+    assert_eq!(blocks(&ix, &snap(199)), vec![(a.clone(), 50)]);
+    assert_eq!(blocks(&ix, &snap(198)), vec![]);
+    assert_eq!(ix.stats().memberships, 50 + 2000);
+}
