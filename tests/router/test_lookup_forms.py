@@ -74,7 +74,7 @@ def test_scores_per_medium_and_group(index: tuple[RouterIndex, list[int]]) -> No
 
 
 def test_bad_forms_raise_clearly(index: tuple[RouterIndex, list[int]]) -> None:
-    ix, _ = index
+    ix, chain = index
     before = ix.stats()
     with pytest.raises(InvalidArgumentError, match="whole 8-byte hashes, got 12 bytes"):
         ix.scores(b"x" * 12)
@@ -89,6 +89,14 @@ def test_bad_forms_raise_clearly(index: tuple[RouterIndex, list[int]]) -> None:
         ix.scores([1, 1 << 64])
     with pytest.raises(InvalidArgumentError, match=r"\[0, 2\*\*64\)"):
         ix.scores([1, -1])
+    # A bad item past where the walk would stop raises all the same, for a request the index
+    # holds (a long walk) and one it does not (none).
+    for head in (chain, [5]):
+        for bad in (-1, 1 << 64, "x"):
+            with pytest.raises((InvalidArgumentError, InvalidArgumentTypeError)):
+                ix.scores([*head, *range(7, 40), bad])  # type: ignore[list-item]
+            with pytest.raises((InvalidArgumentError, InvalidArgumentTypeError)):
+                ix.match_hashes([*head, *range(7, 40), bad])  # type: ignore[list-item]
     assert ix.stats() == before
     ix.check_invariants()
 

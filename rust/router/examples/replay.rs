@@ -1,6 +1,7 @@
 //! Replays a dumped event stream into the index and times lookups inside Rust (no Python):
 //! `python benches/router_dump.py OUT` writes the file; then
-//! `cargo run --release -p pagedkv-router --example replay -- OUT [threads]`.
+//! `cargo run --release -p pagedkv-router --example replay -- OUT [threads] [passes]`
+//! (passes over the lookups, 5 by default: more to profile the walk alone).
 //!
 //! File: a sequence of records, each `u8 kind` then: kind 1, `u64 engine, u32 len, payload`
 //! (a vLLM `KVEventBatch`); kind 2, `u32 n, n x u64` (a lookup's block hashes).
@@ -23,6 +24,7 @@ fn u64_at(b: &[u8], i: &mut usize) -> u64 {
 fn main() {
     let path = std::env::args().nth(1).expect("a dump file");
     let threads: usize = std::env::args().nth(2).map_or(1, |t| t.parse().unwrap());
+    let passes: usize = std::env::args().nth(3).map_or(5, |t| t.parse().unwrap());
     let bytes = std::fs::read(path).unwrap();
     let (mut payloads, mut lookups) = (Vec::new(), Vec::new());
     let mut i = 0;
@@ -61,8 +63,8 @@ fn main() {
     );
     let run = |ix: &RouterIndex<u64>| {
         let mut out: Vec<RawHit> = Vec::new();
-        let mut lat = Vec::with_capacity(lookups.len() * 5);
-        for _ in 0..5 {
+        let mut lat = Vec::with_capacity(lookups.len() * passes);
+        for _ in 0..passes {
             for q in &lookups {
                 let t = Instant::now();
                 ix.match_raw(q, &mut out);

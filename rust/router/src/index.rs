@@ -11,6 +11,9 @@
 //!   block it changes; a lookup takes one shard's read lock per block it probes. Nothing is
 //!   scanned, sorted or allocated under them but a table's own growth.
 //! - the slot allocator's mutex (`slots.rs`): when holders come and go.
+//! - `replaced` (a mutex): the queue of holders snapshots replaced, taken only to push or take
+//!   it (nothing is locked under it); `dropping`: held while they are dropped
+//!   (`drop_replaced`) and by `check_invariants`, always before any engine's lock.
 //!
 //! Lookups take nothing else: the slots' words are atomics and the `names` map is papaya's
 //! (lock-free reads).
@@ -90,6 +93,12 @@ pub struct RouterIndex<K: BlockKey> {
     next_handle: AtomicU32,
     pub(crate) counters: Counters,
     log_slack: usize,
+    /// Holders a snapshot replaced (`commit_snapshot_deferred`): retired (lookups no longer
+    /// count them), their bits still set, their slots not yet free; `drop_replaced` clears them.
+    replaced: Mutex<Vec<Holders<K>>>,
+    /// Held by `drop_replaced` for the whole of its work, so that whoever takes it sees every
+    /// replaced holder either still queued or wholly dropped (`check_invariants`).
+    dropping: Mutex<()>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -114,6 +123,8 @@ impl<K: BlockKey> RouterIndex<K> {
             next_handle: AtomicU32::new(0),
             counters: Counters::default(),
             log_slack: config.log_slack,
+            replaced: Mutex::new(Vec::new()),
+            dropping: Mutex::new(()),
         }
     }
 
@@ -280,10 +291,13 @@ impl<K: BlockKey> RouterIndex<K> {
                     }
                     let mut slots = Vec::with_capacity(fresh.len());
                     for &id in &fresh {
-                        match self
-                            .slots
-                            .alloc(pack_meta(handle, (id >> 16) as u16, id as u16))
-                        {
+                        let meta = pack_meta(handle, (id >> 16) as u16, id as u16);
+                        // Slots still held by replaced holders are freed first if none is left.
+                        let got = self.slots.alloc(meta).or_else(|_| {
+                            self.drop_queued();
+                            self.slots.alloc(meta)
+                        });
+                        match got {
                             Ok(s) => slots.push(s),
                             Err(err) => {
                                 for s in slots {
@@ -471,8 +485,19 @@ impl<K: BlockKey> RouterIndex<K> {
 
     /// The snapshot becomes the engine's blocks; what it held before goes. Lookups see the
     /// old holders until the new ones go live, then the new ones (a lookup never adds the two:
-    /// see `lookup.rs`).
+    /// see `lookup.rs`). `commit_snapshot_deferred`, then the old blocks dropped here.
     pub fn commit_snapshot(&self, engine: &EngineKey) -> Result<(), RouterError> {
+        self.commit_snapshot_deferred(engine)?;
+        self.drop_replaced();
+        Ok(())
+    }
+
+    /// The snapshot becomes the engine's blocks, as `commit_snapshot`, but the blocks it
+    /// replaced are only retired: lookups stop counting them at once (their slots leave
+    /// `live`), and their bits stay set, their slots taken, until `drop_replaced` clears them
+    /// (on another thread, say: a commit need not wait for a million old blocks to go).
+    /// Returns the memberships replaced (0: nothing queued).
+    pub fn commit_snapshot_deferred(&self, engine: &EngineKey) -> Result<usize, RouterError> {
         let no_snapshot =
             || RouterError::Snapshot(format!("no snapshot begun for engine {engine}"));
         let (old, gained) = self
@@ -491,14 +516,35 @@ impl<K: BlockKey> RouterIndex<K> {
             })
             .unwrap_or_else(|| Err(no_snapshot()))?;
         let lost: usize = old.values().map(|h| h.count).sum();
-        // The old slots are out of `live` already; `discard` retires them again (harmless: one
-        // more generation) and clears their bits.
-        self.discard(old, true);
+        if !old.is_empty() {
+            lock(&self.replaced).push(old);
+        }
         self.counters
             .memberships
             .fetch_add(gained as i64 - lost as i64, Ordering::Relaxed);
         self.counters.snapshots.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        Ok(lost)
+    }
+
+    /// Clear the bits of the holders snapshots replaced and free their slots (those queued
+    /// when it starts; waits for another call of it in flight). Returns how many it dropped.
+    pub fn drop_replaced(&self) -> usize {
+        let _dropping = lock(&self.dropping);
+        self.drop_queued()
+    }
+
+    /// `drop_replaced`'s work, without its lock: for a writer that needs the slots back and
+    /// may hold an engine's lock (`dropping` is taken before engines' locks, never after).
+    fn drop_queued(&self) -> usize {
+        let queued = std::mem::take(&mut *lock(&self.replaced));
+        let mut n = 0;
+        for old in queued {
+            n += old.len();
+            // Retired at commit already; `discard` retires them again (harmless: one more
+            // generation) and clears their bits.
+            self.discard(old, true);
+        }
+        n
     }
 
     /// Drop the snapshot begun for `engine`, if any.
@@ -614,6 +660,12 @@ impl<K: BlockKey> RouterIndex<K> {
                 }
             }
         }
+        // Replaced holders not yet dropped: their logs are still memory.
+        for hs in lock(&self.replaced).iter() {
+            for h in hs.values() {
+                set_bytes += h.log.capacity() * std::mem::size_of::<K>();
+            }
+        }
         let engines = cells.len();
         let engine_bytes =
             engines * (malloc_size(std::mem::size_of::<EngineCell<K>>() + 16) + 64) + maps;
@@ -634,9 +686,24 @@ impl<K: BlockKey> RouterIndex<K> {
     pub fn check_invariants(&self) -> Result<(), String> {
         use crate::slots::word_bit;
         use std::collections::HashSet;
+        // No drop of replaced holders in flight while checking (they are queued or gone).
+        let _dropping = lock(&self.dropping);
         let cells: Vec<_> = lock(&self.engines).values().cloned().collect();
         // slot -> (blocks logged, blocks counted)
         let mut logs: HashMap<u32, (HashSet<K>, usize)> = HashMap::new();
+        // Replaced holders: not live, not counted in memberships, their blocks still theirs.
+        for hs in lock(&self.replaced).iter() {
+            for h in hs.values() {
+                let (w, b) = word_bit(h.slot);
+                if self.slots.live(w) & b != 0 {
+                    return Err(format!("replaced slot {} is still live", h.slot));
+                }
+                let logged = h.log.iter().copied().collect();
+                if logs.insert(h.slot, (logged, h.count)).is_some() {
+                    return Err(format!("slot {} has two holders", h.slot));
+                }
+            }
+        }
         let mut live_want = vec![0u64; self.slots.words()];
         let mut members = 0i64;
         for c in &cells {
