@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import pagedkv._cli_env  # noqa: F401  (first: before anything imports numpy)
 from pagedkv import __version__
 from pagedkv.sim.cli import add_arguments, simulate
 from pagedkv.sim.glossary import GLOSSARY

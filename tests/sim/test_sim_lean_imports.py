@@ -92,3 +92,30 @@ def test_the_claim_names_are_the_claims() -> None:
     """`--ablate-claims` accepts the names of `option_names` without importing the claims:
     they must be `CLAIMS`' keys, in order."""
     assert tuple(CLAIMS) == CLAIM_NAMES
+
+
+def _blas_threads(env: dict[str, str]) -> tuple[str, int]:
+    """OPENBLAS_NUM_THREADS as the command's process sees it once numpy is imported, and the
+    process's threads then (Linux: numpy's BLAS pool starts one per core at import)."""
+    code = (
+        "import pagedkv.__main__, os, sys; assert 'numpy' in sys.modules; "
+        "print(os.environ.get('OPENBLAS_NUM_THREADS'), len(os.listdir('/proc/self/task')))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": ":".join(sys.path), "PATH": "/usr/bin:/bin", **env},
+    )
+    assert proc.returncode == 0, proc.stderr
+    value, threads = proc.stdout.split()
+    return value, int(threads)
+
+
+def test_the_command_runs_one_blas_thread_unless_told_otherwise() -> None:
+    """numpy's BLAS pool would start a thread per core at import, for no linear algebra:
+    the command's process keeps its one thread (set before numpy's import), and a caller's
+    own setting stays."""
+    assert _blas_threads({}) == ("1", 1)
+    assert _blas_threads({"OPENBLAS_NUM_THREADS": "2"})[0] == "2"
