@@ -239,12 +239,30 @@ mod tests {
         assert_eq!(plan.keys, 1..2);
         assert!(!plan.is_one_token(rec.table_len, 4));
         assert!(m.decode_in_place(&rec, &h, &plan).unwrap());
-        // A record whose keys lag the sequence's plans a key the sequence already has.
+        // A record whose keys lag the sequence's plans two keys: not one step's key.
         let behind = EngineRecord { keys: 0, ..rec };
         let p = behind
             .plan_decode(&records::call(7, 1, 8), 4, true, false)
             .unwrap();
+        assert_eq!(p.keys, 0..2);
         assert!(!m.decode_in_place(&behind, &h, &p).unwrap());
+        // A key that would not continue the sequence's keys (it holds none: block 0's key
+        // never came) is left to the general path.
+        let other = BlockManager::new(Config::new(8, 4)).unwrap();
+        let no_keys = crate::AllocateOpts {
+            keys: crate::PromptKeys {
+                block_hashes: Some(&[]),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        other
+            .allocate_with(1, &mut tokens.to_vec(), &no_keys)
+            .unwrap()
+            .unwrap();
+        let h_other = other.seq_handle(1).unwrap();
+        assert!(plan.is_one_token_keyed(rec.table_len, 4));
+        assert!(!other.decode_in_place(&rec, &h_other, &plan).unwrap());
         let all = [key("k0"), key("k1")];
         let lookup = crate::PromptKeys {
             block_hashes: Some(&all),
