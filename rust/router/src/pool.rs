@@ -11,6 +11,11 @@
 //! (a slab); a table over half a huge page gets a mapping of its own. Tables under
 //! `MIN_BYTES` stay on the heap: an index that small is within the TLB's reach, and the many
 //! small indexes of a test process would otherwise take 2 MiB each.
+//!
+//! A chunk's pages are faulted in when a table is first written into it (by the writer that
+//! grows a table, under its shard's lock): with THP `defrag` at `madvise` the kernel may
+//! compact memory there to find a huge page. Lookups never fault: a table is written whole
+//! before any lookup sees it.
 
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
