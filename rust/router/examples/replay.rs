@@ -61,6 +61,21 @@ fn main() {
         s.entries,
         s.bytes() as f64 / s.memberships as f64
     );
+    // What the process holds, and how much of it in transparent huge pages (Linux).
+    if let Ok(r) = std::fs::read_to_string("/proc/self/smaps_rollup") {
+        let kb = |name: &str| {
+            r.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .unwrap_or("?")
+                .to_string()
+        };
+        println!(
+            "process: Rss {} kB, AnonHugePages {} kB",
+            kb("Rss:"),
+            kb("AnonHugePages:")
+        );
+    }
     let run = |ix: &RouterIndex<u64>| {
         let mut out: Vec<RawHit> = Vec::new();
         let mut lat = Vec::with_capacity(lookups.len() * passes);

@@ -17,12 +17,13 @@
 //! interpreter's own work between calls, and 64 lines of hints come back sooner than 256.
 
 use crate::key::{BlockKey, BuildKeyHasher, EntryKey};
+use crate::pool::Pool;
 use crate::slots::word_bit;
 use crate::table::Table;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Shards (a power of two).
 const SHARDS: usize = 256;
@@ -59,21 +60,25 @@ pub(crate) struct BlockMap<K: BlockKey> {
     shards: Box<[Shard<K>]>,
     hints: Box<[Hint]>,
     hasher: BuildKeyHasher,
+    /// Huge-page memory for the word-0 tables once they are large (`pool.rs`).
+    pool: Arc<Pool>,
 }
 
 impl<K: BlockKey> BlockMap<K> {
     pub fn new(hasher: BuildKeyHasher) -> Self {
+        let pool = Arc::new(Pool::default());
         Self {
             shards: (0..SHARDS)
                 .map(|_| Shard {
                     tables: RwLock::new(Tables {
-                        first: Table::new(),
+                        first: Table::new(Arc::clone(&pool)),
                         more: HashMap::with_hasher(hasher),
                     }),
                 })
                 .collect(),
             hints: (0..SHARDS).map(|_| Hint::default()).collect(),
             hasher,
+            pool,
         }
     }
 
@@ -347,19 +352,27 @@ impl<K: BlockKey> BlockMap<K> {
             .sum()
     }
 
-    /// The tables' memory by their own accounting (their capacities; see `table_bytes`).
+    /// The tables' memory by their own accounting (their capacities; see `table_bytes`; the
+    /// pool's tables as the 2 MiB chunks they take, used or not).
     pub fn bytes(&self) -> usize {
         let two = std::mem::size_of::<(EntryKey<K>, u64)>();
-        self.shards
+        let shards: usize = self
+            .shards
             .iter()
             .map(|s| {
                 let t = Self::read_shard(s);
+                let first = if t.first.pooled() {
+                    0
+                } else {
+                    t.first.capacity() * Table::<K>::slot_size()
+                };
                 std::mem::size_of::<Shard<K>>()
                     + std::mem::size_of::<Hint>()
-                    + t.first.capacity() * Table::<K>::slot_size()
+                    + first
                     + table_bytes(t.more.capacity(), two)
             })
-            .sum()
+            .sum();
+        shards + self.pool.mapped()
     }
 }
 

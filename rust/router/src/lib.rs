@@ -29,6 +29,7 @@ mod key;
 mod lookup;
 mod media;
 mod msgpack;
+mod pool;
 mod slots;
 mod stats;
 mod table;

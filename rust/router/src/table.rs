@@ -9,8 +9,10 @@
 //! level cache, and a walk of 374 blocks was 374 misses in a row).
 
 use std::hash::BuildHasher;
+use std::sync::Arc;
 
 use crate::key::BuildKeyHasher;
+use crate::pool::{Pool, Slab};
 
 #[derive(Clone, Copy)]
 struct Slot<K> {
@@ -20,16 +22,19 @@ struct Slot<K> {
 }
 
 pub(crate) struct Table<K> {
-    slots: Box<[Slot<K>]>,
+    /// In the block map's huge pages once large (`pool.rs`).
+    slots: Slab<Slot<K>>,
+    pool: Arc<Pool>,
     /// `slots.len() - 1` (a power of two less one), or 0 with no slots.
     mask: usize,
     len: usize,
 }
 
 impl<K: Copy + Eq + std::hash::Hash + Default> Table<K> {
-    pub fn new() -> Self {
+    pub fn new(pool: Arc<Pool>) -> Self {
         Self {
-            slots: Box::new([]),
+            slots: Slab::empty(),
+            pool,
             mask: 0,
             len: 0,
         }
@@ -159,7 +164,7 @@ impl<K: Copy + Eq + std::hash::Hash + Default> Table<K> {
             key: K::default(),
             bits: 0,
         };
-        let old = std::mem::replace(&mut self.slots, vec![empty; cap].into_boxed_slice());
+        let old = std::mem::replace(&mut self.slots, Slab::filled(cap, empty, &self.pool));
         self.mask = cap - 1;
         for s in old.iter().filter(|s| s.bits != 0) {
             let mut i = hasher.hash_one(s.key) as usize & self.mask;
@@ -176,6 +181,11 @@ impl<K: Copy + Eq + std::hash::Hash + Default> Table<K> {
             .iter()
             .filter(|s| s.bits != 0)
             .map(|s| (s.key, s.bits))
+    }
+
+    /// Whether the slots are the pool's (counted in its `mapped`), not the heap's.
+    pub fn pooled(&self) -> bool {
+        self.slots.pooled()
     }
 
     /// Bytes per slot.
@@ -196,7 +206,7 @@ mod tests {
         #[test]
         fn table_is_a_map(ops in prop::collection::vec((0u64..40, 0u32..3, prop::bool::ANY), 1..400)) {
             let h = BuildKeyHasher::random();
-            let mut t = Table::<u64>::new();
+            let mut t = Table::<u64>::new(Arc::default());
             let mut m: HashMap<u64, u64> = HashMap::new();
             for (k, b, set) in ops {
                 let bit = 1u64 << b;
