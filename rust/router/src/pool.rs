@@ -309,7 +309,12 @@ mod tests {
         let small = Slab::filled(MIN_BYTES / 8 - 1, 1u64, &pool);
         assert!(!small.pooled());
         let one = Slab::filled(MIN_BYTES / 8, 2u64, &pool);
-        if !one.pooled() {
+        if cfg!(target_os = "linux") {
+            assert!(
+                one.pooled(),
+                "a 16 KiB table is cut from a huge-page chunk on Linux"
+            );
+        } else if !one.pooled() {
             return; // no huge-page mappings on this system: the heap serves every table
         }
         assert_eq!(pool.mapped(), HUGE);
@@ -340,5 +345,46 @@ mod tests {
         drop(other); // spare again
         drop(a); // one spare is kept (a second would be more than a sixteenth)
         assert_eq!(pool.mapped(), HUGE);
+    }
+
+    /// A chunk of the smallest pooled size holds 128 tables, every bit of its `used` mask:
+    /// the 128th still goes in the first chunk, the 129th opens a second; each table keeps
+    /// its own contents, and freeing the first chunk's last table (bit 127) empties it.
+    #[test]
+    fn the_smallest_tables_fill_every_bit_of_a_chunk() {
+        let pool = Arc::new(Pool::default());
+        let n = MIN_BYTES / 8;
+        let first = Slab::filled(n, 0u64, &pool);
+        if cfg!(target_os = "linux") {
+            assert!(first.pooled());
+        } else if !first.pooled() {
+            return;
+        }
+        let mut all = vec![first];
+        all.extend((1..128u64).map(|i| Slab::filled(n, i, &pool)));
+        assert_eq!(HUGE / MIN_BYTES, 128);
+        assert_eq!(pool.mapped(), HUGE, "128 tables fit in one chunk");
+        all.push(Slab::filled(n, 128, &pool));
+        assert_eq!(pool.mapped(), 2 * HUGE, "the 129th opens a second chunk");
+        for (i, s) in all.iter_mut().enumerate() {
+            assert!(
+                s.iter().all(|&v| v == i as u64),
+                "table {i} was overwritten"
+            );
+            s[0] = 1000 + i as u64;
+        }
+        assert!(all.iter().enumerate().all(|(i, s)| s[0] == 1000 + i as u64));
+        // The first chunk's tables go, bit 0 first and bit 127 last: the chunk empties
+        // only then, and is unmapped (not kept as a spare: 2 MiB is more than a sixteenth
+        // of the 4 MiB mapped).
+        let last = all.pop().unwrap();
+        for s in all.drain(..127) {
+            drop(s);
+            assert_eq!(pool.mapped(), 2 * HUGE);
+        }
+        drop(all.pop().unwrap());
+        assert_eq!(pool.mapped(), HUGE);
+        drop(last);
+        assert_eq!(pool.mapped(), 0);
     }
 }

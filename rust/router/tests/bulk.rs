@@ -2,23 +2,10 @@
 //! (`BlockMap::set_many`): the same blocks, tallies and invariants as applied one block at a
 //! time, in word 0 and past it, with duplicates inside the event and blocks already held.
 
+mod common;
+
+use common::{mix, stored};
 use pagedkv_router::{compact, Applied, EngineKey, Event, RouterIndex};
-
-fn stored(hashes: Vec<u64>) -> Event<'static, u64> {
-    Event::Stored {
-        hashes,
-        parent: None,
-        medium: Some("GPU"),
-        group: 0,
-    }
-}
-
-fn mix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
 
 /// Engines 0..70 (so that the last ones hold slots past word 0), each holding some blocks;
 /// then `target` is given `many` at once (bulk) or in events of 100 (block by block).
@@ -26,13 +13,13 @@ fn build(target: u64, many: &[u64], bulk: bool) -> (RouterIndex<u64>, Applied) {
     let ix = RouterIndex::<u64>::default();
     for e in 0..70u64 {
         let own: Vec<u64> = (0..50).map(|i| mix(e * 1000 + i)).collect();
-        ix.apply(&EngineKey::Int(e), &[stored(own)]).unwrap();
+        ix.apply(&EngineKey::Int(e), &[stored(&own)]).unwrap();
     }
     let mut total = Applied::default();
-    let chunks: Vec<Vec<u64>> = if bulk {
-        vec![many.to_vec()]
+    let chunks: Vec<&[u64]> = if bulk {
+        vec![many]
     } else {
-        many.chunks(100).map(<[u64]>::to_vec).collect()
+        many.chunks(100).collect()
     };
     for c in chunks {
         let a = ix.apply(&EngineKey::Int(target), &[stored(c)]).unwrap();

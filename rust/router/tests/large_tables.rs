@@ -3,32 +3,11 @@
 //! shrink away with a removed engine and are replaced by a snapshot: every answer stays the
 //! one a plain model of the engines' sets gives, and the index's invariants hold.
 
-use pagedkv_router::{EngineKey, Event, RouterIndex};
+mod common;
+
+use common::{blocks as answers, mix, removed, stored};
+use pagedkv_router::{EngineKey, RouterIndex};
 use std::collections::HashSet;
-
-fn mix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-fn stored(hashes: Vec<u64>) -> Event<'static, u64> {
-    Event::Stored {
-        hashes,
-        parent: None,
-        medium: Some("GPU"),
-        group: 0,
-    }
-}
-
-fn removed(hashes: Vec<u64>) -> Event<'static, u64> {
-    Event::Removed {
-        hashes,
-        medium: Some("GPU"),
-        group: 0,
-    }
-}
 
 /// Chain c's blocks (100 a chain).
 fn chain(c: u64, salt: u64) -> Vec<u64> {
@@ -46,16 +25,6 @@ fn expected(sets: &[(EngineKey, HashSet<u64>)], keys: &[u64]) -> Vec<(EngineKey,
             )
         })
         .filter(|(_, n)| *n > 0)
-        .collect();
-    v.sort();
-    v
-}
-
-fn answers(ix: &RouterIndex<u64>, keys: &[u64]) -> Vec<(EngineKey, u32)> {
-    let mut v: Vec<_> = ix
-        .match_prefix(keys)
-        .into_iter()
-        .map(|h| (h.engine, h.blocks))
         .collect();
     v.sort();
     v
@@ -83,12 +52,12 @@ fn answers_hold_while_tables_grow_into_huge_pages_and_are_replaced() {
     let mut sb = HashSet::new();
     for c in 0..3000 {
         let ch = chain(c, 1);
-        ix.apply(&a, &[stored(ch.clone())]).unwrap();
+        ix.apply(&a, &[stored(&ch)]).unwrap();
         sa.extend(ch);
     }
     for c in (0..3000).step_by(3) {
         let ch = chain(c, 1);
-        ix.apply(&b, &[stored(ch.clone())]).unwrap();
+        ix.apply(&b, &[stored(&ch)]).unwrap();
         sb.extend(ch);
     }
     // Probes: whole chains, chains cut short by a block nobody holds, unknown chains.
@@ -110,7 +79,7 @@ fn answers_hold_while_tables_grow_into_huge_pages_and_are_replaced() {
         for k in &tail {
             sa.remove(k);
         }
-        ix.apply(&a, &[removed(tail)]).unwrap();
+        ix.apply(&a, &[removed(&tail)]).unwrap();
     }
     check(&ix, &sets(&sa, &sb), &probes);
 
@@ -120,7 +89,7 @@ fn answers_hold_while_tables_grow_into_huge_pages_and_are_replaced() {
     snap.extend((0..1000).flat_map(|c| chain(c, 1)));
     ix.begin_snapshot(&a);
     for part in snap.chunks(100_000) {
-        ix.apply_staged(&a, &[stored(part.to_vec())]).unwrap();
+        ix.apply_staged(&a, &[stored(part)]).unwrap();
     }
     ix.commit_snapshot(&a).unwrap();
     sa = snap.iter().copied().collect();

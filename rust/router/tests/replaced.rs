@@ -2,26 +2,10 @@
 //! (`commit_snapshot_deferred`, then `drop_replaced`): lookups see only the new blocks at
 //! once, the index stays consistent while the old ones wait, and their slots come back.
 
-use pagedkv_router::{Config, EngineKey, Event, RouterIndex};
+mod common;
 
-fn stored(hashes: &[u64]) -> Event<'static, u64> {
-    Event::Stored {
-        hashes: hashes.to_vec(),
-        parent: None,
-        medium: Some("GPU"),
-        group: 0,
-    }
-}
-
-fn blocks(ix: &RouterIndex<u64>, keys: &[u64]) -> Vec<(EngineKey, u32)> {
-    let mut v: Vec<_> = ix
-        .match_prefix(keys)
-        .into_iter()
-        .map(|h| (h.engine, h.blocks))
-        .collect();
-    v.sort();
-    v
-}
+use common::{blocks, stored};
+use pagedkv_router::{Config, EngineKey, RouterIndex};
 
 fn snapshot(ix: &RouterIndex<u64>, e: &EngineKey, keys: &[u64]) -> usize {
     ix.begin_snapshot(e);
