@@ -11,9 +11,11 @@
 //!   block it changes; a lookup takes one shard's read lock per block it probes. Nothing is
 //!   scanned, sorted or allocated under them but a table's own growth.
 //! - the slot allocator's mutex (`slots.rs`): when holders come and go.
-//! - `replaced` (a mutex): the queue of holders snapshots replaced, taken only to push or take
-//!   it (nothing is locked under it); `dropping`: held while they are dropped
-//!   (`drop_replaced`) and by `check_invariants`, always before any engine's lock.
+//! - `replaced` (`replaced.rs`, a mutex and a condvar): the queue of holders snapshots
+//!   replaced and the count of drops of them in flight, taken only to push, take or wait
+//!   (nothing is locked under it); a writer short of slots waits on it, under its engine's
+//!   lock, for a drop in flight (drops take no engine lock). `dropping`: held while
+//!   `drop_replaced` drops them and by `check_invariants`, always before any engine's lock.
 //!
 //! Lookups take nothing else: the slots' words are atomics and the `names` map is papaya's
 //! (lock-free reads).
@@ -25,6 +27,7 @@ use crate::error::RouterError;
 use crate::event::Event;
 use crate::key::{BlockKey, BuildKeyHasher};
 use crate::media::Media;
+use crate::replaced::{Replaced, Taken};
 use crate::slots::{pack_meta, Slots};
 use crate::stats::{Counters, Stats};
 use crate::wire;
@@ -95,7 +98,7 @@ pub struct RouterIndex<K: BlockKey> {
     log_slack: usize,
     /// Holders a snapshot replaced (`commit_snapshot_deferred`): retired (lookups no longer
     /// count them), their bits still set, their slots not yet free; `drop_replaced` clears them.
-    replaced: Mutex<Vec<Holders<K>>>,
+    replaced: Replaced<Holders<K>>,
     /// Held by `drop_replaced` for the whole of its work, so that whoever takes it sees every
     /// replaced holder either still queued or wholly dropped (`check_invariants`).
     dropping: Mutex<()>,
@@ -123,7 +126,7 @@ impl<K: BlockKey> RouterIndex<K> {
             next_handle: AtomicU32::new(0),
             counters: Counters::default(),
             log_slack: config.log_slack,
-            replaced: Mutex::new(Vec::new()),
+            replaced: Replaced::new(),
             dropping: Mutex::new(()),
         }
     }
@@ -293,10 +296,7 @@ impl<K: BlockKey> RouterIndex<K> {
                     for &id in &fresh {
                         let meta = pack_meta(handle, (id >> 16) as u16, id as u16);
                         // Slots still held by replaced holders are freed first if none is left.
-                        let got = self.slots.alloc(meta).or_else(|_| {
-                            self.drop_queued();
-                            self.slots.alloc(meta)
-                        });
+                        let got = self.alloc_slot(meta);
                         match got {
                             Ok(s) => slots.push(s),
                             Err(err) => {
@@ -500,7 +500,7 @@ impl<K: BlockKey> RouterIndex<K> {
     pub fn commit_snapshot_deferred(&self, engine: &EngineKey) -> Result<usize, RouterError> {
         let no_snapshot =
             || RouterError::Snapshot(format!("no snapshot begun for engine {engine}"));
-        let (old, gained) = self
+        let (lost, gained) = self
             .with_engine(engine, false, |_, st| {
                 let staged = st.staged.take().ok_or_else(no_snapshot)?;
                 let old = std::mem::replace(&mut st.live, staged);
@@ -512,13 +512,15 @@ impl<K: BlockKey> RouterIndex<K> {
                     self.slots.set_live(h.slot);
                 }
                 let gained: usize = st.live.values().map(|h| h.count).sum();
-                Ok::<_, RouterError>((old, gained))
+                let lost: usize = old.values().map(|h| h.count).sum();
+                // Queued before the engine's lock goes: a writer short of slots never finds
+                // these taken but neither queued nor being dropped.
+                if !old.is_empty() {
+                    self.replaced.push(old);
+                }
+                Ok::<_, RouterError>((lost, gained))
             })
             .unwrap_or_else(|| Err(no_snapshot()))?;
-        let lost: usize = old.values().map(|h| h.count).sum();
-        if !old.is_empty() {
-            lock(&self.replaced).push(old);
-        }
         self.counters
             .memberships
             .fetch_add(gained as i64 - lost as i64, Ordering::Relaxed);
@@ -533,12 +535,36 @@ impl<K: BlockKey> RouterIndex<K> {
         self.drop_queued()
     }
 
+    /// A slot for a new holder. With none left, the slots of replaced holders are freed
+    /// first: those queued, dropped here, or those another thread is dropping, waited for
+    /// (under the caller's engine lock: a drop takes no engine lock, so this cannot deadlock).
+    fn alloc_slot(&self, meta: u64) -> Result<u32, RouterError> {
+        loop {
+            let seen = self.replaced.ended();
+            match self.slots.alloc(meta) {
+                Ok(s) => return Ok(s),
+                Err(err) => match self.replaced.reclaim(seen) {
+                    Some(taken) => {
+                        self.drop_taken(taken);
+                    }
+                    None => return Err(err),
+                },
+            }
+        }
+    }
+
     /// `drop_replaced`'s work, without its lock: for a writer that needs the slots back and
     /// may hold an engine's lock (`dropping` is taken before engines' locks, never after).
     fn drop_queued(&self) -> usize {
-        let queued = std::mem::take(&mut *lock(&self.replaced));
+        self.drop_taken(self.replaced.take())
+    }
+
+    /// Drop the replaced sets taken; the drop stays in flight (a writer short of slots waits
+    /// for it) until they are all gone.
+    fn drop_taken(&self, taken: Taken<'_, Holders<K>>) -> usize {
+        let mut taken = taken;
         let mut n = 0;
-        for old in queued {
+        for old in std::mem::take(&mut taken.sets) {
             n += old.len();
             // Retired at commit already; `discard` retires them again (harmless: one more
             // generation) and clears their bits.
@@ -661,11 +687,11 @@ impl<K: BlockKey> RouterIndex<K> {
             }
         }
         // Replaced holders not yet dropped: their logs are still memory.
-        for hs in lock(&self.replaced).iter() {
-            for h in hs.values() {
+        self.replaced.with_queued(|queued| {
+            for h in queued.iter().flat_map(|hs| hs.values()) {
                 set_bytes += h.log.capacity() * std::mem::size_of::<K>();
             }
-        }
+        });
         let engines = cells.len();
         let engine_bytes =
             engines * (malloc_size(std::mem::size_of::<EngineCell<K>>() + 16) + 64) + maps;
@@ -686,14 +712,15 @@ impl<K: BlockKey> RouterIndex<K> {
     pub fn check_invariants(&self) -> Result<(), String> {
         use crate::slots::word_bit;
         use std::collections::HashSet;
-        // No drop of replaced holders in flight while checking (they are queued or gone).
+        // No drop of replaced holders in flight while checking (they are queued or gone):
+        // `dropping` keeps `drop_replaced` out, `with_settled` waits for writers' drops.
         let _dropping = lock(&self.dropping);
         let cells: Vec<_> = lock(&self.engines).values().cloned().collect();
         // slot -> (blocks logged, blocks counted)
         let mut logs: HashMap<u32, (HashSet<K>, usize)> = HashMap::new();
         // Replaced holders: not live, not counted in memberships, their blocks still theirs.
-        for hs in lock(&self.replaced).iter() {
-            for h in hs.values() {
+        self.replaced.with_settled(|queued| {
+            for h in queued.iter().flat_map(|hs| hs.values()) {
                 let (w, b) = word_bit(h.slot);
                 if self.slots.live(w) & b != 0 {
                     return Err(format!("replaced slot {} is still live", h.slot));
@@ -703,7 +730,8 @@ impl<K: BlockKey> RouterIndex<K> {
                     return Err(format!("slot {} has two holders", h.slot));
                 }
             }
-        }
+            Ok(())
+        })?;
         let mut live_want = vec![0u64; self.slots.words()];
         let mut members = 0i64;
         for c in &cells {

@@ -107,12 +107,20 @@ fn deferred_drops_race_with_writers_and_lookups() {
     let snap = |k: u64| -> Vec<u64> { (1000 * k..1000 * k + 50).collect() };
     ix.apply(&a, &[stored(&snap(0))]).unwrap();
     let done = AtomicBool::new(false);
+    // Set when the snapshotting writer ends, panicking or not: the other loops end too, and
+    // the scope reports the panic instead of spinning for ever.
+    struct Done<'a>(&'a AtomicBool);
+    impl Drop for Done<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
     std::thread::scope(|s| {
         s.spawn(|| {
+            let _done = Done(&done);
             for k in 1..200 {
                 snapshot(&ix, &a, &snap(k));
             }
-            done.store(true, Ordering::Release);
         });
         s.spawn(|| {
             while !done.load(Ordering::Acquire) {
