@@ -539,18 +539,12 @@ impl<K: BlockKey> RouterIndex<K> {
     /// first: those queued, dropped here, or those another thread is dropping, waited for
     /// (under the caller's engine lock: a drop takes no engine lock, so this cannot deadlock).
     fn alloc_slot(&self, meta: u64) -> Result<u32, RouterError> {
-        loop {
-            let seen = self.replaced.ended();
-            match self.slots.alloc(meta) {
-                Ok(s) => return Ok(s),
-                Err(err) => match self.replaced.reclaim(seen) {
-                    Some(taken) => {
-                        self.drop_taken(taken);
-                    }
-                    None => return Err(err),
-                },
-            }
-        }
+        self.replaced.alloc_with(
+            || self.slots.alloc(meta),
+            |taken| {
+                self.drop_taken(taken);
+            },
+        )
     }
 
     /// `drop_replaced`'s work, without its lock: for a writer that needs the slots back and

@@ -11,7 +11,8 @@
 //! (vLLM's payloads decoded), `compact` (pagedkv's compact snapshot parts) and `held` (a
 //! publisher's record of its blocks, written out as such parts), `event`, `slots` (holder slots: bits, liveness, generations),
 //! `blocks` (the block map) and `table` (its hash table), `engine` (engines and their holders), `media` (medium names),
-//! `index` (applying events, snapshots, removal), `replaced` (replaced holders awaiting their drop), `lookup` (prefix matches), `stats`.
+//! `index` (applying events, snapshots, removal), `replaced` (replaced holders awaiting their drop), `lookup` (prefix matches) and `word_read` (one word of holders read under its generation), `stats`;
+//! `sync` (the atomics and locks loom replaces in `loom_models`).
 //!
 //! Memory: an entry of the block map per (block, word of 64 holders): 16 bytes and a control
 //! byte for the integer form, in hash tables at most 7/8 full; and a set entry per (block,
@@ -33,8 +34,13 @@ mod pool;
 mod replaced;
 mod slots;
 mod stats;
+mod sync;
 mod table;
 pub mod wire;
+mod word_read;
+
+#[cfg(all(test, loom))]
+mod loom_models;
 
 pub use engine::EngineKey;
 pub use error::RouterError;

@@ -13,7 +13,7 @@
 use crate::engine::EngineKey;
 use crate::index::RouterIndex;
 use crate::key::BlockKey;
-use crate::slots::unpack_meta;
+use crate::word_read::{read_word, Blocks};
 
 /// How many blocks ahead of the probe a walk prefetches: enough misses in flight to cover a
 /// memory latency at the probe's pace.
@@ -39,6 +39,47 @@ pub struct Hit {
     pub blocks: u32,
 }
 
+/// A request's keys walked through the block map for one word: the hashes of the next AHEAD
+/// blocks kept in a ring, their slots prefetched (word 0).
+struct KeyWalk<'a, K: BlockKey> {
+    index: &'a RouterIndex<K>,
+    keys: &'a [K],
+    ahead: [u64; AHEAD],
+}
+
+impl<K: BlockKey> Blocks for KeyWalk<'_, K> {
+    #[inline]
+    fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    #[inline]
+    fn start(&mut self, w: usize) {
+        for (j, k) in self.keys.iter().take(AHEAD).enumerate() {
+            self.ahead[j] = self.index.blocks.hash(k);
+            if w == 0 {
+                self.index.blocks.prefetch(self.ahead[j]);
+            }
+        }
+    }
+
+    #[inline]
+    fn bits(&mut self, w: usize, i: usize) -> u64 {
+        #[cfg(all(test, not(loom)))]
+        tests::hook(w, Some(i));
+        let blocks = &self.index.blocks;
+        let hash = self.ahead[i % AHEAD];
+        if let Some(next) = self.keys.get(i + AHEAD) {
+            let h = blocks.hash(next);
+            self.ahead[i % AHEAD] = h;
+            if w == 0 {
+                blocks.prefetch(h);
+            }
+        }
+        blocks.bits(self.keys[i], hash, w)
+    }
+}
+
 impl<K: BlockKey> RouterIndex<K> {
     /// Every holder that holds at least the first of `keys`, with the number of leading
     /// `keys` it holds; in no particular order. `out` is cleared first (reuse it across calls
@@ -49,63 +90,13 @@ impl<K: BlockKey> RouterIndex<K> {
             return;
         }
         let mut words_hit = 0;
+        let mut walk = KeyWalk {
+            index: self,
+            keys,
+            ahead: [0; AHEAD],
+        };
         for w in 0..self.slots.words() {
-            loop {
-                #[cfg(test)]
-                tests::hook(w, None);
-                let g0 = self.slots.gen(w);
-                let active = self.slots.live(w);
-                if active == 0 {
-                    break;
-                }
-                let start = out.len();
-                let mut alive = active;
-                let mut depth = keys.len();
-                // The hashes of the next AHEAD blocks, their slots prefetched (word 0).
-                let mut ahead = [0u64; AHEAD];
-                for (j, k) in keys.iter().take(AHEAD).enumerate() {
-                    ahead[j] = self.blocks.hash(k);
-                    if w == 0 {
-                        self.blocks.prefetch(ahead[j]);
-                    }
-                }
-                for (i, k) in keys.iter().enumerate() {
-                    #[cfg(test)]
-                    tests::hook(w, Some(i));
-                    let hash = ahead[i % AHEAD];
-                    if let Some(next) = keys.get(i + AHEAD) {
-                        let h = self.blocks.hash(next);
-                        ahead[i % AHEAD] = h;
-                        if w == 0 {
-                            self.blocks.prefetch(h);
-                        }
-                    }
-                    let still = alive & self.blocks.bits(*k, hash, w);
-                    if i > 0 {
-                        push_bits(out, w, alive & !still, i);
-                    }
-                    alive = still;
-                    if alive == 0 {
-                        depth = i;
-                        break;
-                    }
-                }
-                push_bits(out, w, alive, depth);
-                for h in &mut out[start..] {
-                    let (engine, medium, group) = unpack_meta(self.slots.meta(h.engine));
-                    *h = RawHit {
-                        engine,
-                        medium,
-                        group,
-                        blocks: h.blocks,
-                    };
-                }
-                if self.slots.gen(w) == g0 {
-                    words_hit += usize::from(out.len() > start);
-                    break;
-                }
-                out.truncate(start);
-            }
+            words_hit += usize::from(read_word(&self.slots, w, &mut walk, out));
         }
         if words_hit > 1 {
             // A snapshot committed during the lookup can show an engine's old holder in one
@@ -152,24 +143,8 @@ impl<K: BlockKey> RouterIndex<K> {
     }
 }
 
-/// Records the holders of `bits` (in word `w`) as holding `depth` blocks; the slot goes in
-/// `engine` until the caller reads its meta.
-#[inline]
-fn push_bits(out: &mut Vec<RawHit>, w: usize, mut bits: u64, depth: usize) {
-    while bits != 0 {
-        let b = bits.trailing_zeros();
-        bits &= bits - 1;
-        out.push(RawHit {
-            engine: (w as u32) * 64 + b,
-            medium: 0,
-            group: 0,
-            blocks: depth as u32,
-        });
-    }
-}
-
-#[cfg(test)]
-mod tests {
+#[cfg(all(test, not(loom)))]
+pub(crate) mod tests {
     use super::*;
     use crate::event::Event;
     use std::cell::RefCell;
@@ -183,7 +158,7 @@ mod tests {
 
     /// Runs the test's hook, if any, before the lookup reads word `w` (`None`) or key `i` of
     /// it.
-    pub(super) fn hook(w: usize, i: Option<usize>) {
+    pub(crate) fn hook(w: usize, i: Option<usize>) {
         let hook = HOOK.with(|h| h.borrow_mut().take());
         if let Some(mut f) = hook {
             f(w, i);

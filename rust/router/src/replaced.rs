@@ -3,7 +3,7 @@
 //! another thread has already taken the queue and is clearing it, waits for that drop to end:
 //! the slots it needs are about to come free, so refusing (`TooManyHolders`) would be wrong.
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use crate::sync::{Condvar, Mutex, MutexGuard};
 
 pub(crate) struct Replaced<T> {
     /// The queue and the count of drops in flight, changed together so that a waiter never
@@ -103,6 +103,29 @@ impl<T> Replaced<T> {
         Some(self.take())
     }
 
+    /// Allocate with `alloc`; while it fails, drop the replaced sets `reclaim` hands over
+    /// (`drop_sets`, which ends the drop by dropping the `Taken`) and try again. Refuses, with
+    /// `alloc`'s error, only when nothing is queued, in flight or freed since the failure.
+    /// `RouterIndex::alloc_slot` is this with the slot allocator; the loom model
+    /// (`loom_models/replaced.rs`) runs it as it is.
+    pub(crate) fn alloc_with<S, E>(
+        &self,
+        mut alloc: impl FnMut() -> Result<S, E>,
+        mut drop_sets: impl FnMut(Taken<'_, T>),
+    ) -> Result<S, E> {
+        loop {
+            // Read before the attempt: a drop that ends after it counts as news to `reclaim`.
+            let seen = self.ended();
+            match alloc() {
+                Ok(s) => return Ok(s),
+                Err(err) => match self.reclaim(seen) {
+                    Some(taken) => drop_sets(taken),
+                    None => return Err(err),
+                },
+            }
+        }
+    }
+
     /// Wait until no drop is in flight, then look at the queued sets (for a full check, when
     /// nothing else is applying).
     pub(crate) fn with_settled<R>(&self, f: impl FnOnce(&[T]) -> R) -> R {
@@ -119,7 +142,7 @@ impl<T> Replaced<T> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::Replaced;
     use std::sync::atomic::{AtomicBool, Ordering};

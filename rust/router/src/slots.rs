@@ -10,8 +10,7 @@
 //! stores and removals of live holders never make a lookup retry).
 
 use crate::error::RouterError;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use crate::sync::{AtomicU64, AtomicUsize, Mutex, Ordering};
 
 pub(crate) struct Slots {
     /// Per word, bit b set: slot 64w+b belongs to a live holder, whose blocks lookups count.
