@@ -504,13 +504,10 @@ impl<K: BlockKey> RouterIndex<K> {
             .with_engine(engine, false, |_, st| {
                 let staged = st.staged.take().ok_or_else(no_snapshot)?;
                 let old = std::mem::replace(&mut st.live, staged);
-                // Old out of `live` before new in: a lookup that reads a word once sees one of them.
-                for h in old.values() {
-                    self.slots.retire(h.slot);
-                }
-                for h in st.live.values() {
-                    self.slots.set_live(h.slot);
-                }
+                self.slots.replace_live(
+                    old.values().map(|h| h.slot),
+                    st.live.values().map(|h| h.slot),
+                );
                 let gained: usize = st.live.values().map(|h| h.count).sum();
                 let lost: usize = old.values().map(|h| h.count).sum();
                 // Queued before the engine's lock goes: a writer short of slots never finds

@@ -109,6 +109,22 @@ impl Slots {
         self.gens[w].fetch_add(1, Ordering::AcqRel);
     }
 
+    /// A commit's swap: lookups stop counting the `old` slots, then count the `new` ones. Old
+    /// out before new in, so a lookup that reads a word once never counts an old holder
+    /// together with its replacement (a lookup that reads two words may: `lookup.rs`).
+    pub fn replace_live(
+        &self,
+        old: impl IntoIterator<Item = u32>,
+        new: impl IntoIterator<Item = u32>,
+    ) {
+        for s in old {
+            self.retire(s);
+        }
+        for s in new {
+            self.set_live(s);
+        }
+    }
+
     /// Give a slot back once its bits are all clear (after `retire`, or never live).
     pub fn free(&self, slot: u32) {
         let mut a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());

@@ -96,15 +96,18 @@ fn discard(slots: &Slots, map: &Map, slot: u32, blocks: &[usize]) {
 
 const ENGINE: u32 = 1;
 
+/// What a lookup answered, for `Seen`: the holder before the change, the one after, neither.
+const OLD: u32 = 0;
+const NEW: u32 = 1;
+const NEITHER: u32 = 2;
+
 /// `commit_snapshot` of engine 1: its old holder (blocks 0 and 1) is retired and its staged
-/// one (block 0 only, in another slot of the same word) set live, then the old one dropped
+/// one (block 0 only, in another slot of the same word) set live (`Slots::replace_live`, as
+/// `commit_snapshot_deferred` calls it), then the old one dropped
 /// (retired again, bits cleared, slot freed). The lookup answers 2 (old), 1 (new) or nothing
 /// (read between the retirement and the new one going live): never both, never another depth.
 #[test]
 fn a_lookup_racing_a_commit_sees_the_old_holder_or_the_new_one() {
-    const OLD: u32 = 0;
-    const NEW: u32 = 1;
-    const NEITHER: u32 = 2;
     let seen = Seen::default();
     let s = seen.clone();
     model(None, move || {
@@ -116,8 +119,7 @@ fn a_lookup_racing_a_commit_sees_the_old_holder_or_the_new_one() {
         let committer = {
             let (slots, map) = (slots.clone(), map.clone());
             thread::spawn(move || {
-                slots.retire(old);
-                slots.set_live(staged);
+                slots.replace_live([old], [staged]);
                 discard(&slots, &map, old, &[0, 1]);
             })
         };
@@ -141,9 +143,6 @@ fn a_lookup_racing_a_commit_sees_the_old_holder_or_the_new_one() {
 /// call run on one thread; else on two, the new holder's allocation retrying until the
 /// removal freed the slot (the edge from the free to the reuse is then the allocator's mutex).
 fn slot_reused_mid_lookup(reuse_on_one_thread: bool, seen: &Seen) {
-    const OLD: u32 = 0;
-    const NEW: u32 = 1;
-    const NEITHER: u32 = 2;
     let slots = Arc::new(Slots::new(1));
     let map = Map::new(3);
     let slot = new_holder(&slots, &map, 1, &[0, 1]);
@@ -190,7 +189,7 @@ fn a_slot_reused_mid_lookup_is_read_again() {
     let seen = Seen::default();
     let s = seen.clone();
     model(None, move || slot_reused_mid_lookup(true, &s));
-    seen.assert_saw(&[0, 1, 2]);
+    seen.assert_saw(&[OLD, NEW, NEITHER]);
 }
 
 #[test]
@@ -198,5 +197,5 @@ fn a_slot_freed_and_reused_by_another_thread_mid_lookup_is_read_again() {
     let seen = Seen::default();
     let s = seen.clone();
     model(Some(4), move || slot_reused_mid_lookup(false, &s));
-    seen.assert_saw(&[0, 1, 2]);
+    seen.assert_saw(&[OLD, NEW, NEITHER]);
 }

@@ -10,6 +10,7 @@ use super::{model, Seen};
 use crate::error::RouterError;
 use crate::replaced::{Replaced, Taken};
 use crate::slots::{pack_meta, Slots};
+use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
@@ -138,12 +139,13 @@ fn a_writer_short_of_slots_gets_the_one_a_replaced_holder_frees() {
 }
 
 /// Two slots, both taken: one by a replaced holder another thread is dropping, one by a live
-/// holder that a commit replaces (retire, push) while the writer may be waiting for the drop.
+/// holder that a commit on a third thread replaces (retire, push) while the writer may be
+/// waiting for the drop.
 /// The writer gets a slot either way: the pushed set, taken and dropped at once (the push
 /// wakes it), or the slot the drop in flight frees. Every slot is accounted for at the end:
 /// the writer's, and those of sets still queued.
 #[test]
-fn a_set_pushed_while_the_writer_waits_is_taken_or_the_drop_ends() {
+fn a_commit_racing_a_drop_and_a_writer_short_of_slots() {
     const TOOK_THE_PUSHED_SET_DURING_THE_DROP: u32 = 0;
     const GOT_THE_DROPPED_SLOT: u32 = 1;
     let seen = Seen::default();
@@ -186,4 +188,52 @@ fn a_set_pushed_while_the_writer_waits_is_taken_or_the_drop_ends() {
         }
     });
     seen.assert_saw(&[TOOK_THE_PUSHED_SET_DURING_THE_DROP, GOT_THE_DROPPED_SLOT]);
+}
+
+/// A set pushed while the writer waits for a drop in flight is handed to it at once, without
+/// waiting for that drop to end: the drop here does not end until the writer has its slot
+/// (standing for a drop of millions of blocks). Two slots: the drop in flight holds one (the
+/// writer starts once it is taken), the other holder is replaced (retired, pushed) by the
+/// dropping thread after its take, so the writer either finds it queued or waits and is woken
+/// by the push. A push that did not wake it would leave the writer blocked for good and the
+/// dropper spinning: loom fails the model (it does, past its branch limit, with `push`'s
+/// `notify_all` removed).
+#[test]
+fn a_set_pushed_while_the_writer_waits_is_handed_over_at_once() {
+    model(None, move || {
+        let fx = Fixture::new(2);
+        let a = fx.live_holder(1);
+        let b = fx.live_holder(2);
+        fx.replace(a);
+        let took = Arc::new(AtomicBool::new(false));
+        let writer_done = Arc::new(AtomicBool::new(false));
+        let dropper = {
+            let (fx, took, writer_done) = (fx.clone(), took.clone(), writer_done.clone());
+            thread::spawn(move || {
+                let taken = fx.replaced.take();
+                assert_eq!(taken.sets, vec![a]);
+                took.store(true, Ordering::Release);
+                fx.replace(b);
+                while !writer_done.load(Ordering::Acquire) {
+                    thread::yield_now();
+                }
+                fx.drop_sets(taken)
+            })
+        };
+        while !took.load(Ordering::Acquire) {
+            thread::yield_now();
+        }
+        let (mut failed_at, mut dropped) = (Vec::new(), Vec::new());
+        let got = fx
+            .writer(&mut failed_at, &mut dropped)
+            .expect("refused while replaced holders held the slots");
+        writer_done.store(true, Ordering::Release);
+        assert_eq!(dropper.join().unwrap(), vec![a]);
+        // The writer dropped b itself and took its slot; a's drop freed the other.
+        assert_eq!(got, b);
+        let by_writer: Vec<Vec<u32>> = dropped.into_iter().map(|(s, _)| s).collect();
+        assert_eq!(by_writer, vec![vec![b]]);
+        assert_eq!(failed_at.len(), 1, "both slots were taken, once");
+        assert_eq!(fx.slots.in_use(), 1);
+    });
 }
