@@ -51,9 +51,11 @@ impl Map {
     }
 }
 
-/// The request `0..len` walked through the model map (`lookup.rs`'s `KeyWalk`).
+/// The request `0..len` walked through the model map (`lookup.rs`'s `KeyWalk`); `walks`
+/// counts the walks begun (more than one: the word was read again).
 struct Walk<'a> {
     map: &'a Map,
+    walks: usize,
 }
 
 impl Blocks for Walk<'_> {
@@ -61,7 +63,9 @@ impl Blocks for Walk<'_> {
         self.map.words.len()
     }
 
-    fn start(&mut self, _w: usize) {}
+    fn start(&mut self, _w: usize) {
+        self.walks += 1;
+    }
 
     fn bits(&mut self, w: usize, i: usize) -> u64 {
         assert_eq!(w, 0, "the models use word 0 only");
@@ -69,14 +73,19 @@ impl Blocks for Walk<'_> {
     }
 }
 
-/// The lookup: word 0 read for the request `0..map.len()`, as (engine, blocks) pairs.
-fn lookup(slots: &Slots, map: &Map) -> Vec<(u32, u32)> {
+/// The lookup: word 0 read for the request `0..map.len()`, as (engine, blocks) pairs, and
+/// whether it walked the blocks more than once (the word read again after a retirement).
+fn lookup(slots: &Slots, map: &Map) -> (Vec<(u32, u32)>, bool) {
     assert_eq!(slots.words(), 1);
     let mut out: Vec<RawHit> = Vec::new();
-    let hit = read_word(slots, 0, &mut Walk { map }, &mut out);
+    let mut walk = Walk { map, walks: 0 };
+    let hit = read_word(slots, 0, &mut walk, &mut out);
     assert_eq!(hit, !out.is_empty());
     assert!(out.iter().all(|h| (h.medium, h.group) == (0, 0)));
-    out.iter().map(|h| (h.engine, h.blocks)).collect()
+    (
+        out.iter().map(|h| (h.engine, h.blocks)).collect(),
+        walk.walks > 1,
+    )
 }
 
 /// A holder made as an applying call makes one: slot, then its blocks, then live.
@@ -100,6 +109,8 @@ const ENGINE: u32 = 1;
 const OLD: u32 = 0;
 const NEW: u32 = 1;
 const NEITHER: u32 = 2;
+/// The lookup walked the word, saw its generation move, and walked it again.
+const READ_AGAIN: u32 = 3;
 
 /// `commit_snapshot` of engine 1: its old holder (blocks 0 and 1) is retired and its staged
 /// one (block 0 only, in another slot of the same word) set live (`Slots::replace_live`, as
@@ -123,17 +134,20 @@ fn a_lookup_racing_a_commit_sees_the_old_holder_or_the_new_one() {
                 discard(&slots, &map, old, &[0, 1]);
             })
         };
-        let got = lookup(&slots, &map);
+        let (got, read_again) = lookup(&slots, &map);
         committer.join().unwrap();
+        if read_again {
+            s.saw(READ_AGAIN);
+        }
         match got.as_slice() {
             [(ENGINE, 2)] => s.saw(OLD),
             [(ENGINE, 1)] => s.saw(NEW),
             [] => s.saw(NEITHER),
             other => panic!("an answer the word never held: {other:?}"),
         }
-        assert_eq!(lookup(&slots, &map), vec![(ENGINE, 1)]);
+        assert_eq!(lookup(&slots, &map), (vec![(ENGINE, 1)], false));
     });
-    seen.assert_saw(&[OLD, NEW, NEITHER]);
+    seen.assert_saw(&[OLD, NEW, NEITHER, READ_AGAIN]);
 }
 
 /// Engine 1 (blocks 0 and 1) is removed and its slot goes to engine 2 (blocks 0 and 2) while
@@ -172,8 +186,11 @@ fn slot_reused_mid_lookup(reuse_on_one_thread: bool, seen: &Seen) {
     } else {
         vec![thread::spawn(remove), thread::spawn(reuse)]
     };
-    let got = lookup(&slots, &map);
+    let (got, read_again) = lookup(&slots, &map);
     writers.into_iter().for_each(|t| t.join().unwrap());
+    if read_again {
+        seen.saw(READ_AGAIN);
+    }
     match got.as_slice() {
         [(1, 2)] => seen.saw(OLD),
         [(2, 1)] => seen.saw(NEW),
@@ -181,7 +198,7 @@ fn slot_reused_mid_lookup(reuse_on_one_thread: bool, seen: &Seen) {
         other => panic!("an answer mixing two holders of one slot: {other:?}"),
     }
     assert_eq!(unpack_meta(slots.meta(slot)).0, 2);
-    assert_eq!(lookup(&slots, &map), vec![(2, 1)]);
+    assert_eq!(lookup(&slots, &map), (vec![(2, 1)], false));
 }
 
 #[test]
@@ -189,7 +206,7 @@ fn a_slot_reused_mid_lookup_is_read_again() {
     let seen = Seen::default();
     let s = seen.clone();
     model(None, move || slot_reused_mid_lookup(true, &s));
-    seen.assert_saw(&[OLD, NEW, NEITHER]);
+    seen.assert_saw(&[OLD, NEW, NEITHER, READ_AGAIN]);
 }
 
 #[test]
@@ -197,5 +214,5 @@ fn a_slot_freed_and_reused_by_another_thread_mid_lookup_is_read_again() {
     let seen = Seen::default();
     let s = seen.clone();
     model(Some(4), move || slot_reused_mid_lookup(false, &s));
-    seen.assert_saw(&[OLD, NEW, NEITHER]);
+    seen.assert_saw(&[OLD, NEW, NEITHER, READ_AGAIN]);
 }
