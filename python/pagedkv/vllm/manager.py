@@ -107,6 +107,10 @@ class KVCacheManager:
                 "encoder-decoder model) is not supported, as in vLLM: disable prefix caching"
             )
         self.num_kv_cache_groups = layout.num_groups
+        # One vLLM group that is pagedkv's group 0 (most models): `_per_group` wraps it
+        # without walking the layout (a generator and a tuple cost a microsecond on the
+        # decode path's cold caches).
+        self._one_group = layout.core_index == [0]
         self.block_size = layout.block_size
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         # Per pagedkv group, the cap on a request's full-sequence admission charge.
@@ -593,6 +597,8 @@ class KVCacheManager:
 
     def _per_group(self, core: list[list[int]], cross: list[int]) -> tuple[list[int], ...]:
         """vLLM's per-group lists from pagedkv's groups and the cross-attention blocks."""
+        if self._one_group:
+            return (core[0],)
         return tuple(cross if c is None else core[c] for c in self.layout.core_index)
 
     def _result(self, rec: _Seq, start: int, stop: int, *, cross: bool) -> PagedKVCacheBlocks:
