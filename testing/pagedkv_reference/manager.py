@@ -2021,9 +2021,14 @@ class ReferenceBlockManager:
         raw = np.array(blocks, dtype=np.int64).tobytes()
         return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
 
-    def block_hashes(self, seq_id: int) -> list[bytes]:
-        """The chain digests of the sequence's full blocks."""
-        return list(self._get(seq_id)[1].digests)
+    def block_hashes(
+        self, seq_id: int, start: int | None = None, stop: int | None = None
+    ) -> list[bytes]:
+        """The chain digests of the sequence's full blocks (`start..stop` of them, clamped
+        as a slice is)."""
+        lo = 0 if start is None else _check_int(start, "start", 0, 2**63)
+        hi = None if stop is None else _check_int(stop, "stop", 0, 2**63)
+        return list(self._get(seq_id)[1].digests)[lo:hi]
 
     def is_swapped(self, seq_id: int) -> bool:
         return self._get(seq_id)[1].swapped

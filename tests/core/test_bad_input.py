@@ -304,6 +304,11 @@ CASES: list[tuple[str, type[BaseException]]] = [
         for i in ("NEVER", "FREED")
     ],
     ("m.block_table(SWAPPED)", SequenceSwappedError),
+    # block_hashes' range: ints from 0
+    ("m.block_hashes(0, -1)", InvalidArgumentError),
+    ("m.block_hashes(0, 0, -1)", InvalidArgumentError),
+    ("m.block_hashes(0, 1.5)", InvalidArgumentTypeError),
+    ("m.block_hashes(0, 0, '2')", InvalidArgumentTypeError),
     *[(f"m.num_scheduled_tokens({i!r})", InvalidArgumentError) for i in BAD_IDS],
     ("m.num_scheduled_tokens(NEVER)", UnknownSequenceError),
     ("m.num_scheduled_tokens(FREED)", UnknownSequenceError),

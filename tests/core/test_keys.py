@@ -64,6 +64,11 @@ def test_equal_keys_hit_across_sequences_and_different_keys_never(m: Both) -> No
     assert m.lookup(prompt, block_hashes=[b"a\x00", b"x", b"a\x02"]) == 4, "stops at a miss"
     assert m.block_hashes(1) == m.block_hashes(2) != m.block_hashes(3)
     assert m.num_block_hashes(1) == 4
+    # A range of them, clamped as a slice is.
+    assert m.block_hashes(1, 1, 3) == m.block_hashes(1)[1:3]
+    assert m.block_hashes(1, 2) == m.block_hashes(1)[2:]
+    assert m.block_hashes(1, 3, 9) == m.block_hashes(1)[3:]
+    assert m.block_hashes(1, 5) == m.block_hashes(1, 3, 1) == []
     # A caller key is never a token chain's digest.
     assert not set(m.block_hashes(1)) & set(m.block_hashes(4))
 

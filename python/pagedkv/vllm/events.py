@@ -49,7 +49,7 @@ class EventTranslator:
         holds `lock` from the call that handed them over)."""
         if not self.enabled or not keys:
             return
-        digests = self._manager.core.block_hashes(sid)[start : start + len(keys)]
+        digests = self._manager.core.block_hashes(sid, start, start + len(keys))
         table = self._hash_of
         for d, k in zip(digests, keys, strict=False):
             table[d] = k

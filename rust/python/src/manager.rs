@@ -1044,15 +1044,30 @@ impl PyBlockManager {
         run(py, false, || self.inner.table_digest(id))
     }
 
-    /// The chain digests of the sequence's full blocks (docs/hashing.md).
+    /// The chain digests of the sequence's full blocks (docs/hashing.md); `start`/`stop`:
+    /// only blocks `start..stop` of them (clamped as a slice is), so that a caller after a
+    /// few does not pay a bytes object for every block of a long sequence.
+    #[pyo3(signature = (seq_id, start = None, stop = None))]
     fn block_hashes<'py>(
         &self,
         py: Python<'py>,
         seq_id: &Bound<'py, PyAny>,
+        start: Option<&Bound<'py, PyAny>>,
+        stop: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
         let id = self::seq_id(seq_id)?;
+        let start = match start {
+            Some(s) => int_arg(s, "start", 0, i64::MAX)? as usize,
+            None => 0,
+        };
+        let stop = stop
+            .map(|s| int_arg(s, "stop", 0, i64::MAX).map(|v| v as usize))
+            .transpose()?;
         let digests = run(py, false, || self.inner.block_hashes(id))?;
+        let stop = stop.unwrap_or(usize::MAX).min(digests.len());
         Ok(digests
+            .get(start.min(stop)..stop)
+            .unwrap_or_default()
             .iter()
             .map(|d| PyBytes::new(py, d.as_bytes()))
             .collect())
