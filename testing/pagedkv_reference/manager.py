@@ -2000,11 +2000,16 @@ class ReferenceBlockManager:
 
     # ---------------------------------------------------------------- queries
 
-    def block_table(self, seq_id: int, *, group: int = 0) -> list[int]:
-        """The GPU block ids of a resident sequence (its table in `group`)."""
+    def block_table(
+        self, seq_id: int, start: int | None = None, stop: int | None = None, *, group: int = 0
+    ) -> list[int]:
+        """The GPU block ids of a resident sequence (its table in `group`; entries
+        `start..stop`, clamped as a slice is)."""
         sid = _seq_id(seq_id)
+        lo = 0 if start is None else _check_int(start, "start", 0, 2**63)
+        hi = None if stop is None else _check_int(stop, "stop", 0, 2**63)
         g = self._group_arg(group)
-        return list(self._table(self._resident(sid)[1], g))
+        return list(self._table(self._resident(sid)[1], g))[lo:hi]
 
     def num_tokens(self, seq_id: int) -> int:
         return self._get(seq_id)[1].num_tokens

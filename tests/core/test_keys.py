@@ -69,6 +69,9 @@ def test_equal_keys_hit_across_sequences_and_different_keys_never(m: Both) -> No
     assert m.block_hashes(1, 2) == m.block_hashes(1)[2:]
     assert m.block_hashes(1, 3, 9) == m.block_hashes(1)[3:]
     assert m.block_hashes(1, 5) == m.block_hashes(1, 3, 1) == []
+    assert m.block_table(1, 2, 4) == m.block_table(1)[2:4]
+    assert m.block_table(1, 4) == m.block_table(1)[4:] != []
+    assert m.block_table(1, 9) == m.block_table(1, 2, 2) == []
     # A caller key is never a token chain's digest.
     assert not set(m.block_hashes(1)) & set(m.block_hashes(4))
 

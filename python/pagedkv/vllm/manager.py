@@ -607,7 +607,7 @@ class KVCacheManager:
         off = self.offset
         core = self.core
         tables = [
-            [b + off for b in core.block_table(rec.sid, group=g)[start:stop]]
+            [b + off for b in core.block_table(rec.sid, start, stop, group=g)]
             for g in range(self.layout.num_core_groups)
         ]
         crossed = []

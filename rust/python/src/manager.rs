@@ -1008,20 +1008,25 @@ impl PyBlockManager {
     }
 
     /// The sequence's GPU block ids in `group`, in token order (0 is the null block
-    /// with groups).
+    /// with groups); `start`/`stop`: entries `start..stop` only (clamped as a slice is), so
+    /// that a caller after a chunk's new entries does not pay an int for every block.
     #[pyo3(
-        signature = (seq_id, *, group=Given::Absent),
-        text_signature = "($self, seq_id, *, group=0)"
+        signature = (seq_id, start = None, stop = None, *, group=Given::Absent),
+        text_signature = "($self, seq_id, start=None, stop=None, *, group=0)"
     )]
     fn block_table(
         &self,
         py: Python<'_>,
         seq_id: &Bound<'_, PyAny>,
+        start: Option<&Bound<'_, PyAny>>,
+        stop: Option<&Bound<'_, PyAny>>,
         group: Given<'_>,
     ) -> PyResult<Vec<u32>> {
         let id = self::seq_id(seq_id)?;
+        let range = slice_bounds(start, stop)?;
         let group = group_arg(&group)?;
-        run(py, false, || self.inner.block_table_of(id, group))
+        let mut table = run(py, false, || self.inner.block_table_of(id, group))?;
+        Ok(clamp_slice(&mut table, range))
     }
 
     /// Tokens the sequence holds: its prompt plus appended tokens.
@@ -1056,18 +1061,9 @@ impl PyBlockManager {
         stop: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
         let id = self::seq_id(seq_id)?;
-        let start = match start {
-            Some(s) => int_arg(s, "start", 0, i64::MAX)? as usize,
-            None => 0,
-        };
-        let stop = stop
-            .map(|s| int_arg(s, "stop", 0, i64::MAX).map(|v| v as usize))
-            .transpose()?;
-        let digests = run(py, false, || self.inner.block_hashes(id))?;
-        let stop = stop.unwrap_or(usize::MAX).min(digests.len());
-        Ok(digests
-            .get(start.min(stop)..stop)
-            .unwrap_or_default()
+        let range = slice_bounds(start, stop)?;
+        let mut digests = run(py, false, || self.inner.block_hashes(id))?;
+        Ok(clamp_slice(&mut digests, range)
             .iter()
             .map(|d| PyBytes::new(py, d.as_bytes()))
             .collect())
@@ -1352,4 +1348,29 @@ impl PyBlockManager {
             self.num_cached_blocks()?
         ))
     }
+}
+
+/// `start`/`stop` of a per-sequence listing: ints from 0 (bad ones raise, naming which);
+/// None: from the first, to the last.
+fn slice_bounds(
+    start: Option<&Bound<'_, PyAny>>,
+    stop: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(usize, Option<usize>)> {
+    let start = match start {
+        Some(s) => int_arg(s, "start", 0, i64::MAX)? as usize,
+        None => 0,
+    };
+    let stop = match stop {
+        Some(s) => Some(int_arg(s, "stop", 0, i64::MAX)? as usize),
+        None => None,
+    };
+    Ok((start, stop))
+}
+
+/// `items[start..stop]`, clamped to its length as a Python slice is (empty when `start`
+/// is past `stop`), taken out of `items` without copying the rest.
+fn clamp_slice<T>(items: &mut Vec<T>, (start, stop): (usize, Option<usize>)) -> Vec<T> {
+    let stop = stop.unwrap_or(usize::MAX).min(items.len());
+    items.truncate(stop);
+    items.split_off(start.min(stop))
 }
