@@ -37,7 +37,8 @@ impl<T> Drop for Taken<'_, T> {
         if self.counted {
             let mut st = self.owner.lock();
             st.in_flight -= 1;
-            st.ended += 1;
+            // Wrapping: only equality with a reading taken moments before is ever asked.
+            st.ended = st.ended.wrapping_add(1);
             drop(st);
             self.owner.ended.notify_all();
         }
@@ -171,6 +172,24 @@ mod tests {
         assert!(t.sets.is_empty());
         drop(t);
         assert!(r.reclaim(r.ended()).is_none());
+    }
+
+    /// The count of ended drops at its limit: the drop that wraps it is still news to a
+    /// writer that read the limit before its attempt (no overflow panic, no refusal).
+    #[test]
+    fn the_ended_count_wraps_and_still_means_try_again() {
+        let r = Replaced::new();
+        r.lock().ended = u64::MAX;
+        r.push(1u32);
+        let seen = r.ended();
+        assert_eq!(seen, u64::MAX);
+        drop(r.take());
+        assert_eq!(r.ended(), 0, "wrapped past the limit");
+        let t = r.reclaim(seen).expect("a drop ended since the reading");
+        assert!(t.sets.is_empty());
+        drop(t);
+        assert!(r.reclaim(r.ended()).is_none());
+        assert_eq!(r.lock().in_flight, 0);
     }
 
     #[test]
