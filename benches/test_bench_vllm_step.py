@@ -43,6 +43,17 @@ def _prompts(n: int) -> list[list[int]]:
     return [systems[i % 4] + [rng.randrange(1, 50_000) for _ in range(OWN)] for i in range(n)]
 
 
+def _request(request_id: str, prompt: list[int]) -> Request:
+    """A request of the benchmark (vLLM's block hashes, 1,024 tokens to generate)."""
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=prompt,
+        sampling_params=SamplingParams(max_tokens=1024, ignore_eos=True),
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(BLOCK, sha256),
+    )
+
+
 def _running(which: str, n: int) -> Any:
     init_none_hash(sha256)
     blocks_each = 2048 // BLOCK  # max_model_len (opt-125m's 2,048) in blocks
@@ -52,17 +63,8 @@ def _running(which: str, n: int) -> Any:
         max_num_seqs=n,
         max_num_batched_tokens=max(8192, n * 2),
     )
-    hasher = get_request_block_hasher(BLOCK, sha256)
     for i, prompt in enumerate(_prompts(n)):
-        scheduler.add_request(
-            Request(
-                request_id=str(i),
-                prompt_token_ids=prompt,
-                sampling_params=SamplingParams(max_tokens=1024, ignore_eos=True),
-                pooling_params=None,
-                block_hasher=hasher,
-            )
-        )
+        scheduler.add_request(_request(str(i), prompt))
     while len(scheduler.running) < n or any(
         r.num_computed_tokens < r.num_tokens - 1 for r in scheduler.running
     ):

@@ -1,6 +1,6 @@
 """How much of vLLM's scheduler step is the KV-cache manager, for vLLM's and pagedkv's.
 
-    python benches/vllm_step_share.py [--running 64 256 1024] [--steps 50]
+    python benches/vllm_step_share.py [--running 64 256 1024] [--steps 50] [--churn K]
 
 Builds the same running batch as `test_bench_vllm_step.py` (shared 512-token system prompts,
 64 tokens each of their own, all prefilled), then times decode steps, alternating the two
@@ -8,6 +8,10 @@ managers step by step so that both see the same machine load, and accumulates th
 spent inside the manager's methods (every public method, wrapped with a timer). It prints,
 per size and manager, the median step, the median time inside the manager and the rest
 (vLLM's scheduler itself): the rest is the floor no manager can go below.
+
+`--churn K`: before each step, K running requests (the same ones for both managers) are
+aborted and K new ones arrive (a shared system prompt and 64 tokens of their own), so each
+step also frees, looks up and admits, as a serving engine's steps do.
 
 The timer's own cost inside the timed window (the wrapper's call of the method with `*args,
 **kwargs` and the clock reads, about 0.2 us a call) is charged to the manager it wraps; both
@@ -20,6 +24,7 @@ the raw and the corrected ratios are printed.
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import time
@@ -95,10 +100,26 @@ def _timer_cost(calls: int = 20_000, rounds: int = 15) -> float:
     return min(costs)
 
 
+def _churn(scheduler: Any, k: int, rng: random.Random, serial: list[int]) -> None:
+    """Abort `k` running requests and add `k` new ones (the same for a same-seeded `rng`)."""
+    from vllm.v1.request import RequestStatus
+
+    running = sorted(r.request_id for r in scheduler.running)
+    scheduler.finish_requests(
+        rng.sample(running, min(k, len(running))), RequestStatus.FINISHED_ABORTED
+    )
+    systems = [p[: bench.SYSTEM] for p in bench._prompts(4)]
+    for _ in range(k):
+        serial[0] += 1
+        own = [rng.randrange(1, 50_000) for _ in range(bench.OWN)]
+        scheduler.add_request(bench._request(f"new-{serial[0]}", systems[serial[0] % 4] + own))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--running", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--churn", type=int, default=0)
     args = parser.parse_args()
     cost = _timer_cost()
     print(f"timer cost inside the window: {cost * 1e6:.3f} us a call (hot no-op, least of 15)")
@@ -112,17 +133,19 @@ def main() -> None:
             scheduler = bench._running(which, n)
             spent = [0.0, 0]
             _timed(scheduler.kv_cache_manager, spent)
-            runs[which] = (scheduler, spent, [], [], [])
+            runs[which] = (scheduler, spent, [], [], [], random.Random(n), [0])
         for _ in range(args.steps):
-            for scheduler, spent, steps, inside, calls in runs.values():
+            for scheduler, spent, steps, inside, calls, rng, serial in runs.values():
                 before, called = spent[0], spent[1]
                 t = time.perf_counter()
+                if args.churn:
+                    _churn(scheduler, args.churn, rng, serial)
                 step(scheduler)
                 steps.append(time.perf_counter() - t)
                 inside.append(spent[0] - before)
                 calls.append(spent[1] - called)
         med = {}
-        for which, (_, _, steps, inside, calls) in runs.items():
+        for which, (_, _, steps, inside, calls, _, _) in runs.items():
             s = statistics.median(steps) * 1e3
             m = statistics.median(inside) * 1e3
             c = statistics.median(calls)

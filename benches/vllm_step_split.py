@@ -8,8 +8,8 @@ with pagedkv's manager only, each call's wall time added to its kind:
 - `planned`: `allocate_slots` of a step planned at the step's start (answered from Python);
 - `general, none new`: `allocate_slots` on the general path that added no block;
 - `general, new block`: `allocate_slots` on the general path that added a block;
-- `apply`: the queued steps applied at the next step's start (`DeferredDecodes.apply`);
-- `plan`: the rest of `new_step_starts` (planning every running request's step);
+- `step start`: `new_step_starts` (the taken steps moved on, the runs that ended applied,
+  the records without a run planned: `DeferredDecodes.prime`);
 - `other`: every other public method.
 
 The garbage collector is off while timing. Per kind: milliseconds a step, calls a step and
@@ -68,11 +68,8 @@ def _instrument(cls: type, spent: dict[str, list[float]]) -> None:
 
     def new_step_starts(self: Any) -> None:
         t = time.perf_counter()
-        self._deferred.apply()
-        add("apply", time.perf_counter() - t)
-        t = time.perf_counter()
         starts(self)
-        add("plan", time.perf_counter() - t)
+        add("step start", time.perf_counter() - t)
 
     cls.allocate_slots = allocate_slots  # type: ignore[attr-defined]
     cls.new_step_starts = new_step_starts  # type: ignore[attr-defined]

@@ -423,9 +423,9 @@ class EngineRecord:
 
 @final
 class DeferredDecodes:
-    """An engine adapter's one-token decode steps answered at once and applied in a batch
-    (`pagedkv.vllm.deferred`), over the adapter's dict of records (request id ->
-    `EngineRecord`)."""
+    """An engine adapter's one-token decode steps answered at once and applied later, in
+    runs to the end of a block (`pagedkv.vllm.deferred`), over the adapter's dict of
+    records (request id -> `EngineRecord`)."""
 
     def __new__(cls, records: dict[str, EngineRecord]) -> DeferredDecodes: ...
     @property
@@ -433,19 +433,29 @@ class DeferredDecodes:
         """request id -> the computed tokens its planned step expects (the adapter pops it)."""
     @property
     def taken(self) -> list[str]:
-        """The request ids whose planned step was answered and not applied yet."""
+        """The request ids whose planned step was answered and not taken in yet."""
     def apply(self) -> None:
-        """Apply the queued steps (the plans of the others stay)."""
+        """Apply every answered step (the plans stay)."""
+    def apply_for(self, record: EngineRecord | None = None) -> None:
+        """Apply the answered steps that hand over a key (in call order) and `record`'s own;
+        the other runs go on."""
+    def release(self, record: EngineRecord) -> None:
+        """`apply_for(record)`, then end its run (before its request is freed)."""
     def settle(self) -> None:
-        """Forget every plan, then apply the queued steps."""
+        """Forget every plan and end every run, then apply every answered step."""
     def prime(self, keyed: bool = True) -> int:
-        """Settle, then plan the next step of every record whose step writes in place;
-        returns how many were planned. `keyed`: steps that fill their block and hand over
-        its key too (False while the adapter publishes KV events)."""
+        """At a step's start: take the answered steps in (applying those that hand over a
+        key), plan each taken run's next step, apply the runs that ended and plan a run for
+        every record without one; returns how many steps are planned. `keyed`: steps that
+        fill their block and hand over its key too (False while the adapter publishes KV
+        events)."""
     @property
     def queued(self) -> int: ...
     @property
     def primed(self) -> int: ...
+    @property
+    def unapplied(self) -> int:
+        """Steps answered and not applied yet."""
     @property
     def applied(self) -> int: ...
     @property

@@ -22,7 +22,7 @@ from vllm.distributed.kv_events import BlockStored
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
 from pagedkv.vllm import KVCacheManager
-from pagedkv.vllm.deferred import INDEPENDENT, SETTLES_ITSELF, settles
+from pagedkv.vllm.deferred import INDEPENDENT, OWN_FIRST, SETTLES_ITSELF, settles
 from vllm_objects import full_spec, make_manager, make_request
 from vllm_scheduler import build_scheduler, step
 from vllm_schedules import Arrival, Program, first_difference, run
@@ -104,11 +104,20 @@ def test_a_taken_step_is_in_the_sequence_before_any_other_call_reads_it() -> Non
     sid = manager._seqs[req.request_id].sid
     manager.new_step_starts()
     assert manager._deferred.primed == 2
-    have = manager._core_mgr.num_tokens(sid)
+    have = req.num_computed_tokens
+    # The steps before it are still answered and not applied: a run applies its steps
+    # when it ends (its block fills) or when a call settles.
+    assert manager._core_mgr.num_tokens(sid) < have
     _take(manager, req)
     # The core underneath does not have the token yet; every way in applies it first.
-    assert manager._core_mgr.num_tokens(sid) == have
+    assert manager._core_mgr.num_tokens(sid) < have + 1
+    behind = sum(
+        r.num_computed_tokens - manager._core_mgr.num_tokens(manager._seqs[r.request_id].sid)
+        for r in (req, other)
+    )
+    assert manager._deferred.unapplied == behind + 1
     assert manager.core.num_tokens(sid) == have + 1
+    assert manager._deferred.unapplied == 0
     assert manager._deferred.queued == 0
     # Settling forgot the other plan; the next step's start makes it again.
     assert manager._deferred.primed == 0
@@ -172,11 +181,26 @@ def test_a_call_that_is_not_the_planned_step_applies_the_queue_then_takes_the_ge
     manager.new_step_starts()
     _take(manager, req)
     before = manager._deferred.applied
-    # Two new tokens, or lookahead slots, are not the planned step.
+    # The taken step and the earlier steps of both runs, answered and not applied.
+    waiting = manager._deferred.unapplied
+
+    def behind(r: Any) -> int:
+        return int(
+            r.num_computed_tokens - manager._core_mgr.num_tokens(manager._seqs[r.request_id].sid)
+        )
+
+    own = behind(other)
+    assert own >= 1 and waiting == own + behind(req) + 1
+    # Two new tokens, or lookahead slots, are not the planned step: its own steps are
+    # applied first (and the queue taken in); the other run's wait (they touch nothing
+    # this call reads) until a call settles.
     out = manager.allocate_slots(other, 1, num_lookahead_tokens=3)
     assert out is not None
-    assert manager._deferred.applied == before + 1
+    assert manager._deferred.applied == before + own
     assert manager._deferred.queued == 0
+    assert manager._deferred.unapplied == waiting - own
+    manager.core.check_invariants()  # settles
+    assert manager._deferred.unapplied == 0
     # The plan of `other` is gone: its next call, even a one-token one, is general.
     assert manager._deferred.primed == 0
 
@@ -197,11 +221,13 @@ def test_every_public_method_and_property_settles_first() -> None:
     """A method added later is wrapped too (the class decorator); this names the ones left
     out, so that leaving one out is a decision."""
     assert set(vars(KVCacheManager)) >= INDEPENDENT, INDEPENDENT - set(vars(KVCacheManager))
-    assert set(vars(KVCacheManager)) >= SETTLES_ITSELF
+    assert set(vars(KVCacheManager)) >= SETTLES_ITSELF | OWN_FIRST
     for name, attr in vars(KVCacheManager).items():
         if name.startswith("_") or not (callable(attr) or isinstance(attr, property)):
             continue
-        wanted = name not in INDEPENDENT and name not in SETTLES_ITSELF
+        wanted: bool | str = name not in INDEPENDENT and name not in SETTLES_ITSELF
+        if name in OWN_FIRST:
+            wanted = "own"
         assert settles(KVCacheManager, name) == wanted, name
 
 

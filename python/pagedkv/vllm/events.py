@@ -49,7 +49,8 @@ class EventTranslator:
         holds `lock` from the call that handed them over)."""
         if not self.enabled or not keys:
             return
-        digests = self._manager.core.block_hashes(sid, start, start + len(keys))
+        # The step that handed the keys over is applied (the caller's own); no settling.
+        digests = self._manager._core_mgr.block_hashes(sid, start, start + len(keys))
         table = self._hash_of
         for d, k in zip(digests, keys, strict=False):
             table[d] = k
@@ -71,7 +72,9 @@ class EventTranslator:
 
     def _take(self) -> list[KVCacheEvent]:
         out: list[KVCacheEvent] = []
-        for e in self._manager.core.drain_events():
+        # Deferred steps emit no events (none that registers a key is planned while events
+        # are on): no settling.
+        for e in self._manager._core_mgr.drain_events():
             if isinstance(e, pk.BlockStored):
                 kind, window = self._meta[e.group_idx]
                 out.append(

@@ -45,7 +45,8 @@ class BlockPoolView:
 
     def get_num_free_blocks(self) -> int:
         """Blocks no request holds (free or cached), vLLM's null block aside."""
-        return int(self._m.core.num_available_blocks)
+        # Deferred steps take no block: no settling needed (nor wanted: vLLM reads it often).
+        return int(self._m._core_mgr.num_available_blocks)
 
     def get_usage(self) -> float:
         usable = self.num_gpu_blocks - 1

@@ -73,6 +73,77 @@ impl BlockManager {
 }
 
 impl BlockManager {
+    /// How far a run of one-token steps that starts with `plan` (one `decode_in_place`
+    /// approved, handing over no key) goes on writing in place: the end (exclusive) of the
+    /// positions in the block of its token that the engine's table holds, short of the
+    /// position that fills the block when caching is on (that step hands over the block's
+    /// key: it is planned by itself). Each later step writes the next slot of the same
+    /// block, which stays the sequence's own while nothing but the run's steps changes the
+    /// sequence (a fork or any other change ends the run first: the adapter settles before
+    /// every other call). At least one past the plan's token.
+    pub fn in_place_end(&self, rec: &EngineRecord, plan: &DecodePlan) -> usize {
+        let bs = self.block_size();
+        let start = plan.tokens.start;
+        let block_end = (start / bs).saturating_add(1).saturating_mul(bs);
+        let mut end = block_end.min(rec.table_len.saturating_mul(bs));
+        if self.caching() {
+            end = end.min(block_end - 1);
+        }
+        end.max(start.saturating_add(1))
+    }
+}
+
+impl BlockManager {
+    /// Apply a run of planned one-token steps (`in_place_end`) at once: `tokens` appended to
+    /// `rec`'s sequence (`handle`), which must know exactly `rec.known` tokens, all
+    /// scheduled; they must write into slots the sequence holds, filling no block whose key
+    /// caching would want (that step is planned by itself, with its key). Under one lock of
+    /// the sequence; an error, changing nothing, where any of that does not hold. Then the
+    /// record follows the sequence.
+    pub fn append_run(
+        &self,
+        rec: &mut EngineRecord,
+        handle: &SeqHandle,
+        tokens: &[u32],
+    ) -> Result<()> {
+        if !self.plain() {
+            return Err(invalid("planned steps are for one full-attention group"));
+        }
+        if handle.id != rec.seq {
+            return Err(invalid("the sequence handle is another sequence's"));
+        }
+        let bs = self.block_size();
+        let id = rec.seq;
+        let known = rec.known;
+        let not_planned = |what: &str| {
+            Err(Error::Invariant(format!(
+                "sequence {id}: planned steps {known}..{}: {what}",
+                known + tokens.len()
+            )))
+        };
+        self.with_handle(handle, |seq| {
+            let n = seq.tokens.len();
+            if n != known || seq.scheduled != n {
+                return not_planned("the sequence is not where they start");
+            }
+            if self.caching() && (n + tokens.len()) / bs != n / bs {
+                return not_planned("they fill a block without its key");
+            }
+            if self.append_need(seq, tokens.len(), 0) != 0 {
+                return not_planned("they do not write in place");
+            }
+            match self.append_one(id, seq, tokens, 0, None, false)? {
+                Some(pairs) if pairs.is_empty() => Ok(()),
+                _ => not_planned("they needed blocks"),
+            }
+        })?;
+        rec.known += tokens.len();
+        rec.scheduled = rec.known;
+        Ok(())
+    }
+}
+
+impl BlockManager {
     /// Apply planned one-token steps together: `tokens[i]` appended to the sequence of
     /// `handles[i]`, which must know exactly `known[i]` tokens, all scheduled, and `keys[i]`
     /// (when given) added as the key of the block the token fills; distinct sequences, all
@@ -185,6 +256,59 @@ mod tests {
             }
         }
         assert_eq!(m.num_tokens(1).unwrap(), 9);
+    }
+
+    #[test]
+    fn a_run_ends_at_its_blocks_end_or_short_of_the_step_that_hands_over_its_key() {
+        for caching in [false, true] {
+            let mut cfg = Config::new(8, 4);
+            cfg.enable_prefix_caching = caching;
+            let m = BlockManager::new(cfg).unwrap();
+            m.allocate(1, &[1, 2, 3, 4, 5], None, None, 0)
+                .unwrap()
+                .unwrap();
+            let rec = record(5);
+            let plan = rec.plan_decode(&call(5), 4, caching, false).unwrap();
+            // Positions 5 and 6 go into block 1 in place; 7 fills it (keyed when caching).
+            assert_eq!(m.in_place_end(&rec, &plan), if caching { 7 } else { 8 });
+            // Only the entries the engine's table holds count.
+            let short = EngineRecord {
+                table_len: 1,
+                ..rec
+            };
+            assert_eq!(m.in_place_end(&short, &plan), 6);
+        }
+    }
+
+    #[test]
+    fn a_run_applies_at_once_where_it_was_planned_and_nowhere_else() {
+        for caching in [false, true] {
+            let mut cfg = Config::new(8, 4);
+            cfg.enable_prefix_caching = caching;
+            let m = BlockManager::new(cfg).unwrap();
+            m.allocate(1, &[1, 2, 3, 4, 5], None, None, 0)
+                .unwrap()
+                .unwrap();
+            let h = m.seq_handle(1).unwrap();
+            let mut rec = record(5);
+            // Not where the sequence is: refused, nothing changed.
+            let mut behind = EngineRecord { known: 4, ..rec };
+            assert!(m.append_run(&mut behind, &h, &[9]).is_err());
+            // Past the block (caching: filling it wants its key): refused.
+            let over: &[u32] = if caching { &[6, 7, 8] } else { &[6, 7, 8, 9] };
+            assert!(m.append_run(&mut rec, &h, over).is_err());
+            assert_eq!((m.num_tokens(1).unwrap(), rec.known), (5, 5));
+            m.append_run(&mut rec, &h, &[6, 7]).unwrap();
+            assert_eq!(
+                (m.num_tokens(1).unwrap(), rec.known, rec.scheduled),
+                (7, 7, 7)
+            );
+            // A fork shares the block: no longer in place.
+            m.fork(1, 2).unwrap();
+            assert!(m.append_run(&mut rec, &h, &[8]).is_err());
+            assert_eq!(m.num_tokens(1).unwrap(), 7);
+            m.check_invariants().unwrap();
+        }
     }
 
     #[test]

@@ -163,7 +163,7 @@ impl BlockManager {
 
     /// `with_seq` (mutating) on a handle's sequence: the same gate, lock, liveness check and
     /// tallies, without the lookup. A sequence freed since is `UnknownSequence`, as by id.
-    fn with_handle<T>(
+    pub(crate) fn with_handle<T>(
         &self,
         h: &SeqHandle,
         f: impl FnOnce(&mut Sequence) -> Result<T>,

@@ -7,7 +7,7 @@ use crate::convert::{batch_tokens, id_arg, int_arg, keys_arg};
 use crate::deferred_decode::PyDeferredDecodes;
 use crate::errors::IntoPy;
 use crate::manager::PyBlockManager;
-use pagedkv_core::{nonblocking, DecodeCall, DecodePlan, EngineRecord, Error, SeqHandle};
+use pagedkv_core::{nonblocking, DecodeCall, EngineRecord, Error, SeqHandle};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::intern;
@@ -23,12 +23,55 @@ pub(crate) struct State {
     pub(crate) handle: Option<SeqHandle>,
     /// The companion sequence of a cross-attention group, if any.
     cross: Option<u64>,
-    /// A one-token step planned ahead (`prime`), waiting for the engine's call and then
-    /// its application (`apply_primed`); cleared by every other change of the record.
-    pub(crate) primed: Option<DecodePlan>,
-    /// The engine's key of the block a primed step fills (its plan hands one over); read
-    /// only while `primed` is set, and set with it by `prime`.
-    pub(crate) primed_key: Option<Vec<u8>>,
+    /// The one-token steps planned ahead (`DeferredDecodes`); ended by every other change
+    /// of the record (`end_run`).
+    pub(crate) run: Option<Run>,
+    /// In `DeferredDecodes`'s list of records that may hold answered steps (so that it
+    /// lists each record once); cleared when that list is applied and emptied.
+    pub(crate) listed: bool,
+}
+
+/// A run of one-token decode steps planned ahead (`deferred_decode.rs`): each writes the
+/// request's next known token into a slot the sequence already holds, so the engine's call
+/// is answered at once and the token appended later. Steps `rec.known .. taken_to` are
+/// answered and not applied (the sequence knows `rec.known` tokens); the step at `taken_to`
+/// is the one planned next, while `taken_to < end`.
+pub(crate) struct Run {
+    /// `DeferredDecodes`'s epoch when planned: a settle moves the epoch on, so a run planned
+    /// before it is never planned on (what it proved may no longer hold).
+    pub(crate) epoch: u64,
+    /// The position of the next step to answer; the steps before it from `rec.known` on are
+    /// answered and wait to be applied.
+    pub(crate) taken_to: usize,
+    /// Steps below this position write in place (`BlockManager::in_place_end`).
+    pub(crate) end: usize,
+    /// A run of the one step that fills its block and hands over its key: the engine's key
+    /// and the record's keys after it.
+    pub(crate) key: Option<(Vec<u8>, usize)>,
+}
+
+impl State {
+    /// Steps answered and not applied yet.
+    pub(crate) fn pending(&self) -> usize {
+        self.run
+            .as_ref()
+            .map_or(0, |r| r.taken_to.saturating_sub(self.rec.known))
+    }
+
+    /// End the run before the record changes otherwise. An error, changing nothing, while
+    /// it holds steps answered and not applied (the adapter applies them first): dropping
+    /// them would leave the sequence behind the engine.
+    pub(crate) fn end_run(&mut self) -> PyResult<()> {
+        if self.pending() > 0 {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+                "pagedkv.vllm: sequence {} changed with {} answered decode steps not applied",
+                self.rec.seq,
+                self.pending()
+            )));
+        }
+        self.run = None;
+        Ok(())
+    }
 }
 
 /// One request of an engine adapter (pagedkv.vllm): its sequence, how far the sequence
@@ -162,8 +205,8 @@ impl PyEngineRecord {
                 rec,
                 handle: None,
                 cross: None,
-                primed: None,
-                primed_key: None,
+                run: None,
+                listed: false,
             }),
         })
     }
@@ -176,8 +219,8 @@ impl PyEngineRecord {
     /// entry was added and nothing else is due, else `(first_entry, ids, pairs, keys_from)`:
     /// the new entries' vLLM ids per core group (None if none), the copy-on-write pairs
     /// (vLLM ids) and the first key handed over (None if none). `deferred`: the adapter's
-    /// deferred steps (`DeferredDecodes`), applied first when one of them may be this
-    /// record's own or when this step may hand over a key.
+    /// deferred steps (`DeferredDecodes`): the keyed ones applied first, and this record's
+    /// own, when it has a run or when this step may hand over a key.
     #[pyo3(signature = (request, num_new_tokens, num_lookahead_tokens, deferred = None))]
     fn decode<'py>(
         &self,
@@ -224,13 +267,13 @@ impl PyEngineRecord {
             // before it register their blocks first, in call order); the rest apply later in
             // one batch. Over-counting the keys only applies them sooner.
             let keyed = caching && (computed + new_tokens) / mgr.block_size() > st.rec.keys;
-            if st.primed.is_some() || keyed {
+            if st.run.is_some() || keyed {
                 drop(st);
-                d.get().apply_all(py)?;
+                d.get().apply_for_record(py, Some(self))?;
                 st = self.state(py);
             }
         }
-        st.primed = None;
+        st.end_run()?;
         let Some(mut plan) = st
             .rec
             .plan_decode(&call, mgr.block_size(), caching, releases)
@@ -333,7 +376,7 @@ impl PyEngineRecord {
             _ => None,
         };
         let mut st = self.state(py);
-        st.primed = None;
+        st.end_run()?;
         st.cross = v;
         Ok(())
     }
@@ -347,7 +390,7 @@ impl PyEngineRecord {
     fn set_have(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let v = count(value, "have")?;
         let mut st = self.state(py);
-        st.primed = None;
+        st.end_run()?;
         st.rec.known = v;
         Ok(())
     }
@@ -361,7 +404,7 @@ impl PyEngineRecord {
     fn set_scheduled(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let v = count(value, "scheduled")?;
         let mut st = self.state(py);
-        st.primed = None;
+        st.end_run()?;
         st.rec.scheduled = v;
         Ok(())
     }
@@ -375,7 +418,7 @@ impl PyEngineRecord {
     fn set_nkeys(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let v = count(value, "nkeys")?;
         let mut st = self.state(py);
-        st.primed = None;
+        st.end_run()?;
         st.rec.keys = v;
         Ok(())
     }
@@ -389,7 +432,7 @@ impl PyEngineRecord {
     fn set_table_len(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let v = count(value, "table_len")?;
         let mut st = self.state(py);
-        st.primed = None;
+        st.end_run()?;
         st.rec.table_len = v;
         Ok(())
     }
@@ -400,9 +443,10 @@ impl PyEngineRecord {
     }
 
     #[setter]
-    fn set_held(&self, py: Python<'_>, value: bool) {
+    fn set_held(&self, py: Python<'_>, value: bool) -> PyResult<()> {
         let mut st = self.state(py);
-        st.primed = None;
+        st.end_run()?;
         st.rec.held = value;
+        Ok(())
     }
 }

@@ -2,7 +2,9 @@
 
 mod block_replay;
 mod convert;
+mod deferred_apply;
 mod deferred_decode;
+mod deferred_run;
 mod engine_record;
 mod errors;
 mod evicted;
