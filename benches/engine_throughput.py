@@ -6,7 +6,8 @@
 Needs vLLM's CPU build (docs/vllm.md, "On a machine without a GPU"). Each measurement is a
 fresh process (one engine per process; vLLM loads its plugins once per process) running the
 engine core in-process with one OpenMP thread, so both kinds get the same machine; kinds
-alternate round by round, and each process times `LLM.generate` of all sequences at once
+alternate, the first of a round alternating too (stock, pagedkv, pagedkv, stock, ...), and
+each process times `LLM.generate` of all sequences at once
 (max_num_seqs = the sequence count, prompts of 72 to 159 tokens with a 64-token shared prefix
 among groups of 8, 64 generated tokens each, greedy), after a warm-up generate: three timed
 passes over an emptied prefix cache, the fastest kept; the median over rounds is reported,
@@ -153,8 +154,10 @@ def main() -> int:
             runs: dict[str, list[float]] = {"stock": [], "pagedkv": []}
             cpu_runs: dict[str, list[float]] = {"stock": [], "pagedkv": []}
             sched_runs: dict[str, list[float]] = {"stock": [], "pagedkv": []}
-            for _ in range(ns.rounds):
-                for kind in ("stock", "pagedkv"):
+            for r in range(ns.rounds):
+                # Which kind goes first alternates (stock, pagedkv, pagedkv, stock, ...): a
+                # machine whose load drifts over the minutes then favours neither.
+                for kind in ("stock", "pagedkv") if r % 2 == 0 else ("pagedkv", "stock"):
                     got = _measure(model_dir, seqs, kind)
                     runs[kind].append(got["tokens_per_s"])
                     cpu_runs[kind].append(got["tokens_per_cpu_s"])
