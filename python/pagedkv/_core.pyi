@@ -427,7 +427,8 @@ class DeferredDecodes:
     runs to the end of a block (`pagedkv.vllm.deferred`), over the adapter's dict of
     records (request id -> `EngineRecord`)."""
 
-    def __new__(cls, records: dict[str, EngineRecord]) -> DeferredDecodes: ...
+    def __new__(cls, records: dict[str, EngineRecord], *, epoch: int = 0) -> DeferredDecodes:
+        """`epoch`: where the count of settles starts (tests of its wrap past 2**64 - 1)."""
     @property
     def planned(self) -> dict[str, int]:
         """request id -> the computed tokens its planned step expects (the adapter pops it)."""

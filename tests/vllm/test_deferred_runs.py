@@ -20,6 +20,7 @@ pytest.importorskip("vllm")
 from vllm.distributed.kv_events import BlockStored
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
+from pagedkv import _core
 from pagedkv.vllm import KVCacheManager
 from vllm_objects import make_manager, make_request
 
@@ -169,3 +170,40 @@ def test_a_record_with_steps_not_applied_refuses_to_change() -> None:
         rec.have = have + 5
     assert rec.have == have
     assert manager.core.num_tokens(rec.sid) == a.num_computed_tokens
+
+
+@pytest.mark.parametrize("start", [0, 2**64 - 1])
+def test_a_step_taken_across_a_settle_is_applied_and_its_run_not_planned_on(start: int) -> None:
+    """The fast path's pop and append are two operations: a settle between them (another
+    thread's call) moves the epoch on, and the late step is then counted into a run of the
+    epoch before. It is applied, and that run is not planned on (the settling call may have
+    changed what it proved). At the epoch's limit too: 2**64 - 1 wraps to 0."""
+    manager, a, b = _two_decoding()
+    deferred = _core.DeferredDecodes(manager._seqs, epoch=start)
+    manager._deferred, manager._planned, manager._taken = (
+        deferred,
+        deferred.planned,
+        deferred.taken,
+    )
+    _decode(manager, a, b)
+    manager.new_step_starts()
+    assert manager._planned.pop("a") == a.num_computed_tokens  # the fast path's first half
+    manager.usage  # noqa: B018 (a settle: the epoch moves on, wrapping at the limit)
+    assert not manager._planned
+    manager._taken.append("a")  # its second half, late
+    a.num_computed_tokens += 1
+    a.append_output_token_ids(5)
+    planned = deferred.prime()
+    assert deferred.skipped == 0
+    sid = manager._seqs["a"].sid
+    # Applied at once (its run ended), then planned afresh from where it is.
+    assert manager._core_mgr.num_tokens(sid) == a.num_computed_tokens
+    assert manager._planned["a"] == a.num_computed_tokens and planned == 2
+    # Runs of the new epoch go on as usual.
+    _decode(manager, a, b)
+    manager.new_step_starts()
+    assert manager._planned["a"] == a.num_computed_tokens
+    assert _behind(manager, a) == 1
+    manager.core.check_invariants()
+    for req in (a, b):
+        assert manager.core.num_tokens(manager._seqs[req.request_id].sid) == req.num_computed_tokens

@@ -22,6 +22,7 @@
 //! observes a sequence without a step already answered.
 
 use crate::deferred_apply::apply_runs;
+use crate::deferred_run::Planned;
 use crate::engine_record::PyEngineRecord;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -31,7 +32,8 @@ use std::sync::{Mutex, MutexGuard};
 /// What `busy` guards: the runs between the adapter's calls.
 #[derive(Default)]
 struct Runs {
-    /// Moved on by every settle: a run planned in an earlier epoch is over.
+    /// Moved on by every settle (wrapping: only equality with a run's is asked, and a run
+    /// planned 2**64 settles ago is long over): a run planned in an earlier epoch is over.
     epoch: u64,
     /// The records whose runs may hold steps answered and not applied: every one that does
     /// is here, once (`State::listed`); one applied by `prime` stays until the list is
@@ -101,7 +103,8 @@ impl PyDeferredDecodes {
     }
 
     /// Move the taken steps (`queued`) into their records' runs, in call order, and apply
-    /// the keyed ones among them (in that order). The caller holds `busy`. `renew`: at a
+    /// the keyed ones among them (in that order, right after the steps their records took
+    /// before). The caller holds `busy`. `renew`: at a
     /// step's start, the `planned` dict and the epoch: each run's next step is planned at
     /// once, and the runs that reached their end go to `done`; else they wait in `moved`.
     fn take_in<'py>(
@@ -116,54 +119,63 @@ impl PyDeferredDecodes {
         if n == 0 {
             return Ok(());
         }
+        // Everything that can fail before anything changes: the records looked up, then the
+        // queue emptied. After that each step is counted into its run, and its record
+        // listed (`Runs::pending`), before anything else can fail: a later error leaves
+        // every taken step where an apply finds it.
         let records = self.records.bind(py);
-        let mut keyed = Vec::new();
-        let mut skipped = 0;
+        let mut found = Vec::with_capacity(n);
         for rid in queued.iter().take(n) {
-            // Without its record or run: its request was freed, or changed by a call that
-            // caught its tokens up itself, between the answer and now (a race of two threads
-            // on one request; the answer, "no new block", was right when given).
-            let Some(rec) = records.get_item(&rid)? else {
-                skipped += 1;
-                continue;
-            };
-            let rec = rec.cast_into::<PyEngineRecord>()?;
+            // Without its record: its request was freed between the answer and now (a race
+            // of two threads on one request; the answer, "no new block", was right when
+            // given).
+            if let Some(rec) = records.get_item(&rid)? {
+                found.push((rid, rec.cast_into::<PyEngineRecord>()?));
+            }
+        }
+        queued.del_slice(0, n)?;
+        let mut skipped = n - found.len();
+        let mut keyed = Vec::new();
+        let mut taken = Vec::with_capacity(found.len());
+        for (rid, rec) in found {
             let mut st = rec.get().state(py);
-            let listed = st.listed;
+            // Without a run: changed by a call that caught its tokens up itself (the same
+            // race).
             let Some(run) = st.run.as_mut().filter(|r| r.taken_to < r.end) else {
                 skipped += 1;
                 continue;
             };
             run.taken_to += 1;
-            if run.key.is_some() {
-                drop(st);
-                keyed.push(rec);
-                continue;
-            }
-            if !listed {
+            let is_keyed = run.key.is_some();
+            if !st.listed {
                 st.listed = true;
                 runs.pending.push(rec.clone().unbind());
             }
-            match renew {
-                Some((planned, epoch)) => match rec.get().next_of(py, &st, epoch)? {
-                    Some(next) => planned.set_item(rid, next)?,
-                    None => {
-                        drop(st);
-                        done.push(rec);
-                    }
-                },
-                None => {
-                    drop(st);
-                    runs.moved.push((rid.unbind(), rec.unbind()));
-                }
+            if is_keyed {
+                drop(st);
+                keyed.push(rec);
+            } else {
+                // The run's next step, read under the same lock (its error raised below,
+                // once every step is counted).
+                let next = renew.map(|(_, epoch)| rec.get().next_of(py, &st, epoch));
+                drop(st);
+                taken.push((rid, rec, next));
             }
         }
-        queued.del_slice(0, n)?;
         // Relaxed: statistics.
         self.skipped.fetch_add(skipped, Ordering::Relaxed);
         let keyed: Vec<&PyEngineRecord> = keyed.iter().map(|r| r.get()).collect();
         let applied = apply_runs(py, &keyed, false)?;
         self.applied.fetch_add(applied, Ordering::Relaxed);
+        for (rid, rec, next) in taken {
+            match (renew, next) {
+                (Some((planned, _)), Some(next)) => match next? {
+                    Some(next) => planned.set_item(rid, next)?,
+                    None => done.push(rec),
+                },
+                _ => runs.moved.push((rid.unbind(), rec.unbind())),
+            }
+        }
         Ok(())
     }
 
@@ -183,14 +195,20 @@ impl PyDeferredDecodes {
 
 #[pymethods]
 impl PyDeferredDecodes {
+    /// `epoch`: where the settles' count starts (for tests of its wrap; it only has to
+    /// differ from the count a run was planned at).
     #[new]
-    fn new(records: Bound<'_, PyDict>) -> Self {
+    #[pyo3(signature = (records, *, epoch = 0))]
+    fn new(records: Bound<'_, PyDict>, epoch: u64) -> Self {
         let py = records.py();
         Self {
             records: records.unbind(),
             primed: PyDict::new(py).unbind(),
             queued: PyList::empty(py).unbind(),
-            busy: Mutex::new(Runs::default()),
+            busy: Mutex::new(Runs {
+                epoch,
+                ..Runs::default()
+            }),
             skipped: AtomicUsize::new(0),
             applied: AtomicUsize::new(0),
         }
@@ -286,12 +304,10 @@ impl PyDeferredDecodes {
         let entries: Vec<_> = self.records.bind(py).iter().collect();
         for (rid, rec) in entries {
             let rec = rec.cast_into::<PyEngineRecord>()?;
-            if rec.get().state(py).pending() > 0 {
-                continue;
-            }
             match rec.get().plan_run(py, keyed, epoch)? {
-                Some(computed) => primed.set_item(rid, computed)?,
-                None => {
+                Planned::Running => {}
+                Planned::At(computed) => primed.set_item(rid, computed)?,
+                Planned::Nothing => {
                     if primed.contains(&rid)? {
                         primed.del_item(&rid)?;
                     }

@@ -8,7 +8,26 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::sync::atomic::Ordering;
 
+/// What `plan_run` found.
+pub(crate) enum Planned {
+    /// The record's run holds answered steps not applied: it goes on as it is.
+    Running,
+    /// A run planned: the computed tokens its first call must say.
+    At(usize),
+    /// Nothing planned (its next call takes the general path).
+    Nothing,
+}
+
 impl PyEngineRecord {
+    /// The request's token buffer, unless `decode` found it replaced (then nothing is
+    /// planned for the record).
+    fn live_tokens(&self) -> Option<&Py<PyAny>> {
+        // Relaxed: a flag set and read under the GIL.
+        self.tokens
+            .as_ref()
+            .filter(|_| !self.tokens_replaced.load(Ordering::Relaxed))
+    }
+
     /// Plan the record's next steps as vLLM's decodes of a running request (its next known
     /// token, no lookahead) where they write in place: a run of them to the end of the block
     /// (`BlockManager::in_place_end`), or the one step that fills the block and hands over
@@ -16,23 +35,16 @@ impl PyEngineRecord {
     /// step itself). Returns the computed tokens the first planned call must say, else None
     /// (no run). Reads the record and the request's token list only (and its block hashes
     /// once a block, for a key): the request object itself is cold at the step's start, and
-    /// its counters are the record's in a steady decode. The record must hold no steps
-    /// answered and not applied.
-    pub(crate) fn plan_run(
-        &self,
-        py: Python<'_>,
-        keyed: bool,
-        epoch: u64,
-    ) -> PyResult<Option<usize>> {
+    /// its counters are the record's in a steady decode. A record whose run holds steps
+    /// answered and not applied is left as it is (`Planned::Running`).
+    pub(crate) fn plan_run(&self, py: Python<'_>, keyed: bool, epoch: u64) -> PyResult<Planned> {
         let mut st = self.state(py);
+        if st.pending() > 0 {
+            return Ok(Planned::Running);
+        }
         st.end_run()?;
-        // Relaxed: a flag set and read under the GIL.
-        let Some(tokens) = self
-            .tokens
-            .as_ref()
-            .filter(|_| !self.tokens_replaced.load(Ordering::Relaxed))
-        else {
-            return Ok(None);
+        let Some(tokens) = self.live_tokens() else {
+            return Ok(Planned::Nothing);
         };
         let mgr = &self.mgr.get().inner;
         let num_tokens = tokens.bind(py).len()?;
@@ -54,12 +66,12 @@ impl PyEngineRecord {
             .rec
             .plan_decode(&call, bs, caching, mgr.releases_entries())
         else {
-            return Ok(None);
+            return Ok(Planned::Nothing);
         };
         let mut key = None;
         if !plan.keys.is_empty() {
             if !keyed {
-                return Ok(None);
+                return Ok(Planned::Nothing);
             }
             let hashes = self.request.bind(py).getattr(intern!(py, "block_hashes"))?;
             plan.limit_keys(hashes.len()? / self.hash_ratio);
@@ -67,13 +79,13 @@ impl PyEngineRecord {
                 let item = hashes.get_item((plan.keys.start + 1) * self.hash_ratio - 1)?;
                 // Not bytes: the general path's call says what is wrong.
                 let Ok(bytes) = item.cast::<PyBytes>() else {
-                    return Ok(None);
+                    return Ok(Planned::Nothing);
                 };
                 key = Some((bytes.as_bytes().to_vec(), plan.keys.end));
             }
         }
         if !plan.is_one_token_keyed(st.rec.table_len, bs) {
-            return Ok(None);
+            return Ok(Planned::Nothing);
         }
         let st = &mut *st;
         if st.handle.is_none() {
@@ -81,14 +93,14 @@ impl PyEngineRecord {
             // path, which says what is wrong.
             match mgr.seq_handle(st.rec.seq) {
                 Ok(h) => st.handle = Some(h),
-                Err(_) => return Ok(None),
+                Err(_) => return Ok(Planned::Nothing),
             }
         }
         let Some(h) = st.handle.as_ref() else {
-            return Ok(None);
+            return Ok(Planned::Nothing);
         };
         if !mgr.decode_in_place(&st.rec, h, &plan).unwrap_or(false) {
-            return Ok(None);
+            return Ok(Planned::Nothing);
         }
         let end = if key.is_some() {
             computed + 1
@@ -101,7 +113,7 @@ impl PyEngineRecord {
             end,
             key,
         });
-        Ok(Some(computed))
+        Ok(Planned::At(computed))
     }
 
     /// After the engine took the run's planned step (and maybe more, applied or not): the
@@ -126,12 +138,7 @@ impl PyEngineRecord {
         if run.epoch != epoch || run.key.is_some() || run.taken_to >= run.end {
             return Ok(None);
         }
-        // Relaxed: a flag set and read under the GIL.
-        let Some(tokens) = self
-            .tokens
-            .as_ref()
-            .filter(|_| !self.tokens_replaced.load(Ordering::Relaxed))
-        else {
+        let Some(tokens) = self.live_tokens() else {
             return Ok(None);
         };
         // The step decodes a known token: the request must hold it already (an engine that
