@@ -208,6 +208,9 @@ impl<K: BlockKey> BlockMap<K> {
                 .tables
                 .write()
                 .unwrap_or_else(|e| e.into_inner());
+            if w == 0 && t.first.worth_warming(run.len()) {
+                t.first.warm();
+            }
             for (i, &(h, key)) in run.iter().enumerate() {
                 if w == 0 {
                     if let Some(&(next, _)) = run.get(i + AHEAD) {
@@ -260,6 +263,9 @@ impl<K: BlockKey> BlockMap<K> {
                     h.base
                         .store(t.first.slot_addr(0) as usize, Ordering::Relaxed);
                     h.mask.store(t.first.capacity() - 1, Ordering::Relaxed);
+                }
+                if t.first.worth_warming(run.len()) {
+                    t.first.warm();
                 }
                 for (i, &(h, k)) in run.iter().enumerate() {
                     if let Some(&(next, _)) = run.get(i + AHEAD) {

@@ -175,6 +175,27 @@ impl<K: Copy + Eq + std::hash::Hash + Default> Table<K> {
         }
     }
 
+    /// Read the table through once, in order, a slot a cache line: for a caller about to
+    /// touch a good share of its lines in random order (a snapshot's part, a dropped
+    /// holder's log), a stream the hardware prefetcher runs at the memory's bandwidth
+    /// instead of one miss per key. Side by side (`examples/snapshot.rs`, replacing 1 M
+    /// blocks, six rounds each alternately): CPU time 45.6 to 50.9 ms with it, 46.4 to 57.8
+    /// without (medians 46.1 and 49.7).
+    pub fn warm(&self) {
+        let step = (64 / Self::slot_size()).max(1);
+        let mut seen = 0u64;
+        for s in self.slots.iter().step_by(step) {
+            seen ^= s.bits;
+        }
+        std::hint::black_box(seen);
+    }
+
+    /// Whether `keys` keys are enough of the table's slots (a sixteenth: a quarter of its
+    /// lines, at 4 slots a line) for `warm` to pay.
+    pub fn worth_warming(&self, keys: usize) -> bool {
+        keys * 16 >= self.slots.len()
+    }
+
     /// Every entry (quiescent checks).
     pub fn iter(&self) -> impl Iterator<Item = (K, u64)> + '_ {
         self.slots
