@@ -193,6 +193,61 @@ def test_lookup(benchmark: Any, impl: str, point: tuple[int, int], tmp_path: Pat
             assert got == ours.scores(q) == ours.scores(a) == ours.scores(a.tobytes())
 
 
+@pytest.mark.parametrize("beside", ["lookups", "busy"])
+@pytest.mark.parametrize("point", POINTS[1:])
+def test_lookup_threads(
+    benchmark: Any, beside: str, point: tuple[int, int], tmp_path: Path
+) -> None:
+    """pagedkv's lookups (bytes) from a Python thread while another thread does the same
+    (`lookups`) or runs Python code without pause (`busy`): what a call that hands the GIL
+    over costs a router with other work (rust/python/src/router.rs, `DETACH_AT`)."""
+    import threading
+
+    import numpy as np
+
+    _, ix = _built("pagedkv", point, tmp_path)
+    qs = [np.array(q, dtype=np.uint64).tobytes() for q in _stream(point, tmp_path).lookups]
+    benchmark.group = f"router lookup threads: {_label(point)}"
+    clock = time.perf_counter_ns
+    lat: list[int] = []
+
+    def lookups(out: list[int]) -> None:
+        for q in qs:
+            t0 = clock()
+            ix.scores(q)
+            out.append(clock() - t0)
+
+    def run() -> None:
+        lat.clear()
+        stop = threading.Event()
+        other: list[int] = []
+
+        def spin() -> None:
+            x = 0
+            while not stop.is_set():
+                x += 1
+
+        t = threading.Thread(
+            target=lookups if beside == "lookups" else spin,
+            args=(other,) if beside == "lookups" else (),
+        )
+        t.start()
+        lookups(lat)
+        stop.set()
+        t.join()
+        lat.extend(other)
+
+    benchmark.pedantic(run, rounds=3, iterations=1)
+    lat.sort()
+    _fig(
+        point,
+        "pagedkv",
+        f"lookup p99 us (bytes, beside {beside})",
+        lat[len(lat) * 99 // 100] / 1000,
+    )
+    assert len(lat) >= len(qs)
+
+
 @pytest.mark.parametrize("point", POINTS)
 def test_memory(impl: str, point: tuple[int, int], tmp_path: Path) -> None:
     if impl == "dynamo":
