@@ -26,11 +26,6 @@ use std::sync::Arc;
 /// From 4,096 hashes a walk takes about 0.1 ms, long enough for another thread's turn.
 const DETACH_AT: usize = 4096;
 
-/// Payloads of at least this many bytes are applied with the GIL released (a snapshot's
-/// part, a large batch); a step's batch of a few KB applies in microseconds, with it held,
-/// for the reason above.
-pub(crate) const DETACH_PAYLOAD: usize = 64 * 1024;
-
 /// Shared (`Arc`) with the threads that drop the blocks a snapshot replaced (`commit_snapshot`).
 enum Inner {
     Int(Arc<RouterIndex<u64>>),
@@ -229,13 +224,13 @@ impl PyRouterIndex {
         Ok(out)
     }
 
-    /// The raw walk; the GIL released for long requests.
+    /// The raw walk: with the GIL held for short requests, unless a shard's lock is taken
+    /// (then again without it: no thread waits for a lock holding the GIL); released for long
+    /// ones.
     fn walk<K: PyKey>(&self, py: Python<'_>, ix: &RouterIndex<K>, keys: &[K]) -> Vec<RawHit> {
         let mut raw: Vec<RawHit> = Vec::new();
-        if keys.len() >= DETACH_AT {
+        if keys.len() >= DETACH_AT || !ix.try_match_raw(keys, &mut raw) {
             py.detach(|| ix.match_raw(keys, &mut raw));
-        } else {
-            ix.match_raw(keys, &mut raw);
         }
         raw
     }
@@ -375,12 +370,7 @@ impl PyRouterIndex {
     ) -> PyResult<Bound<'py, PyTuple>> {
         let e = engine_arg(engine_id)?;
         let bytes = payload.as_bytes();
-        let apply = || with_index!(self, ix => ix.apply_payload(&e, bytes));
-        let r = if bytes.len() >= DETACH_PAYLOAD {
-            py.detach(apply)
-        } else {
-            apply()
-        };
+        let r = py.detach(|| with_index!(self, ix => ix.apply_payload(&e, bytes)));
         applied(py, r.map_err(|err| router_err(py, err))?)
     }
 
@@ -400,12 +390,7 @@ impl PyRouterIndex {
     ) -> PyResult<Bound<'py, PyTuple>> {
         let e = engine_arg(engine_id)?;
         let bytes = payload.as_bytes();
-        let apply = || with_index!(self, ix => ix.apply_staged_payload(&e, bytes));
-        let r = if bytes.len() >= DETACH_PAYLOAD {
-            py.detach(apply)
-        } else {
-            apply()
-        };
+        let r = py.detach(|| with_index!(self, ix => ix.apply_staged_payload(&e, bytes)));
         applied(py, r.map_err(|err| router_err(py, err))?)
     }
 

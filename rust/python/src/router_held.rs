@@ -2,7 +2,7 @@
 //! hashes), kept in Rust so that a snapshot is written out as compact parts at memory speed
 //! (pagedkv-router's `held.rs` and `compact.rs`; docs/events.md).
 
-use crate::router::{router_err, DETACH_PAYLOAD};
+use crate::router::router_err;
 use pagedkv_router::HeldSet;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -37,15 +37,8 @@ impl PyHeldBlocks {
     /// raises `KVEventPayloadError` and changes nothing.
     fn apply(&self, py: Python<'_>, payload: &Bound<'_, PyBytes>) -> PyResult<()> {
         let bytes = payload.as_bytes();
-        // The GIL released for large payloads only (`router.rs`, `DETACH_PAYLOAD`): the
-        // publisher's thread applies a step's batch each step, beside the engine's own.
-        let apply = || self.held().apply_payload(bytes);
-        let r = if bytes.len() >= DETACH_PAYLOAD {
-            py.detach(apply)
-        } else {
-            apply()
-        };
-        r.map_err(|e| router_err(py, e))
+        py.detach(|| self.held().apply_payload(bytes))
+            .map_err(|e| router_err(py, e))
     }
 
     /// Every block as compact snapshot parts of at most `per_part` blocks.

@@ -23,7 +23,7 @@ use crate::table::Table;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 /// Shards (a power of two).
 const SHARDS: usize = 256;
@@ -31,7 +31,7 @@ const SHARDS: usize = 256;
 /// One shard's tables. Word 0 (holder slots 0 to 63: every holder while there are at most
 /// 64) is keyed by the block alone, the other words by (block, word), so that the common
 /// case pays no key bytes for the word.
-struct Tables<K: BlockKey> {
+pub(crate) struct Tables<K: BlockKey> {
     first: Table<K>,
     more: HashMap<EntryKey<K>, u64, BuildKeyHasher>,
 }
@@ -328,7 +328,35 @@ impl<K: BlockKey> BlockMap<K> {
     /// The holders of `key` (of hash `hash`) in word `w`.
     #[inline]
     pub fn bits(&self, key: K, hash: u64, w: usize) -> u64 {
-        let t = Self::read_shard(self.shard_of(hash));
+        Self::bits_in(&Self::read_shard(self.shard_of(hash)), key, hash, w)
+    }
+
+    /// `bits`, or None when the shard's lock is not free for reading at once (a writer holds
+    /// it or waits for it): for a caller that must not wait, a lookup holding the GIL.
+    #[inline]
+    pub fn try_bits(&self, key: K, hash: u64, w: usize) -> Option<u64> {
+        let t = match self.shard_of(hash).tables.try_read() {
+            Ok(t) => t,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        Some(Self::bits_in(&t, key, hash, w))
+    }
+
+    /// Test helper: `key`'s shard.
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn shard_of_key(&self, key: &K) -> usize {
+        Self::shard_index(self.hash(key))
+    }
+
+    /// Test helper: the write lock of `key`'s shard, as a writer holds it.
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn lock_shard_of(&self, key: &K) -> RwLockWriteGuard<'_, Tables<K>> {
+        self.write(self.hash(key))
+    }
+
+    #[inline]
+    fn bits_in(t: &Tables<K>, key: K, hash: u64, w: usize) -> u64 {
         if w == 0 {
             t.first.get(&key, hash)
         } else {

@@ -45,6 +45,10 @@ struct KeyWalk<'a, K: BlockKey> {
     index: &'a RouterIndex<K>,
     keys: &'a [K],
     ahead: [u64; AHEAD],
+    /// Whether a probe waits for a shard's lock; if not, a lock not free at once sets
+    /// `blocked` and ends the walk (its answer then is not used).
+    wait: bool,
+    blocked: bool,
 }
 
 impl<K: BlockKey> Blocks for KeyWalk<'_, K> {
@@ -76,7 +80,13 @@ impl<K: BlockKey> Blocks for KeyWalk<'_, K> {
                 blocks.prefetch(h);
             }
         }
-        blocks.bits(self.keys[i], hash, w)
+        if self.wait {
+            return blocks.bits(self.keys[i], hash, w);
+        }
+        blocks.try_bits(self.keys[i], hash, w).unwrap_or_else(|| {
+            self.blocked = true;
+            0 // no holder left: the walk ends here
+        })
     }
 }
 
@@ -85,18 +95,36 @@ impl<K: BlockKey> RouterIndex<K> {
     /// `keys` it holds; in no particular order. `out` is cleared first (reuse it across calls
     /// to save the allocation).
     pub fn match_raw(&self, keys: &[K], out: &mut Vec<RawHit>) {
+        let done = self.walk(keys, out, true);
+        debug_assert!(done);
+    }
+
+    /// `match_raw` without waiting for a lock: false, with `out` meaningless, if a probe
+    /// found its shard's lock taken by a writer (a table growing, a snapshot's part being
+    /// applied); the caller then runs `match_raw` where waiting is harmless (the binding
+    /// holds the GIL for short lookups and must not wait with it).
+    pub fn try_match_raw(&self, keys: &[K], out: &mut Vec<RawHit>) -> bool {
+        self.walk(keys, out, false)
+    }
+
+    fn walk(&self, keys: &[K], out: &mut Vec<RawHit>, wait: bool) -> bool {
         out.clear();
         if keys.is_empty() {
-            return;
+            return true;
         }
         let mut words_hit = 0;
         let mut walk = KeyWalk {
             index: self,
             keys,
             ahead: [0; AHEAD],
+            wait,
+            blocked: false,
         };
         for w in 0..self.slots.words() {
             words_hit += usize::from(read_word(&self.slots, w, &mut walk, out));
+            if walk.blocked {
+                return false;
+            }
         }
         if words_hit > 1 {
             // A snapshot committed during the lookup can show an engine's old holder in one
@@ -107,6 +135,7 @@ impl<K: BlockKey> RouterIndex<K> {
             });
             out.dedup_by(|b, a| (a.engine, a.medium, a.group) == (b.engine, b.medium, b.group));
         }
+        true
     }
 
     /// `match_raw` with each engine named; holders of engines removed meanwhile are left out.
@@ -199,6 +228,46 @@ pub(crate) mod tests {
         hits.sort_by_key(|h| h.engine.clone());
         let got: Vec<_> = hits.iter().map(|h| (h.engine.clone(), h.blocks)).collect();
         assert_eq!(got, vec![(EngineKey::Int(0), 20), (EngineKey::Int(2), 3)]);
+    }
+
+    /// A lookup that must not wait gives up while a writer holds a shard it probes, and
+    /// answers once the lock is free; one that may wait answers after the writer is done.
+    #[test]
+    fn a_lookup_that_must_not_wait_gives_up_on_a_taken_shard() {
+        let ix = Arc::new(RouterIndex::<u64>::default());
+        let chain: Vec<u64> = (0..40).collect();
+        ix.apply(&EngineKey::Int(0), &[stored(&chain)]).unwrap();
+        let mut out = Vec::new();
+        {
+            let _writer = ix.blocks.lock_shard_of(&chain[25]);
+            assert!(!ix.try_match_raw(&chain, &mut out));
+            // A request that ends before the taken shard's block never reaches it.
+            let other: Vec<u64> = chain[..25]
+                .iter()
+                .copied()
+                .take_while(|k| ix.blocks.shard_of_key(k) != ix.blocks.shard_of_key(&chain[25]))
+                .collect();
+            assert!(ix.try_match_raw(&other, &mut out));
+            assert_eq!(out.first().map_or(0, |h| h.blocks as usize), other.len());
+        }
+        assert!(ix.try_match_raw(&chain, &mut out));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].blocks, 40);
+        let waiting = {
+            let writer = ix.blocks.lock_shard_of(&chain[25]);
+            let ix2 = Arc::clone(&ix);
+            let chain2 = chain.clone();
+            let t = std::thread::spawn(move || {
+                let mut out = Vec::new();
+                ix2.match_raw(&chain2, &mut out);
+                out
+            });
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            drop(writer);
+            t.join().unwrap()
+        };
+        assert_eq!(waiting.len(), 1);
+        assert_eq!(waiting[0].blocks, 40);
     }
 
     /// A snapshot committed between two words of a lookup: the engine's old holder was read
