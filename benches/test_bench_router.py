@@ -402,6 +402,25 @@ def test_snapshot_compact_send(benchmark: Any) -> None:
     assert ix.stats().memberships == SNAP and sum(map(len, got)) > 8 * SNAP
 
 
+class _Preloaded:
+    """Fresh indexes holding `old` (an engine's blocks, committed as a snapshot), one a
+    round: the last round's index is dropped first, once its replaced blocks are, so that
+    no round runs beside the last one's drop."""
+
+    def __init__(self, old: list[bytes]) -> None:
+        self.old = old
+        self.last: RouterIndex | None = None
+
+    def index(self) -> RouterIndex:
+        if self.last is not None:
+            self.last.drop_replaced()
+        ix = self.last = RouterIndex()
+        if self.old:
+            _apply_snapshot(ix, self.old)
+            ix.drop_replaced()
+        return ix
+
+
 @pytest.mark.parametrize("over", ["fresh", "replacing"])
 def test_snapshot_compact_apply(benchmark: Any, over: str) -> None:
     """Applied: the parts staged beside the engine's blocks and committed; into a fresh
@@ -412,21 +431,9 @@ def test_snapshot_compact_apply(benchmark: Any, over: str) -> None:
     parts = _held(SNAP).parts()
     old = _held(SNAP, salt=1 << 40).parts() if over == "replacing" else []
     benchmark.group = f"router snapshot: {SNAP} blocks, compact"
-    last: dict[str, RouterIndex] = {}
+    load = _Preloaded(old).index
 
-    def load(p: list[bytes]) -> RouterIndex:
-        if "ix" in last:
-            last.pop("ix").drop_replaced()
-        ix = RouterIndex()
-        if p:
-            _apply_snapshot(ix, p)
-            ix.drop_replaced()
-        last["ix"] = ix
-        return ix
-
-    benchmark.pedantic(
-        _apply_snapshot, setup=lambda: ((load(old), parts), {}), rounds=5, iterations=1
-    )
+    benchmark.pedantic(_apply_snapshot, setup=lambda: ((load(), parts), {}), rounds=5, iterations=1)
     stats = getattr(getattr(benchmark, "stats", None), "stats", None)
     label = f"snapshot of {SNAP / 1e6:g} M blocks"
     figs = FIGURES.setdefault(label, {}).setdefault("pagedkv", {})
@@ -434,7 +441,7 @@ def test_snapshot_compact_apply(benchmark: Any, over: str) -> None:
         figs[f"compact apply ms ({over})"] = stats.median * 1000
     drops = []
     for _ in range(3):
-        ix = load(old)
+        ix = load()
         _apply_snapshot(ix, parts)
         t0 = time.perf_counter()
         ix.drop_replaced()
@@ -464,20 +471,9 @@ def test_snapshot_compact_through(benchmark: Any, over: str) -> None:
         old = []
     link = _Loopback()
     benchmark.group = f"router snapshot: {SNAP} blocks, compact"
-    last: dict[str, RouterIndex] = {}
+    load = _Preloaded(old).index
 
-    def setup() -> tuple[tuple[RouterIndex], dict[str, Any]]:
-        if "ix" in last:
-            last.pop("ix").drop_replaced()
-        ix = RouterIndex()
-        if old:
-            _apply_snapshot(ix, old)
-            ix.drop_replaced()
-        last["ix"] = ix
-        return (ix,), {}
-
-    def publish(go: threading.Event) -> None:
-        go.wait()
+    def publish() -> None:
         seq = (0).to_bytes(8, "big")
         parts = held.parts()
         for p in parts:
@@ -485,10 +481,8 @@ def test_snapshot_compact_through(benchmark: Any, over: str) -> None:
         link.router.send_multipart((link.client, b"", b"", seq, b""))
 
     def through(ix: RouterIndex) -> None:
-        go = threading.Event()
-        t = threading.Thread(target=publish, args=(go,))
+        t = threading.Thread(target=publish)
         t.start()
-        go.set()
         ix.begin_snapshot("e")
         while True:
             _, topic, _, payload = link.dealer.recv_multipart()  # copied, as the follower's
@@ -498,14 +492,14 @@ def test_snapshot_compact_through(benchmark: Any, over: str) -> None:
         ix.commit_snapshot("e")
         t.join()
 
-    benchmark.pedantic(through, setup=setup, rounds=5, iterations=1)
+    benchmark.pedantic(through, setup=lambda: ((load(),), {}), rounds=5, iterations=1)
     stats = getattr(getattr(benchmark, "stats", None), "stats", None)
     label = f"snapshot of {SNAP / 1e6:g} M blocks"
     if stats is not None:
         FIGURES.setdefault(label, {}).setdefault("pagedkv", {})[
             f"compact sent and applied ms ({over})"
         ] = stats.median * 1000
-    ix = setup()[0][0]
+    ix = load()
     through(ix)
     ix.drop_replaced()
     assert ix.stats().memberships == SNAP

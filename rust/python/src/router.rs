@@ -19,12 +19,16 @@ use std::sync::Arc;
 
 /// Lookups of at least this many hashes release the GIL; shorter ones keep it. Releasing it
 /// for a walk of microseconds hands the GIL to a waiting thread, which keeps it until the
-/// switch interval (5 ms) asks for it back: measured on the 10 M dump (`/tmp/threads.py`'s
-/// kind of run: bytes, 2026-12-07), with the release from 64 hashes, lookup p99 beside one
-/// busy Python thread 5.2 ms, and with two lookup threads 90 us (375 K to 424 K lookups a
-/// second); keeping the GIL, 5.1 to 5.7 us and 4.3 to 5.5 us (500 K to 634 K a second).
-/// From 4,096 hashes a walk takes about 0.1 ms, long enough for another thread's turn.
+/// switch interval (5 ms) asks for it back. `benches/test_bench_router.py::
+/// test_lookup_threads` (64 engines, 1 M memberships, bytes; 2026-12-07): with the release
+/// from 64 hashes, p99 beside a busy Python thread 5,180 us, beside a second lookup thread
+/// 104 us; keeping the GIL, 5.3 to 7.0 and 3.9 to 5.6 us. From 4,096 hashes a walk takes
+/// about 0.1 ms, long enough for another thread's turn.
 const DETACH_AT: usize = 4096;
+
+/// Token ids of at least this many blocks are hashed with the GIL released (as before the
+/// lookups' threshold moved: hashing a block costs more than probing it).
+const HASH_DETACH_BLOCKS: usize = 64;
 
 /// Shared (`Arc`) with the threads that drop the blocks a snapshot replaced (`commit_snapshot`).
 enum Inner {
@@ -253,7 +257,7 @@ impl PyRouterIndex {
                 .map(|d| K::from_digest(d.as_bytes()))
                 .collect()
         };
-        Ok(if toks.len() >= DETACH_AT * self.block_size {
+        Ok(if toks.len() >= HASH_DETACH_BLOCKS * self.block_size {
             py.detach(hash)
         } else {
             hash()

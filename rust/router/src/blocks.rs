@@ -19,7 +19,7 @@
 use crate::key::{BlockKey, BuildKeyHasher, EntryKey};
 use crate::pool::Pool;
 use crate::slots::word_bit;
-use crate::table::Table;
+use crate::table::{Table, LINE};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -127,7 +127,7 @@ impl<K: BlockKey> BlockMap<K> {
             let mask = h.mask.load(Ordering::Relaxed);
             let at = base.wrapping_add((hash as usize & mask) * Table::<K>::slot_size());
             prefetch_line(at as *const u8);
-            prefetch_line((at | 63).wrapping_add(1) as *const u8);
+            prefetch_line((at | (LINE - 1)).wrapping_add(1) as *const u8);
         }
     }
 
